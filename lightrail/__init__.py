@@ -1,0 +1,80 @@
+"""lightrail: make any LLM agent learn from its own runs.
+
+``import lightrail`` stays light: names are loaded on first use, so a runner process that only needs the store
+client never imports the model plane (torch, transformers) or OpenTelemetry.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS: dict[str, str] = {
+    # data contract
+    "Task": "lightrail.types",
+    "Rollout": "lightrail.types",
+    "RolloutSpec": "lightrail.types",
+    "RolloutStatus": "lightrail.types",
+    "Attempt": "lightrail.types",
+    "AttemptStatus": "lightrail.types",
+    "RetryPolicy": "lightrail.types",
+    "Span": "lightrail.types",
+    "Resources": "lightrail.types",
+    "LLM": "lightrail.types",
+    "PromptTemplate": "lightrail.types",
+    "Transition": "lightrail.types",
+    # store
+    "Store": "lightrail.store",
+    "MemoryStore": "lightrail.store",
+    "SQLiteStore": "lightrail.store",
+    "StoreClient": "lightrail.store",
+    "open_store": "lightrail.store",
+    # tracing
+    "emit_reward": "lightrail.tracing",
+    "emit_event": "lightrail.tracing",
+    # agents and running them
+    "LitAgent": "lightrail.agent",
+    "rollout": "lightrail.agent",
+    "Runner": "lightrail.agent",
+    "Trainer": "lightrail.trainer",
+    "Algorithm": "lightrail.trainer",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lightrail' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
+
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from lightrail.agent import LitAgent, Runner, rollout
+    from lightrail.store import MemoryStore, SQLiteStore, Store, StoreClient, open_store
+    from lightrail.tracing import emit_event, emit_reward
+    from lightrail.trainer import Algorithm, Trainer
+    from lightrail.types import (
+        LLM,
+        Attempt,
+        AttemptStatus,
+        PromptTemplate,
+        Resources,
+        RetryPolicy,
+        Rollout,
+        RolloutSpec,
+        RolloutStatus,
+        Span,
+        Task,
+        Transition,
+    )

@@ -1,0 +1,132 @@
+"""The `Store` protocol: the only way components share state.
+
+Training (the trainer and its algorithm) and execution (runners) never talk to each other; both talk to a store.
+Every implementation (memory, SQLite, the HTTP client) passes the same contract suite in
+``tests/store/test_contract.py``.
+
+Semantics every implementation keeps:
+
+* Records are created with ids chosen by the caller (`RolloutSpec.rollout_id`, the ``attempt_id`` of a lease,
+  `Span.span_id`, `Resources.resources_id`), so retrying any write never duplicates data.
+* `lease` and `wait` block without polling: they are woken by the write that satisfies them.
+* An attempt whose lease is not renewed within ``policy.lease_s`` becomes `lost`; its rollout is requeued
+  while attempts remain, else it ends as `infra_error`. Infrastructure failures never end as a reward.
+* Terminal statuses are sticky; late reports about a finished attempt raise `StaleAttemptError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Protocol, runtime_checkable
+
+from lightrail.types import (
+    Attempt,
+    AttemptStatus,
+    ErrorInfo,
+    IllegalTransitionError,
+    Lease,
+    Resources,
+    Rollout,
+    RolloutSpec,
+    RolloutStatus,
+    Span,
+)
+
+__all__ = ["Store", "StoreError", "NotFoundError", "ConflictError", "StaleAttemptError", "IllegalTransitionError"]
+
+
+class StoreError(Exception):
+    """Base class of errors a store raises on purpose (each maps to one HTTP status)."""
+
+    http_status = 400
+
+
+class NotFoundError(StoreError, KeyError):
+    """An id the store does not know."""
+
+    http_status = 404
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else "not found"
+
+
+class ConflictError(StoreError):
+    """The write contradicts what is stored (same id, different content)."""
+
+    http_status = 409
+
+
+class StaleAttemptError(ConflictError):
+    """A report about an attempt that has already ended (lost, cancelled, timed out or finished)."""
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Durable home of rollouts, attempts, spans and resources. All methods are coroutines."""
+
+    async def enqueue(self, specs: Sequence[RolloutSpec]) -> list[Rollout]:
+        """Queue rollouts; a spec whose ``rollout_id`` is already stored is returned as stored, not re-queued."""
+        ...
+
+    async def lease(self, worker_id: str, *, wait_s: float = 0.0, attempt_id: str | None = None) -> Lease | None:
+        """Start an attempt on the oldest queued rollout, waiting up to ``wait_s`` for one to be enqueued.
+
+        Passing the same ``attempt_id`` again returns the same lease (a retried request after a lost response).
+        """
+        ...
+
+    async def heartbeat(self, attempt_id: str) -> Attempt:
+        """Renew the attempt's lease. The returned status tells the runner to stop when it is no longer
+        `running` (cancelled, lost or timed out)."""
+        ...
+
+    async def finish(
+        self,
+        attempt_id: str,
+        status: AttemptStatus,
+        *,
+        reward: float | None = None,
+        error: ErrorInfo | None = None,
+    ) -> Attempt:
+        """End a running attempt and move its rollout (retrying it when the policy says so)."""
+        ...
+
+    async def cancel(self, rollout_ids: Iterable[str]) -> list[Rollout]:
+        """Cancel queued or running rollouts (running attempts learn it at their next heartbeat)."""
+        ...
+
+    async def add_spans(self, spans: Sequence[Span]) -> int:
+        """Store spans, ignoring ones already stored (same attempt and span id). Returns how many were new."""
+        ...
+
+    async def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:
+        """Spans of a rollout (all attempts, or one), ordered by attempt then ``seq``."""
+        ...
+
+    async def put_resources(self, resources: Resources) -> Resources:
+        """Store a new version of the resources; returns it with ``version`` assigned."""
+        ...
+
+    async def get_resources(self, version: int | None = None) -> Resources | None:
+        """A version of the resources, or the latest when ``version`` is None (None if there are none yet)."""
+        ...
+
+    async def get_rollout(self, rollout_id: str) -> Rollout: ...
+
+    async def query_rollouts(
+        self, *, status: Iterable[RolloutStatus] | None = None, rollout_ids: Iterable[str] | None = None
+    ) -> list[Rollout]: ...
+
+    async def query_attempts(self, rollout_id: str) -> list[Attempt]:
+        """Attempts of a rollout, first to last."""
+        ...
+
+    async def wait(self, rollout_ids: Iterable[str], *, timeout_s: float | None = None) -> list[Rollout]:
+        """Block until every listed rollout is terminal or the timeout passes; returns the terminal ones."""
+        ...
+
+    async def counts(self) -> dict[RolloutStatus, int]:
+        """How many rollouts are in each status."""
+        ...
+
+    async def close(self) -> None: ...
