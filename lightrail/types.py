@@ -28,6 +28,7 @@ from typing import Any, Literal
 import msgspec
 
 __all__ = [
+    "Attr",
     "BackendError",
     "ChatRequest",
     "Choice",
@@ -422,3 +423,49 @@ class BackendError(Exception):
         self.status = status
         self.param = param
         self.code = code
+
+
+class Attr:
+    """Span attribute keys lightrail writes and reads (one place, so writers and adapters agree).
+
+    LLM-call spans (name ``SPAN_LLM_CALL``) are written by the gateway, one per request; emitter spans by
+    `lightrail.tracing`. Keys in the ``gen_ai.*`` namespace follow the OpenTelemetry GenAI conventions.
+    """
+
+    SPAN_LLM_CALL = "lightrail.llm_call"
+    SPAN_REWARD = "lightrail.reward"
+    SPAN_EVENT = "lightrail.event"
+    SPAN_EXCEPTION = "lightrail.exception"
+    SPAN_ROLLOUT = "lightrail.rollout"
+
+    # LLM call
+    REQUEST = "lightrail.request"
+    """The request body as the agent sent it (messages, tools, sampling)."""
+    RESPONSE = "lightrail.response"
+    """The response body as the agent received it."""
+    ENDPOINT = "lightrail.endpoint"
+    """``chat.completions`` or ``completions``."""
+    PROMPT_IDS = "lightrail.prompt_ids"
+    CHOICES = "lightrail.choices"
+    """One dict per choice: ``token_ids``, ``logprobs``, ``finish_reason``."""
+    TOKEN_IDS_AVAILABLE = "lightrail.token_ids_available"
+    POLICY_VERSION = "lightrail.policy_version"
+    RESPONSE_ID = "lightrail.response_id"
+    """The ``id`` of the completion the agent received; rewards link to calls through it."""
+    LATENCY_MS = "lightrail.latency_ms"
+    STREAM = "lightrail.stream"
+    MODEL = "gen_ai.request.model"
+    RESPONSE_MODEL = "gen_ai.response.model"
+    AGENT_NAME = "gen_ai.agent.name"
+
+    # rewards and events
+    REWARD = "lightrail.reward.value"
+    REWARD_NAME = "lightrail.reward.name"
+    REWARD_FINAL = "lightrail.reward.final"
+    """True for the episode's final reward, False for an intermediate one."""
+    LINKED_RESPONSE_ID = "lightrail.reward.response_id"
+    """The LLM call an intermediate reward follows (its `RESPONSE_ID`), when known."""
+    EVENT_NAME = "lightrail.event.name"
+    EXCEPTION_TYPE = "exception.type"
+    EXCEPTION_MESSAGE = "exception.message"
+    EXCEPTION_STACKTRACE = "exception.stacktrace"
