@@ -21,6 +21,7 @@ This module imports nothing of lightrail.
 from __future__ import annotations
 
 import enum
+import threading
 import time
 import uuid
 from typing import Any, Literal
@@ -58,12 +59,29 @@ __all__ = [
     "check_attempt_transition",
     "check_rollout_transition",
     "new_id",
+    "next_seq",
 ]
 
 JSON = Any
 """Any JSON-serialisable value (task inputs, span attribute values)."""
 
 Mode = Literal["train", "val"]
+
+
+_last_seq = 0
+_seq_lock = threading.Lock()
+
+
+def next_seq() -> int:
+    """A process-wide, strictly increasing span sequence number (nanoseconds since the epoch, bumped on ties).
+
+    Being clock-based, numbers from different processes on one host interleave in real time order, but only the
+    order within one process is guaranteed.
+    """
+    global _last_seq
+    with _seq_lock:
+        _last_seq = max(_last_seq + 1, time.time_ns())
+        return _last_seq
 
 
 def new_id(prefix: str) -> str:
@@ -260,9 +278,11 @@ class SpanEvent(msgspec.Struct, kw_only=True):
 class Span(msgspec.Struct, kw_only=True):
     """One unit of work inside an attempt, shaped like an OpenTelemetry span.
 
-    Invariants: ``(attempt_id, span_id)`` identifies a span (adding it again is a no-op); ``seq`` is unique and
-    increasing within its attempt, in the order the spans were started by the process that made them, so order
-    never depends on clocks of different machines. Times are Unix seconds.
+    Invariants: ``(attempt_id, span_id)`` identifies a span (adding it again is a no-op). ``seq`` comes from
+    `next_seq` in the process that made the span: strictly increasing within that process, so the spans one
+    source (the runner, the gateway) writes for an attempt are totally ordered without trusting wall clocks;
+    spans of different sources interleave by clock, which is why rewards link to LLM calls by response id and
+    never by order. Times are Unix seconds.
     """
 
     rollout_id: str
