@@ -29,6 +29,7 @@ from typing import Any, Literal
 import msgspec
 
 __all__ = [
+    "ATTEMPT_TO_ROLLOUT",
     "Attr",
     "BackendError",
     "ChatRequest",

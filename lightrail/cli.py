@@ -1,0 +1,45 @@
+"""The ``lightrail`` command. Each component registers its own subcommands; heavy imports happen only inside
+the handler of the command that runs."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# module providing `add_parser(subparsers)`, in --help order
+_COMMANDS = [
+    "lightrail.trainer.cli",  # demo, dev
+    "lightrail.agent.cli",  # runner
+    "lightrail.store.cli",  # store serve
+    "lightrail.gateway.cli",  # gateway serve
+    "lightrail.engine.cli",  # models list|prepare
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lightrail",
+        description="Train the LLM inside any agent from its own runs. Run `lightrail COMMAND --help` for details.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module in _COMMANDS:
+        try:
+            importlib.import_module(module).add_parser(sub)
+        except ModuleNotFoundError as exc:  # an optional component not installed / not built yet
+            if exc.name is None or not module.startswith(exc.name):
+                raise
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "handler", None):
+        parser.print_help()
+        return 2
+    return int(args.handler(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""Machinery every store implementation shares: lifecycle decisions, wake-ups and the lease reaper.
+
+Stores are asyncio objects used from one event loop (see each store's docstring). Waiting is event-driven:
+`Pulse` wakes every waiter when something changes (an enqueue wakes leasers, a terminal rollout wakes `wait`
+callers), and `LeaseReaper` sleeps exactly until the earliest lease or timeout deadline instead of polling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+
+from lightrail.types import ATTEMPT_TO_ROLLOUT, AttemptStatus, RetryPolicy, RolloutStatus
+
+
+def rollout_status_after(attempt_status: AttemptStatus, attempts_started: int, policy: RetryPolicy) -> RolloutStatus:
+    """Where a rollout goes when its attempt ends: back to the queue when the policy retries this kind of failure
+    and attempts remain, otherwise the terminal status matching the attempt."""
+    if attempt_status in policy.retry_on and attempts_started < policy.max_attempts:
+        return RolloutStatus.QUEUED
+    return ATTEMPT_TO_ROLLOUT[attempt_status]
+
+
+def attempt_deadline(started_at: float, lease_expires_at: float, policy: RetryPolicy) -> float:
+    """The moment the store must end a running attempt on its own (lease expiry or wall-clock timeout)."""
+    if policy.timeout_s is None:
+        return lease_expires_at
+    return min(lease_expires_at, started_at + policy.timeout_s)
+
+
+def expired_status(started_at: float, policy: RetryPolicy, now: float) -> AttemptStatus:
+    """Why an attempt past its deadline ends: its time budget ran out, or its runner went silent."""
+    if policy.timeout_s is not None and now >= started_at + policy.timeout_s:
+        return AttemptStatus.TIMEOUT
+    return AttemptStatus.LOST
+
+
+class Pulse:
+    """A broadcast wake-up: `wait` returns on the next `fire` (or at the timeout). No state is kept between
+    pulses, so a waiter re-checks its condition after every wake-up."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def fire(self) -> None:
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def wait(self, timeout_s: float | None) -> None:
+        event = self._event
+        if timeout_s is None:
+            await event.wait()
+            return
+        if timeout_s <= 0:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), timeout_s)
+
+
+class LeaseReaper:
+    """Ends attempts whose lease or time budget ran out, at the moment it runs out.
+
+    ``next_deadline`` returns the earliest deadline among running attempts (or None); ``expire`` ends every
+    attempt past its deadline. The reaper sleeps until that deadline or until `reschedule` is called (a new
+    attempt with an earlier deadline), so an idle store costs nothing and a dead runner is noticed on time even
+    when nobody calls the store.
+    """
+
+    def __init__(self, next_deadline: Callable[[], float | None], expire: Callable[[float], Awaitable[None]]):
+        self._next_deadline = next_deadline
+        self._expire = expire
+        self._changed = Pulse()
+        self._task: asyncio.Task[None] | None = None
+
+    def ensure_running(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="lightrail-lease-reaper")
+
+    def reschedule(self) -> None:
+        self._changed.fire()
+
+    async def _run(self) -> None:
+        while True:
+            deadline = self._next_deadline()
+            if deadline is not None:
+                now = time.time()
+                if deadline <= now:
+                    await self._expire(now)
+                    continue
+                await self._changed.wait(deadline - now)
+            else:
+                await self._changed.wait(None)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, RuntimeError):
+                await self._task
+            self._task = None
