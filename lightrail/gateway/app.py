@@ -1,0 +1,392 @@
+"""The gateway's ASGI app: OpenAI-compatible routes in front of a `Backend`, one span per routed call.
+
+Routes::
+
+    POST /rollouts/{rollout_id}/attempts/{attempt_id}/v1/chat/completions   recorded
+    POST /rollouts/{rollout_id}/attempts/{attempt_id}/v1/completions        recorded
+    GET  /rollouts/{rollout_id}/attempts/{attempt_id}/v1/models
+    POST /v1/chat/completions, /v1/completions; GET /v1/models               served, not recorded
+    GET  /health                                                            no auth
+
+A routed call is attributed to its attempt by the path. The attempt must exist (checked once with
+`Store.query_attempts`, then cached; unknown ids get a 404 before the body is read). An attempt that has
+already ended is still served and recorded: its spans are harmless (the trainer only reads finished
+rollouts' spans, and late spans of a lost attempt are never trained on), while refusing would turn a
+runner/heartbeat race into agent errors.
+
+Every routed call that passed auth and the attempt check is recorded as one `Span` named
+``Attr.SPAN_LLM_CALL`` -- failed calls too, with status ERROR and the error message. Spans go to a
+`SpanRecorder` that writes them in batches in the background: the request path has no store round trip.
+
+Concurrency model: single event loop; the state shared between requests (attempt cache, seq counter) is
+only touched between awaits. Nothing is logged per request at INFO.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from lightrail.gateway.backends import Backend, UpstreamError
+from lightrail.gateway.openai_api import (
+    InvalidRequest,
+    chat_response,
+    completion_response,
+    decode_json,
+    error_body,
+    new_response_id,
+    parse_chat,
+    parse_completion,
+)
+from lightrail.gateway.recorder import SpanRecorder
+from lightrail.gateway.sse import CHUNK_CHARS, chat_stream, completion_stream
+from lightrail.store.base import NotFoundError, Store
+from lightrail.types import Attr, BackendError, Span, SpanStatus, StatusCode
+
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "create_gateway_app"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+"""Largest request body accepted (413 above): long agent transcripts fit, runaway clients do not."""
+
+_encode = msgspec.json.encode
+_JSON = "application/json"
+_SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+def _json(obj: Any, status: int = 200) -> Response:
+    return Response(_encode(obj), status_code=status, media_type=_JSON)
+
+
+def _error(status: int, message: str, *, type: str = "invalid_request_error", param=None, code=None) -> Response:
+    return _json(error_body(message, type=type, param=param, code=code), status)
+
+
+class _Gateway:
+    """State and handlers behind `create_gateway_app` (one instance per app)."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        store: Store,
+        recorder: SpanRecorder,
+        *,
+        max_body_bytes: int,
+        stream_chunk_chars: int,
+        max_cached_attempts: int = 100_000,
+    ) -> None:
+        self.backend = backend
+        self.store = store
+        self.recorder = recorder
+        self.max_body_bytes = max_body_bytes
+        self.stream_chunk_chars = stream_chunk_chars
+        self.max_cached_attempts = max_cached_attempts
+        self._known_attempts: set[tuple[str, str]] = set()
+        self._last_seq = 0
+
+    # -- attribution ----------------------------------------------------------------------------------------
+
+    def next_seq(self) -> int:
+        """A `Span.seq` for a call starting now.
+
+        The runner's tracer writes spans for the same attempt from another process with its own counter. Both
+        take ``time.time_ns()`` and force it strictly increasing within the process, so the two seq spaces
+        interleave in start order on one machine and can only collide if two processes start a span in the
+        same nanosecond. One counter for all attempts is simpler than one per attempt and gives the same
+        guarantee (increasing within each attempt).
+        """
+        seq = time.time_ns()
+        if seq <= self._last_seq:
+            seq = self._last_seq + 1
+        self._last_seq = seq
+        return seq
+
+    async def attempt_error(self, rollout_id: str, attempt_id: str) -> Response | None:
+        """None if the attempt exists (cached after the first positive answer), else the error response."""
+        key = (rollout_id, attempt_id)
+        if key in self._known_attempts:
+            return None
+        try:
+            attempts = await self.store.query_attempts(rollout_id)
+        except NotFoundError:
+            return _error(404, f"Unknown rollout {rollout_id!r}.", param="rollout_id", code="rollout_not_found")
+        except Exception as exc:
+            log.warning("store unavailable while checking attempt %s: %r", attempt_id, exc)
+            return _error(503, "The store is unavailable; try again.", type="server_error", code="store_unavailable")
+        if not any(a.attempt_id == attempt_id for a in attempts):
+            return _error(
+                404,
+                f"Rollout {rollout_id!r} has no attempt {attempt_id!r}.",
+                param="attempt_id",
+                code="attempt_not_found",
+            )
+        if len(self._known_attempts) >= self.max_cached_attempts:
+            self._known_attempts.clear()  # crude bound; a miss costs one store query
+        self._known_attempts.add(key)
+        return None
+
+    # -- handlers -------------------------------------------------------------------------------------------
+
+    async def health(self, request: Request) -> Response:
+        return _json({"status": "ok", "models": self.backend.model_names(), "pending_spans": self.recorder.pending})
+
+    async def models(self, request: Request) -> Response:
+        data = [{"id": m, "object": "model", "created": 0, "owned_by": "lightrail"} for m in self.backend.model_names()]
+        return _json({"object": "list", "data": data})
+
+    async def routed_models(self, request: Request) -> Response:
+        params = request.path_params
+        error = await self.attempt_error(params["rollout_id"], params["attempt_id"])
+        return error or await self.models(request)
+
+    async def chat(self, request: Request) -> Response:
+        return await self.serve(request, "chat.completions", None)
+
+    async def completions(self, request: Request) -> Response:
+        return await self.serve(request, "completions", None)
+
+    async def routed_chat(self, request: Request) -> Response:
+        return await self.routed(request, "chat.completions")
+
+    async def routed_completions(self, request: Request) -> Response:
+        return await self.routed(request, "completions")
+
+    async def routed(self, request: Request, endpoint: str) -> Response:
+        params = request.path_params
+        rollout_id, attempt_id = params["rollout_id"], params["attempt_id"]
+        error = await self.attempt_error(rollout_id, attempt_id)
+        return error or await self.serve(request, endpoint, (rollout_id, attempt_id))
+
+    async def read_body(self, request: Request) -> bytes:
+        limit = self.max_body_bytes
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit():
+            if int(length) > limit:
+                raise _too_large(limit)
+            return await request.body()  # the server reads exactly content-length bytes
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def serve(self, request: Request, endpoint: str, attempt: tuple[str, str] | None) -> Response:
+        """Validate, call the backend, answer; record a span when ``attempt`` is given."""
+        start = time.time()
+        seq = self.next_seq() if attempt else 0
+        data: dict[str, Any] | None = None
+        body: Any = None
+        generation = None
+        response: dict[str, Any] | None = None
+        failure: str | None = None
+        try:
+            data = decode_json(await self.read_body(request))
+            chat = endpoint == "chat.completions"
+            if chat:
+                body, backend_request = parse_chat(data)
+                generation = await self.backend.chat(backend_request)
+            else:
+                body, backend_request = parse_completion(data)
+                generation = await self.backend.complete(backend_request)
+            build, stream = (chat_response, chat_stream) if chat else (completion_response, completion_stream)
+            response = build(
+                generation,
+                response_id=new_response_id("chatcmpl" if chat else "cmpl"),
+                logprobs=bool(body.logprobs) if chat else body.logprobs is not None,
+                token_ids=bool(body.return_token_ids),
+            )
+            if body.stream:
+                options = body.stream_options
+                payload = stream(
+                    response,
+                    generation.choices,
+                    logprobs=bool(body.logprobs) if chat else body.logprobs is not None,
+                    include_usage=bool(options and options.include_usage),
+                    token_ids=bool(body.return_token_ids),
+                    chunk_chars=self.stream_chunk_chars,
+                )
+                http = Response(payload, media_type="text/event-stream", headers=_SSE_HEADERS)
+            else:
+                http = Response(_encode(response), media_type=_JSON)
+        except InvalidRequest as exc:
+            failure = exc.message
+            http = _error(exc.status, exc.message, param=exc.param, code=exc.code)
+        except BackendError as exc:
+            failure = exc.message
+            http = _error(exc.status, exc.message, param=exc.param, code=exc.code)
+        except UpstreamError as exc:
+            failure = str(exc)
+            log.warning("upstream failed: %s", exc)
+            http = _error(UpstreamError.status, str(exc), type="server_error", code="upstream_error")
+        except Exception as exc:
+            failure = f"{type(exc).__name__}: {exc}"
+            log.exception("backend failed on %s", endpoint)
+            http = _error(500, "The model backend failed; see the gateway's log.", type="server_error")
+        if attempt is not None:
+            await self.recorder.record(
+                _call_span(attempt, seq, endpoint, start, data, body, generation, response, failure)
+            )
+        return http
+
+
+def _too_large(limit: int) -> InvalidRequest:
+    return InvalidRequest(
+        f"The request body is larger than this gateway's limit of {limit} bytes.", status=413, code="request_too_large"
+    )
+
+
+def _call_span(
+    attempt: tuple[str, str],
+    seq: int,
+    endpoint: str,
+    start: float,
+    data: dict[str, Any] | None,
+    body: Any,
+    generation: Any,
+    response: dict[str, Any] | None,
+    failure: str | None,
+) -> Span:
+    end = time.time()
+    attributes: dict[str, Any] = {
+        Attr.ENDPOINT: endpoint,
+        Attr.REQUEST: data,
+        Attr.LATENCY_MS: (end - start) * 1000.0,
+        Attr.STREAM: bool(body is not None and body.stream),
+        Attr.MODEL: data.get("model") if isinstance(data, dict) else None,
+    }
+    if generation is not None:
+        choices = generation.choices
+        attributes[Attr.PROMPT_IDS] = generation.prompt_ids
+        attributes[Attr.CHOICES] = [
+            {"token_ids": c.token_ids, "logprobs": c.logprobs, "finish_reason": c.finish_reason} for c in choices
+        ]
+        attributes[Attr.TOKEN_IDS_AVAILABLE] = generation.prompt_ids is not None and all(
+            c.token_ids is not None for c in choices
+        )
+        attributes[Attr.POLICY_VERSION] = generation.policy_version
+        attributes[Attr.RESPONSE_MODEL] = generation.model
+    else:
+        attributes[Attr.TOKEN_IDS_AVAILABLE] = False
+    if response is not None:
+        attributes[Attr.RESPONSE] = response
+        attributes[Attr.RESPONSE_ID] = response["id"]
+    status = SpanStatus(code=StatusCode.OK) if failure is None else SpanStatus(code=StatusCode.ERROR, message=failure)
+    return Span(
+        rollout_id=attempt[0],
+        attempt_id=attempt[1],
+        seq=seq,
+        name=Attr.SPAN_LLM_CALL,
+        start_time=start,
+        end_time=end,
+        attributes=attributes,
+        status=status,
+    )
+
+
+class BearerAuth:
+    """Pure ASGI middleware: require ``Authorization: Bearer <token>`` on every HTTP path but ``open_paths``.
+
+    A missing or wrong token gets a 401 in OpenAI's error format. The comparison is constant-time.
+    """
+
+    def __init__(self, app: ASGIApp, token: str, *, open_paths: frozenset[str] = frozenset({"/health"})) -> None:
+        self.app = app
+        self.expected = b"Bearer " + token.encode()
+        self.open_paths = open_paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] not in self.open_paths:
+            given = b""
+            for name, value in scope["headers"]:
+                if name == b"authorization":
+                    given = value
+                    break
+            if not hmac.compare_digest(given, self.expected):
+                message = "Missing bearer token." if not given else "Invalid bearer token."
+                response = _error(401, message, code="invalid_api_key")
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def create_gateway_app(
+    backend: Backend,
+    store: Store,
+    *,
+    token: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    recorder: SpanRecorder | None = None,
+    stream_chunk_chars: int = CHUNK_CHARS,
+) -> Starlette:
+    """Build the gateway ASGI app: OpenAI-compatible routes over ``backend``, spans into ``store``.
+
+    ``token``: require ``Authorization: Bearer <token>`` (the agent's ``api_key``) on every route but
+    ``/health``. ``recorder``: a `SpanRecorder` to share or tune (default: one over ``store``); the app flushes
+    it at shutdown and closes it if it created it. The backend and the store belong to the caller.
+
+    Streams are replayed from complete generations (see `lightrail.gateway.sse`), so a streamed call records
+    exactly the ids the same call would record without streaming.
+
+    Example::
+
+        app = create_gateway_app(ScriptedBackend(), MemoryStore(), token="secret")
+        uvicorn.run(app, host="127.0.0.1", port=8900)
+        # agent: OpenAI(base_url=LLM(endpoint=...).base_url(rollout_id, attempt_id), api_key="secret")
+    """
+    own_recorder = recorder is None
+    recorder = recorder or SpanRecorder(store)
+    gateway = _Gateway(backend, store, recorder, max_body_bytes=max_body_bytes, stream_chunk_chars=stream_chunk_chars)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        recorder.start()
+        try:
+            yield
+        finally:
+            if own_recorder:
+                await recorder.close()
+            else:
+                await recorder.flush()
+
+    prefix = "/rollouts/{rollout_id}/attempts/{attempt_id}"
+    routes = [
+        Route("/health", gateway.health, methods=["GET"]),
+        Route("/v1/chat/completions", gateway.chat, methods=["POST"]),
+        Route("/v1/completions", gateway.completions, methods=["POST"]),
+        Route("/v1/models", gateway.models, methods=["GET"]),
+        Route(prefix + "/v1/chat/completions", gateway.routed_chat, methods=["POST"]),
+        Route(prefix + "/v1/completions", gateway.routed_completions, methods=["POST"]),
+        Route(prefix + "/v1/models", gateway.routed_models, methods=["GET"]),
+    ]
+    middleware = [Middleware(BearerAuth, token=token)] if token else []
+    app = Starlette(
+        routes=routes,
+        middleware=middleware,
+        lifespan=lifespan,
+        exception_handlers={HTTPException: _http_exception},
+    )
+    app.state.gateway = gateway
+    app.state.recorder = recorder
+    return app
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    """Routing errors (unknown path, wrong method) in OpenAI's error format."""
+    assert isinstance(exc, HTTPException)
+    return _error(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}", code="not_found")
