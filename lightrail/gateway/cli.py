@@ -1,0 +1,119 @@
+"""``lightrail gateway serve``: run the gateway in front of an OpenAI-compatible upstream (vLLM) or the embedded
+engine, recording agents' calls into a store.
+
+    lightrail gateway serve --store lightrail.db --upstream http://127.0.0.1:8000 --token "$TOKEN"
+    lightrail gateway serve --store http://127.0.0.1:8800 --model tiny
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from typing import Any
+
+__all__ = ["add_parser"]
+
+log = logging.getLogger("lightrail.gateway")
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``gateway serve`` on the ``lightrail`` command's subparsers."""
+    parser = subparsers.add_parser("gateway", help="OpenAI-compatible endpoint that records agents' LLM calls")
+    sub = parser.add_subparsers(dest="gateway_command", metavar="SUBCOMMAND")
+    parser.set_defaults(handler=lambda args: parser.print_help() or 2)
+
+    serve = sub.add_parser("serve", help="serve the gateway (one span per routed call into --store)")
+    serve.add_argument("--host", default="127.0.0.1", help="interface to bind (default: 127.0.0.1, this machine only)")
+    serve.add_argument("--port", type=int, default=8900, help="port (default: 8900)")
+    serve.add_argument(
+        "--token",
+        default=os.environ.get("LIGHTRAIL_GATEWAY_TOKEN"),
+        help="require 'Authorization: Bearer TOKEN' (default: $LIGHTRAIL_GATEWAY_TOKEN; none if unset)",
+    )
+    serve.add_argument(
+        "--store",
+        default=os.environ.get("LIGHTRAIL_STORE"),
+        required=os.environ.get("LIGHTRAIL_STORE") is None,
+        help="store URL or SQLite path the spans go to (default: $LIGHTRAIL_STORE)",
+    )
+    serve.add_argument(
+        "--store-token", default=os.environ.get("LIGHTRAIL_STORE_TOKEN"), help="bearer token of an HTTP store"
+    )
+    backend = serve.add_mutually_exclusive_group(required=True)
+    backend.add_argument("--upstream", metavar="URL", help="OpenAI-compatible server to forward to (e.g. vLLM)")
+    backend.add_argument("--model", metavar="NAME_OR_PATH", help="serve this model with the embedded engine")
+    backend.add_argument("--fake", action="store_true", help="answer with the scripted fake backend (echo)")
+    serve.add_argument("--upstream-api-key", default=os.environ.get("LIGHTRAIL_UPSTREAM_API_KEY"))
+    serve.add_argument("--served-model", help="model name sent upstream whatever the agent asks for")
+    serve.add_argument(
+        "--no-upstream-token-ids",
+        action="store_true",
+        help="do not ask the upstream for token ids (servers that reject vLLM's return_token_ids)",
+    )
+    serve.add_argument("--max-body-mb", type=float, default=16.0, help="largest request body (default: 16)")
+    serve.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    serve.set_defaults(handler=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        import uvloop
+
+        uvloop.install()  # a faster event loop when available (uvicorn[standard] ships it)
+    except ImportError:
+        pass
+    asyncio.run(_run(args))
+    return 0
+
+
+async def _run(args: argparse.Namespace) -> None:
+    import uvicorn
+
+    from lightrail.gateway.app import create_gateway_app
+    from lightrail.store import open_store
+
+    backend = await _open_backend(args)
+    store = open_store(args.store, token=args.store_token)
+    try:
+        app = create_gateway_app(backend, store, token=args.token, max_body_bytes=int(args.max_body_mb * 1024 * 1024))
+        config = uvicorn.Config(
+            app, host=args.host, port=args.port, access_log=False, log_level=args.log_level, lifespan="on"
+        )
+        models = ", ".join(backend.model_names())
+        print(f"lightrail gateway on http://{args.host}:{args.port} (models: {models})", file=sys.stderr, flush=True)
+        await uvicorn.Server(config).serve()
+    finally:
+        closer = getattr(backend, "aclose", None) or getattr(backend, "close", None)
+        if closer is not None:
+            await closer()
+        await store.close()
+
+
+async def _open_backend(args: argparse.Namespace) -> Any:
+    if args.upstream:
+        from lightrail.gateway.backends import OpenAIUpstream
+
+        upstream = OpenAIUpstream(
+            args.upstream,
+            api_key=args.upstream_api_key,
+            model=args.served_model,
+            request_token_ids=not args.no_upstream_token_ids,
+        )
+        try:
+            await upstream.refresh_models()
+        except Exception as exc:  # the upstream may start after us; /v1/models is then empty until it is up
+            log.warning("could not list the upstream's models: %r", exc)
+        return upstream
+    if args.fake:
+        from lightrail.gateway.fake import ScriptedBackend
+
+        return ScriptedBackend(model=args.served_model or "scripted-fake")
+    # The engine is imported only here: the gateway package never depends on it.
+    from lightrail.engine import Engine
+    from lightrail.engine.models import prepare_model
+
+    return Engine.from_pretrained(prepare_model(args.model))
