@@ -4,7 +4,7 @@ Request handlers hand a finished span to `SpanRecorder.record` and return; a bac
 arrived within ``linger_s`` (or ``max_batch`` spans) and writes it with one `Store.add_spans` call. Writes are
 idempotent by span id, so a failed batch is retried as is, with backoff, until it is stored: nothing
 acknowledged by `record` is dropped because the store was briefly unreachable. The only spans given up are
-ones the store refuses for good (a `StoreError`, e.g. an unknown attempt): the batch is then retried one span
+ones the store refuses for good (a `StoreError` with a 4xx ``http_status``, e.g. an unknown attempt): the batch is then retried one span
 at a time so a single bad span cannot block the others, and the refused ones are counted in
 `SpanRecorder.rejected` and logged.
 
@@ -145,6 +145,11 @@ class SpanRecorder:
                 self.written += len(batch)
                 return
             except StoreError as exc:
+                if exc.http_status >= 500:  # the store says "unavailable": transient, like a network error
+                    self._note_failure(len(batch), exc, delay)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, self.retry_max_s)
+                    continue
                 if len(batch) > 1:
                     for span in batch:  # isolate the span(s) the store refuses
                         await self._write([span])
@@ -153,7 +158,10 @@ class SpanRecorder:
                 log.error("store refused span %s of attempt %s: %s", batch[0].span_id, batch[0].attempt_id, exc)
                 return
             except Exception as exc:  # transient (network, store restarting): retry the same batch
-                self.failures += 1
-                log.warning("writing %d spans failed (%r); retrying in %.2fs", len(batch), exc, delay)
+                self._note_failure(len(batch), exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.retry_max_s)
+
+    def _note_failure(self, n: int, exc: Exception, delay: float) -> None:
+        self.failures += 1
+        log.warning("writing %d spans failed (%r); retrying in %.2fs", n, exc, delay)
