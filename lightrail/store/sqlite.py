@@ -544,12 +544,13 @@ class SQLiteStore:
         """Spans of a rollout (all attempts, or one), ordered by attempt then ``seq``."""
         with self._read() as db:
             if attempt_id is None:
-                self._require_rollout(db, rollout_id)
                 rows = db.execute(
                     "SELECT s.body FROM attempts a JOIN spans s ON s.attempt_id = a.attempt_id "
                     "WHERE a.rollout_id = ? ORDER BY a.idx, s.seq",
                     (rollout_id,),
                 ).fetchall()
+                if not rows:  # no spans yet, or no such rollout
+                    self._require_rollout(db, rollout_id)
             else:
                 owner = db.execute("SELECT rollout_id FROM attempts WHERE attempt_id = ?", (attempt_id,)).fetchone()
                 if owner is None or owner[0] != rollout_id:
