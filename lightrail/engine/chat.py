@@ -104,7 +104,9 @@ class ChatFormat:
         tool = {"role": "tool", "tool_call_id": "call_0", "content": _PROBE_RESULT}
         self.native_tools = _PROBE_TOOL in self._try([user], tools=[probe_tool])
         self.native_tool_calls = _PROBE_CALL in self._try([user, assistant])
-        self.native_tool_results = _PROBE_RESULT in self._try([user, assistant, tool])
+        # A generic template echoes any role, so it "renders" tool messages as `<|im_start|>tool ...`, a turn the
+        # model never saw. Only a template that knows tools is trusted to know how their results look.
+        self.native_tool_results = self.native_tools and _PROBE_RESULT in self._try([user, assistant, tool])
 
     def _try(self, messages: list[dict[str, Any]], tools: list | None = None) -> str:
         try:

