@@ -7,7 +7,8 @@ The path through this package, for one training step::
     rollouts ──select_trainable──► trainable (infrastructure failures excluded and counted)
     (rollout, episode) pairs ──group_advantages(credit)──► Transitions (per call: ids, logprobs, return,
                                                            advantage)
-    transitions ──to_rows(merge=...)──► TrainingRows (input ids, loss mask, logprobs, advantages) + drift
+    transitions ──to_rows(merge=...)──► lightrail.types.TrainingRow (ids, loss mask, old logprobs,
+                                        per-token advantages, group id) + drift reports
     spans ──spans_to_messages──► ChatSamples (for SFT / prompt optimisation)
 
 Example::
@@ -37,7 +38,7 @@ from lightrail.adapters.episode import AGENT_NAME_KEYS, agent_name_of, build_epi
 from lightrail.adapters.messages import ChatSample, episode_messages, spans_to_messages
 from lightrail.adapters.rewards import ToolRewardRule, is_tool_span, looks_like_error, tool_rewards
 from lightrail.adapters.selection import AgentFilter, Exclusions, select_trainable
-from lightrail.adapters.trajectory import DriftReport, PrefixBreak, TrainingRow, to_rows
+from lightrail.adapters.trajectory import DriftReport, PrefixBreak, to_rows
 from lightrail.adapters.transitions import episode_transitions, spans_to_transitions
 
 __all__ = [
@@ -57,7 +58,6 @@ __all__ = [
     "PerTurn",
     "PrefixBreak",
     "ToolRewardRule",
-    "TrainingRow",
     "agent_name_of",
     "build_episode",
     "credit_by_name",

@@ -86,7 +86,8 @@ def group_advantages(
 
     Pass only trainable rollouts (`select_trainable`): whatever is passed is trained. A rollout's outcome is
     its episode's final reward, else `Rollout.reward`, else ``missing_reward`` (counted) — a policy failure that
-    reported nothing. Transitions come out grouped by task, in input order within a group.
+    reported nothing. Transitions come out grouped by task, in input order within a group; each carries its
+    task id as ``metadata["group_id"]`` (it becomes `TrainingRow.group_id`).
     """
     groups: dict[str, list[tuple[Rollout, Episode, float]]] = {}
     report = GroupReport()
@@ -98,7 +99,7 @@ def group_advantages(
         groups.setdefault(rollout.task.task_id, []).append((rollout, episode, outcome))
         report.rollouts += 1
     out: list[Transition] = []
-    for members in groups.values():
+    for group_id, members in groups.items():
         report.groups += 1
         outcomes = [m[2] for m in members]
         if len(members) == 1:
@@ -110,5 +111,5 @@ def group_advantages(
             calls, inter = episode.calls, episode.intermediate
             returns = credit(calls, outcome, inter)
             advantages = credit(calls, z, inter)
-            out.extend(episode_transitions(episode, returns, advantages, agents=agents))
+            out.extend(episode_transitions(episode, returns, advantages, agents=agents, group_id=group_id))
     return out, report

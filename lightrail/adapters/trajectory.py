@@ -1,4 +1,9 @@
-"""Transitions → `TrainingRow`s: the token sequences a policy update consumes, with a per-token loss mask.
+"""Transitions → `lightrail.types.TrainingRow`s: the token sequences a policy update consumes.
+
+A row's ``input_ids``, ``loss_mask``, ``old_logprobs`` and ``advantages`` are aligned per token (see the
+contract in `lightrail.types`); its ``group_id`` is the GRPO group (`Transition.metadata["group_id"]`, set by
+`group_advantages`), its ``policy_version`` the oldest of its calls (what staleness checks must see), and its
+``metadata`` holds ``attempt_id``, ``turns``, ``policy_versions``, ``prompt_len`` and ``agent_name``.
 
 Without merging, each transition is one row (its prompt masked out). With ``merge=True`` (trajectory mode) a
 call whose prompt ids *start with* an open row's ids (previous prompts + responses + the environment tokens in
@@ -11,6 +16,10 @@ When a call's prompt extends no open row, a new row starts and, if the call is n
 (``position``) and that row's length. The usual cause is the chat template re-rendering history differently
 from what was sampled (e.g. a reasoning block stripped, tool-call JSON re-serialised); ``position`` tells where.
 Choices after the first of an n>1 call start their own rows and are not breaks (they are siblings, not drift).
+
+A transition without sampler logprobs cannot be trained by a clipped-ratio loss: it is left out and counted
+(`DriftReport.no_logprobs`); in trajectory mode its tokens then simply become masked context of the next call
+that extends the row. Transitions must carry an advantage (`group_advantages`), else ValueError.
 
 Rows are per (rollout, attempt); transitions must come in turn order within an attempt, as the adapters
 return them. Example::
@@ -25,32 +34,9 @@ from collections.abc import Sequence
 
 import msgspec
 
-from lightrail.types import Transition
+from lightrail.types import TrainingRow, Transition
 
-__all__ = ["DriftReport", "PrefixBreak", "TrainingRow", "to_rows"]
-
-
-class TrainingRow(msgspec.Struct, kw_only=True):
-    """One training sequence. ``input_ids``, ``loss_mask`` and the optional per-token lists are aligned.
-
-    Invariants: ``loss_mask[i] == 1`` exactly on tokens the policy sampled; ``loss_mask[:prompt_len]`` is all 0;
-    ``logprobs[i]`` (sampler logprob of ``input_ids[i]``) and ``advantages[i]`` are 0.0 where the mask is 0.
-    ``logprobs``/``advantages`` are None when any merged transition lacks them.
-    """
-
-    rollout_id: str
-    attempt_id: str
-    input_ids: list[int]
-    loss_mask: list[int]
-    logprobs: list[float] | None
-    advantages: list[float] | None
-    prompt_len: int
-    turns: list[int]
-    """Turn of every merged call, in order."""
-    policy_versions: list[int | None]
-    """Policy version of every merged call (they can differ under asynchronous training)."""
-    agent_name: str | None = None
-    """The first call's agent."""
+__all__ = ["DriftReport", "PrefixBreak", "to_rows"]
 
 
 class PrefixBreak(msgspec.Struct, kw_only=True, frozen=True):
@@ -72,6 +58,8 @@ class DriftReport(msgspec.Struct, kw_only=True):
     rows: int = 0
     merged: int = 0
     """Calls appended to an earlier row."""
+    no_logprobs: int = 0
+    """Transitions left out because they lack sampler logprobs (or have an empty prompt)."""
     details: list[PrefixBreak] = msgspec.field(default_factory=list)
 
     @property
@@ -85,19 +73,19 @@ class _Open:
 
     __slots__ = ("advs", "ids", "lps", "mask", "prompt_len", "t", "turns", "versions")
 
-    def __init__(self, t: Transition) -> None:
+    def __init__(self, t: Transition, advantage: float, logprobs: list[float]) -> None:
         prompt, resp = t.prompt_ids, t.response_ids
         p, r = len(prompt), len(resp)
         self.t = t
         self.ids = prompt + resp  # a new list: the row grows, the span's lists must not
         self.mask = [0] * p + [1] * r
-        self.lps: list[float] | None = [0.0] * p + t.logprobs if t.logprobs is not None else None
-        self.advs: list[float] | None = [0.0] * p + [t.advantage] * r if t.advantage is not None else None
+        self.lps = [0.0] * p + logprobs
+        self.advs = [0.0] * p + [advantage] * r
         self.prompt_len = p
         self.turns = [t.turn]
         self.versions = [t.policy_version]
 
-    def extend(self, t: Transition) -> None:
+    def extend(self, t: Transition, advantage: float, logprobs: list[float]) -> None:
         prompt, resp = t.prompt_ids, t.response_ids
         gap = len(prompt) - len(self.ids)
         r = len(resp)
@@ -105,34 +93,31 @@ class _Open:
         self.ids += resp
         self.mask += [0] * gap
         self.mask += [1] * r
-        if self.lps is not None:
-            if t.logprobs is None:
-                self.lps = None
-            else:
-                self.lps += [0.0] * gap
-                self.lps += t.logprobs
-        if self.advs is not None:
-            if t.advantage is None:
-                self.advs = None
-            else:
-                self.advs += [0.0] * gap
-                self.advs += [t.advantage] * r
+        self.lps += [0.0] * gap
+        self.lps += logprobs
+        self.advs += [0.0] * gap
+        self.advs += [advantage] * r
         self.turns.append(t.turn)
         self.versions.append(t.policy_version)
 
     def row(self) -> TrainingRow:
         t = self.t
+        known = [v for v in self.versions if v is not None]
         return TrainingRow(
-            rollout_id=t.rollout_id,
-            attempt_id=t.attempt_id,
             input_ids=self.ids,
             loss_mask=self.mask,
-            logprobs=self.lps,
+            old_logprobs=self.lps,
             advantages=self.advs,
-            prompt_len=self.prompt_len,
-            turns=self.turns,
-            policy_versions=self.versions,
-            agent_name=t.agent_name,
+            rollout_id=t.rollout_id,
+            group_id=t.metadata.get("group_id", ""),
+            policy_version=min(known) if known else None,
+            metadata={
+                "attempt_id": t.attempt_id,
+                "turns": self.turns,
+                "policy_versions": self.versions,
+                "prompt_len": self.prompt_len,
+                "agent_name": t.agent_name,
+            },
         )
 
 
@@ -161,6 +146,12 @@ def _attempt_rows(ts: Sequence[Transition], merge: bool, drift: DriftReport) -> 
     prev_turn: int | None = None
     for t in ts:
         drift.transitions += 1
+        advantage, logprobs = t.advantage, t.logprobs
+        if advantage is None:
+            raise ValueError(f"transition of {t.rollout_id!r} turn {t.turn} has no advantage: use group_advantages")
+        if logprobs is None or not t.prompt_ids:
+            drift.no_logprobs += 1
+            continue
         sibling = t.turn == prev_turn
         target: _Open | None = None
         if merge and not sibling:
@@ -170,10 +161,10 @@ def _attempt_rows(ts: Sequence[Transition], merge: bool, drift: DriftReport) -> 
                     target = row
                     break
         if target is not None:
-            target.extend(t)
+            target.extend(t, advantage, logprobs)
             drift.merged += 1
         else:
-            target = _Open(t)
+            target = _Open(t, advantage, logprobs)
             open_rows.append(target)
             if merge and previous is not None and not sibling:
                 drift.details.append(

@@ -30,14 +30,15 @@ def episode_transitions(
     advantages: Sequence[float] | None = None,
     *,
     agents: Callable[[str | None], bool] | None = None,
+    group_id: str | None = None,
 ) -> list[Transition]:
     """Transitions of ``episode`` with ``reward`` = the call's return and ``advantage`` = ``advantages[turn]``.
 
     ``returns``/``advantages`` have one value per call (turn order), as a `CreditAssignment` gives them.
     Calls whose agent ``agents`` rejects are left out; choices without the engine's prompt or response ids are
     skipped; logprobs that are absent, of the wrong length or not finite are dropped (the transition is kept).
-    All three are counted in ``episode.report``. ``metadata`` holds ``response_id``, ``choice`` (index) and
-    ``finish_reason``.
+    All three are counted in ``episode.report``. ``metadata`` holds ``response_id``, ``choice`` (index),
+    ``finish_reason`` and, when given, ``group_id`` (the GRPO group, carried on to training rows).
     """
     calls = episode.calls
     if len(returns) != len(calls) or (advantages is not None and len(advantages) != len(calls)):
@@ -69,6 +70,9 @@ def episode_transitions(
                 lps = None
             if lps is None:
                 missing_lp += 1
+            metadata = {"response_id": call.response_id, "choice": i, "finish_reason": choice.get("finish_reason")}
+            if group_id is not None:
+                metadata["group_id"] = group_id
             append(
                 Transition(
                     rollout_id=rollout_id,
@@ -81,11 +85,7 @@ def episode_transitions(
                     policy_version=call.policy_version,
                     agent_name=call.agent_name,
                     turn=call.turn,
-                    metadata={
-                        "response_id": call.response_id,
-                        "choice": i,
-                        "finish_reason": choice.get("finish_reason"),
-                    },
+                    metadata=metadata,
                 )
             )
     report.not_selected += not_selected

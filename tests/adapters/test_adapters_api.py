@@ -26,7 +26,6 @@ def test_all_is_pinned():
         "PerTurn",
         "PrefixBreak",
         "ToolRewardRule",
-        "TrainingRow",
         "agent_name_of",
         "build_episode",
         "credit_by_name",

@@ -7,7 +7,7 @@ import math
 import pytest
 from adapter_spans import llm_call, reward
 
-from lightrail.adapters import AgentFilter, Discounted, Identical, PerTurn, build_episode, group_advantages
+from lightrail.adapters import AgentFilter, Discounted, Identical, PerTurn, build_episode, group_advantages, to_rows
 from lightrail.adapters.advantages import normalize_group
 from lightrail.types import RetryPolicy, Rollout, RolloutStatus, Task
 
@@ -58,6 +58,13 @@ def test_docstring_example_without_std():
     # Transition.reward keeps the raw per-call return
     assert {t.metadata["response_id"]: t.reward for t in transitions} == pytest.approx({"a": 1.1, "b": 1.0, "c": 0.0})
     assert (report.groups, report.rollouts, report.zero_std_groups, report.singleton_groups) == (1, 2, 0, 0)
+    # the group travels on to the training rows
+    rows, _ = to_rows(transitions)
+    assert [(r.rollout_id, r.group_id, r.advantages) for r in rows] == [
+        ("r1", "A", pytest.approx([0.0, 0.0, 0.6])),
+        ("r1", "A", pytest.approx([0.0, 0.0, 0.5])),
+        ("r2", "A", pytest.approx([0.0, 0.0, -0.5])),
+    ]
 
 
 def test_std_scales_outcome_but_not_intermediate():
