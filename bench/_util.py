@@ -1,0 +1,146 @@
+"""Helpers shared by benchmarks: progress on stderr, store server processes, realistic span payloads.
+
+Benchmarks print progress to stderr and exactly one JSON object as the last line of stdout.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+
+from lightrail.types import Attr, Span
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def log(*parts: object) -> None:
+    """Progress line on stderr (stdout is reserved for the final JSON line)."""
+    print(*parts, file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServerProcess:
+    """A ``lightrail store serve`` child process (the real CLI path) on 127.0.0.1.
+
+    ``start_s`` is the time from spawn to the first 200 on ``/health``.
+    """
+
+    def __init__(self, db: str | os.PathLike[str], *, token: str, port: int | None = None):
+        self.db = str(db)
+        self.token = token
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start_s = float("nan")
+
+    def start(self, timeout_s: float = 20.0) -> ServerProcess:
+        cmd = [sys.executable, "-m", "lightrail.cli", "store", "serve", "--db", self.db, "--port", str(self.port)]
+        env = dict(os.environ, LIGHTRAIL_TOKEN=self.token, PYTHONPATH=str(REPO))
+        t0 = time.perf_counter()
+        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, cwd=REPO)
+        deadline = t0 + timeout_s
+        with httpx.Client(timeout=1.0) as http:
+            while True:
+                try:
+                    if http.get(f"{self.url}/health").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"store server exited with {self.proc.returncode}")
+                if time.perf_counter() > deadline:
+                    raise RuntimeError(f"store server not healthy after {timeout_s} s")
+                time.sleep(0.002)
+        self.start_s = time.perf_counter() - t0
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown code runs (the crash the store must survive)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def cpu_s(self) -> float | None:
+        """User+system CPU seconds the server process has used so far (Linux /proc)."""
+        if self.proc is None:
+            return None
+        try:
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+_SYSTEM = (
+    "You are a careful assistant that solves grade-school math word problems. Think step by step, show your "
+    "work briefly, and end with a line of the form 'Answer: <number>'. Never guess; if the problem is ambiguous, "
+    "state the assumption you make before solving it."
+)
+_USER = (
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many "
+    "clips did Natalia sell altogether in April and May? Please explain each step of the calculation."
+)
+_ANSWER = (
+    "In April Natalia sold 48 clips. In May she sold half as many, which is 48 / 2 = 24 clips. Altogether she "
+    "sold 48 + 24 = 72 clips in April and May.\nAnswer: 72"
+)
+
+
+def llm_call_span(rollout_id: str, attempt_id: str, seq: int, i: int) -> Span:
+    """An LLM-call span like the gateway writes: prompt/response text, token ids, logprobs (~2 KB JSON of
+    attributes, like the reference benchmark's ``openai.chat.completion`` span)."""
+    prompt_ids = [(i * 7919 + k * 104729) % 151000 for k in range(61)]
+    response_ids = [(i * 31 + k * 7) % 151000 for k in range(20)]
+    logprobs = [-((i + k) % 97) / 37.0 for k in range(20)]
+    response_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+    attributes = {
+        Attr.ENDPOINT: "chat.completions",
+        Attr.MODEL: "Qwen2.5-0.5B-Instruct",
+        Attr.RESPONSE_MODEL: "Qwen2.5-0.5B-Instruct",
+        Attr.REQUEST: {
+            "messages": [{"role": "system", "content": _SYSTEM}, {"role": "user", "content": _USER}],
+            "temperature": 1.0,
+            "max_tokens": 256,
+        },
+        Attr.RESPONSE: {
+            "id": response_id,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": _ANSWER}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 61, "completion_tokens": 20, "total_tokens": 81},
+        },
+        Attr.PROMPT_IDS: prompt_ids,
+        Attr.CHOICES: [{"token_ids": response_ids, "logprobs": logprobs, "finish_reason": "stop"}],
+        Attr.TOKEN_IDS_AVAILABLE: True,
+        Attr.POLICY_VERSION: 3,
+        Attr.RESPONSE_ID: response_id,
+        Attr.LATENCY_MS: 41.7,
+    }
+    now = time.time()
+    return Span(
+        rollout_id=rollout_id,
+        attempt_id=attempt_id,
+        seq=seq,
+        name=Attr.SPAN_LLM_CALL,
+        start_time=now,
+        end_time=now + 0.0417,
+        attributes=attributes,
+    )

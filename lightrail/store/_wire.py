@@ -1,0 +1,227 @@
+"""The store's HTTP wire format, shared by `server.py` and `client.py` so both sides agree by construction.
+
+Request bodies are decoded with typed msgspec decoders (a bad field is named in the 400); responses are small
+structs (counts and ids for writes: spans are never echoed back). `ROUTES` is the route table both the server's
+router and its OpenAPI document are built from. This module imports neither Starlette nor httpx, so a runner
+that only needs the client never loads the server stack and vice versa.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from lightrail.types import (
+    Attempt,
+    AttemptStatus,
+    ErrorInfo,
+    Lease,
+    Resources,
+    Rollout,
+    RolloutSpec,
+    RolloutStatus,
+    Span,
+)
+
+MAX_WAIT_S = 60.0
+"""Server-side cap of one long poll (`lease` ``wait_s``, `wait` ``timeout_s``); clients re-poll for longer waits,
+so no request outlives proxies' idle timeouts."""
+
+
+class EnqueueRequest(msgspec.Struct, kw_only=True):
+    """Body of ``POST /v1/rollouts``."""
+
+    specs: list[RolloutSpec]
+
+
+class LeaseRequest(msgspec.Struct, kw_only=True):
+    """Body of ``POST /v1/lease``. ``attempt_id`` makes a retried lease return the same attempt."""
+
+    worker_id: str
+    wait_s: float = 0.0
+    attempt_id: str | None = None
+
+
+class FinishRequest(msgspec.Struct, kw_only=True):
+    """Body of ``POST /v1/attempts/{attempt_id}/finish``."""
+
+    status: AttemptStatus
+    reward: float | None = None
+    error: ErrorInfo | None = None
+
+
+class RolloutIdsRequest(msgspec.Struct, kw_only=True):
+    """Body of ``POST /v1/rollouts/cancel``."""
+
+    rollout_ids: list[str]
+
+
+class WaitRequest(msgspec.Struct, kw_only=True):
+    """Body of ``POST /v1/rollouts/wait``; ``timeout_s`` is capped at `MAX_WAIT_S` by the server."""
+
+    rollout_ids: list[str]
+    timeout_s: float | None = None
+
+
+class QueryRolloutsRequest(msgspec.Struct, kw_only=True):
+    """Body of ``POST /v1/rollouts/query``; a None filter matches everything."""
+
+    status: list[RolloutStatus] | None = None
+    rollout_ids: list[str] | None = None
+
+
+class AddSpansRequest(msgspec.Struct, kw_only=True):
+    """Body of ``POST /v1/spans``: a batch of spans, stored all or nothing."""
+
+    spans: list[Span]
+
+
+class RolloutsResponse(msgspec.Struct, kw_only=True):
+    rollouts: list[Rollout]
+
+
+class LeaseResponse(msgspec.Struct, kw_only=True):
+    lease: Lease | None
+
+
+class AddedResponse(msgspec.Struct, kw_only=True):
+    added: int
+
+
+class SpansResponse(msgspec.Struct, kw_only=True):
+    spans: list[Span]
+
+
+class AttemptsResponse(msgspec.Struct, kw_only=True):
+    attempts: list[Attempt]
+
+
+class ResourcesResponse(msgspec.Struct, kw_only=True):
+    resources: Resources | None
+
+
+class CountsResponse(msgspec.Struct, kw_only=True):
+    counts: dict[RolloutStatus, int]
+
+
+class HealthResponse(msgspec.Struct, kw_only=True):
+    status: str = "ok"
+
+
+class ErrorDetail(msgspec.Struct, kw_only=True, omit_defaults=True):
+    message: str
+    type: str = "StoreError"
+    """The lightrail exception class (``NotFoundError``, ``StaleAttemptError``, ...); clients re-raise it."""
+    field: str | None = None
+    """JSON path of the offending field of the request body (``$.spans[0].seq``) for validation errors."""
+
+
+class ErrorResponse(msgspec.Struct, kw_only=True):
+    """Every non-2xx answer: ``{"error": {"message": ..., "type": ..., "field": ...}}``."""
+
+    error: ErrorDetail
+
+
+class RouteSpec(msgspec.Struct, frozen=True):
+    """One row of the route table: what the server routes and what the OpenAPI document describes."""
+
+    method: str
+    path: str
+    name: str
+    summary: str
+    request: type | None
+    response: type
+    query: tuple[tuple[str, str], ...] = ()  # (name, description)
+
+
+ROUTES: tuple[RouteSpec, ...] = (
+    RouteSpec(
+        "POST",
+        "/v1/rollouts",
+        "enqueue",
+        "Queue rollouts (idempotent by rollout_id).",
+        EnqueueRequest,
+        RolloutsResponse,
+    ),
+    RouteSpec(
+        "POST",
+        "/v1/rollouts/query",
+        "query_rollouts",
+        "Rollouts filtered by status and/or ids.",
+        QueryRolloutsRequest,
+        RolloutsResponse,
+    ),
+    RouteSpec(
+        "POST",
+        "/v1/rollouts/cancel",
+        "cancel",
+        "Cancel queued or running rollouts.",
+        RolloutIdsRequest,
+        RolloutsResponse,
+    ),
+    RouteSpec(
+        "POST",
+        "/v1/rollouts/wait",
+        "wait",
+        "Long-poll until the rollouts are terminal (capped at 60 s).",
+        WaitRequest,
+        RolloutsResponse,
+    ),
+    RouteSpec("GET", "/v1/rollouts/{rollout_id}", "get_rollout", "One rollout.", None, Rollout),
+    RouteSpec(
+        "GET",
+        "/v1/rollouts/{rollout_id}/attempts",
+        "query_attempts",
+        "Attempts of a rollout, in order.",
+        None,
+        AttemptsResponse,
+    ),
+    RouteSpec(
+        "GET",
+        "/v1/rollouts/{rollout_id}/spans",
+        "query_spans",
+        "Spans of a rollout ordered by attempt then seq.",
+        None,
+        SpansResponse,
+        (("attempt_id", "Only the spans of this attempt."),),
+    ),
+    RouteSpec(
+        "POST",
+        "/v1/lease",
+        "lease",
+        "Start an attempt on the oldest queued rollout; long-polls up to wait_s (capped at 60 s).",
+        LeaseRequest,
+        LeaseResponse,
+    ),
+    RouteSpec("POST", "/v1/attempts/{attempt_id}/heartbeat", "heartbeat", "Renew an attempt's lease.", None, Attempt),
+    RouteSpec(
+        "POST",
+        "/v1/attempts/{attempt_id}/finish",
+        "finish",
+        "End an attempt (idempotent for the same outcome).",
+        FinishRequest,
+        Attempt,
+    ),
+    RouteSpec(
+        "POST",
+        "/v1/spans",
+        "add_spans",
+        "Store a batch of spans (idempotent by attempt and span id).",
+        AddSpansRequest,
+        AddedResponse,
+    ),
+    RouteSpec(
+        "POST",
+        "/v1/resources",
+        "put_resources",
+        "Store a resources version (idempotent by resources_id).",
+        Resources,
+        Resources,
+    ),
+    RouteSpec(
+        "GET", "/v1/resources/latest", "get_latest_resources", "The newest resources, or null.", None, ResourcesResponse
+    ),
+    RouteSpec("GET", "/v1/resources/{version}", "get_resources", "One resources version.", None, Resources),
+    RouteSpec("GET", "/v1/counts", "counts", "Rollouts per status.", None, CountsResponse),
+    RouteSpec("GET", "/health", "health", "Liveness; needs no token.", None, HealthResponse),
+    RouteSpec("GET", "/openapi.json", "openapi", "This document.", None, dict),
+)

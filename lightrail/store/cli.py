@@ -1,0 +1,92 @@
+"""``lightrail store serve``: run the store's HTTP server on a SQLite file.
+
+Only argparse at import time: the main CLI imports this module to build ``--help``; the server stack (Starlette,
+uvicorn, SQLite) loads inside the handler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import sys
+
+DEFAULT_PORT = 4747
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``store serve`` on the main CLI's subparsers."""
+    store = subparsers.add_parser(
+        "store",
+        help="run the durable store that trainers and runners share",
+        description="The store holds rollouts, attempts, spans and resources; trainers and runners reach it over HTTP.",
+    )
+    commands = store.add_subparsers(dest="store_command", metavar="SUBCOMMAND")
+    store.set_defaults(handler=lambda args: (store.print_help(), 2)[1])
+
+    serve = commands.add_parser(
+        "serve",
+        help="serve a SQLite store over HTTP",
+        description=(
+            "Serve a store file over HTTP (JSON API, OpenAPI at /openapi.json, liveness at /health). "
+            "Everything acknowledged survives a crash of the server; restarting on the same file resumes. "
+            "Binds 127.0.0.1 by default; binding any other address requires a bearer token."
+        ),
+        epilog=(
+            "example:\n"
+            "  LIGHTRAIL_TOKEN=s3cret lightrail store serve --db runs/store.db --host 0.0.0.0\n"
+            "  # runners: open_store('http://HOST:4747', token='s3cret')"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    serve.add_argument(
+        "--db",
+        default="lightrail.db",
+        metavar="PATH",
+        help="SQLite file to serve, created if missing; 'memory:' for a throwaway in-memory store "
+        "(default: ./lightrail.db)",
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    serve.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help=f"port to bind, 0 for any free one (default: {DEFAULT_PORT})"
+    )
+    serve.add_argument(
+        "--token",
+        default=os.environ.get("LIGHTRAIL_TOKEN"),
+        help="bearer token every request must carry (default: $LIGHTRAIL_TOKEN); /health stays open",
+    )
+    serve.add_argument(
+        "--insecure-no-token",
+        action="store_true",
+        help="allow binding a non-loopback address without a token (anyone who can reach it can write)",
+    )
+    serve.set_defaults(handler=_serve)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: we cannot know where it resolves, so treat it as exposed
+        return False
+
+
+def _serve(args: argparse.Namespace) -> int:
+    if not args.token and not _is_loopback(args.host) and not args.insecure_no_token:
+        print(
+            f"lightrail store serve: refusing to bind {args.host} without a token; pass --token "
+            "(or set LIGHTRAIL_TOKEN), or --insecure-no-token if the network is trusted.",
+            file=sys.stderr,
+        )
+        return 2
+    from lightrail.store.server import serve
+
+    try:
+        serve(args.db, host=args.host, port=args.port, token=args.token or None)
+    except KeyboardInterrupt:
+        pass
+    except OSError as exc:  # port in use, unwritable directory, ...
+        print(f"lightrail store serve: {exc}", file=sys.stderr)
+        return 1
+    return 0

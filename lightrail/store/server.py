@@ -1,0 +1,583 @@
+"""The store over HTTP: a Starlette app that exposes any `Store` to runners and trainers on other processes/hosts.
+
+Data flow: a `StoreClient` (``lightrail/store/client.py``) encodes a request struct of ``_wire.py`` with
+msgspec, this app decodes it with a typed `msgspec.json.Decoder` (a bad field is named in the 400),
+calls the wrapped store, and answers with a small msgspec-encoded struct (counts and ids for writes; spans are
+never echoed back).
+
+Concurrency model: one event loop (uvicorn's), no locks. The store is created inside that loop at startup and
+closed at shutdown (lifespan), so a `SQLiteStore` lives entirely on the server's loop. Long polls (`lease`,
+`wait`) await the store directly and are abandoned when the client disconnects.
+
+Speed matters here (the reference spends 2 ms of server CPU per request): plain Starlette routes, one pure ASGI
+middleware for auth and the body limit (never ``BaseHTTPMiddleware``), pre-built decoders/encoders, httptools
+and uvloop when installed.
+
+    from lightrail.store.server import serve
+    serve("runs/store.db", port=4747, token="s3cret")   # blocks; prints the URL
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import os
+import re
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from lightrail.store._wire import (
+    MAX_WAIT_S,
+    ROUTES,
+    AddedResponse,
+    AddSpansRequest,
+    AttemptsResponse,
+    CountsResponse,
+    EnqueueRequest,
+    ErrorDetail,
+    ErrorResponse,
+    FinishRequest,
+    HealthResponse,
+    LeaseRequest,
+    LeaseResponse,
+    QueryRolloutsRequest,
+    ResourcesResponse,
+    RolloutIdsRequest,
+    RolloutsResponse,
+    SpansResponse,
+    WaitRequest,
+)
+from lightrail.store.base import Store, StoreError
+from lightrail.types import IllegalTransitionError, Resources
+
+__all__ = [
+    "DEFAULT_MAX_BODY_BYTES",
+    "MAX_WAIT_S",
+    "ServerHandle",
+    "create_app",
+    "open_server_store",
+    "serve",
+    "serve_in_thread",
+]
+
+log = logging.getLogger("lightrail.store.server")
+
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Responses and errors
+# ---------------------------------------------------------------------------------------------------------------
+
+_encode = msgspec.json.Encoder().encode
+_FIELD_RE = re.compile(r" - at `(\$[^`]*)`$")
+
+
+class _JSON(Response):
+    media_type = "application/json"
+
+
+def _ok(body: msgspec.Struct) -> Response:
+    return _JSON(_encode(body))
+
+
+def _error(status: int, message: str, type_: str, field: str | None = None) -> Response:
+    return _JSON(_encode(ErrorResponse(error=ErrorDetail(message=message, type=type_, field=field))), status)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class _ClientGone(Exception):
+    """The client disconnected during a long poll; whatever we answer is dropped."""
+
+
+def _error_response(exc: BaseException) -> Response:
+    """Map an exception raised by a handler to its HTTP answer (the one place that does)."""
+    if isinstance(exc, StoreError):
+        return _error(exc.http_status, str(exc), type(exc).__name__)
+    if isinstance(exc, IllegalTransitionError):
+        return _error(409, str(exc), "IllegalTransitionError")
+    if isinstance(exc, msgspec.ValidationError):
+        message = str(exc)
+        m = _FIELD_RE.search(message)
+        return _error(400, message, "ValidationError", m.group(1) if m else None)
+    if isinstance(exc, msgspec.DecodeError):
+        return _error(400, str(exc), "DecodeError")
+    if isinstance(exc, _BodyTooLarge):
+        return _error(413, str(exc), "PayloadTooLarge")
+    if isinstance(exc, _ClientGone):
+        return Response(status_code=499)
+    if isinstance(exc, HTTPException):
+        return _error(exc.status_code, str(exc.detail), "HTTPError")
+    # The traceback goes to the server log only: clients get a short message.
+    log.error("unexpected error in store request", exc_info=exc)
+    return _error(500, f"internal error: {type(exc).__name__}", "InternalError")
+
+
+def _param(request: Request, name: str) -> str:
+    return request.path_params[name]
+
+
+async def _until_disconnect(request: Request) -> None:
+    """Return when the client goes away (the body has been read already, so only a disconnect can arrive)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _unless_disconnected(request: Request, work: Any) -> Any:
+    """Run a long-poll coroutine, cancelling it if the client disconnects first (an abandoned `lease` must not
+    start an attempt nobody will run; the client retries with the same ``attempt_id`` if it still wants one)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_until_disconnect(request))
+    try:
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    if task.cancelled():
+        raise _ClientGone
+    return task.result()
+
+
+def _wait_cap(value: float | None) -> float:
+    if value is None:
+        return MAX_WAIT_S
+    return min(max(value, 0.0), MAX_WAIT_S)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Routes (the table itself is `_wire.ROUTES`)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _handlers(get_store: Callable[[], Store]) -> dict[str, Callable[[Request], Any]]:
+    """The endpoint of each route name. ``get_store`` returns the store created at startup."""
+    decoders = {r.name: msgspec.json.Decoder(r.request) for r in ROUTES if r.request is not None}
+
+    async def body(request: Request, name: str) -> Any:
+        return decoders[name].decode(await request.body())
+
+    async def enqueue(request: Request) -> Response:
+        req: EnqueueRequest = await body(request, "enqueue")
+        return _ok(RolloutsResponse(rollouts=await get_store().enqueue(req.specs)))
+
+    async def query_rollouts(request: Request) -> Response:
+        req: QueryRolloutsRequest = await body(request, "query_rollouts")
+        rollouts = await get_store().query_rollouts(status=req.status, rollout_ids=req.rollout_ids)
+        return _ok(RolloutsResponse(rollouts=rollouts))
+
+    async def cancel(request: Request) -> Response:
+        req: RolloutIdsRequest = await body(request, "cancel")
+        return _ok(RolloutsResponse(rollouts=await get_store().cancel(req.rollout_ids)))
+
+    async def wait(request: Request) -> Response:
+        req: WaitRequest = await body(request, "wait")
+        work = get_store().wait(req.rollout_ids, timeout_s=_wait_cap(req.timeout_s))
+        return _ok(RolloutsResponse(rollouts=await _unless_disconnected(request, work)))
+
+    async def get_rollout(request: Request) -> Response:
+        return _ok(await get_store().get_rollout(_param(request, "rollout_id")))
+
+    async def query_attempts(request: Request) -> Response:
+        return _ok(AttemptsResponse(attempts=await get_store().query_attempts(_param(request, "rollout_id"))))
+
+    async def query_spans(request: Request) -> Response:
+        attempt_id = request.query_params.get("attempt_id")
+        spans = await get_store().query_spans(_param(request, "rollout_id"), attempt_id)
+        return _ok(SpansResponse(spans=spans))
+
+    async def lease(request: Request) -> Response:
+        req: LeaseRequest = await body(request, "lease")
+        wait_s = _wait_cap(req.wait_s)
+        work = get_store().lease(req.worker_id, wait_s=wait_s, attempt_id=req.attempt_id)
+        got = await (_unless_disconnected(request, work) if wait_s > 0 else work)
+        return _ok(LeaseResponse(lease=got))
+
+    async def heartbeat(request: Request) -> Response:
+        return _ok(await get_store().heartbeat(_param(request, "attempt_id")))
+
+    async def finish(request: Request) -> Response:
+        req: FinishRequest = await body(request, "finish")
+        attempt = await get_store().finish(
+            _param(request, "attempt_id"), req.status, reward=req.reward, error=req.error
+        )
+        return _ok(attempt)
+
+    async def add_spans(request: Request) -> Response:
+        req: AddSpansRequest = await body(request, "add_spans")
+        return _ok(AddedResponse(added=await get_store().add_spans(req.spans)))
+
+    async def put_resources(request: Request) -> Response:
+        req: Resources = await body(request, "put_resources")
+        return _ok(await get_store().put_resources(req))
+
+    async def get_latest_resources(request: Request) -> Response:
+        return _ok(ResourcesResponse(resources=await get_store().get_resources(None)))
+
+    async def get_resources(request: Request) -> Response:
+        raw = _param(request, "version")
+        try:
+            version = int(raw)
+        except ValueError:
+            return _error(400, f"resources version must be an integer, got {raw!r}", "ValidationError", "version")
+        got = await get_store().get_resources(version)
+        if got is None:  # pragma: no cover - stores raise NotFoundError for a missing version
+            return _error(404, f"unknown resources version {version}", "NotFoundError")
+        return _ok(got)
+
+    async def counts(request: Request) -> Response:
+        return _ok(CountsResponse(counts=await get_store().counts()))
+
+    health_body = _encode(HealthResponse())
+
+    async def health(request: Request) -> Response:
+        return _JSON(health_body)
+
+    openapi_body = _encode(openapi_document())
+
+    async def openapi(request: Request) -> Response:
+        return _JSON(openapi_body)
+
+    defined = locals()
+    return {r.name: defined[r.name] for r in ROUTES}
+
+
+def _guarded(endpoint: Callable[[Request], Any]) -> Callable[[Request], Any]:
+    """Turn every exception of an endpoint into its JSON error answer (see `_error_response`)."""
+
+    async def guarded(request: Request) -> Response:
+        try:
+            return await endpoint(request)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            return _error_response(exc)
+
+    guarded.__name__ = guarded.__qualname__ = endpoint.__name__
+    return guarded
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Auth and body limit: one pure ASGI middleware
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class _Guard:
+    """Bearer-token check (constant-time; ``/health`` stays open) and request-body limit, without wrapping the
+    response path: requests that pass cost one header scan and, for bodies, one byte counter."""
+
+    def __init__(self, app: Any, *, token: str | None, max_body_bytes: int):
+        self.app = app
+        self.expected = f"Bearer {token}".encode() if token else None
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        authorization = b""
+        length = None
+        for key, value in scope["headers"]:
+            if key == b"authorization":
+                authorization = value
+            elif key == b"content-length":
+                length = value
+        expected = self.expected
+        if expected is not None and scope["path"] != "/health" and not hmac.compare_digest(authorization, expected):
+            message = "missing bearer token" if not authorization else "invalid bearer token"
+            await _error(401, message, "Unauthorized")(scope, receive, send)
+            return
+        limit = self.max_body_bytes
+        if length is not None:
+            try:
+                too_big = int(length) > limit
+            except ValueError:
+                too_big = False
+            if too_big:
+                await _error(413, f"request body over {limit} bytes", "PayloadTooLarge")(scope, receive, send)
+                return
+            await self.app(scope, receive, send)
+            return
+        # No Content-Length (chunked upload): count the bytes as they stream in.
+        seen = 0
+
+        async def counting_receive() -> dict:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise _BodyTooLarge(f"request body over {limit} bytes")
+            return message
+
+        await self.app(scope, counting_receive, send)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The app
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def open_server_store(path: str | os.PathLike[str]) -> Store:
+    """The store a server at ``path`` serves: ``memory:`` for an in-memory one, else a SQLite file."""
+    if str(path) == "memory:":
+        from lightrail.store.memory import MemoryStore
+
+        return MemoryStore()
+    from lightrail.store.sqlite import SQLiteStore
+
+    return SQLiteStore(Path(path))
+
+
+def create_app(
+    store: Store | Callable[[], Store],
+    *,
+    token: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> Any:
+    """The store's ASGI app.
+
+    ``store`` is a `Store`, or a zero-argument factory called at startup inside the server's event loop (the
+    app then owns the store and closes it at shutdown; a passed-in store is left open for its owner).
+    With a ``token``, every route except ``GET /health`` needs ``Authorization: Bearer <token>``.
+    """
+    owned = callable(store) and not isinstance(store, Store)
+    state: dict[str, Store] = {}
+    if not owned:
+        state["store"] = store  # type: ignore[assignment]
+
+    def get_store() -> Store:
+        return state["store"]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any):
+        if owned:
+            state["store"] = store()  # type: ignore[operator]
+        try:
+            yield
+        finally:
+            if owned:
+                await state.pop("store").close()
+
+    handlers = _handlers(get_store)
+    routes = [Route(r.path, _guarded(handlers[r.name]), methods=[r.method], name=r.name) for r in ROUTES]
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        return _error_response(exc)  # unknown route (404) or method (405) as JSON, like every other error
+
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
+    app.add_middleware(_Guard, token=token, max_body_bytes=max_body_bytes)
+    return app
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# OpenAPI
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def openapi_document() -> dict[str, Any]:
+    """An OpenAPI 3.1 document built from `ROUTES` and the msgspec schemas of the request/response structs."""
+    wire_types = {t for r in ROUTES for t in (r.request, r.response) if isinstance(t, type) and t is not dict}
+    wire_types.add(ErrorResponse)
+    ordered = sorted(wire_types, key=lambda t: t.__name__)
+    schemas, components = msgspec.json.schema_components(ordered, ref_template="#/components/schemas/{name}")
+    ref = dict(zip(ordered, schemas, strict=True))
+    error = {"description": "Error", "content": {"application/json": {"schema": ref[ErrorResponse]}}}
+    paths: dict[str, dict[str, Any]] = {}
+    for r in ROUTES:
+        op: dict[str, Any] = {"operationId": r.name, "summary": r.summary}
+        params = [
+            {"name": p, "in": "path", "required": True, "schema": {"type": "integer" if p == "version" else "string"}}
+            for p in re.findall(r"{(\w+)}", r.path)
+        ]
+        params += [
+            {"name": q, "in": "query", "required": False, "description": d, "schema": {"type": "string"}}
+            for q, d in r.query
+        ]
+        if params:
+            op["parameters"] = params
+        if r.request is not None:
+            op["requestBody"] = {"required": True, "content": {"application/json": {"schema": ref[r.request]}}}
+        schema = ref.get(r.response, {"type": "object"})
+        op["responses"] = {
+            "200": {"description": "OK", "content": {"application/json": {"schema": schema}}},
+            "default": error,
+        }
+        if r.path == "/health":
+            op["security"] = []
+        paths.setdefault(r.path, {})[r.method.lower()] = op
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "lightrail store", "version": "1"},
+        "paths": paths,
+        "components": {
+            "schemas": components,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{"bearer": []}],
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Running it
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _uvicorn_config(app: Any, host: str, port: int, **extra: Any) -> Any:
+    import importlib.util
+
+    import uvicorn
+
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        loop="uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
+        http="httptools" if importlib.util.find_spec("httptools") else "h11",
+        lifespan="on",
+        log_level="warning",
+        access_log=False,
+        **extra,
+    )
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A listening socket; SO_REUSEADDR so a restarted server can take the same port at once."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _url(host: str, sock: socket.socket) -> str:
+    port = sock.getsockname()[1]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _store_factory(store_path_or_store: Any) -> Callable[[], Store]:
+    """A factory, so the app owns (and at shutdown closes) the store either way."""
+    if isinstance(store_path_or_store, (str, os.PathLike)):
+        return lambda: open_server_store(store_path_or_store)
+    return lambda: store_path_or_store
+
+
+def serve(
+    store_path_or_store: str | os.PathLike[str] | Store,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    token: str | None = None,
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> None:
+    """Serve a store until interrupted (blocking). A path opens a SQLite file (``memory:`` an in-memory store)
+    inside the server's loop; the bound URL is printed to stdout (port 0 picks a free port)."""
+    import uvicorn
+
+    app = create_app(_store_factory(store_path_or_store), token=token, max_body_bytes=max_body_bytes)
+    sock = _bind(host, port)
+    url = _url(host, sock)
+    server = uvicorn.Server(_uvicorn_config(app, host, sock.getsockname()[1], timeout_graceful_shutdown=5))
+    print(f"lightrail store listening on {url}", flush=True)
+    log.info("lightrail store listening on %s", url)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+
+
+class ServerHandle:
+    """A store server running in a background thread (tests, notebooks). ``url`` is where it listens."""
+
+    def __init__(self, url: str, server: Any, thread: threading.Thread):
+        self.url = url
+        self._server = server
+        self._thread = thread
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop accepting, let in-flight requests end (long polls are cut after 1 s), close the store."""
+        self._server.should_exit = True
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():  # pragma: no cover - only on a wedged handler
+            self._server.force_exit = True
+            self._thread.join(timeout_s)
+
+
+def serve_in_thread(
+    path: str | os.PathLike[str],
+    *,
+    token: str | None = None,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> ServerHandle:
+    """Start a store server on its own thread and event loop and return once it answers.
+
+    The store at ``path`` (SQLite file, or ``memory:``) is created inside the server's loop. ``port`` 0 picks a
+    free one; passing a previous server's port restarts "the same server" (SO_REUSEADDR).
+    """
+    import uvicorn
+
+    app = create_app(lambda: open_server_store(path), token=token, max_body_bytes=max_body_bytes)
+    sock = _bind(host, port)
+    url = _url(host, sock)
+    config = _uvicorn_config(app, host, sock.getsockname()[1], timeout_graceful_shutdown=1)
+    server = uvicorn.Server(config)
+    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]  # not the main thread
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            if config.loop == "uvloop":
+                import uvloop
+
+                runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
+            else:
+                runner = asyncio.Runner()
+            with runner:
+                runner.run(server.serve(sockets=[sock]))
+        except BaseException as exc:  # pragma: no cover - reported to the starting thread
+            failure.append(exc)
+        finally:
+            sock.close()
+
+    thread = threading.Thread(target=run, name=f"lightrail-store-{url}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if failure or not thread.is_alive():
+            raise RuntimeError(f"store server at {url} failed to start") from (failure[0] if failure else None)
+        if time.monotonic() > deadline:  # pragma: no cover
+            server.should_exit = True
+            raise RuntimeError(f"store server at {url} did not start within 30 s")
+        time.sleep(0.002)
+    return ServerHandle(url, server, thread)
+
+
+if __name__ == "__main__":  # pragma: no cover - `python -m lightrail.store.server [PATH]`
+    serve(sys.argv[1] if len(sys.argv) > 1 else "lightrail.db")

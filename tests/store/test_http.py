@@ -1,0 +1,261 @@
+"""HTTP-specific behaviour of the store server and client (the Store contract itself is in test_contract.py).
+
+Every test runs a real server on 127.0.0.1 (its own thread and event loop, SQLite behind it) and talks to it
+with raw httpx or the real clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import httpx
+import msgspec
+import pytest
+
+from lightrail.store import NotFoundError, StaleAttemptError, StoreClient, SyncStoreClient
+from lightrail.store._wire import ROUTES
+from lightrail.store.client import StoreUnavailableError
+from lightrail.store.server import serve_in_thread
+from lightrail.types import (
+    LLM,
+    AttemptStatus,
+    IllegalTransitionError,
+    Resources,
+    RolloutSpec,
+    RolloutStatus,
+    Span,
+    Task,
+    next_seq,
+)
+
+TOKEN = "test-token"
+AUTH = {"authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture
+def server(tmp_path):
+    handle = serve_in_thread(tmp_path / "store.db", token=TOKEN, max_body_bytes=1 << 20)
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture
+async def http(server):
+    async with httpx.AsyncClient(base_url=server.url) as client:
+        yield client
+
+
+@pytest.fixture
+async def store(server):
+    client = StoreClient(server.url, token=TOKEN)
+    yield client
+    await client.close()
+
+
+def specs(n: int) -> list[RolloutSpec]:
+    return [RolloutSpec(task=Task(input={"q": i})) for i in range(n)]
+
+
+def spans_for(lease, n: int) -> list[Span]:
+    rid, aid = lease.rollout.rollout_id, lease.attempt.attempt_id
+    return [Span(rollout_id=rid, attempt_id=aid, seq=next_seq(), name=f"s{i}") for i in range(n)]
+
+
+async def test_token_required_except_for_health(http):
+    assert (await http.get("/health")).status_code == 200
+    missing = await http.get("/v1/counts")
+    assert missing.status_code == 401
+    assert missing.json()["error"]["message"] == "missing bearer token"
+    wrong = await http.get("/v1/counts", headers={"authorization": "Bearer nope"})
+    assert wrong.status_code == 401
+    assert (await http.get("/v1/counts", headers=AUTH)).status_code == 200
+
+
+async def test_client_with_wrong_token_raises_instead_of_returning_nothing(server):
+    client = StoreClient(server.url, token="wrong")
+    try:
+        with pytest.raises(Exception, match="401"):
+            await client.lease("w")
+    finally:
+        await client.close()
+
+
+async def test_bad_json_is_400(http):
+    r = await http.post("/v1/rollouts", content=b"{not json", headers=AUTH)
+    assert r.status_code == 400
+    assert "malformed" in r.json()["error"]["message"].lower()
+
+
+async def test_wrong_field_type_is_400_naming_the_field(http, store):
+    (rollout,) = await store.enqueue(specs(1))
+    lease = await store.lease("w")
+    span = msgspec.to_builtins(spans_for(lease, 1)[0])
+    span["seq"] = "not-a-number"
+    r = await http.post("/v1/spans", json={"spans": [span]}, headers=AUTH)
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["field"] == "$.spans[0].seq"
+    assert "Expected `int`, got `str`" in error["message"]
+    # a missing required field is named too
+    r = await http.post("/v1/lease", json={"wait_s": 0}, headers=AUTH)
+    assert r.status_code == 400 and "worker_id" in r.json()["error"]["message"]
+
+
+async def test_unknown_rollout_and_attempt_are_404(http, store):
+    assert (await http.get("/v1/rollouts/ro-nope", headers=AUTH)).status_code == 404
+    r = await http.post("/v1/attempts/at-nope/heartbeat", headers=AUTH)
+    assert r.status_code == 404 and r.json()["error"]["type"] == "NotFoundError"
+    with pytest.raises(NotFoundError):
+        await store.get_rollout("ro-nope")
+    with pytest.raises(NotFoundError):
+        await store.finish("at-nope", AttemptStatus.SUCCEEDED)
+
+
+async def test_unknown_route_is_json_404(http):
+    r = await http.get("/v1/nothing-here", headers=AUTH)
+    assert r.status_code == 404 and "error" in r.json()
+
+
+async def test_illegal_transition_and_stale_attempt_are_409(http, store):
+    await store.enqueue(specs(1))
+    lease = await store.lease("w")
+    aid = lease.attempt.attempt_id
+    r = await http.post(f"/v1/attempts/{aid}/finish", json={"status": "running"}, headers=AUTH)
+    assert r.status_code == 409 and r.json()["error"]["type"] == "IllegalTransitionError"
+    with pytest.raises(IllegalTransitionError):
+        await store.finish(aid, AttemptStatus.RUNNING)
+    await store.finish(aid, AttemptStatus.SUCCEEDED, reward=1.0)
+    r = await http.post(f"/v1/attempts/{aid}/finish", json={"status": "failed"}, headers=AUTH)
+    assert r.status_code == 409 and r.json()["error"]["type"] == "StaleAttemptError"
+    with pytest.raises(StaleAttemptError):
+        await store.finish(aid, AttemptStatus.FAILED)
+
+
+async def test_oversized_body_is_413_with_or_without_content_length(http, store):
+    big = b'{"specs": [' + b" " * (2 << 20) + b"]}"
+    r = await http.post("/v1/rollouts", content=big, headers=AUTH)
+    assert r.status_code == 413
+
+    async def chunks():  # no Content-Length: the server must count streamed bytes
+        for _ in range(40):
+            yield b" " * 65536
+
+    r = await http.post("/v1/rollouts", content=chunks(), headers=AUTH)
+    assert r.status_code == 413
+    assert await store.counts() == dict.fromkeys(RolloutStatus, 0)
+
+
+async def test_openapi_lists_every_route_with_real_schemas(http):
+    r = await http.get("/openapi.json", headers=AUTH)
+    assert r.status_code == 200
+    doc = r.json()
+    assert doc["openapi"].startswith("3.1")
+    for route in ROUTES:
+        assert route.method.lower() in doc["paths"][route.path], route.path
+    schemas = doc["components"]["schemas"]
+    assert {"Span", "RolloutSpec", "AddSpansRequest", "ErrorResponse"} <= schemas.keys()
+    assert schemas["Span"]["properties"]["seq"]["type"] == "integer"
+    add_spans = doc["paths"]["/v1/spans"]["post"]
+    assert add_spans["requestBody"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/AddSpansRequest"
+    }
+    refs = [m for m in r.text.split('"$ref":"#/components/schemas/')[1:]]
+    assert all(ref.split('"')[0] in schemas for ref in refs)
+
+
+async def test_client_retries_across_a_server_restart_without_duplicates(tmp_path):
+    db = tmp_path / "store.db"
+    first = serve_in_thread(db, token=TOKEN)
+    client = StoreClient(first.url, token=TOKEN, retries=20, backoff_s=0.02, max_backoff_s=0.1)
+    try:
+        batch = specs(3)
+        await client.enqueue(batch)
+        lease = await client.lease("w")
+        spans = spans_for(lease, 5)
+        first.stop()  # the store goes away between two calls of a runner
+
+        restarted: list = []
+
+        def restart_later():
+            time.sleep(0.3)
+            restarted.append(serve_in_thread(db, token=TOKEN, port=first.port))
+
+        threading.Thread(target=restart_later).start()
+        t0 = time.perf_counter()
+        assert await client.add_spans(spans) == 5  # retried until the new server answers
+        assert time.perf_counter() - t0 >= 0.25
+        # the caller retries whole calls too: same ids, nothing new
+        assert await client.add_spans(spans) == 0
+        await client.enqueue(batch)
+        await client.finish(lease.attempt.attempt_id, AttemptStatus.SUCCEEDED, reward=1.0)
+        await client.finish(lease.attempt.attempt_id, AttemptStatus.SUCCEEDED, reward=1.0)
+        counts = await client.counts()
+        assert counts[RolloutStatus.SUCCEEDED] == 1 and counts[RolloutStatus.QUEUED] == 2
+        assert sum(counts.values()) == 3
+        assert [s.span_id for s in await client.query_spans(lease.rollout.rollout_id)] == [s.span_id for s in spans]
+    finally:
+        await client.close()
+        for handle in restarted:
+            handle.stop()
+
+
+async def test_unreachable_server_raises_store_unavailable_naming_the_url(tmp_path):
+    handle = serve_in_thread(tmp_path / "store.db")
+    url = handle.url
+    handle.stop()
+    client = StoreClient(url, retries=2, backoff_s=0.01)
+    try:
+        with pytest.raises(StoreUnavailableError, match=url):
+            await client.counts()
+    finally:
+        await client.close()
+
+
+async def test_abandoned_long_poll_does_not_take_a_rollout(store, server):
+    other = StoreClient(server.url, token=TOKEN)
+    try:
+        waiter = asyncio.create_task(other.lease("gone", wait_s=30))
+        await asyncio.sleep(0.2)
+        waiter.cancel()  # the runner stops waiting; its connection closes
+        await asyncio.sleep(0.2)
+        (rollout,) = await store.enqueue(specs(1))
+        lease = await store.lease("w", wait_s=2)
+        assert lease is not None and lease.rollout.rollout_id == rollout.rollout_id
+        assert lease.attempt.worker_id == "w"
+    finally:
+        await other.close()
+
+
+async def test_long_poll_lease_over_http_wakes_on_enqueue(store, server):
+    trainer = StoreClient(server.url, token=TOKEN)
+    try:
+        waiter = asyncio.create_task(store.lease("w", wait_s=20))
+        await asyncio.sleep(0.1)
+        t0 = time.perf_counter()
+        (rollout,) = await trainer.enqueue(specs(1))
+        lease = await asyncio.wait_for(waiter, 5)
+        assert time.perf_counter() - t0 < 0.5
+        assert lease.rollout.rollout_id == rollout.rollout_id
+    finally:
+        await trainer.close()
+
+
+def test_sync_client(server):
+    with SyncStoreClient(server.url, token=TOKEN) as store:
+        (rollout,) = store.enqueue(specs(1))
+        lease = store.lease("sync-runner")
+        assert lease.rollout.rollout_id == rollout.rollout_id
+        assert store.heartbeat(lease.attempt.attempt_id).status is AttemptStatus.RUNNING
+        assert store.add_spans(spans_for(lease, 3)) == 3
+        store.finish(lease.attempt.attempt_id, AttemptStatus.SUCCEEDED, reward=0.5)
+        assert store.get_rollout(rollout.rollout_id).reward == 0.5
+        assert len(store.query_spans(rollout.rollout_id)) == 3
+        assert [r.rollout_id for r in store.wait([rollout.rollout_id], timeout_s=1)] == [rollout.rollout_id]
+        assert store.get_resources() is None
+        v1 = store.put_resources(Resources(items={"llm": LLM(endpoint="http://127.0.0.1:9/v1", model="m")}))
+        assert store.get_resources().version == v1.version == 1
+        assert store.counts()[RolloutStatus.SUCCEEDED] == 1
+        with pytest.raises(NotFoundError):
+            store.query_attempts("ro-nope")
