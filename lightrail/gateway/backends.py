@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-import httpx
 import msgspec
 
+from lightrail.gateway._http import HTTPPool
 from lightrail.types import (
     BackendError,
     ChatRequest,
@@ -55,6 +55,65 @@ class UpstreamError(Exception):
 _FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls", "function_call": "tool_calls"}
 
 
+# Typed views of the upstream's answers: msgspec validates the id lists in C while decoding, and fields a
+# server does not send (``token_ids`` from a server without vLLM's extension) come back as None.
+class _Function(msgspec.Struct):
+    name: str
+    arguments: str | None = None
+
+
+class _ToolCall(msgspec.Struct):
+    function: _Function
+    id: str = ""
+
+
+class _Message(msgspec.Struct):
+    content: str | None = None
+    tool_calls: list[_ToolCall] | None = None
+
+
+class _TokenLogprob(msgspec.Struct):
+    logprob: float | None = None
+
+
+class _ChatLogprobs(msgspec.Struct):
+    content: list[_TokenLogprob] | None = None
+
+
+class _ChatChoice(msgspec.Struct):
+    message: _Message
+    finish_reason: str | None = None
+    logprobs: _ChatLogprobs | None = None
+    token_ids: list[int] | None = None
+
+
+class _ChatCompletion(msgspec.Struct):
+    choices: list[_ChatChoice]
+    model: str = ""
+    prompt_token_ids: list[int] | None = None
+
+
+class _TextLogprobs(msgspec.Struct):
+    token_logprobs: list[float | None] | None = None
+
+
+class _TextChoice(msgspec.Struct):
+    text: str = ""
+    finish_reason: str | None = None
+    logprobs: _TextLogprobs | None = None
+    token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | None = None
+
+
+class _TextCompletion(msgspec.Struct):
+    choices: list[_TextChoice]
+    model: str = ""
+
+
+_chat_decoder = msgspec.json.Decoder(_ChatCompletion)
+_text_decoder = msgspec.json.Decoder(_TextCompletion)
+
+
 class OpenAIUpstream:
     """Forward to an OpenAI-compatible server over HTTP, asking it for token ids and logprobs.
 
@@ -68,8 +127,11 @@ class OpenAIUpstream:
     ``model`` overrides the model name of every request (agents often hard-code one); ``policy_version`` is
     stamped on every generation (set it when you load new weights into the server).
 
-    Concurrency model: one `httpx.AsyncClient` with a keep-alive pool, created on first use in the running
-    event loop; call `aclose` from that loop when done.
+    HTTP goes through a lean keep-alive client (`lightrail.gateway._http`, ~0.1 ms per call where httpx
+    costs ~0.65 ms); environment proxies are not used.
+
+    Concurrency model: one event loop; connections are opened on first use in the running loop. Call
+    `aclose` from that loop when done.
     """
 
     def __init__(
@@ -88,10 +150,8 @@ class OpenAIUpstream:
         self.model = model
         self.policy_version = policy_version
         self.request_token_ids = request_token_ids
-        self._headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
-        self._timeout = httpx.Timeout(timeout_s, connect=min(10.0, timeout_s))
-        self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-        self._client: httpx.AsyncClient | None = None
+        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = HTTPPool(self.base_url, headers=headers, timeout_s=timeout_s, max_connections=max_connections)
         self._models: list[str] = [model] if model else []
 
     # -- Backend protocol -----------------------------------------------------------------------------------
@@ -108,53 +168,43 @@ class OpenAIUpstream:
             body["tool_choice"] = request.tool_choice
         self._sampling(body, request.sampling)
         body["logprobs"] = True
-        data = await self._post("/chat/completions", body)
+        data: _ChatCompletion = await self._post("/chat/completions", body, _chat_decoder)
         choices = []
-        for c in _list(data, "choices"):
-            message = c.get("message") or {}
+        for c in data.choices:
             calls = [
-                ToolCall(id=t["id"], name=t["function"]["name"], arguments=t["function"].get("arguments") or "")
-                for t in message.get("tool_calls") or ()
+                ToolCall(id=t.id, name=t.function.name, arguments=t.function.arguments or "")
+                for t in c.message.tool_calls or ()
             ]
-            lp = c.get("logprobs") or {}
-            content = lp.get("content") if isinstance(lp, dict) else None
-            logprobs = [e["logprob"] for e in content] if content else None
-            choices.append(_choice(c, message.get("content") or "", logprobs, calls))
-        return self._generation(data, data.get("prompt_token_ids"), choices)
+            content = c.logprobs.content if c.logprobs is not None else None
+            logprobs = [e.logprob for e in content] if content is not None else None
+            choices.append(_choice(c.message.content or "", c.token_ids, logprobs, c.finish_reason, calls))
+        return self._generation(data.model, data.prompt_token_ids, choices)
 
     async def complete(self, request: CompletionRequest) -> Generation:
         body: dict[str, Any] = {"model": self.model or request.model, "prompt": request.prompt}
         self._sampling(body, request.sampling)
         body["logprobs"] = 1
-        data = await self._post("/completions", body)
+        data: _TextCompletion = await self._post("/completions", body, _text_decoder)
         choices, prompt_ids = [], None
-        for c in _list(data, "choices"):
-            lp = c.get("logprobs") or {}
-            logprobs = lp.get("token_logprobs") if isinstance(lp, dict) else None
-            choices.append(_choice(c, c.get("text") or "", logprobs, []))
-            prompt_ids = prompt_ids or c.get("prompt_token_ids")
-        return self._generation(data, prompt_ids, choices)
+        for c in data.choices:
+            logprobs = c.logprobs.token_logprobs if c.logprobs is not None else None
+            choices.append(_choice(c.text, c.token_ids, logprobs, c.finish_reason, []))
+            prompt_ids = prompt_ids or c.prompt_token_ids
+        return self._generation(data.model, prompt_ids, choices)
 
     # -- helpers --------------------------------------------------------------------------------------------
 
     async def refresh_models(self) -> list[str]:
         """Ask the upstream for its models (``GET /v1/models``) unless a ``model`` override is set."""
         if not self.model:
-            response = await self._http().get(self.base_url + "/models", headers=self._headers)
-            if response.status_code == 200:
-                self._models = [m["id"] for m in msgspec.json.decode(response.content).get("data", [])]
+            status, content = await self._http.request("GET", "/models")
+            if status == 200:
+                self._models = [m["id"] for m in msgspec.json.decode(content).get("data", [])]
         return self.model_names()
 
     async def aclose(self) -> None:
-        """Close the connection pool."""
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
-
-    def _http(self) -> httpx.AsyncClient:
-        if self._client is None:
-            self._client = httpx.AsyncClient(timeout=self._timeout, limits=self._limits)
-        return self._client
+        """Close idle upstream connections."""
+        await self._http.aclose()
 
     def _sampling(self, body: dict[str, Any], s: SamplingParams) -> None:
         body["n"] = s.n
@@ -169,17 +219,21 @@ class OpenAIUpstream:
         if self.request_token_ids:
             body["return_token_ids"] = True
 
-    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        headers = {"content-type": "application/json", **self._headers}
+    async def _post(self, path: str, body: dict[str, Any], decoder: msgspec.json.Decoder) -> Any:
         try:
-            response = await self._http().post(self.base_url + path, content=msgspec.json.encode(body), headers=headers)
-        except httpx.HTTPError as exc:
+            status, content = await self._http.request("POST", path, msgspec.json.encode(body))
+        except (OSError, TimeoutError) as exc:  # ConnectionError is an OSError
             raise UpstreamError(f"upstream {self.base_url} unreachable: {exc!r}") from exc
-        status = response.status_code
+        if status == 200:
+            try:
+                return decoder.decode(content)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                raise UpstreamError(f"upstream {self.base_url}{path} sent an unreadable answer: {exc}") from None
         try:
-            data = msgspec.json.decode(response.content)
+            data = msgspec.json.decode(content)
         except msgspec.DecodeError:
             data = None
+        text = content[:500].decode(errors="replace")
         if 400 <= status < 500:
             error = data.get("error") if isinstance(data, dict) else None
             if isinstance(error, dict):  # OpenAI's envelope
@@ -190,40 +244,22 @@ class OpenAIUpstream:
                     code=None if error.get("code") is None else str(error.get("code")),
                 )
             message = data.get("message") if isinstance(data, dict) else None  # vLLM's older flat ErrorResponse
-            raise BackendError(str(message or response.text[:500] or f"upstream returned {status}"), status=status)
-        if status != 200 or not isinstance(data, dict):
-            raise UpstreamError(f"upstream {self.base_url}{path} returned {status}: {response.text[:500]}")
-        return data
+            raise BackendError(str(message or text or f"upstream returned {status}"), status=status)
+        raise UpstreamError(f"upstream {self.base_url}{path} returned {status}: {text}")
 
-    def _generation(self, data: dict[str, Any], prompt_ids: Any, choices: list[Choice]) -> Generation:
+    def _generation(self, model: str, prompt_ids: list[int] | None, choices: list[Choice]) -> Generation:
         if any(c.token_ids is None for c in choices):
             prompt_ids = None  # ids are all-or-nothing: a call is trainable only with every id
         return Generation(
-            model=str(data.get("model") or self.model or ""),
-            prompt_ids=prompt_ids if _is_ids(prompt_ids) else None,
-            choices=choices,
-            policy_version=self.policy_version,
+            model=model or self.model or "", prompt_ids=prompt_ids, choices=choices, policy_version=self.policy_version
         )
 
 
-def _list(data: dict[str, Any], key: str) -> list[dict[str, Any]]:
-    value = data.get(key)
-    if not isinstance(value, list):
-        raise UpstreamError(f"upstream answer has no {key!r} list")
-    return value
-
-
-def _is_ids(value: Any) -> bool:
-    return isinstance(value, list) and all(type(t) is int for t in value)
-
-
-def _choice(c: dict[str, Any], text: str, logprobs: Any, calls: list[ToolCall]) -> Choice:
-    ids = c.get("token_ids")
-    ids = ids if _is_ids(ids) else None
+def _choice(
+    text: str, ids: list[int] | None, logprobs: list[float | None] | None, finish: str | None, calls: list[ToolCall]
+) -> Choice:
     # logprobs are kept only when they line up one-to-one with the ids (the Choice invariant)
-    if ids is None or not isinstance(logprobs, list) or len(logprobs) != len(ids) or None in logprobs:
+    if ids is None or logprobs is None or len(logprobs) != len(ids) or None in logprobs:
         logprobs = None
-    finish = _FINISH.get(c.get("finish_reason") or "stop", "stop")
-    if calls:
-        finish = "tool_calls"
-    return Choice(text=text, token_ids=ids, logprobs=logprobs, finish_reason=finish, tool_calls=calls)
+    reason = "tool_calls" if calls else _FINISH.get(finish or "stop", "stop")
+    return Choice(text=text, token_ids=ids, logprobs=logprobs, finish_reason=reason, tool_calls=calls)  # type: ignore[arg-type]
