@@ -21,6 +21,7 @@ __all__ = [
     "MemoryStore",
     "NotFoundError",
     "SQLiteStore",
+    "SchemaVersionError",
     "StaleAttemptError",
     "Store",
     "StoreClient",
@@ -31,6 +32,7 @@ __all__ = [
 
 _LAZY = {
     "SQLiteStore": "lightrail.store.sqlite",
+    "SchemaVersionError": "lightrail.store.sqlite",
     "StoreClient": "lightrail.store.client",
     "SyncStoreClient": "lightrail.store.client",
 }
@@ -51,11 +53,11 @@ def open_store(url: str, *, token: str | None = None) -> Store:
         from lightrail.store.client import StoreClient
 
         return StoreClient(url, token=token)
-    from lightrail.store.sqlite import SQLiteStore
+    from lightrail.store.sqlite import SchemaVersionError, SQLiteStore
 
     return SQLiteStore(url.removeprefix("sqlite://"))
 
 
 if TYPE_CHECKING:  # pragma: no cover
     from lightrail.store.client import StoreClient, SyncStoreClient
-    from lightrail.store.sqlite import SQLiteStore
+    from lightrail.store.sqlite import SchemaVersionError, SQLiteStore

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Awaitable, Callable
 
 from lightrail.types import ATTEMPT_TO_ROLLOUT, AttemptStatus, RetryPolicy, RolloutStatus
+
+log = logging.getLogger(__name__)
+_REAPER_RETRY_S = 0.5
 
 
 def rollout_status_after(attempt_status: AttemptStatus, attempts_started: int, policy: RetryPolicy) -> RolloutStatus:
@@ -39,17 +43,25 @@ def expired_status(started_at: float, policy: RetryPolicy, now: float) -> Attemp
 
 class Pulse:
     """A broadcast wake-up: `wait` returns on the next `fire` (or at the timeout). No state is kept between
-    pulses, so a waiter re-checks its condition after every wake-up."""
+    pulses, so a waiter re-checks its condition after every wake-up.
+
+    One event per event loop, because an `asyncio.Event` binds to the first loop that waits on it and a store
+    may outlive one `asyncio.run` (tests, notebooks); `fire` must be called on the loops' own threads.
+    """
 
     def __init__(self) -> None:
-        self._event = asyncio.Event()
+        self._events: dict[asyncio.AbstractEventLoop, asyncio.Event] = {}
 
     def fire(self) -> None:
-        self._event.set()
-        self._event = asyncio.Event()
+        events, self._events = self._events, {}
+        for event in events.values():
+            event.set()
 
     async def wait(self, timeout_s: float | None) -> None:
-        event = self._event
+        loop = asyncio.get_running_loop()
+        event = self._events.get(loop)
+        if event is None:
+            event = self._events[loop] = asyncio.Event()
         if timeout_s is None:
             await event.wait()
             return
@@ -83,15 +95,16 @@ class LeaseReaper:
 
     async def _run(self) -> None:
         while True:
-            deadline = self._next_deadline()
-            if deadline is not None:
-                now = time.time()
-                if deadline <= now:
-                    await self._expire(now)
+            try:
+                deadline = self._next_deadline()
+                if deadline is not None and deadline <= time.time():
+                    await self._expire(time.time())
                     continue
-                await self._changed.wait(deadline - now)
-            else:
-                await self._changed.wait(None)
+            except Exception:  # e.g. the database is locked by another process: retry soon, never die silently
+                log.exception("lease reaper failed; retrying in %.1f s", _REAPER_RETRY_S)
+                await asyncio.sleep(_REAPER_RETRY_S)
+                continue
+            await self._changed.wait(None if deadline is None else deadline - time.time())
 
     async def close(self) -> None:
         if self._task is not None:

@@ -71,7 +71,8 @@ class Store(Protocol):
     async def lease(self, worker_id: str, *, wait_s: float = 0.0, attempt_id: str | None = None) -> Lease | None:
         """Start an attempt on the oldest queued rollout, waiting up to ``wait_s`` for one to be enqueued.
 
-        Passing the same ``attempt_id`` again returns the same lease (a retried request after a lost response).
+        Passing the same ``attempt_id`` again returns the same lease (a retried request after a lost response);
+        check ``lease.attempt.status``: the attempt may have ended since (lost, cancelled).
         """
         ...
 
@@ -92,7 +93,8 @@ class Store(Protocol):
         ...
 
     async def cancel(self, rollout_ids: Iterable[str]) -> list[Rollout]:
-        """Cancel queued or running rollouts (running attempts learn it at their next heartbeat)."""
+        """Cancel queued or running rollouts (running attempts learn it at their next heartbeat). Terminal
+        rollouts are returned unchanged; an unknown id raises `NotFoundError` and cancels nothing."""
         ...
 
     async def add_spans(self, spans: Sequence[Span]) -> int:

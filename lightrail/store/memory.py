@@ -168,9 +168,10 @@ class MemoryStore:
 
     async def cancel(self, rollout_ids: Iterable[str]) -> list[Rollout]:
         now = time.time()
+        rollouts = [self._rollout(rollout_id) for rollout_id in rollout_ids]  # all-or-nothing on unknown ids
         out = []
-        for rollout_id in rollout_ids:
-            rollout = self._rollout(rollout_id)
+        for rollout in rollouts:
+            rollout_id = rollout.rollout_id
             if not rollout.status.terminal:
                 if rollout.status is RolloutStatus.QUEUED:
                     self._queue.remove(rollout_id)

@@ -292,3 +292,10 @@ async def test_queries_and_counts(store):
         await store.get_rollout("ro-missing")
     with pytest.raises(NotFoundError):
         await store.heartbeat("at-missing")
+
+
+async def test_cancel_with_an_unknown_id_cancels_nothing(store):
+    (rollout,) = await store.enqueue(specs(1))
+    with pytest.raises(NotFoundError):
+        await store.cancel([rollout.rollout_id, "ro-unknown"])
+    assert (await store.get_rollout(rollout.rollout_id)).status is RolloutStatus.QUEUED
