@@ -4,7 +4,11 @@
 
 1. the same 8 chat requests (sampling, ``--tokens`` new tokens each) one by one, then all at once (batched);
 2. ``swap_s``: wall time of `Engine.update_weights` with a full state dict while 8 requests are in flight
-   (includes draining them: they finish on the old weights first), split into drain and load.
+   (``--swap-tokens`` each, default 16), split into drain (the in-flight requests finish on the old weights
+   first; one batched decode step per remaining token) and load (in-place copy of the weights).
+
+On a shared 2-core box, set ``LIGHTRAIL_TORCH_THREADS=1``: OpenMP spin-waiting with 2 threads collapses when
+the other core is busy.
 
 Progress goes to stderr; the last line of stdout is one JSON object with ``tokens_per_s_batched``,
 ``tokens_per_s_sequential``, ``batched_over_sequential`` and ``swap_s`` (plus details).
@@ -42,7 +46,7 @@ async def run(args: argparse.Namespace) -> dict:
 
     t0 = time.perf_counter()
     path = prepare_model("smollm2")
-    engine = Engine.from_pretrained(path)
+    engine = Engine.from_pretrained(path, dtype=args.dtype)
     log(f"loaded {path} in {time.perf_counter() - t0:.1f} s; torch threads {configure_threads()}")
 
     def request(i: int, tokens: int) -> ChatRequest:
@@ -91,7 +95,7 @@ async def run(args: argparse.Namespace) -> dict:
     await engine.close()
 
     return {
-        "model": "SmolLM2-135M-Instruct fp32",
+        "model": f"SmolLM2-135M-Instruct {args.dtype}",
         "requests": n,
         "max_tokens": args.tokens,
         "torch_threads": torch.get_num_threads(),
@@ -113,13 +117,16 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=None, help="new tokens per request (default 64, quick 16)")
     parser.add_argument("--requests", type=int, default=8, help="concurrent requests (default 8)")
     parser.add_argument(
-        "--swap-tokens", type=int, default=None, help="max_tokens of the requests in flight during the swap"
+        "--swap-tokens",
+        type=int,
+        default=16,
+        help="max_tokens of the requests in flight during the swap (default 16); the drain part of swap_s grows "
+        "with it, one decode step per remaining token",
     )
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weights dtype")
     args = parser.parse_args()
     if args.tokens is None:
         args.tokens = 16 if args.quick else 64
-    if args.swap_tokens is None:
-        args.swap_tokens = args.tokens
     result = asyncio.run(run(args))
     print(json.dumps(result))
 

@@ -69,7 +69,7 @@ def configure_threads() -> int:
     """
     value = os.environ.get(THREADS_ENV)
     if value:
-        n = int(value)
+        n = int(value) if value.strip().isdigit() else 0
         if n < 1:
             raise ValueError(f"{THREADS_ENV} must be a positive integer, got {value!r}")
         if torch.get_num_threads() != n:
@@ -267,6 +267,8 @@ class Engine:
         parameters (no reallocation). ``version`` sets the new version (it must be greater than the current);
         by default it is the current version + 1. Returns the new version.
         """
+        if self._closed:
+            raise BackendError("the engine is closed", status=503, code="engine_closed")
         self._ensure_started()
         assert self._update_lock is not None and self._idle is not None
         state = state_dict_or_model.state_dict() if hasattr(state_dict_or_model, "state_dict") else state_dict_or_model
@@ -302,7 +304,8 @@ class Engine:
                 req.future.set_exception(error)
         self._queue.clear()
         self._batch = None
-        self._worker.shutdown(wait=True)
+        # A step may still be running in the worker: wait for it off the loop, so closing never blocks the loop.
+        await asyncio.get_running_loop().run_in_executor(None, self._worker.shutdown)
 
     # -- admission ------------------------------------------------------------------------------------------------
 
