@@ -23,14 +23,16 @@ from lightrail.types import Lease, RolloutSpec, Span, Task
 class GatewayServer:
     """A uvicorn server running ``app`` in a thread; ``url`` is its root (``http://127.0.0.1:PORT``)."""
 
-    def __init__(self, app: Any, store: Any) -> None:
+    def __init__(self, app: Any, store: Any, **uvicorn_config: Any) -> None:
         self.app = app
         self.store = store
         self._sock = socket.socket()
         self._sock.bind(("127.0.0.1", 0))
         self.port = self._sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
+        options = {"log_level": "warning", "access_log": False, "lifespan": "on", **uvicorn_config}
+        config = uvicorn.Config(app, **options)
+        self.server = uvicorn.Server(config)
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -83,14 +85,32 @@ class GatewayServer:
 
 @pytest.fixture
 def make_gateway() -> Iterator[Callable[..., GatewayServer]]:
-    """Factory: ``make_gateway(backend=ScriptedBackend(), store=None, **create_gateway_app_kwargs)`` starts a
-    gateway server (over a fresh `MemoryStore` by default); all are stopped at teardown."""
+    """Factory: ``make_gateway(backend=ScriptedBackend(), store=None, uvicorn_config=None, **app_kwargs)`` starts
+    a gateway server (over a fresh `MemoryStore` by default); all are stopped at teardown."""
     servers: list[GatewayServer] = []
 
-    def make(backend: Any = None, store: Any = None, **kwargs: Any) -> GatewayServer:
+    def make(
+        backend: Any = None, store: Any = None, uvicorn_config: dict | None = None, **kwargs: Any
+    ) -> GatewayServer:
         backend = backend if backend is not None else ScriptedBackend()
         store = store if store is not None else MemoryStore()
-        server = GatewayServer(create_gateway_app(backend, store, **kwargs), store).start()
+        app = create_gateway_app(backend, store, **kwargs)
+        server = GatewayServer(app, store, **(uvicorn_config or {})).start()
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def serve_asgi() -> Iterator[Callable[[Any], GatewayServer]]:
+    """Factory: serve any ASGI app (no lifespan) on loopback like the gateway; stopped at teardown."""
+    servers: list[GatewayServer] = []
+
+    def make(app: Any) -> GatewayServer:
+        server = GatewayServer(app, MemoryStore(), lifespan="off").start()
         servers.append(server)
         return server
 

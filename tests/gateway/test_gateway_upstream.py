@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 
 import openai
 import pytest
@@ -117,3 +118,32 @@ def test_model_override_and_listing(make_gateway):
     client = openai.OpenAI(base_url=gateway2.url + "/v1", api_key="x", max_retries=0)
     assert client.chat.completions.create(model="agent-name", messages=MESSAGES).model == "forced"
     assert [m.id for m in client.models.list()] == ["forced"]
+
+
+def test_idle_connections_closed_by_the_upstream_are_replaced(make_gateway):
+    # uvicorn (and so vLLM) closes idle keep-alive connections after a few seconds; here after 0.1 s
+    upstream_server = make_gateway(ScriptedBackend(), uvicorn_config={"timeout_keep_alive": 0.1})
+    gateway = make_gateway(OpenAIUpstream(upstream_server.url))
+    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="x", max_retries=0)
+    for i in range(3):
+        assert client.chat.completions.create(model="m", messages=[{"role": "user", "content": f"{i}"}])
+        time.sleep(0.3)  # the gateway's pooled connection is closed by the upstream meanwhile
+
+
+def test_chunked_upstream_answers_are_read(serve_asgi):
+    from lightrail.gateway._http import HTTPPool
+
+    async def chunked_app(scope, receive, send):  # a minimal ASGI server answering with chunked encoding
+        if scope["type"] != "http":
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        for part in (b"hello ", b"chunked ", b"world"):
+            await send({"type": "http.response.body", "body": part, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+    server = serve_asgi(chunked_app)
+    pool = HTTPPool(server.url)
+    for _ in range(2):  # the second request reuses the kept-alive connection
+        assert server.call(pool.request("GET", "/")) == (200, b"hello chunked world")
+    assert len(pool._idle) == 1
+    server.call(pool.aclose())
