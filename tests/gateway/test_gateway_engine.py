@@ -9,12 +9,7 @@ import pytest
 from lightrail.types import Attr
 
 pytest.importorskip("torch")
-pytest.importorskip("lightrail.engine.models")
-try:  # the engine package's public name; its module path while the package has no re-exports yet
-    from lightrail.engine import Engine
-except ImportError:
-    from lightrail.engine.engine import Engine
-from lightrail.engine.models import prepare_model
+from lightrail.engine import Engine, prepare_model  # noqa: E402  (after the torch check)
 
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Count to five."}]
 
