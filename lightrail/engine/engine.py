@@ -3,7 +3,10 @@
 Concurrency model
 -----------------
 * One asyncio event loop owns every piece of engine state (the request queue, the running batch, stats, the
-  admission gate). No locks are needed for it: only coroutines on that loop touch it.
+  admission gate). No locks are needed for it: only coroutines on that loop touch it. The engine binds to the
+  loop of its first call; calls made from any other loop (another thread, e.g. a trainer pushing weights while
+  a server thread serves requests) are forwarded to it with ``run_coroutine_threadsafe``. If the bound loop
+  has stopped (an earlier ``asyncio.run`` ended), the next call rebinds the engine to the caller's loop.
 * All torch work (prefill, decode steps, weight loads) runs in ONE dedicated worker thread, one call at a time,
   so the event loop stays responsive and the model is never used by two threads at once.
 * A single batcher task drives generation. When idle it waits for a request, then waits ``gather_window_s`` more
@@ -126,7 +129,7 @@ class Engine:
     >>> gen = await engine.chat(ChatRequest(model="tiny", messages=[{"role": "user", "content": "hi"}]))
     >>> gen.prompt_ids, gen.choices[0].token_ids, gen.choices[0].logprobs, gen.policy_version
 
-    The engine binds to the event loop it is first used on. ``stats`` counts requests, batches (prefill groups),
+    Safe to call from any event loop or thread (see the module docstring). ``stats`` counts requests, batches (prefill groups),
     forward passes, tokens, weight updates and malformed tool calls.
     """
 
@@ -179,6 +182,7 @@ class Engine:
         self._idle: asyncio.Event | None = None
         self._update_lock: asyncio.Lock | None = None
         self._task: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
 
     # -- construction ---------------------------------------------------------------------------------------------
@@ -237,6 +241,8 @@ class Engine:
 
     async def chat(self, request: ChatRequest) -> Generation:
         """Answer an OpenAI-style chat request; tool calls in Hermes markup are parsed into ``tool_calls``."""
+        if (home := self._home_loop()) is not None:
+            return await _run_on(home, self.chat(request))
         if not isinstance(request.messages, list) or not request.messages:
             raise BackendError("messages must be a non-empty list", param="messages")
         tools = request.tools or None
@@ -254,6 +260,8 @@ class Engine:
 
     async def complete(self, request: CompletionRequest) -> Generation:
         """Continue a text prompt (tokenized with the tokenizer's default special tokens, e.g. a BOS)."""
+        if (home := self._home_loop()) is not None:
+            return await _run_on(home, self.complete(request))
         if not isinstance(request.prompt, str):
             raise BackendError("prompt must be a string", param="prompt")
         ids = self._tokenizer(request.prompt)["input_ids"]
@@ -269,7 +277,8 @@ class Engine:
         """
         if self._closed:
             raise BackendError("the engine is closed", status=503, code="engine_closed")
-        self._ensure_started()
+        if (home := self._home_loop()) is not None:
+            return await _run_on(home, self.update_weights(state_dict_or_model, version=version))
         assert self._update_lock is not None and self._idle is not None
         state = state_dict_or_model.state_dict() if hasattr(state_dict_or_model, "state_dict") else state_dict_or_model
         new_version = self._policy_version + 1 if version is None else int(version)
@@ -293,15 +302,21 @@ class Engine:
 
     async def close(self) -> None:
         """Stop the batcher, fail queued and running requests with a 503 `BackendError`, release the worker."""
+        if self._closed:
+            return
+        if self._loop is not None and self._loop is not asyncio.get_running_loop() and self._loop.is_running():
+            return await _run_on(self._loop, self.close())
         self._closed = True
-        if self._task is not None:
-            self._task.cancel()
+        task = self._task
+        if task is not None and not task.done() and self._loop is asyncio.get_running_loop():
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+                await task
         error = BackendError("the engine was closed", status=503, code="engine_closed")
         for req in self._queue + ([r.request for r in self._batch.rows] if self._batch else []):
             if not req.future.done():
-                req.future.set_exception(error)
+                with contextlib.suppress(RuntimeError):  # a future of a loop that is already closed
+                    req.future.set_exception(error)
         self._queue.clear()
         self._batch = None
         # A step may still be running in the worker: wait for it off the loop, so closing never blocks the loop.
@@ -347,7 +362,6 @@ class Engine:
         if self._closed:
             raise BackendError("the engine is closed", status=503, code="engine_closed")
         max_new = self._validate(prompt_ids, params)
-        self._ensure_started()
         req = _Request(list(prompt_ids), params, max_new, parse_tools, asyncio.get_running_loop().create_future())
         self.stats["requests"] += 1
         self._queue.append(req)
@@ -358,13 +372,24 @@ class Engine:
             req.future.cancel()  # the batcher drops the rows of a cancelled request at the next step
             raise
 
-    def _ensure_started(self) -> None:
-        if self._task is None:
-            self._wakeup = asyncio.Event()
-            self._idle = asyncio.Event()
-            self._idle.set()
-            self._update_lock = asyncio.Lock()
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="lightrail-engine-batcher")
+    def _home_loop(self) -> asyncio.AbstractEventLoop | None:
+        """The engine's loop if the caller runs on another one, else None (binding the engine to the caller's
+        loop on first use, or when the loop it was bound to has stopped, e.g. after an ``asyncio.run``)."""
+        loop = asyncio.get_running_loop()
+        if self._loop is loop:
+            return None
+        if self._loop is not None and self._loop.is_running() and not self._loop.is_closed():
+            return self._loop
+        # Requests of a dead loop can never be answered; start afresh on this one.
+        self._queue.clear()
+        self._batch = None
+        self._loop = loop
+        self._wakeup = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._update_lock = asyncio.Lock()
+        self._task = loop.create_task(self._run(), name="lightrail-engine-batcher")
+        return None
 
     def _wake(self) -> None:
         if self._wakeup is not None:
@@ -615,6 +640,11 @@ class Engine:
         return Generation(
             model=self.name, prompt_ids=list(req.prompt_ids), choices=choices, policy_version=req.policy_version
         )
+
+
+async def _run_on(loop: asyncio.AbstractEventLoop, coro: Any) -> Any:
+    """Run ``coro`` on another thread's event loop and await it from this one (cancellation is forwarded)."""
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
 
 
 def _init_worker() -> None:

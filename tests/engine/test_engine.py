@@ -314,3 +314,21 @@ def test_nucleus_matches_a_full_sort_even_when_it_is_wide():
         kept = set(order[row][values[row] > 0].tolist())
         assert len(kept) == int(keep.sum())
         assert float(probs[row][list(kept)].sum()) == pytest.approx(float(ref_values[keep].sum()), abs=1e-5)
+
+
+async def test_calls_from_another_threads_loop_are_forwarded(engine):
+    req = chat("from elsewhere", temperature=0, max_tokens=6)
+    here = asyncio.ensure_future(engine.chat(req))
+    there = await asyncio.to_thread(asyncio.run, engine.chat(req))  # a second event loop in another thread
+    assert there.choices[0].token_ids == (await here).choices[0].token_ids
+    version = await asyncio.to_thread(asyncio.run, engine.update_weights(engine.model.state_dict()))
+    assert version == 1 and engine.policy_version == 1
+
+
+def test_engine_rebinds_when_its_loop_is_gone(tiny_model, tiny_tokenizer):
+    engine = Engine(tiny_model, tiny_tokenizer)
+    req = chat("sync user", temperature=0, max_tokens=4)
+    first = asyncio.run(engine.chat(req))
+    second = asyncio.run(engine.chat(req))  # the first loop is closed by now
+    assert first.choices[0].token_ids == second.choices[0].token_ids
+    asyncio.run(engine.close())
