@@ -28,8 +28,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "serve",
         help="serve a SQLite store over HTTP",
         description=(
-            "Serve a store file over HTTP (JSON API, OpenAPI at /openapi.json, liveness at /health). "
-            "Everything acknowledged survives a crash of the server; restarting on the same file resumes. "
+            "Serve a store file over HTTP (JSON API, OpenAPI at /openapi.json, liveness at /health).\n"
+            "Everything acknowledged survives a crash of the server; restarting on the same file resumes.\n"
             "Binds 127.0.0.1 by default; binding any other address requires a bearer token."
         ),
         epilog=(

@@ -13,9 +13,10 @@ when the caller gives none), span ids, ``resources_id``; `finish` with the same 
 Errors are raised, never swallowed: 4xx answers become the matching lightrail exception, and a server that
 stays unreachable raises `StoreUnavailableError` naming the URL.
 
-Concurrency model: `StoreClient` keeps one ``httpx.AsyncClient`` (HTTP/1.1 keep-alive pool) per event loop, made
-on first use in that loop; any number of tasks of that loop may share it. `SyncStoreClient` is thread-safe as
-far as ``httpx.Client`` is.
+Concurrency model: `StoreClient` keeps one ``httpx.AsyncClient`` (HTTP/1.1 keep-alive pool, `LeanHTTPTransport`)
+for the event loop it is used from, made on first use; any number of tasks of that loop may share it, and using
+the client from a new loop (a later ``asyncio.run``) replaces it. `SyncStoreClient` is thread-safe as far as
+``httpx.Client`` is.
 
 Path ids are percent-encoded; ids containing ``/`` are not supported over HTTP.
 """
@@ -33,6 +34,7 @@ import msgspec
 
 from lightrail.store._wire import (
     MAX_WAIT_S,
+    ROUTES,
     AddedResponse,
     AddSpansRequest,
     AttemptsResponse,
@@ -86,6 +88,7 @@ _ERRORS: dict[str, type[Exception]] = {
     "IllegalTransitionError": IllegalTransitionError,
 }
 _BY_STATUS: dict[int, type[StoreError]] = {404: NotFoundError, 409: ConflictError}
+_FIXED_PATHS = frozenset(r.path for r in ROUTES if "{" not in r.path)
 
 
 class _Call(NamedTuple):
@@ -266,11 +269,14 @@ class LeanHTTPTransport(httpx.AsyncBaseTransport):
         if body and request.headers.get("transfer-encoding") == "chunked":
             body = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
         payload = b"".join(lines) + body
-        try:
-            async with asyncio.timeout(timeouts.get("pool")):
-                await self._slots.acquire()
-        except TimeoutError as exc:
-            raise httpx.PoolTimeout("no free connection", request=request) from exc
+        if self._slots.locked():  # only then can acquiring wait: skip the timeout machinery otherwise
+            try:
+                async with asyncio.timeout(timeouts.get("pool")):
+                    await self._slots.acquire()
+            except TimeoutError as exc:
+                raise httpx.PoolTimeout("no free connection", request=request) from exc
+        else:
+            await self._slots.acquire()
         try:
             while self._idle:
                 conn = self._idle.pop()
@@ -331,7 +337,7 @@ class LeanHTTPTransport(httpx.AsyncBaseTransport):
                         if not exc.partial:
                             raise _EmptyReply from exc
                         raise
-                    status, reason, headers, length, chunked, keep_alive = _parse_head(head, request)
+                    status, reason, headers, length, chunked, keep_alive = _parse_head(head)
                     if request.method == "HEAD" or status in (204, 304) or status < 200:
                         content = b""
                     elif chunked:
@@ -350,7 +356,7 @@ class LeanHTTPTransport(httpx.AsyncBaseTransport):
             return httpx.Response(
                 status,
                 headers=headers,
-                stream=httpx.ByteStream(content),
+                content=content,  # already read: the connection is back in the pool before the caller looks
                 request=request,
                 extensions={"http_version": b"HTTP/1.1", "reason_phrase": reason},
             )
@@ -368,7 +374,8 @@ class LeanHTTPTransport(httpx.AsyncBaseTransport):
             conn.close()
 
 
-def _parse_head(head: bytes, request: httpx.Request) -> tuple[int, bytes, list, int | None, bool, bool]:
+def _parse_head(head: bytes) -> tuple[int, bytes, list, int | None, bool, bool]:
+    """Status line and headers of a response: (status, reason, headers, content length, chunked, keep-alive)."""
     lines = head[:-4].split(b"\r\n")
     version, _, rest = lines[0].partition(b" ")
     code, _, reason = rest.partition(b" ")
@@ -426,6 +433,8 @@ class _Base:
         self._headers = {"content-type": "application/json", "accept": "application/json"}
         if token:
             self._headers["authorization"] = f"Bearer {token}"
+        self._header_obj = httpx.Headers(self._headers)
+        self._urls: dict[str, httpx.URL] = {}  # parsed once: URL parsing is a visible share of a request's CPU
         self._timeout = httpx.Timeout(timeout, connect=min(timeout, 5.0))
         self._timeout_ext = self._timeout.as_dict()
 
@@ -463,11 +472,16 @@ class _Base:
         else:
             read = max(call.timeout_s, self.timeout)
             timeout = httpx.Timeout(self.timeout, connect=self._timeout.connect, read=read).as_dict()
+        url = self._urls.get(call.path)
+        if url is None:
+            url = httpx.URL(self.url + call.path)
+            if call.path in _FIXED_PATHS:  # not paths with ids: the cache stays small
+                self._urls[call.path] = url
         return httpx.Request(
             call.method,
-            self.url + call.path,
+            url,
             params=call.params,
-            headers=self._headers,
+            headers=self._header_obj,
             content=call.body,
             extensions={"timeout": timeout},
         )

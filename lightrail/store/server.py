@@ -148,14 +148,17 @@ async def _unless_disconnected(request: Request, work: Any) -> Any:
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_until_disconnect(request))
     try:
-        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
-    finally:
+        done, _ = await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # server shutdown
+        task.cancel()
         watcher.cancel()
-        if not task.done():
-            task.cancel()
-    if task.cancelled():
-        raise _ClientGone
-    return task.result()
+        raise
+    watcher.cancel()
+    if task in done:  # finished, even if the client just left: a retry with the same attempt_id gets it
+        return task.result()
+    task.cancel()
+    await asyncio.wait((task,))  # let the store unwind before answering (asyncio.wait never raises its error)
+    raise _ClientGone
 
 
 def _wait_cap(value: float | None) -> float:
@@ -456,6 +459,8 @@ def _uvicorn_config(app: Any, host: str, port: int, **extra: Any) -> Any:
         lifespan="on",
         log_level="warning",
         access_log=False,
+        # Runners sit idle between calls while their agent works; keeping their connection saves a reconnect.
+        timeout_keep_alive=30,
         **extra,
     )
 
@@ -491,8 +496,12 @@ def serve(
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> None:
-    """Serve a store until interrupted (blocking). A path opens a SQLite file (``memory:`` an in-memory store)
-    inside the server's loop; the bound URL is printed to stdout (port 0 picks a free port)."""
+    """Serve a store until interrupted (blocking).
+
+    A path opens a SQLite file (``memory:`` an in-memory store) inside the server's loop; a `Store` object is
+    served as is. Either way the store is closed when the server stops. The bound URL is printed to stdout
+    (port 0 picks a free port).
+    """
     import uvicorn
 
     app = create_app(_store_factory(store_path_or_store), token=token, max_body_bytes=max_body_bytes)
