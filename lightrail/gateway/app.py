@@ -19,7 +19,7 @@ Every routed call that passed auth and the attempt check is recorded as one `Spa
 `SpanRecorder` that writes them in batches in the background: the request path has no store round trip.
 
 Concurrency model: single event loop; the state shared between requests (attempt cache, seq counter) is
-only touched between awaits. Nothing is logged per request at INFO.
+only touched between awaits; span seqs come from `lightrail.types.next_seq`, the counter the runner uses too. Nothing is logged per request at INFO.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from lightrail.gateway.openai_api import (
 from lightrail.gateway.recorder import SpanRecorder
 from lightrail.gateway.sse import CHUNK_CHARS, chat_stream, completion_stream
 from lightrail.store.base import NotFoundError, Store
-from lightrail.types import Attr, BackendError, Span, SpanStatus, StatusCode
+from lightrail.types import Attr, BackendError, Span, SpanStatus, StatusCode, next_seq
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "create_gateway_app"]
 
@@ -96,24 +96,8 @@ class _Gateway:
         self.stream_chunk_chars = stream_chunk_chars
         self.max_cached_attempts = max_cached_attempts
         self._known_attempts: set[tuple[str, str]] = set()
-        self._last_seq = 0
 
     # -- attribution ----------------------------------------------------------------------------------------
-
-    def next_seq(self) -> int:
-        """A `Span.seq` for a call starting now.
-
-        The runner's tracer writes spans for the same attempt from another process with its own counter. Both
-        take ``time.time_ns()`` and force it strictly increasing within the process, so the two seq spaces
-        interleave in start order on one machine and can only collide if two processes start a span in the
-        same nanosecond. One counter for all attempts is simpler than one per attempt and gives the same
-        guarantee (increasing within each attempt).
-        """
-        seq = time.time_ns()
-        if seq <= self._last_seq:
-            seq = self._last_seq + 1
-        self._last_seq = seq
-        return seq
 
     async def attempt_error(self, rollout_id: str, attempt_id: str) -> Response | None:
         """None if the attempt exists (cached after the first positive answer), else the error response."""
@@ -189,7 +173,7 @@ class _Gateway:
     async def serve(self, request: Request, endpoint: str, attempt: tuple[str, str] | None) -> Response:
         """Validate, call the backend, answer; record a span when ``attempt`` is given."""
         start = time.time()
-        seq = self.next_seq() if attempt else 0
+        seq = next_seq() if attempt else 0
         data: dict[str, Any] | None = None
         body: Any = None
         generation = None
