@@ -1,0 +1,186 @@
+"""How fast is the GRPO policy update compared with a plain forward+backward+AdamW pass over the same tokens?
+
+    .venv/bin/python bench/update.py [--quick] [--reps N] [--rows N] [--budget TOKENS]
+
+Model: a random ~6 M-parameter Llama (hidden 256, 6 layers, 4 heads, ffn 1024, vocab 1024), full fine-tuning.
+Rows: prompts of 60-120 tokens and responses of 20-40 tokens (loss mask on the response), advantages +-1, old
+logprobs from the policy itself (on-policy, as right after a weight sync).
+
+Three passes per repetition, interleaved A/B/C/A/B/C so background load on the shared machine hits them alike:
+
+* ``update``: `PolicyUpdater.step` -- packing, the clipped loss, backward, gradient clipping, AdamW.
+* ``fwd_bwd``: what a plain Hugging Face training step does on the same micro-batches: ``model(ids, labels=...)``
+  (full ``[B, T, V]`` logits, cross-entropy on the response tokens), backward, gradient clipping, AdamW.
+* ``fwd_bwd_sliced``: the same plain step but with the LM head applied only at response positions (the trick the
+  update uses); the update's ratio to it is the pure cost of the GRPO bookkeeping.
+
+Tokens = every input token run through the model (prompt and response; padding excluded). Medians are reported;
+``update_over_fwd_bwd_cpu_time`` is the same ratio from the process's CPU seconds (steadier on a busy machine).
+Progress goes to stderr; the LAST stdout line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import random
+import statistics
+import sys
+import time
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from lightrail.algorithms import GRPOConfig, PolicyUpdater, pack_micro_batches
+from lightrail.engine import configure_threads
+from lightrail.types import TrainingRow
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def build_model(vocab: int) -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=256,
+        intermediate_size=1024,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config)
+
+
+def build_rows(n: int, vocab: int, seed: int = 0) -> list[TrainingRow]:
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        prompt, response = rng.randint(60, 120), rng.randint(20, 40)
+        mask = [0] * prompt + [1] * response
+        adv = 1.0 if i % 2 else -1.0
+        rows.append(
+            TrainingRow(
+                input_ids=[rng.randrange(vocab) for _ in mask],
+                loss_mask=mask,
+                old_logprobs=[0.0] * len(mask),
+                advantages=[adv * m for m in mask],
+                rollout_id=f"ro-{i}",
+                group_id=f"g-{i // 8}",
+            )
+        )
+    return rows
+
+
+class PlainStep:
+    """A plain training step over the same micro-batches: forward, cross-entropy on response tokens, backward,
+    gradient clipping, AdamW. ``sliced`` applies the LM head only where a response token is predicted."""
+
+    def __init__(self, model: LlamaForCausalLM, config: GRPOConfig, *, sliced: bool) -> None:
+        self.model, self.config, self.sliced = model, config, sliced
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=config.betas)
+
+    def step(self, rows: list[TrainingRow]) -> dict[str, float]:
+        t0 = time.perf_counter()
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        tokens = 0
+        for group in pack_micro_batches([len(r.input_ids) for r in rows], self.config.micro_batch_tokens):
+            width = len(rows[group[0]].input_ids)
+            ids = torch.zeros(len(group), width, dtype=torch.long)
+            labels = torch.full((len(group), width), -100, dtype=torch.long)
+            for b, i in enumerate(group):
+                r = rows[i]
+                row_ids = torch.tensor(r.input_ids)
+                ids[b, : len(row_ids)] = row_ids
+                labels[b, : len(row_ids)] = torch.where(torch.tensor(r.loss_mask, dtype=torch.bool), row_ids, -100)
+                tokens += len(row_ids)
+            if self.sliced:
+                hidden = self.model.model(input_ids=ids, use_cache=False).last_hidden_state
+                targets = labels[:, 1:]
+                keep = targets != -100
+                logits = self.model.lm_head(hidden[:, :-1][keep])
+                loss = torch.nn.functional.cross_entropy(logits.float(), targets[keep])
+            else:
+                # Right padding needs no attention mask (causal); same choice as the update, so SDPA runs alike.
+                loss = self.model(input_ids=ids, labels=labels, use_cache=False).loss
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm or float("inf"))
+        self.optimizer.step()
+        seconds = time.perf_counter() - t0
+        return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="16 rows, 2 repetitions")
+    parser.add_argument("--reps", type=int, default=None)
+    parser.add_argument("--rows", type=int, default=None)
+    parser.add_argument("--budget", type=int, default=4096, help="micro-batch token budget")
+    parser.add_argument("--vocab", type=int, default=1024)
+    args = parser.parse_args()
+    reps = args.reps or (2 if args.quick else 5)
+    n_rows = args.rows or (16 if args.quick else 64)
+
+    threads = configure_threads()
+    config = GRPOConfig(lr=1e-5, micro_batch_tokens=args.budget)
+    base = build_model(args.vocab)
+    params = sum(p.numel() for p in base.parameters())
+    rows = build_rows(n_rows, args.vocab)
+    updater = PolicyUpdater(copy.deepcopy(base), config)
+    # On-policy old logprobs: ratios start at 1, as right after a weight sync (lr is small so they stay near it).
+    logps = updater.token_logprobs(rows)
+    for r, lp in zip(rows, logps, strict=True):
+        it = iter(lp)
+        r.old_logprobs = [next(it) if m else 0.0 for m in r.loss_mask]
+    plain = PlainStep(copy.deepcopy(base), config, sliced=False)
+    sliced = PlainStep(copy.deepcopy(base), config, sliced=True)
+    n_tokens = sum(len(r.input_ids) for r in rows)
+    log(
+        f"model {params / 1e6:.1f} M params, {n_rows} rows, {n_tokens} tokens "
+        f"({sum(sum(r.loss_mask) for r in rows)} response), budget {args.budget}, threads {threads}, reps {reps}"
+    )
+
+    passes = {"update": updater.step, "fwd_bwd": plain.step, "fwd_bwd_sliced": sliced.step}
+    for name, fn in passes.items():  # warm-up: allocator, SDPA kernels, lazy init
+        fn(rows)
+        log(f"warm-up {name} done")
+    speeds: dict[str, list[float]] = {name: [] for name in passes}
+    cpu: dict[str, list[float]] = {name: [] for name in passes}
+    for rep in range(reps):
+        for name, fn in passes.items():
+            c0 = time.process_time()
+            m = fn(rows)
+            # CPU seconds of this process: less sensitive than wall time to other jobs on the shared machine.
+            cpu[name].append(time.process_time() - c0)
+            speeds[name].append(m["tokens_per_s"])
+            log(
+                f"rep {rep + 1}/{reps} {name:15s} {m['tokens_per_s']:8.0f} tok/s "
+                f"({m['seconds']:.2f} s wall, {cpu[name][-1]:.2f} s cpu)"
+            )
+
+    med = {name: statistics.median(v) for name, v in speeds.items()}
+    med_cpu = {name: statistics.median(v) for name, v in cpu.items()}
+    result = {
+        "update_tokens_per_s": round(med["update"], 1),
+        "fwd_bwd_tokens_per_s": round(med["fwd_bwd"], 1),
+        "update_over_fwd_bwd": round(med["update"] / med["fwd_bwd"], 3),
+        "fwd_bwd_sliced_tokens_per_s": round(med["fwd_bwd_sliced"], 1),
+        "update_over_fwd_bwd_sliced": round(med["update"] / med["fwd_bwd_sliced"], 3),
+        "update_over_fwd_bwd_cpu_time": round(med_cpu["fwd_bwd"] / med_cpu["update"], 3),
+        "rows": n_rows,
+        "tokens_per_step": n_tokens,
+        "params": params,
+        "threads": threads,
+        "reps": reps,
+        "micro_batch_tokens": args.budget,
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""The GRPO / PPO-clip policy loss as pure torch functions (no model, no optimizer, no I/O).
+
+Notation, per response token t (a token the policy generated, ``loss_mask == 1``):
+
+* ``logp_t = log pi_theta(a_t | s_t)``        -- the policy being trained (carries the gradient)
+* ``old_t  = log pi_old(a_t | s_t)``          -- the sampler's logprob, recorded by the gateway (never recomputed:
+  the tokens were sampled from whatever the engine served, so its logprobs *are* the behaviour policy)
+* ``ref_t  = log pi_ref(a_t | s_t)``          -- a frozen reference (the base model), only when ``kl_coef > 0``
+* ``A_t``                                     -- the advantage (GRPO: group-normalised reward, from the adapter)
+
+Per-token loss::
+
+    r_t    = exp(logp_t - old_t)
+    pg_t   = -min(r_t * A_t, clip(r_t, 1 - eps_low, 1 + eps_high) * A_t)
+    kl_t   = exp(ref_t - logp_t) - (ref_t - logp_t) - 1              (k3 estimator of KL(pi_theta || pi_ref), >= 0)
+    l_t    = pg_t + beta * kl_t
+
+Batch loss ``L = sum_t w_t * l_t`` with normalisation weights ``w_t`` that sum to 1 over the step's tokens
+(`loss_weights`): token-mean ``w_t = 1 / N`` or segment-mean ``w_t = 1 / (S * n_seg(t))`` (mean over tokens within
+each row or rollout, then mean over the S segments). Because ``w_t`` is computed once for the whole optimizer step,
+the loss of a step is a plain *sum* over its micro-batches, so gradient accumulation is exact.
+
+``eps_high > eps_low`` is "clip-higher" (DAPO): it lets low-probability tokens with positive advantage grow faster
+and keeps entropy from collapsing.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+__all__ = ["LossNorm", "loss_weights", "policy_loss", "token_entropy"]
+
+LossNorm = Literal["token", "sequence", "rollout"]
+"""How the step's loss is normalised: ``token`` = mean over all masked tokens of the step; ``sequence`` = mean over
+tokens within each row, then mean over rows; ``rollout`` = the same with all rows of one rollout pooled, so every
+rollout weighs the same however many rows (LLM calls) it produced."""
+
+
+def loss_weights(segment_ids: torch.Tensor | None, n_tokens: int | None = None) -> torch.Tensor:
+    """Normalisation weights ``w_t`` for the flat list of a step's masked tokens; they sum to 1.
+
+    ``segment_ids`` (1-D, integer) names the segment (row or rollout) each token belongs to; then
+    ``w_t = 1 / (S * n_{seg(t)})`` with S the number of distinct segments. ``None`` means token-mean over
+    ``n_tokens`` tokens: ``w_t = 1 / N``.
+
+        >>> loss_weights(torch.tensor([0, 0, 0, 1]))   # row 0 has 3 tokens, row 1 has 1
+        tensor([0.1667, 0.1667, 0.1667, 0.5000])
+    """
+    if segment_ids is None:
+        if n_tokens is None:
+            raise ValueError("give segment_ids or n_tokens")
+        return torch.full((n_tokens,), 1.0 / max(n_tokens, 1), dtype=torch.float64)
+    if segment_ids.numel() == 0:
+        return torch.zeros(0, dtype=torch.float64)
+    _, inverse, counts = torch.unique(segment_ids, return_inverse=True, return_counts=True)
+    # float64: the weights of a step with ~1e5 tokens are ~1e-5 each; summing them in fp32 would drift.
+    return 1.0 / (counts.numel() * counts[inverse].to(torch.float64))
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    mask: torch.Tensor | None = None,
+    weights: torch.Tensor | None = None,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    ref_logp: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO-clipped policy-gradient loss with an optional k3 KL penalty; see the module docstring for the formula.
+
+    ``logp`` (with grad), ``old_logp``, ``advantages`` and optionally ``ref_logp`` have one entry per token. With
+    ``mask`` (same shape, 1 = response token) only masked tokens count; without it every entry is a response token.
+    ``weights`` are `loss_weights` for the selected tokens (default token-mean over them); passing a step's global
+    weights sliced to a micro-batch makes the micro-batch losses add up to the step loss.
+
+    Returns ``(loss, stats)``; stats are detached means over the selected tokens (not weighted by ``weights``):
+    ``pg_loss``, ``kl_ref`` (k3 to the reference, 0 without one), ``clip_frac`` (tokens whose clipped term is
+    active, i.e. that get no gradient), ``approx_kl = mean((r - 1) - log r)`` (the k3 estimator of
+    KL(pi_old || pi_theta) from pi_old's samples; 0 while nothing changed), ``ratio_mean``, ``ratio_max`` and
+    ``tokens`` (the count).
+
+        >>> loss, stats = policy_loss(torch.tensor([-1.0]), torch.tensor([-1.0]), torch.tensor([2.0]))
+        >>> float(loss)            # r = 1, no clipping: -(1 * 2)
+        -2.0
+    """
+    if mask is not None:
+        sel = mask.bool()
+        logp, old_logp, advantages = logp[sel], old_logp[sel], advantages[sel]
+        ref_logp = ref_logp[sel] if ref_logp is not None else None
+    n = logp.numel()
+    if weights is None:
+        weights = loss_weights(None, n)
+    weights = weights.to(device=logp.device, dtype=logp.dtype)
+    old_logp = old_logp.to(logp.dtype)
+    advantages = advantages.to(logp.dtype)
+
+    log_ratio = logp - old_logp
+    ratio = torch.exp(log_ratio)
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
+    pg = -torch.minimum(unclipped, clipped)
+    per_token = pg
+    kl_ref = None
+    if ref_logp is not None and kl_coef != 0.0:
+        d = ref_logp.to(logp.dtype) - logp
+        kl_ref = torch.exp(d) - d - 1.0
+        per_token = per_token + kl_coef * kl_ref
+    loss = (weights * per_token).sum()
+
+    with torch.no_grad():
+        denom = max(n, 1)
+        # The clipped branch is the minimum (so it carries no gradient) exactly when the ratio left the trust region
+        # in the direction the advantage pushes it.
+        is_clipped = ((advantages > 0) & (ratio > 1.0 + clip_high)) | ((advantages < 0) & (ratio < 1.0 - clip_low))
+        stats = {
+            "pg_loss": pg.sum() / denom,
+            "kl_ref": kl_ref.sum() / denom if kl_ref is not None else logp.new_zeros(()),
+            "clip_frac": is_clipped.sum().to(logp.dtype) / denom,
+            "approx_kl": ((ratio - 1.0) - log_ratio).sum() / denom,
+            "ratio_mean": ratio.sum() / denom,
+            "ratio_max": ratio.max() if n else logp.new_zeros(()),
+            "tokens": torch.tensor(n),
+        }
+    return loss, {k: v.detach() for k, v in stats.items()}
+
+
+def token_entropy(logits: torch.Tensor, lse: torch.Tensor | None = None) -> torch.Tensor:
+    """Entropy ``H = logsumexp(z) - sum_v softmax(z)_v * z_v`` of each row of ``logits`` (no gradient).
+
+    Pass ``lse = logsumexp(logits, -1)`` when it is already computed; the cost is then one softmax over the rows.
+    """
+    with torch.no_grad():
+        if lse is None:
+            lse = torch.logsumexp(logits, dim=-1)
+        return lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)

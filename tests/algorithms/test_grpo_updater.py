@@ -1,0 +1,199 @@
+"""`PolicyUpdater`: micro-batching invariance, LoRA, serving weights, stale rows and a small learning check."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from grpo_helpers import make_rows, tiny_llama
+
+import lightrail.algorithms as algorithms
+from lightrail.algorithms import GRPOConfig, LoraSettings, PolicyUpdater, drop_stale_rows, pack_micro_batches
+from lightrail.types import TrainingRow
+
+
+def test_public_surface_is_pinned():
+    assert algorithms.__all__ == [
+        "GRPOConfig",
+        "LoraSettings",
+        "LossNorm",
+        "PolicyUpdater",
+        "drop_stale_rows",
+        "loss_weights",
+        "pack_micro_batches",
+        "policy_loss",
+        "token_entropy",
+    ]
+
+
+def test_pack_micro_batches_respects_the_budget():
+    lengths = [5, 9, 3, 9, 30, 1]
+    batches = pack_micro_batches(lengths, 20)
+    assert sorted(i for b in batches for i in b) == list(range(6))
+    assert batches[0] == [4]  # longer than the budget: alone
+    for b in batches[1:]:
+        assert len(b) * max(lengths[i] for i in b) <= 20
+
+
+def _grads_and_weights(updater: PolicyUpdater):
+    return {n: (p.grad.clone(), p.detach().clone()) for n, p in updater._trainable.items() if p.grad is not None}
+
+
+@pytest.mark.parametrize(
+    "loss_norm, kl_coef, dtype, tol",
+    [
+        ("token", 0.0, torch.float64, 1e-10),
+        ("sequence", 0.0, torch.float64, 1e-10),
+        ("rollout", 0.1, torch.float64, 1e-10),
+        ("token", 0.0, torch.float32, 1e-6),
+    ],
+)
+def test_micro_batching_gives_the_same_step(loss_norm, kl_coef, dtype, tol):
+    rows = make_rows(10, seed=1, zero_adv_rows=2)
+    base = tiny_llama(seed=3, dtype=dtype)
+    dtype_name = str(dtype).removeprefix("torch.")
+    results, metrics = [], []
+    for budget in (10_000, 40):  # one micro-batch vs several
+        cfg = GRPOConfig(lr=1e-3, loss_norm=loss_norm, kl_coef=kl_coef, micro_batch_tokens=budget, dtype=dtype_name)
+        upd = PolicyUpdater(copy.deepcopy(base), cfg)
+        metrics.append(upd.step(rows))
+        results.append(_grads_and_weights(upd))
+    assert metrics[0]["micro_batches"] == 1 and metrics[1]["micro_batches"] >= 4
+    assert metrics[0]["loss"] == pytest.approx(metrics[1]["loss"], abs=tol)
+    one, many = results
+    assert one.keys() == many.keys() and len(one) > 0
+    for name in one:
+        torch.testing.assert_close(one[name][0], many[name][0], atol=tol, rtol=0, msg=f"grad of {name}")
+        if dtype == torch.float64:  # fp32 Adam divides by sqrt(v): tiny grads amplify rounding, compare grads only
+            torch.testing.assert_close(one[name][1], many[name][1], atol=tol, rtol=0, msg=f"weight {name}")
+
+
+def test_skipping_zero_advantage_rows_does_not_change_the_gradient():
+    rows = make_rows(8, seed=2, zero_adv_rows=3)
+    base = tiny_llama(seed=4, dtype=torch.float64)
+    out = []
+    for skip in (True, False):
+        upd = PolicyUpdater(copy.deepcopy(base), GRPOConfig(dtype="float64", skip_zero_advantage_rows=skip))
+        m = upd.step(rows)
+        out.append((m, _grads_and_weights(upd)))
+    (m_skip, g_skip), (m_all, g_all) = out
+    assert m_skip["rows_zero_adv_skipped"] == 3 and m_all["rows_zero_adv_skipped"] == 0
+    assert m_skip["tokens"] < m_all["tokens"]
+    assert m_skip["loss"] == pytest.approx(m_all["loss"], abs=1e-12)
+    for name in g_all:
+        torch.testing.assert_close(g_skip[name][0], g_all[name][0], atol=1e-12, rtol=0)
+
+
+def test_metrics_of_an_on_policy_step():
+    rows = make_rows(6, seed=5)
+    upd = PolicyUpdater(tiny_llama(seed=5), GRPOConfig(micro_batch_tokens=50))
+    rows = _on_policy(upd, rows)
+    m = upd.step(rows)
+    assert m["ratio_mean"] == pytest.approx(1.0, abs=1e-5) and m["clip_frac"] == 0.0
+    assert m["approx_kl"] == pytest.approx(0.0, abs=1e-6)
+    assert 0.0 < m["entropy"] <= torch.log(torch.tensor(64.0)).item() + 1e-4
+    assert m["grad_norm"] > 0 and m["lr"] == 5e-4 and m["step"] == 1 and m["skipped"] == 0
+    assert m["tokens"] == sum(len(r.input_ids) for r in rows)
+    assert m["response_tokens"] == sum(sum(r.loss_mask) for r in rows)
+    assert m["tokens_per_s"] > 0
+
+
+def test_empty_step_and_bad_rows():
+    upd = PolicyUpdater(tiny_llama(), GRPOConfig())
+    m = upd.step([])
+    assert m["rows"] == 0 and m["skipped"] == 1 and m["step"] == 0 and upd.steps == 0
+    bad = TrainingRow(input_ids=[1, 2, 3], loss_mask=[0, 1], old_logprobs=[0.0] * 3, advantages=[0.0] * 3)
+    with pytest.raises(ValueError, match="same length"):
+        upd.step([bad])
+    first = TrainingRow(input_ids=[1, 2], loss_mask=[1, 1], old_logprobs=[0.0] * 2, advantages=[1.0] * 2)
+    with pytest.raises(ValueError, match="no context"):
+        upd.step([first])
+
+
+def test_stale_rows_are_dropped_and_counted():
+    rows = make_rows(9)  # policy versions 0, 1, 2, 0, 1, 2, ...
+    kept, dropped = drop_stale_rows(rows, current_version=3, max_staleness=1)
+    assert dropped == 6 and all(r.policy_version == 2 for r in kept)
+    unknown = TrainingRow(input_ids=[1, 2], loss_mask=[0, 1], old_logprobs=[0.0, -1.0], advantages=[0.0, 1.0])
+    assert drop_stale_rows([unknown], 10, 0) == ([unknown], 0)
+    upd = PolicyUpdater(tiny_llama(), GRPOConfig(max_staleness=1))
+    m = upd.step(rows, current_version=3)
+    assert m["rows_stale_dropped"] == 6 and m["rows"] == 3
+
+
+def test_lora_trains_the_adapter_only_and_serves_merged_weights():
+    model = tiny_llama(seed=7)
+    base_state = {k: v.clone() for k, v in model.state_dict().items()}
+    upd = PolicyUpdater(model, GRPOConfig(lr=1e-2, kl_coef=0.05, lora=LoraSettings(r=4, alpha=8)))
+    assert all(".lora_" in n for n in upd._trainable)
+    served0 = upd.state_dict_for_serving()
+    assert served0.keys() == base_state.keys()
+    for k in base_state:  # B = 0 at start: merged == base
+        torch.testing.assert_close(served0[k], base_state[k], atol=0, rtol=0)
+
+    rows = make_rows(6, seed=8)
+    upd.step(rows)
+    m = upd.step(rows)
+    assert m["kl_ref"] > 0  # the reference (adapter disabled) now differs from the policy
+
+    # Base weights untouched.
+    base_now = {k.replace(".base_layer.", "."): v for k, v in upd.model.get_base_model().state_dict().items()}
+    for k, v in base_state.items():
+        torch.testing.assert_close(base_now[k], v, atol=0, rtol=0)
+
+    served = upd.state_dict_for_serving()
+    assert any(not torch.equal(served[k], base_state[k]) for k in base_state)
+    # A plain model with the served weights computes what the adapted model computes.
+    plain = tiny_llama(seed=99)
+    plain.load_state_dict(served)
+    ids = torch.tensor([rows[0].input_ids])
+    with torch.no_grad():
+        upd.model.eval()
+        expected = upd.model(input_ids=ids).logits
+        torch.testing.assert_close(plain(input_ids=ids).logits, expected, atol=1e-5, rtol=1e-5)
+        # Serving did not merge anything into the training model.
+        torch.testing.assert_close(upd.model(input_ids=ids).logits, expected, atol=0, rtol=0)
+    assert not any(getattr(mod, "merged", False) for mod in upd.model.modules())
+
+
+def test_full_fine_tuning_serving_state_loads_into_the_engine_model_shape():
+    model = tiny_llama(seed=1)
+    upd = PolicyUpdater(model, GRPOConfig(lr=1e-2))
+    upd.step(make_rows(4))
+    plain = tiny_llama(seed=2)
+    plain.load_state_dict(upd.state_dict_for_serving())
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        torch.testing.assert_close(plain(input_ids=ids).logits, upd.model(input_ids=ids).logits)
+
+
+def _on_policy(upd: PolicyUpdater, rows: list[TrainingRow]) -> list[TrainingRow]:
+    """The rows with ``old_logprobs`` replaced by the current policy's (what a sampler serving it would report)."""
+    out = []
+    for row, logp in zip(rows, upd.token_logprobs(rows), strict=True):
+        it = iter(logp)
+        old = [next(it) if m else 0.0 for m in row.loss_mask]
+        out.append(TrainingRow(**{**{f: getattr(row, f) for f in row.__struct_fields__}, "old_logprobs": old}))
+    return out
+
+
+@pytest.mark.parametrize("lora", [None, LoraSettings(r=8, alpha=16)])
+def test_positive_advantage_raises_the_likelihood_of_the_rewarded_sequence(lora):
+    torch.manual_seed(0)
+    prompt = [5, 17, 3, 42, 8]
+    response = [11, 60, 2, 33, 33, 9]
+    row = TrainingRow(
+        input_ids=prompt + response,
+        loss_mask=[0] * len(prompt) + [1] * len(response),
+        old_logprobs=[0.0] * (len(prompt) + len(response)),
+        advantages=[0.0] * len(prompt) + [1.0] * len(response),
+    )
+    upd = PolicyUpdater(tiny_llama(seed=11, hidden=64), GRPOConfig(lr=1e-2 if lora else 3e-3, lora=lora))
+    before = sum(upd.token_logprobs([row])[0])
+    history = []
+    for _ in range(15):
+        history.append(upd.step(_on_policy(upd, [row])))
+    after = sum(upd.token_logprobs([row])[0])
+    assert after > before + 3.0, (before, after)  # random init: ~6 tokens at ~ -ln(64) each
+    assert history[-1]["entropy"] < history[0]["entropy"]
