@@ -259,3 +259,31 @@ def test_sync_client(server):
         assert store.counts()[RolloutStatus.SUCCEEDED] == 1
         with pytest.raises(NotFoundError):
             store.query_attempts("ro-nope")
+
+
+async def test_connection_closed_by_a_restart_is_replaced_without_a_retry(tmp_path):
+    db = tmp_path / "store.db"
+    first = serve_in_thread(db, token=TOKEN)
+    client = StoreClient(first.url, token=TOKEN, retries=0)  # any failure would surface
+    second = None
+    try:
+        await client.enqueue(specs(1))  # leaves a keep-alive connection in the pool
+        first.stop()
+        second = serve_in_thread(db, token=TOKEN, port=first.port)
+        assert (await client.counts())[RolloutStatus.QUEUED] == 1  # the dead pooled connection was not used
+    finally:
+        await client.close()
+        if second is not None:
+            second.stop()
+
+
+async def test_lean_transport_reads_chunked_responses():
+    from lightrail.store.client import _parse_head, _read_chunked
+
+    reader = asyncio.StreamReader()
+    reader.feed_data(b"5\r\nhello\r\n7;ext=1\r\n, world\r\n0\r\nx-trailer: 1\r\n\r\n")
+    assert await _read_chunked(reader) == b"hello, world"
+    status, reason, headers, length, chunked, keep_alive = _parse_head(
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    )
+    assert (status, reason, length, chunked, keep_alive) == (200, b"OK", None, True, False)
