@@ -270,9 +270,7 @@ def _guarded(endpoint: Callable[[Request], Any]) -> Callable[[Request], Any]:
     async def guarded(request: Request) -> Response:
         try:
             return await endpoint(request)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
+        except Exception as exc:  # not CancelledError (a BaseException): shutdown must still cancel handlers
             return _error_response(exc)
 
     guarded.__name__ = guarded.__qualname__ = endpoint.__name__
@@ -305,7 +303,9 @@ class _Guard:
             elif key == b"content-length":
                 length = value
         expected = self.expected
-        if expected is not None and scope["path"] != "/health" and not hmac.compare_digest(authorization, expected):
+        # The route path without the mount prefix, so /health stays open when this app is mounted elsewhere.
+        path = scope["path"][len(scope.get("root_path", "")) :] if scope.get("root_path") else scope["path"]
+        if expected is not None and path != "/health" and not hmac.compare_digest(authorization, expected):
             message = "missing bearer token" if not authorization else "invalid bearer token"
             await _error(401, message, "Unauthorized")(scope, receive, send)
             return
