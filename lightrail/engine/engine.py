@@ -8,7 +8,9 @@ Concurrency model
   a server thread serves requests) are forwarded to it with ``run_coroutine_threadsafe``. If the bound loop
   has stopped (an earlier ``asyncio.run`` ended), the next call rebinds the engine to the caller's loop.
 * All torch work (prefill, decode steps, weight loads) runs in ONE dedicated worker thread, one call at a time,
-  so the event loop stays responsive and the model is never used by two threads at once.
+  so the event loop stays responsive and the model is never used by two threads at once. The tokenizer is used
+  only on the loop (chat templates, stop strings, decoding results): HF fast tokenizers are not safe to share
+  between threads.
 * A single batcher task drives generation. When idle it waits for a request, then waits ``gather_window_s`` more
   so requests that arrive together are prefilled together. While decoding it admits queued requests at every
   step boundary (their prompts are prefilled as a group and their KV cache is merged into the running batch),
@@ -31,7 +33,8 @@ untempered model distribution.
 
 Token ids and text (the rule that makes ``Choice.token_ids`` decode to exactly the generated text):
 
-* text is always ``decode(token_ids)`` with ``skip_special_tokens=True`` (see `Engine.decode`);
+* the raw text is always ``decode(token_ids)`` with ``skip_special_tokens=True`` (see `Engine.decode`); it is
+  ``Choice.text`` unless tool calls were parsed out of it, in which case ``text`` is the content around them;
 * a row that stops on an end-of-sequence token keeps that token as its last id (the model sampled it; training
   needs its logprob); it decodes to nothing;
 * a row that stops on a stop string is cut to the longest prefix of its tokens whose decoding is a prefix of the
@@ -57,6 +60,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from lightrail.engine.chat import ChatFormat, parse_tool_calls
+from lightrail.engine.sampling import sample
 from lightrail.types import BackendError, ChatRequest, Choice, CompletionRequest, Generation, SamplingParams
 
 __all__ = ["Engine", "configure_threads"]
@@ -563,7 +567,7 @@ class Engine:
             self._sample_into(batch, out.logits[:, -1, :])
 
     def _sample_into(self, batch: _Batch, logits: torch.Tensor) -> None:
-        tokens, logprobs = _sample(logits.float(), batch.temps, batch.top_ps, [r.generator for r in batch.rows])
+        tokens, logprobs = sample(logits.float(), batch.temps, batch.top_ps, [r.generator for r in batch.rows])
         batch.next_input = tokens
         for row, token, logprob in zip(batch.rows, tokens.tolist(), logprobs.tolist(), strict=True):
             row.out_ids.append(token)
@@ -690,50 +694,3 @@ def _merge(old: _Batch, new: _Batch) -> _Batch:
         temps=torch.cat([old.temps, new.temps]),
         top_ps=torch.cat([old.top_ps, new.top_ps]),
     )
-
-
-def _sample(
-    logits: torch.Tensor, temps: torch.Tensor, top_ps: torch.Tensor, generators: list[torch.Generator]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample one token per row; returns the tokens and their logprobs under ``softmax(logits / temperature)``
-    (temperature 1 for greedy rows), i.e. before top-p truncation."""
-    greedy = temps <= 0
-    scaled = logits / torch.where(greedy, torch.ones_like(temps), temps)[:, None]
-    logp = torch.log_softmax(scaled, dim=-1)
-    tokens = logits.argmax(dim=-1)
-    sampled = (~greedy).nonzero().flatten().tolist()
-    full = [i for i in sampled if float(top_ps[i]) >= 1.0]
-    nucleus = [i for i in sampled if float(top_ps[i]) < 1.0]
-    if full:
-        probs = logp[full].exp()
-        tokens[full] = _inverse_cdf(probs, [generators[i] for i in full]).flatten()
-    if nucleus:
-        probs, order = _nucleus(logp[nucleus].exp(), top_ps[nucleus])
-        picked = _inverse_cdf(probs, [generators[i] for i in nucleus])
-        tokens[nucleus] = order.gather(1, picked).flatten()
-    return tokens, logp.gather(1, tokens[:, None]).flatten()
-
-
-def _nucleus(probs: torch.Tensor, top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The most likely tokens of each row until their mass reaches top_p (the first always kept), as
-    (probabilities with the rest zeroed, vocabulary ids), most likely first.
-
-    A full sort of a 50 k vocabulary costs tens of ms per step on CPU; the nucleus almost always lies in the top
-    few hundred tokens, so take a top-k that is widened only when some row's nucleus does not fit."""
-    vocab = probs.shape[-1]
-    k = min(256, vocab)
-    while True:
-        values, order = probs.topk(k, dim=-1)
-        cum = values.cumsum(dim=-1)
-        if k == vocab or bool((cum[:, -1] >= top_p).all()):
-            break
-        k = min(vocab, k * 8)
-    return values.masked_fill(cum - values >= top_p[:, None], 0.0), order
-
-
-def _inverse_cdf(probs: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
-    """Index drawn from each row of (unnormalised) ``probs`` with one uniform from that row's own generator."""
-    cum = probs.cumsum(dim=-1)
-    u = torch.stack([torch.rand((), generator=g) for g in generators]).to(cum.device)
-    # `right=True` never lands on a zero-probability entry.
-    return torch.searchsorted(cum, (u * cum[:, -1])[:, None], right=True).clamp(max=cum.shape[1] - 1)

@@ -300,22 +300,6 @@ async def test_event_loop_stays_responsive_while_generating(engine):
     assert max(gaps) < 0.5  # generation of 150 tokens never blocks the loop for long
 
 
-def test_nucleus_matches_a_full_sort_even_when_it_is_wide():
-    from lightrail.engine.engine import _nucleus
-
-    torch.manual_seed(0)
-    flat = torch.full((1, 6000), 1.0 / 6000)  # the nucleus of 0.9 needs 5400 tokens: the top-k must widen
-    peaked = torch.softmax(torch.randn(1, 6000) * 4, dim=-1)
-    probs, top_p = torch.cat([flat, peaked]), torch.tensor([0.9, 0.7])
-    values, order = _nucleus(probs, top_p)
-    for row in range(2):
-        ref_values, ref_order = probs[row].sort(descending=True)
-        keep = (ref_values.cumsum(0) - ref_values) < top_p[row]
-        kept = set(order[row][values[row] > 0].tolist())
-        assert len(kept) == int(keep.sum())
-        assert float(probs[row][list(kept)].sum()) == pytest.approx(float(ref_values[keep].sum()), abs=1e-5)
-
-
 async def test_calls_from_another_threads_loop_are_forwarded(engine):
     req = chat("from elsewhere", temperature=0, max_tokens=6)
     here = asyncio.ensure_future(engine.chat(req))
