@@ -316,3 +316,18 @@ def test_engine_rebinds_when_its_loop_is_gone(tiny_model, tiny_tokenizer):
     second = asyncio.run(engine.chat(req))  # the first loop is closed by now
     assert first.choices[0].token_ids == second.choices[0].token_ids
     asyncio.run(engine.close())
+
+
+@pytest.mark.parametrize(
+    "messages", [[], [{"content": "no role"}], [{"role": "user", "content": "x"}, "not a message"]]
+)
+async def test_bad_messages_are_400s(engine, messages):
+    with pytest.raises(BackendError) as err:
+        await engine.chat(ChatRequest(model="tiny", messages=messages))
+    assert err.value.status == 400 and err.value.param == "messages"
+
+
+async def test_empty_completion_prompt_is_a_400(engine):
+    with pytest.raises(BackendError) as err:
+        await engine.complete(CompletionRequest(model="tiny", prompt=""))
+    assert err.value.status == 400
