@@ -1,0 +1,72 @@
+"""``lightrail runner``: one runner process against a store server.
+
+Only argparse at import time (the main CLI imports this module to build ``--help``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+__all__ = ["add_parser"]
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``runner`` on the main CLI's subparsers."""
+    runner = subparsers.add_parser(
+        "runner",
+        help="lease rollouts from a store server and run an agent on them",
+        description=(
+            "Run AGENT on rollouts leased from the store at URL, K at a time, until stopped (SIGTERM/SIGINT: "
+            "stop leasing, let running rollouts finish within the grace period, hand the rest back for retry)."
+        ),
+        epilog="example:\n  LIGHTRAIL_TOKEN=s3cret lightrail runner --store http://127.0.0.1:4747 --agent my_agents:solve -k 8",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    runner.add_argument("--store", required=True, metavar="URL", help="store server URL (or a SQLite path)")
+    runner.add_argument("--agent", required=True, metavar="MODULE:OBJECT", help="the agent, as an import reference")
+    runner.add_argument("-k", "--concurrency", type=int, default=1, metavar="K", help="rollouts at once (default: 1)")
+    runner.add_argument(
+        "--token", default=os.environ.get("LIGHTRAIL_TOKEN"), help="bearer token (default: $LIGHTRAIL_TOKEN)"
+    )
+    runner.add_argument("--max-rollouts", type=int, default=None, metavar="N", help="exit after N rollouts")
+    runner.add_argument("--idle-exit", type=float, default=None, metavar="S", help="exit after S idle seconds")
+    runner.add_argument("--grace", type=float, default=10.0, metavar="S", help="shutdown grace period (default: 10)")
+    runner.add_argument("--worker-id", default=None, help="name of this runner (default: host:pid:suffix)")
+    runner.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+
+    from lightrail.agent.processes import RUNNER_ENV
+    from lightrail.agent.runner import Runner
+    from lightrail.store import open_store
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    os.environ[RUNNER_ENV] = "1"
+
+    async def main() -> Runner:
+        store = open_store(args.store, token=args.token)
+        try:
+            runner = Runner(
+                store, args.agent, concurrency=args.concurrency, worker_id=args.worker_id, grace_s=args.grace
+            )
+            stats = await runner.run(max_rollouts=args.max_rollouts, idle_exit_s=args.idle_exit)
+            logging.getLogger("lightrail.runner").info("runner done: %d leased, %s", stats.leased, dict(stats.ended))
+            return runner
+        finally:
+            await store.close()
+
+    try:
+        runner = asyncio.run(main())
+    except (ImportError, ValueError, TypeError) as exc:  # a bad --agent reference
+        print(f"lightrail runner: {exc}", file=sys.stderr)
+        return 2
+    if runner.abandoned_threads:  # sync agents stuck in threads would keep the interpreter alive
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    return 0

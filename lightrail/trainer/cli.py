@@ -1,0 +1,84 @@
+"""``lightrail dev``: run an agent on a tasks file with real runner processes and print what happened.
+
+Only argparse at import time (the main CLI imports this module to build ``--help``). To add a command, write
+its ``add_*`` function (here or in its own module) and call it from `add_parser`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+__all__ = ["add_parser"]
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register the trainer's commands on the main CLI's subparsers."""
+    add_dev_parser(subparsers)
+
+
+def add_dev_parser(subparsers: argparse._SubParsersAction) -> None:
+    dev = subparsers.add_parser(
+        "dev",
+        help="run an agent on tasks with real runners; print a per-rollout table and a failure digest",
+        description=(
+            "Run AGENT once on every task of a JSONL file (one task input per line, or a Task object with an "
+            "'input' key), with N runner processes of K concurrent rollouts against a store server, then print "
+            "a per-rollout table and failures grouped by exception type and message pattern."
+        ),
+        epilog="example:\n  lightrail dev --agent examples.calculator.lit:solve --tasks tasks.jsonl --runners 2 -k 4",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    dev.add_argument("--agent", required=True, metavar="MODULE:OBJECT", help="the agent, as an import reference")
+    dev.add_argument("--tasks", required=True, metavar="FILE.jsonl", help="tasks, one JSON value per line")
+    dev.add_argument("--runners", type=int, default=2, metavar="N", help="runner processes (default: 2)")
+    dev.add_argument("-k", "--concurrency", type=int, default=4, metavar="K", help="rollouts per runner (default: 4)")
+    dev.add_argument(
+        "--store",
+        default=None,
+        metavar="PATH|URL",
+        help="SQLite file or store server URL (default: a fresh ./runs/<timestamp>/store.db)",
+    )
+    dev.add_argument("--token", default=None, help="bearer token of a --store URL (default: $LIGHTRAIL_TOKEN)")
+    dev.set_defaults(handler=_dev)
+
+
+def read_tasks(path: str) -> list:
+    """Tasks of a JSONL file: a line with an object holding ``input`` (and only Task fields) is a `Task`;
+    any other JSON value is a task input."""
+    import msgspec
+
+    from lightrail.types import Task
+
+    tasks = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{number}: not JSON ({exc})") from None
+            if isinstance(value, dict) and "input" in value and set(value) <= {"input", "task_id", "metadata"}:
+                value = msgspec.convert(value, Task)
+            tasks.append(value)
+    return tasks
+
+
+def _dev(args: argparse.Namespace) -> int:
+    from lightrail.trainer import Trainer
+    from lightrail.types import RolloutStatus
+
+    try:
+        tasks = read_tasks(args.tasks)
+    except (OSError, ValueError) as exc:
+        print(f"lightrail dev: {exc}", file=sys.stderr)
+        return 2
+    trainer = Trainer(n_runners=args.runners, store=args.store, concurrency=args.concurrency, token=args.token)
+    try:
+        report = trainer.dev(args.agent, tasks)
+    except (ImportError, ValueError, RuntimeError) as exc:
+        print(f"lightrail dev: {exc}", file=sys.stderr)
+        return 1
+    return 0 if all(row.status is RolloutStatus.SUCCEEDED for row in report.rows) else 1

@@ -1,0 +1,207 @@
+"""`DevReport`: what `Trainer.dev` found, per rollout and as a failure digest, and how it is printed.
+
+The digest groups failed attempts by exception type and message *pattern*: numbers, ids, hex values and quoted
+strings are replaced by placeholders, so "no such file 'a.txt'" and "no such file 'b.txt'" are one line with a
+count instead of a hundred lines to scroll through.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from lightrail.store.base import Store
+from lightrail.types import Attempt, AttemptStatus, Rollout, RolloutStatus
+
+__all__ = ["DevReport", "FailureGroup", "RolloutRow", "build_report", "message_pattern"]
+
+# Order matters: quoted strings first (they may contain anything), then ids and hex, then plain numbers.
+_PLACEHOLDERS: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"'[^'\n]*'|\"[^\"\n]*\""), "<str>"),
+    (re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"), "<id>"),
+    (re.compile(r"\b[a-z]+-[0-9a-f]{8,}\b"), "<id>"),  # lightrail ids: ro-3f2a..., at-..., task-...
+    (re.compile(r"\b0x[0-9a-fA-F]+\b"), "<hex>"),
+    (re.compile(r"\b(?=[0-9a-fA-F]*\d)(?=[0-9a-fA-F]*[a-fA-F])[0-9a-fA-F]{8,}\b"), "<hex>"),
+    (re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)*(?:[eE][-+]?\d+)?"), "<n>"),
+]
+
+
+def message_pattern(message: str) -> str:
+    """``message`` with numbers, ids, hex and quoted strings replaced by ``<n>``, ``<id>``, ``<hex>``, ``<str>``.
+
+    >>> message_pattern("bad answer 42 for 'x' at 0x1f (attempt at-0123456789abcdef)")
+    'bad answer <n> for <str> at <hex> (attempt <id>)'
+    """
+    first = message.strip().splitlines()[0] if message.strip() else ""
+    for pattern, placeholder in _PLACEHOLDERS:
+        first = pattern.sub(placeholder, first)
+    return first[:300]
+
+
+@dataclass(frozen=True)
+class RolloutRow:
+    """One rollout of a dev run."""
+
+    rollout_id: str
+    task_id: str
+    status: RolloutStatus
+    reward: float | None
+    attempts: int
+    spans: int
+    seconds: float | None
+    """From the first attempt's start to the rollout's end (retries included); None if it did not end."""
+    error: str | None = None
+    """``Type: message`` of the last attempt that did not succeed, if any."""
+
+
+@dataclass
+class FailureGroup:
+    """Failed attempts sharing an exception type and message pattern."""
+
+    status: AttemptStatus
+    type: str
+    pattern: str
+    count: int = 0
+    example: str = ""
+    example_rollout_id: str = ""
+    rollout_ids: list[str] = field(default_factory=list)
+
+
+@dataclass
+class DevReport:
+    """The outcome of `Trainer.dev`: one `RolloutRow` per rollout (enqueue order) and the failure digest
+    (most frequent first). ``store`` says where the full record lives (a SQLite path or a URL)."""
+
+    rows: list[RolloutRow]
+    digest: list[FailureGroup]
+    store: str = ""
+    seconds: float = 0.0
+
+    @property
+    def counts(self) -> dict[RolloutStatus, int]:
+        """Rollouts per final status (only statuses that occur)."""
+        out: dict[RolloutStatus, int] = {}
+        for row in self.rows:
+            out[row.status] = out.get(row.status, 0) + 1
+        return out
+
+    @property
+    def mean_reward(self) -> float | None:
+        """Mean reward of the rollouts that have one."""
+        rewards = [r.reward for r in self.rows if r.reward is not None]
+        return sum(rewards) / len(rewards) if rewards else None
+
+    def render(self, console: object | None = None, *, max_rows: int = 50) -> None:
+        """Print the per-rollout table (first ``max_rows``), a status summary and the failure digest with rich."""
+        from rich.console import Console
+        from rich.table import Table
+
+        out = console if console is not None else Console()
+        table = Table(title="rollouts", title_justify="left")
+        for name, justify in [
+            ("rollout", "left"),
+            ("status", "left"),
+            ("reward", "right"),
+            ("attempts", "right"),
+            ("spans", "right"),
+            ("seconds", "right"),
+        ]:
+            table.add_column(name, justify=justify)  # type: ignore[arg-type]
+        for row in self.rows[:max_rows]:
+            style = "green" if row.status is RolloutStatus.SUCCEEDED else "red"
+            table.add_row(
+                row.rollout_id,
+                f"[{style}]{row.status.value}[/{style}]",
+                "-" if row.reward is None else f"{row.reward:.3g}",
+                str(row.attempts),
+                str(row.spans),
+                "-" if row.seconds is None else f"{row.seconds:.2f}",
+            )
+        if len(self.rows) > max_rows:
+            table.caption = f"... {len(self.rows) - max_rows} more rollouts in the report"
+        out.print(table)  # type: ignore[attr-defined]
+        summary = ", ".join(f"{n} {s.value}" for s, n in sorted(self.counts.items(), key=lambda kv: -kv[1]))
+        mean = self.mean_reward
+        out.print(  # type: ignore[attr-defined]
+            f"{len(self.rows)} rollouts in {self.seconds:.1f}s: {summary}"
+            + ("" if mean is None else f"; mean reward {mean:.3g}")
+            + (f"; store: {self.store}" if self.store else "")
+        )
+        if not self.digest:
+            out.print("failure digest: no failed attempts")  # type: ignore[attr-defined]
+            return
+        from rich.markup import escape
+
+        failed = sum(g.count for g in self.digest)
+        out.print(f"[bold]failure digest[/bold]: {failed} attempts in {len(self.digest)} groups")  # type: ignore[attr-defined]
+        for group in self.digest:
+            rollouts = len(group.rollout_ids)
+            out.print(  # type: ignore[attr-defined]
+                f"  [bold]{group.count}x[/bold] {group.status.value} in {rollouts} rollout{'s' * (rollouts != 1)}  "
+                f"[red]{escape(group.type)}[/red]: {escape(group.pattern)}\n"
+                f"      e.g. {group.example_rollout_id}: {escape(group.example)}",
+                soft_wrap=True,
+            )
+
+
+def _attempt_error(attempt: Attempt) -> tuple[str, str]:
+    if attempt.error is not None:
+        return attempt.error.type, attempt.error.message
+    if attempt.status is AttemptStatus.LOST:
+        return "LeaseExpired", "the runner stopped heartbeating (crashed, killed or cut off)"
+    if attempt.status is AttemptStatus.TIMEOUT:
+        return "Timeout", "the attempt ran past its time budget"
+    return attempt.status.value, ""
+
+
+def digest_failures(attempts: Iterable[Attempt]) -> list[FailureGroup]:
+    """Group attempts that ended failed, infra_error, timeout or lost by (status, type, message pattern)."""
+    groups: dict[tuple[AttemptStatus, str, str], FailureGroup] = {}
+    for attempt in attempts:
+        if attempt.status in (AttemptStatus.SUCCEEDED, AttemptStatus.RUNNING, AttemptStatus.CANCELLED):
+            continue
+        type_, message = _attempt_error(attempt)
+        key = (attempt.status, type_, message_pattern(message))
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = FailureGroup(
+                attempt.status, type_, key[2], example=message.strip()[:300], example_rollout_id=attempt.rollout_id
+            )
+        group.count += 1
+        if attempt.rollout_id not in group.rollout_ids:
+            group.rollout_ids.append(attempt.rollout_id)
+    return sorted(groups.values(), key=lambda g: -g.count)
+
+
+async def build_report(
+    store: Store, rollouts: Sequence[Rollout], *, store_label: str = "", seconds: float = 0.0
+) -> DevReport:
+    """Read attempts and span counts of ``rollouts`` from the store and assemble the report."""
+    rows: list[RolloutRow] = []
+    all_attempts: list[Attempt] = []
+    for rollout in rollouts:
+        attempts = await store.query_attempts(rollout.rollout_id)
+        spans = await store.query_spans(rollout.rollout_id)
+        all_attempts.extend(attempts)
+        failed = [a for a in attempts if a.status not in (AttemptStatus.SUCCEEDED, AttemptStatus.RUNNING)]
+        error = None
+        if failed:
+            type_, message = _attempt_error(failed[-1])
+            error = f"{type_}: {message}"
+        seconds_ = None
+        if rollout.ended_at is not None and attempts:
+            seconds_ = rollout.ended_at - attempts[0].started_at
+        rows.append(
+            RolloutRow(
+                rollout_id=rollout.rollout_id,
+                task_id=rollout.task.task_id,
+                status=rollout.status,
+                reward=rollout.reward,
+                attempts=len(attempts),
+                spans=len(spans),
+                seconds=seconds_,
+                error=error,
+            )
+        )
+    return DevReport(rows=rows, digest=digest_failures(all_attempts), store=store_label, seconds=seconds)

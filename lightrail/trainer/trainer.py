@@ -1,0 +1,336 @@
+"""`Trainer`: wires a store, a store server, runner processes and an algorithm together.
+
+`Trainer.dev` runs an agent on tasks with real runner processes and reports what happened (the first thing to
+do with a new agent); `Trainer.fit` hands the same set-up to an `Algorithm`.
+
+Processes of a session::
+
+    trainer (this process) ──HTTP──► store server (`lightrail store serve`, SQLite file) ◄──HTTP── runner × N
+         enqueue, wait, read spans                                                   lease, spans, finish
+
+The store server is a child process on a free loopback port with a random bearer token (passed through the
+environment, never the command line). Runners are ``spawn``-ed processes (`run_runners`). A `Store` object
+without a URL (e.g. a `MemoryStore`) cannot be reached by other processes: runners then run in this process,
+as tasks of the trainer's event loop (useful in tests and notebooks).
+
+Concurrency model: one event loop in the trainer process; waiting on rollouts is `Store.wait` (event-driven
+long polls), never sleep loops. Child processes are stopped with SIGTERM (graceful), then killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lightrail.agent.agent import LitAgent, agent_reference, load_agent
+from lightrail.agent.processes import RUNNER_ENV, RunnerProcesses, run_runners
+from lightrail.store.base import Store
+from lightrail.trainer.algorithm import Algorithm, TrainerContext
+from lightrail.trainer.report import DevReport, build_report
+from lightrail.types import LLM, PromptTemplate, Resources, RetryPolicy, Task
+
+__all__ = ["StoreServerProcess", "Trainer", "as_tasks"]
+
+TOKEN_ENV = "LIGHTRAIL_TOKEN"
+
+
+def as_tasks(items: Iterable[Any]) -> list[Task]:
+    """Tasks from `Task` objects or bare task inputs (anything else is taken as a task's ``input``)."""
+    return [item if isinstance(item, Task) else Task(input=item) for item in items]
+
+
+class StoreServerProcess:
+    """A ``lightrail store serve`` child process on a free loopback port with a random token.
+
+    Readiness is the server's own "listening on URL" line (it binds before printing), not a polling loop.
+    """
+
+    def __init__(self, db: str | os.PathLike[str], *, startup_timeout_s: float = 30.0):
+        self.token = secrets.token_urlsafe(24)
+        env = {**os.environ, TOKEN_ENV: self.token}
+        cmd = [sys.executable, "-m", "lightrail.cli", "store", "serve", "--db", str(db), "--host", "127.0.0.1"]
+        self.process = subprocess.Popen(cmd + ["--port", "0"], stdout=subprocess.PIPE, env=env, text=True)
+        assert self.process.stdout is not None
+        line: list[str] = []
+        reader = threading.Thread(target=lambda: line.append(self.process.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+        reader.start()
+        reader.join(startup_timeout_s)
+        if not line or "listening on " not in line[0]:
+            self.stop()
+            raise RuntimeError(f"the store server did not start (exit code {self.process.poll()}); see its output")
+        self.url = line[0].rsplit("listening on ", 1)[1].strip()
+        # keep draining stdout so a chatty server never blocks on a full pipe
+        threading.Thread(target=lambda: [None for _ in self.process.stdout], daemon=True).start()  # type: ignore[union-attr]
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5.0)
+
+
+@dataclass
+class _Session:
+    store: Store
+    label: str
+    health_check: Callable[[], None]
+    stop_runners: Callable[[], Any]
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+class Trainer:
+    """Run agents on tasks with a store and runner processes; train them with an `Algorithm`.
+
+    ``store``: None (a fresh SQLite file under ``./runs/<timestamp>/store.db``), a SQLite path, ``memory:``, a
+    store server URL (``http://...``; its token from ``token`` or ``$LIGHTRAIL_TOKEN``), or a `Store` object
+    (one with a ``url`` attribute, like `StoreClient`, is shared with runner processes; any other runs the
+    runners in this process). ``n_runners`` processes each run up to ``concurrency`` rollouts at once.
+    ``retry`` is the `RetryPolicy` of the rollouts the trainer enqueues.
+
+    Example::
+
+        report = Trainer(n_runners=2, concurrency=4).dev("my_agents:solve", tasks)
+        assert report.counts.get(RolloutStatus.FAILED, 0) == 0
+    """
+
+    def __init__(
+        self,
+        n_runners: int = 2,
+        store: str | os.PathLike[str] | Store | None = None,
+        concurrency: int = 4,
+        *,
+        algorithm: Algorithm | None = None,
+        token: str | None = None,
+        retry: RetryPolicy | None = None,
+        runs_dir: str | os.PathLike[str] = "runs",
+        grace_s: float = 10.0,
+        console: Any = None,
+    ) -> None:
+        if n_runners < 1 or concurrency < 1:
+            raise ValueError("n_runners and concurrency must be >= 1")
+        self.n_runners = n_runners
+        self.store = store
+        self.concurrency = concurrency
+        self.algorithm = algorithm
+        self.token = token if token is not None else os.environ.get(TOKEN_ENV)
+        self.retry = retry or RetryPolicy()
+        self.runs_dir = Path(runs_dir)
+        self.grace_s = grace_s
+        if console is None:
+            from rich.console import Console
+
+            console = Console()
+        self.console = console
+
+    # -- dev ------------------------------------------------------------------------------------------------
+
+    def dev(
+        self,
+        agent: str | LitAgent | Callable[..., Any],
+        tasks: Iterable[Any],
+        resources: Resources | dict[str, LLM | PromptTemplate] | None = None,
+        *,
+        timeout_s: float | None = None,
+    ) -> DevReport:
+        """Run ``agent`` once on each task (mode ``val``) with real runner processes, print a per-rollout table
+        and a failure digest, and return them as a `DevReport`.
+
+        ``agent`` must be importable by the runner processes: a ``"module:object"`` string, or an object whose
+        ``__module__``/``__qualname__`` lead back to it (see `agent_reference`; agents of a script run as
+        ``__main__`` are loaded from the script's path, so guard its entry point with
+        ``if __name__ == "__main__":``). ``tasks`` are `Task` objects or bare task inputs. ``resources`` (if
+        given) are published first and used by every rollout.
+        """
+        return _run_sync(self.dev_async(agent, tasks, resources, timeout_s=timeout_s))
+
+    async def dev_async(
+        self,
+        agent: str | LitAgent | Callable[..., Any],
+        tasks: Iterable[Any],
+        resources: Resources | dict[str, LLM | PromptTemplate] | None = None,
+        *,
+        timeout_s: float | None = None,
+    ) -> DevReport:
+        """`dev` for callers already inside an event loop."""
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        task_list = as_tasks(tasks)
+        started = time.monotonic()
+        async with self._session(agent) as session:
+            ctx = TrainerContext(
+                store=session.store, train_tasks=[], val_tasks=task_list, retry=self.retry,
+                health_check=session.health_check,
+            )  # fmt: skip
+            if resources is not None:
+                await ctx.publish(resources)
+            with Progress(
+                TextColumn("[bold]dev[/bold]"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=self.console,
+                transient=True,
+            ) as progress:
+                bar = progress.add_task("rollouts", total=len(task_list))
+                ctx.on_progress = lambda done, total: progress.update(bar, completed=done)
+                rollouts = await ctx.run_rollouts(task_list, mode="val", timeout_s=timeout_s)
+            await session.stop_runners()
+            report = await build_report(
+                session.store, rollouts, store_label=session.label, seconds=time.monotonic() - started
+            )
+        report.render(self.console)
+        return report
+
+    # -- fit ------------------------------------------------------------------------------------------------
+
+    def fit(
+        self, agent: str | LitAgent | Callable[..., Any], train_tasks: Iterable[Any], val_tasks: Iterable[Any] = ()
+    ) -> None:
+        """Train ``agent`` with the trainer's ``algorithm``: ``setup``, ``run``, ``close`` (see `Algorithm`),
+        with runners serving the rollouts the algorithm enqueues."""
+        _run_sync(self.fit_async(agent, train_tasks, val_tasks))
+
+    async def fit_async(
+        self, agent: str | LitAgent | Callable[..., Any], train_tasks: Iterable[Any], val_tasks: Iterable[Any] = ()
+    ) -> None:
+        """`fit` for callers already inside an event loop."""
+        if self.algorithm is None:
+            raise ValueError("Trainer.fit needs an algorithm: Trainer(algorithm=...)")
+        algorithm = self.algorithm
+        async with self._session(agent) as session:
+            ctx = TrainerContext(
+                store=session.store, train_tasks=as_tasks(train_tasks), val_tasks=as_tasks(val_tasks),
+                retry=self.retry, health_check=session.health_check, log=self._log,
+            )  # fmt: skip
+            try:
+                await algorithm.setup(ctx)
+                await algorithm.run(ctx)
+            finally:
+                await algorithm.close()
+                await session.stop_runners()
+
+    def _log(self, step: int, **metrics: Any) -> None:
+        shown = "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())
+        self.console.print(f"[bold]step {step}[/bold]  {shown}")
+
+    # -- plumbing -------------------------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _session(self, agent: Any) -> AsyncIterator[_Session]:
+        """Store (+ server process) and runners for one dev/fit run; everything is stopped on exit."""
+        if os.environ.get(RUNNER_ENV):
+            raise RuntimeError(
+                "Trainer started inside a runner process: the agent's script starts training at import time; "
+                "guard its entry point with `if __name__ == '__main__':`"
+            )
+        if isinstance(self.store, Store) and not hasattr(self.store, "url"):
+            async with self._in_process_session(agent, self.store) as session:
+                yield session
+            return
+        ref = agent_reference(agent)
+        load_agent(ref)  # fail here, with the real error, rather than in every runner process
+        server: StoreServerProcess | None = None
+        owned_store = None
+        try:
+            if isinstance(self.store, Store):
+                store, url, label = self.store, self.store.url, self.store.url  # type: ignore[attr-defined]
+                token = self.token
+            elif isinstance(self.store, str) and self.store.startswith(("http://", "https://")):
+                from lightrail.store.client import StoreClient
+
+                url, label, token = self.store, self.store, self.token
+                store = owned_store = StoreClient(url, token=token)
+            else:
+                db = self._db_path()
+                server = await asyncio.to_thread(StoreServerProcess, db)
+                from lightrail.store.client import StoreClient
+
+                url, label, token = server.url, str(db), server.token
+                store = owned_store = StoreClient(url, token=token)
+            runners = run_runners(url, ref, self.n_runners, self.concurrency, token, grace_s=self.grace_s)
+            stopped = False
+
+            async def stop_runners() -> None:
+                nonlocal stopped
+                if not stopped:
+                    stopped = True
+                    await asyncio.to_thread(runners.stop, self.grace_s)
+
+            try:
+                yield _Session(store, label, _runners_alive_check(runners), stop_runners)
+            finally:
+                await stop_runners()
+        finally:
+            if owned_store is not None:
+                await owned_store.close()
+            if server is not None:
+                await asyncio.to_thread(server.stop)
+
+    @contextlib.asynccontextmanager
+    async def _in_process_session(self, agent: Any, store: Store) -> AsyncIterator[_Session]:
+        from lightrail.agent.runner import Runner
+
+        loaded = load_agent(agent)
+        runners = [
+            Runner(store, loaded, concurrency=self.concurrency, handle_signals=False, grace_s=self.grace_s)
+            for _ in range(self.n_runners)
+        ]
+        tasks = [asyncio.ensure_future(r.run()) for r in runners]
+
+        def check() -> None:
+            for t in tasks:
+                if t.done() and not t.cancelled() and t.exception() is not None:
+                    raise RuntimeError("a runner crashed") from t.exception()
+
+        async def stop_runners() -> None:
+            for r in runners:
+                r.stop()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        try:
+            yield _Session(store, type(store).__name__, check, stop_runners)
+        finally:
+            await stop_runners()
+
+    def _db_path(self) -> str:
+        if self.store is None:
+            run_dir = self.runs_dir / time.strftime("%Y%m%d-%H%M%S")
+            while run_dir.exists():  # two runs in one second: keep both
+                run_dir = run_dir.with_name(run_dir.name + "-" + secrets.token_hex(2))
+            run_dir.mkdir(parents=True)
+            return str(run_dir / "store.db")
+        db = str(self.store)
+        if db != "memory:":
+            Path(db.removeprefix("sqlite://")).parent.mkdir(parents=True, exist_ok=True)
+        return db
+
+
+def _runners_alive_check(runners: RunnerProcesses) -> Callable[[], None]:
+    def check() -> None:
+        if not runners.alive():
+            codes = [p.exitcode for p in runners.processes]
+            raise RuntimeError(f"every runner process exited (exit codes {codes}) before the rollouts finished")
+
+    return check
+
+
+def _run_sync(coro: Any) -> Any:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    coro.close()
+    raise RuntimeError("called from a running event loop: use `await trainer.dev_async(...)` / `fit_async`")

@@ -1,0 +1,81 @@
+"""The public surface changes on purpose only, and ``import lightrail`` stays light."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import lightrail
+
+PUBLIC = [
+    "Algorithm",
+    "Attempt",
+    "AttemptStatus",
+    "LLM",
+    "LitAgent",
+    "MemoryStore",
+    "PromptTemplate",
+    "Resources",
+    "RetryPolicy",
+    "Rollout",
+    "RolloutSpec",
+    "RolloutStatus",
+    "Runner",
+    "SQLiteStore",
+    "Span",
+    "Store",
+    "StoreClient",
+    "Task",
+    "Trainer",
+    "Transition",
+    "__version__",
+    "emit_event",
+    "emit_reward",
+    "open_store",
+    "rollout",
+]
+
+
+def test_all_is_pinned():
+    assert sorted(lightrail.__all__) == sorted(PUBLIC)
+
+
+def test_every_public_name_resolves():
+    for name in lightrail.__all__:
+        assert getattr(lightrail, name) is not None, name
+    from lightrail.agent import LitAgent, Runner, rollout
+    from lightrail.tracing import emit_event, emit_reward
+    from lightrail.trainer import Algorithm, Trainer
+
+    assert (lightrail.LitAgent, lightrail.Runner, lightrail.rollout) == (LitAgent, Runner, rollout)
+    assert (lightrail.emit_reward, lightrail.emit_event) == (emit_reward, emit_event)
+    assert (lightrail.Trainer, lightrail.Algorithm) == (Trainer, Algorithm)
+
+
+PROBE = """
+import json, sys, time
+t0 = time.perf_counter()
+import lightrail
+elapsed = time.perf_counter() - t0
+heavy = sorted({m.split(".")[0] for m in sys.modules} & {"torch", "transformers", "opentelemetry"})
+print(json.dumps({"elapsed": elapsed, "heavy": heavy}))
+"""
+
+
+def test_import_is_light_and_fast():
+    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True).stdout
+    result = json.loads(out)
+    assert result["heavy"] == []
+    assert result["elapsed"] < 1.0, result
+
+
+def test_agent_facing_imports_stay_light():
+    """What a runner process imports to run an agent must not pull in the model plane either."""
+    probe = PROBE.replace(
+        "import lightrail\n", "import lightrail\nfrom lightrail import Runner, emit_reward, rollout\n"
+    )
+    result = json.loads(
+        subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    )
+    assert result["heavy"] == []

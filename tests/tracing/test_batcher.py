@@ -1,0 +1,140 @@
+"""`SpanBatcher` against a real `MemoryStore`: batching, flush, retries, refusals, threads, backpressure."""
+
+from __future__ import annotations
+
+import asyncio
+
+from lightrail.store import MemoryStore
+from lightrail.tracing import SpanBatcher, attempt_context, emit_event
+from lightrail.types import RolloutSpec, Span, Task, next_seq
+
+
+class CountingStore(MemoryStore):
+    """A MemoryStore that counts `add_spans` calls and can fail or stall them on demand (the real store
+    underneath; only the failure is injected)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+        self.fail_next = 0
+        self.gate: asyncio.Event | None = None
+
+    async def add_spans(self, spans):
+        self.calls += 1
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.fail_next:
+            self.fail_next -= 1
+            raise ConnectionResetError("store restarting")
+        return await super().add_spans(spans)
+
+
+async def leases(store, n):
+    await store.enqueue([RolloutSpec(task=Task(input=i)) for i in range(n)])
+    return [await store.lease("w") for _ in range(n)]
+
+
+async def test_spans_of_concurrent_attempts_share_batches_and_flush_completes():
+    store = CountingStore()
+    batcher = SpanBatcher(store, max_batch=100)
+    batcher.start()
+    got = await leases(store, 4)
+
+    async def emit(lease):
+        with attempt_context(lease.rollout.rollout_id, lease.attempt.attempt_id, batcher):
+            for i in range(50):
+                emit_event("e", i=i)
+                if i % 10 == 0:
+                    await asyncio.sleep(0)
+
+    await asyncio.gather(*(emit(lease) for lease in got))
+    await batcher.flush()
+    for lease in got:
+        assert len(await store.query_spans(lease.rollout.rollout_id)) == 50
+    assert store.calls <= 4  # 200 spans, batches of up to 100 across attempts (not one call per span)
+    assert batcher.written == 200 and batcher.pending == 0
+    await batcher.close()
+    await store.close()
+
+
+async def test_transient_failures_are_retried_without_dropping():
+    store = CountingStore()
+    batcher = SpanBatcher(store, retry_initial_s=0.01)
+    batcher.start()
+    (lease,) = await leases(store, 1)
+    store.fail_next = 3
+    with attempt_context(lease.rollout.rollout_id, lease.attempt.attempt_id, batcher):
+        for i in range(10):
+            emit_event("e", i=i)
+    await batcher.flush()
+    assert len(await store.query_spans(lease.rollout.rollout_id)) == 10
+    assert batcher.failures == 3 and batcher.rejected == 0
+    await batcher.close()
+    await store.close()
+
+
+async def test_a_refused_span_does_not_take_its_batch_down():
+    store = CountingStore()
+    batcher = SpanBatcher(store)
+    batcher.start()
+    (lease,) = await leases(store, 1)
+    good = [Span(rollout_id=lease.rollout.rollout_id, attempt_id=lease.attempt.attempt_id, seq=next_seq(), name="ok")]
+    bad = Span(rollout_id="ro-unknown", attempt_id="at-unknown", seq=next_seq(), name="bad")
+    for span in [good[0], bad]:
+        batcher.submit(span)
+    await batcher.flush()
+    assert [s.name for s in await store.query_spans(lease.rollout.rollout_id)] == ["ok"]
+    assert batcher.rejected == 1
+    await batcher.close()
+    await store.close()
+
+
+async def test_threads_submit_through_the_loop():
+    store = CountingStore()
+    batcher = SpanBatcher(store)
+    batcher.start()
+    got = await leases(store, 4)
+
+    def work(lease):
+        with attempt_context(lease.rollout.rollout_id, lease.attempt.attempt_id, batcher):
+            for i in range(100):
+                emit_event("t", i=i)
+
+    await asyncio.gather(*(asyncio.to_thread(work, lease) for lease in got))
+    await batcher.flush()
+    for lease in got:
+        spans = await store.query_spans(lease.rollout.rollout_id)
+        assert sorted(s.attributes["i"] for s in spans) == list(range(100))
+    await batcher.close()
+    await store.close()
+
+
+async def test_backpressure_blocks_threads_and_the_runner_until_the_store_catches_up():
+    store = CountingStore()
+    store.gate = asyncio.Event()  # the store is stuck
+    batcher = SpanBatcher(store, max_batch=10, max_pending=20, linger_s=0)
+    batcher.start()
+    (lease,) = await leases(store, 1)
+    emitted = 0
+
+    def work():
+        nonlocal emitted
+        with attempt_context(lease.rollout.rollout_id, lease.attempt.attempt_id, batcher):
+            for i in range(100):
+                emit_event("t", i=i)
+                emitted += 1
+
+    thread = asyncio.ensure_future(asyncio.to_thread(work))
+    await asyncio.sleep(0.2)  # unblocked, the thread would emit all 100 spans in well under a millisecond
+    assert 20 <= emitted < 100  # it waits for room instead of queueing without bound
+    capacity = asyncio.ensure_future(batcher.wait_capacity())
+    await asyncio.sleep(0.01)
+    assert not capacity.done()  # the runner would not lease new work now
+    store.gate.set()
+    await thread
+    await capacity
+    await batcher.flush()
+    assert len(await store.query_spans(lease.rollout.rollout_id)) == 100
+    assert batcher.dropped == 0
+    await batcher.close()
+    await store.close()
