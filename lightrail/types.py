@@ -409,9 +409,10 @@ class ToolCall(msgspec.Struct, kw_only=True):
 class Choice(msgspec.Struct, kw_only=True):
     """One sampled continuation.
 
-    Invariant: decoding ``token_ids`` with the backend's tokenizer gives exactly the raw generated text
-    (``text`` plus the tool-call markup that was parsed into ``tool_calls``); ``logprobs`` has one entry per
-    token id when present.
+    Invariants: decoding ``token_ids`` with the backend's tokenizer (``skip_special_tokens=True``) gives exactly
+    the raw generated text (``text`` plus the tool-call markup that was parsed into ``tool_calls``); a trailing
+    EOS id may be present (training needs its logprob); tokens of a matched stop string are not included.
+    ``logprobs`` has one entry per token id when present.
     """
 
     text: str

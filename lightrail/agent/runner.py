@@ -133,9 +133,8 @@ class Runner:
         self.handle_signals = handle_signals
         self.batcher = batcher or SpanBatcher(store)
         self.stats = RunnerStats()
-        self.abandoned_threads = 0
-        """Sync agents still running in worker threads after their attempt was cancelled (threads cannot be
-        interrupted); a process that wants to exit promptly should not wait for them."""
+        self._threads_busy = 0
+        self._threads_lock = threading.Lock()
         self._running: dict[str, _Running] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._resources: dict[int, asyncio.Future[dict[str, Any]]] = {}
@@ -334,15 +333,9 @@ class Runner:
                 else:
                     assert self._executor is not None
                     call = contextvars.copy_context().run  # the attempt's context, inside the worker thread
-                    future = asyncio.get_running_loop().run_in_executor(
-                        self._executor, call, self.agent.invoke, rollout.task.input, resources, rollout, attempt
+                    result = await asyncio.get_running_loop().run_in_executor(
+                        self._executor, call, self._in_thread, rollout.task.input, resources, rollout, attempt
                     )
-                    try:
-                        result = await future
-                    except asyncio.CancelledError:
-                        if not future.done() or future.cancelled():
-                            self.abandoned_threads += 1
-                        raise
                 if inspect.isawaitable(result):
                     result = await result
                 if result is None:
@@ -356,6 +349,22 @@ class Runner:
             except BaseException as exc:
                 emit_exception(exc)
                 raise
+
+    def _in_thread(self, *args: Any) -> Any:
+        with self._threads_lock:
+            self._threads_busy += 1
+        try:
+            return self.agent.invoke(*args)
+        finally:
+            with self._threads_lock:
+                self._threads_busy -= 1
+
+    @property
+    def abandoned_threads(self) -> int:
+        """Sync agents still running in worker threads (after their attempts were cancelled: threads cannot be
+        interrupted). A process that wants to exit promptly should not wait for them."""
+        with self._threads_lock:
+            return self._threads_busy
 
     def _outcome(self, running: _Running) -> tuple[AttemptStatus | None, float | None, ErrorInfo | None]:
         task = running.agent_task

@@ -241,7 +241,10 @@ class Trainer:
                 yield session
             return
         ref = agent_reference(agent)
-        load_agent(ref)  # fail here, with the real error, rather than in every runner process
+        if not ref.rpartition(":")[0].endswith(".py"):
+            # fail here, with the real error, rather than in every runner process (a script is not loaded a
+            # second time in this process: it may be the one running us)
+            load_agent(ref)
         server: StoreServerProcess | None = None
         owned_store = None
         try:

@@ -137,3 +137,31 @@ def test_fit_drives_an_algorithm():
     assert algorithm.calls == ["setup", "run", "close"]
     assert algorithm.rewards == [1.0, 1.0, 0.0, 0.0]  # samples of a task are adjacent
     assert "step 1" in out.getvalue() and "mean_reward=0.5" in out.getvalue()
+
+
+SCRIPT = '''
+from lightrail import emit_reward, rollout
+from lightrail.trainer import Trainer
+
+
+@rollout
+def agent(task):
+    emit_reward(float(task))
+
+
+if __name__ == "__main__":
+    report = Trainer(n_runners=1, concurrency=2, runs_dir=RUNS).dev(agent, [1, 2, 3])
+    print("rewards", [row.reward for row in report.rows])
+'''
+
+
+def test_dev_from_a_script_run_as_main(tmp_path):
+    """Agents defined in a script run as ``__main__`` reach the runner processes by the script's path."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "train_me.py"
+    script.write_text(SCRIPT.replace("RUNS", repr(str(tmp_path / "runs"))))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "rewards [1.0, 2.0, 3.0]" in done.stdout
