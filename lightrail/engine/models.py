@@ -57,18 +57,19 @@ MODEL_SIZES: dict[str, dict[str, int]] = {
 PAD, BOS, EOS = "<|pad|>", "<|im_start|>", "<|im_end|>"
 TOOL_MARKUP = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<tools>", "</tools>"]
 
-#: Jinja chat template of the self-built models: ChatML turns, Hermes-style tools (the same markup Qwen2.5 uses),
-#: tool results folded into a user turn inside ``<tool_response>``.
+#: Jinja chat template of the self-built models: ChatML turns, tools listed compactly as ``name(param, ...)`` inside
+#: ``<tools>`` (a few tokens instead of a JSON schema and instructions: a 512-position model cannot spend 200 tokens
+#: on boilerplate), Hermes-style ``<tool_call>`` markup for calls, tool results folded into a user turn inside
+#: ``<tool_response>``.
 TINY_CHAT_TEMPLATE = (
     "{%- if tools %}"
     "{{- '<|im_start|>system\\n' }}"
-    "{%- if messages and messages[0].role == 'system' %}{{- messages[0].content | default('', true) + '\\n\\n' }}{%- endif %}"
-    "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
-    "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
-    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within "
-    '<tool_call></tool_call> XML tags:\\n<tool_call>\\n{"name": <function-name>, "arguments": <args-json-object>}'
-    "\\n</tool_call><|im_end|>\\n' }}"
+    "{%- if messages and messages[0].role == 'system' %}{{- messages[0].content | default('', true) + '\\n' }}{%- endif %}"
+    "{{- '<tools>' }}"
+    "{%- for tool in tools %}{%- set fn = tool.function if tool.function is defined else tool %}"
+    "{{- ('\\n' if not loop.first else '') + fn.name + '(' }}"
+    "{{- (fn.parameters.properties | default({}, true)).keys() | join(', ') }}{{- ')' }}{%- endfor %}"
+    "{{- '</tools><|im_end|>\\n' }}"
     "{%- elif messages and messages[0].role == 'system' %}"
     "{{- '<|im_start|>system\\n' + messages[0].content | default('', true) + '<|im_end|>\\n' }}"
     "{%- endif %}"
@@ -201,7 +202,7 @@ def _corpus(rng: random.Random, n: int = 3000) -> list[str]:
     return docs
 
 
-def _train_tokenizer(seed: int, vocab_size: int):
+def _train_tokenizer(seed: int, vocab_size: int, extra_corpus: list[str] | None = None):
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -219,7 +220,7 @@ def _train_tokenizer(seed: int, vocab_size: int):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_corpus(rng), trainer=trainer)
+    tok.train_from_iterator(_corpus(rng) + list(extra_corpus or ()), trainer=trainer)
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_MARKUP])
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD, clean_up_tokenization_spaces=False
@@ -229,10 +230,19 @@ def _train_tokenizer(seed: int, vocab_size: int):
     return fast
 
 
-def build_tiny_model(out: str | os.PathLike, *, size: str = "tiny", seed: int = 0, vocab_size: int = 1024) -> Path:
+def build_tiny_model(
+    out: str | os.PathLike,
+    *,
+    size: str = "tiny",
+    seed: int = 0,
+    vocab_size: int = 1024,
+    extra_corpus: list[str] | None = None,
+) -> Path:
     """Build a random-weight Llama model and its locally trained tokenizer into ``out``; returns the directory.
 
     ``size`` is ``"tiny"`` (~1 M parameters, for fast tests) or ``"small"`` (~6 M). Deterministic in ``seed``.
+    ``extra_corpus`` adds text of the task the model will be trained on to the tokenizer's training data, so its
+    words become single tokens and prompts stay short.
     Takes a few seconds; nothing is downloaded.
     """
     import torch
@@ -241,7 +251,7 @@ def build_tiny_model(out: str | os.PathLike, *, size: str = "tiny", seed: int = 
     if size not in MODEL_SIZES:
         raise ValueError(f"unknown size {size!r}; choose one of {sorted(MODEL_SIZES)}")
     path = Path(out)
-    tokenizer = _train_tokenizer(seed, vocab_size)
+    tokenizer = _train_tokenizer(seed, vocab_size, extra_corpus)
     dims = MODEL_SIZES[size]
     config = LlamaConfig(
         vocab_size=len(tokenizer),

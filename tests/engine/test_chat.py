@@ -87,8 +87,8 @@ def test_native_template_renders_tools_calls_and_results(tiny_tokenizer):
     fmt = ChatFormat(tiny_tokenizer)
     assert fmt.native_tools and fmt.native_tool_calls and fmt.native_tool_results
     text = fmt.render(CONVERSATION, [ADD_TOOL])
-    assert text.startswith("<|im_start|>system\nBe brief.\n\n# Tools")
-    assert json.dumps(ADD_TOOL) in text
+    # The tiny models list tools compactly: a 512-position model cannot spend 200 tokens on a JSON schema.
+    assert text.startswith("<|im_start|>system\nBe brief.\n<tools>add(a, b)</tools><|im_end|>\n")
     assert text.endswith(EXPECTED_TAIL)
 
 
@@ -98,8 +98,9 @@ def test_hermes_fallback_for_a_template_without_tools(tiny_tokenizer):
     fmt = ChatFormat(plain)
     assert not (fmt.native_tools or fmt.native_tool_calls or fmt.native_tool_results)
     text = fmt.render(CONVERSATION, [ADD_TOOL])
-    # The fallback renders exactly what the tiny model's tool-aware template renders natively.
-    assert text == ChatFormat(tiny_tokenizer).render(CONVERSATION, [ADD_TOOL])
+    # Tools go into the system prompt as a Hermes block; calls and results render as the native template does.
+    assert text.startswith("<|im_start|>system\nBe brief.\n\n# Tools")
+    assert json.dumps(ADD_TOOL) in text
     assert text.endswith(EXPECTED_TAIL)
     without_system = fmt.render(CONVERSATION[1:], [ADD_TOOL])
     assert without_system.startswith("<|im_start|>system\n# Tools")
