@@ -91,6 +91,13 @@ class ServerProcess:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def machine_busy_s() -> float:
+    """CPU seconds all processes on the machine have used since boot (Linux /proc/stat, non-idle time)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 _SYSTEM = (
     "You are a careful assistant that solves grade-school math word problems. Think step by step, show your "
     "work briefly, and end with a line of the form 'Answer: <number>'. Never guess; if the problem is ambiguous, "
