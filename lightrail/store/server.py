@@ -538,7 +538,7 @@ class ServerHandle:
 
 
 def serve_in_thread(
-    path: str | os.PathLike[str],
+    path: str | os.PathLike[str] | Store,
     *,
     token: str | None = None,
     host: str = "127.0.0.1",
@@ -547,12 +547,13 @@ def serve_in_thread(
 ) -> ServerHandle:
     """Start a store server on its own thread and event loop and return once it answers.
 
-    The store at ``path`` (SQLite file, or ``memory:``) is created inside the server's loop. ``port`` 0 picks a
-    free one; passing a previous server's port restarts "the same server" (SO_REUSEADDR).
+    The store at ``path`` (SQLite file, or ``memory:``) is created inside the server's loop; a `Store` object is
+    served as is (and closed at stop). ``port`` 0 picks a free one; passing a previous server's port restarts
+    "the same server" (SO_REUSEADDR).
     """
     import uvicorn
 
-    app = create_app(lambda: open_server_store(path), token=token, max_body_bytes=max_body_bytes)
+    app = create_app(_store_factory(path), token=token, max_body_bytes=max_body_bytes)
     sock = _bind(host, port)
     url = _url(host, sock)
     config = _uvicorn_config(app, host, sock.getsockname()[1], timeout_graceful_shutdown=1)

@@ -287,3 +287,22 @@ async def test_lean_transport_reads_chunked_responses():
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
     )
     assert (status, reason, length, chunked, keep_alive) == (200, b"OK", None, True, False)
+
+
+async def test_unexpected_error_is_500_with_the_traceback_only_in_the_log(caplog):
+    from lightrail.store import MemoryStore
+
+    class BrokenStore(MemoryStore):
+        async def counts(self):
+            raise RuntimeError("secret internal detail")
+
+    handle = serve_in_thread(BrokenStore(), token=TOKEN)
+    try:
+        async with httpx.AsyncClient(base_url=handle.url) as http:
+            r = await http.get("/v1/counts", headers=AUTH)
+        assert r.status_code == 500
+        assert r.json()["error"]["message"] == "internal error: RuntimeError"
+        assert "secret" not in r.text
+        assert "secret internal detail" in caplog.text and "Traceback" in caplog.text
+    finally:
+        handle.stop()
