@@ -163,6 +163,24 @@ def pack_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[i
     return batches
 
 
+def _nll_loss(logp: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Negative log-likelihood of the selected tokens with the step's normalisation weights (the SFT objective),
+    with the same stats keys as `policy_loss` (ratios are 1 by definition)."""
+    loss = -(weights.to(device=logp.device, dtype=logp.dtype) * logp).sum()
+    n = logp.numel()
+    zero, one = logp.new_zeros(()), logp.new_ones(())
+    stats = {
+        "pg_loss": -logp.detach().sum() / max(n, 1),
+        "kl_ref": zero,
+        "clip_frac": zero,
+        "approx_kl": zero,
+        "ratio_mean": one,
+        "ratio_max": one,
+        "tokens": torch.tensor(n),
+    }
+    return loss, stats
+
+
 @dataclass
 class _MicroBatch:
     """Right-padded token ids plus the flat list of response tokens to score (one entry per masked token)."""
@@ -376,8 +394,18 @@ class PolicyUpdater:
 
     # -- the update -----------------------------------------------------------------------------------------------
 
-    def step(self, rows: Sequence[TrainingRow], *, current_version: int | None = None) -> dict[str, float]:
+    def step(
+        self,
+        rows: Sequence[TrainingRow],
+        *,
+        current_version: int | None = None,
+        objective: Literal["grpo", "sft"] = "grpo",
+    ) -> dict[str, float]:
         """One optimizer step over all ``rows`` (gradient accumulation over micro-batches); returns metrics.
+
+        ``objective="sft"`` trains the same rows by maximum likelihood instead (``loss = -sum_t w_t * logp_t``,
+        same packing and normalisation; advantages and old logprobs are ignored): supervised warm starts and
+        fine-tuning on the best traces share the optimizer, checkpoints and serving path with RL.
 
         With ``current_version`` and ``config.max_staleness`` set, stale rows are dropped first (`drop_stale_rows`).
         Metrics: ``loss``, ``pg_loss``, ``kl_ref``, ``clip_frac``, ``approx_kl``, ``entropy``, ``ratio_mean``,
@@ -393,7 +421,8 @@ class PolicyUpdater:
         if current_version is not None and cfg.max_staleness is not None:
             rows, n_stale = drop_stale_rows(rows, current_version, cfg.max_staleness)
         _validate(rows)
-        batches = self._prepare(rows, skip_zero_advantage=cfg.skip_zero_advantage_rows)
+        supervised = objective == "sft"
+        batches = self._prepare(rows, skip_zero_advantage=cfg.skip_zero_advantage_rows and not supervised)
         lr = self.scheduler.get_last_lr()[0]
 
         self.model.train()
@@ -401,18 +430,21 @@ class PolicyUpdater:
         sums = {"loss": 0.0, "pg_loss": 0.0, "kl_ref": 0.0, "clip_frac": 0.0, "approx_kl": 0.0, "ratio_mean": 0.0}
         ent_sum, n_tok, ratio_max, tokens = 0.0, 0, 0.0, 0
         for mb in batches:
-            ref = self._reference_logp(mb) if cfg.kl_coef else None
+            ref = self._reference_logp(mb) if cfg.kl_coef and not supervised else None
             logp, ent = self._token_logp(self.model, mb, entropy=cfg.compute_entropy)
-            loss, stats = policy_loss(
-                logp,
-                mb.old_logp,
-                mb.advantages,
-                weights=mb.weights,
-                clip_low=cfg.clip_low,
-                clip_high=cfg.clip_high,
-                ref_logp=ref,
-                kl_coef=cfg.kl_coef,
-            )
+            if supervised:
+                loss, stats = _nll_loss(logp, mb.weights)
+            else:
+                loss, stats = policy_loss(
+                    logp,
+                    mb.old_logp,
+                    mb.advantages,
+                    weights=mb.weights,
+                    clip_low=cfg.clip_low,
+                    clip_high=cfg.clip_high,
+                    ref_logp=ref,
+                    kl_coef=cfg.kl_coef,
+                )
             loss.backward()
             n = int(stats["tokens"])
             sums["loss"] += float(loss.detach())

@@ -197,3 +197,24 @@ def test_positive_advantage_raises_the_likelihood_of_the_rewarded_sequence(lora)
     after = sum(upd.token_logprobs([row])[0])
     assert after > before + 3.0, (before, after)  # random init: ~6 tokens at ~ -ln(64) each
     assert history[-1]["entropy"] < history[0]["entropy"]
+
+
+def test_sft_objective_is_the_masked_token_nll_and_learns():
+    rows = make_rows(4, seed=3)
+    model = tiny_llama(seed=1)
+    expected = 0.0
+    with torch.no_grad():  # HF's own mean NLL over the masked tokens of all rows, computed independently
+        n_tok = 0
+        for r in rows:
+            ids = torch.tensor([r.input_ids])
+            logits = model(ids).logits[0, :-1]
+            logp = torch.log_softmax(logits.double(), -1).gather(1, ids[0, 1:, None])[:, 0]
+            mask = torch.tensor(r.loss_mask[1:], dtype=torch.bool)
+            expected += float(-logp[mask].sum())
+            n_tok += int(mask.sum())
+    upd = PolicyUpdater(model, GRPOConfig(lr=1e-2, loss_norm="token", compute_entropy=False))
+    first = upd.step(rows, objective="sft")
+    assert first["loss"] == pytest.approx(expected / n_tok, rel=1e-4)
+    for _ in range(10):
+        last = upd.step(rows, objective="sft")
+    assert last["loss"] < first["loss"] - 0.5
