@@ -27,7 +27,7 @@ def add_dev_parser(subparsers: argparse._SubParsersAction) -> None:
             "'input' key), with N runner processes of K concurrent rollouts against a store server, then print "
             "a per-rollout table and failures grouped by exception type and message pattern."
         ),
-        epilog="example:\n  lightrail dev --agent examples.calculator.lit:solve --tasks tasks.jsonl --runners 2 -k 4",
+        epilog="example:\n  lightrail dev --agent my_agents:solve --tasks tasks.jsonl --runners 2 -k 4",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     dev.add_argument("--agent", required=True, metavar="MODULE:OBJECT", help="the agent, as an import reference")

@@ -139,7 +139,7 @@ def test_fit_drives_an_algorithm():
     assert "step 1" in out.getvalue() and "mean_reward=0.5" in out.getvalue()
 
 
-SCRIPT = '''
+SCRIPT = """
 from lightrail import emit_reward, rollout
 from lightrail.trainer import Trainer
 
@@ -152,7 +152,7 @@ def agent(task):
 if __name__ == "__main__":
     report = Trainer(n_runners=1, concurrency=2, runs_dir=RUNS).dev(agent, [1, 2, 3])
     print("rewards", [row.reward for row in report.rows])
-'''
+"""
 
 
 def test_dev_from_a_script_run_as_main(tmp_path):
