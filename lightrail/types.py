@@ -309,13 +309,20 @@ class LLM(msgspec.Struct, kw_only=True, tag="llm"):
     sampling: dict[str, JSON] = msgspec.field(default_factory=dict)
     """Default sampling parameters, e.g. ``{"temperature": 1.0, "max_tokens": 256}``."""
     api_key: str | None = None
+    routed: bool = True
+    """True for an endpoint served by the lightrail gateway: agents get it routed to their attempt so every call
+    is recorded. False for any other OpenAI-compatible server (an external judge, say): handed over unchanged."""
 
     def base_url(self, rollout_id: str | None = None, attempt_id: str | None = None) -> str:
-        """The base URL an agent should use; routed per attempt when ids are given (the gateway attributes
-        each call to its rollout from the path)."""
+        """The base URL an agent should use; routed per attempt when ids are given and the endpoint is a gateway
+        (the gateway attributes each call to its rollout from the path). Idempotent on a routed endpoint."""
         root = self.endpoint.rstrip("/")
+        if not self.routed:
+            return root
         if root.endswith("/v1"):
             root = root[:-3]
+        if "/rollouts/" in root:  # already routed to an attempt (what agents receive)
+            return f"{root}/v1"
         if rollout_id and attempt_id:
             return f"{root}/rollouts/{rollout_id}/attempts/{attempt_id}/v1"
         return f"{root}/v1"

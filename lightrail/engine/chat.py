@@ -153,6 +153,15 @@ class ChatFormat:
         return self._apply(msgs, tools if (tools and self.native_tools) else None)
 
 
+    def assistant_text(self, message: dict[str, Any]) -> str:
+        """The text a model generates for an assistant ``message``: its content, then one Hermes block per tool
+        call (what `parse_tool_calls` reads back). Supervised targets are built from it, so a model learns to
+        write exactly what the engine parses."""
+        (m,) = normalize_messages([message])
+        blocks = [_render_call(c["function"]) for c in m.get("tool_calls") or ()]
+        return "\n".join(([m["content"]] if m["content"] else []) + blocks)
+
+
 @dataclass(frozen=True)
 class ParsedToolCalls:
     """What `parse_tool_calls` found: the content left outside tool-call blocks, the calls, and how many blocks
