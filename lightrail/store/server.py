@@ -500,7 +500,8 @@ def serve(
 
     A path opens a SQLite file (``memory:`` an in-memory store) inside the server's loop; a `Store` object is
     served as is. Either way the store is closed when the server stops. The bound URL is printed to stdout
-    (port 0 picks a free port).
+    (port 0 picks a free port) once the socket listens, so a parent process can read it and connect at once:
+    connections made before startup finishes wait in the listen backlog.
     """
     import uvicorn
 
