@@ -43,7 +43,33 @@ _EXPORTS: dict[str, str] = {
     "Algorithm": "lightrail.trainer",
 }
 
-__all__ = sorted(_EXPORTS) + ["__version__"]
+__all__ = [
+    "Algorithm",
+    "Attempt",
+    "AttemptStatus",
+    "LLM",
+    "LitAgent",
+    "MemoryStore",
+    "PromptTemplate",
+    "Resources",
+    "RetryPolicy",
+    "Rollout",
+    "RolloutSpec",
+    "RolloutStatus",
+    "Runner",
+    "SQLiteStore",
+    "Span",
+    "Store",
+    "StoreClient",
+    "Task",
+    "Trainer",
+    "Transition",
+    "__version__",
+    "emit_event",
+    "emit_reward",
+    "open_store",
+    "rollout",
+]
 
 
 def __getattr__(name: str) -> Any:

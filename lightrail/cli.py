@@ -9,7 +9,8 @@ import sys
 
 # module providing `add_parser(subparsers)`, in --help order
 _COMMANDS = [
-    "lightrail.trainer.cli",  # demo, dev
+    "lightrail.trainer.demo",  # demo
+    "lightrail.trainer.cli",  # dev
     "lightrail.agent.cli",  # runner
     "lightrail.store.cli",  # store serve
     "lightrail.gateway.cli",  # gateway serve

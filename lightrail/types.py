@@ -92,7 +92,7 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:20]}"
 
 
-class RolloutStatus(str, enum.Enum):
+class RolloutStatus(enum.StrEnum):
     QUEUED = "queued"
     RUNNING = "running"
     SUCCEEDED = "succeeded"
@@ -108,7 +108,7 @@ class RolloutStatus(str, enum.Enum):
         return self not in (RolloutStatus.QUEUED, RolloutStatus.RUNNING)
 
 
-class AttemptStatus(str, enum.Enum):
+class AttemptStatus(enum.StrEnum):
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
@@ -260,7 +260,7 @@ class Lease(msgspec.Struct, kw_only=True):
     attempt: Attempt
 
 
-class StatusCode(str, enum.Enum):
+class StatusCode(enum.StrEnum):
     UNSET = "unset"
     OK = "ok"
     ERROR = "error"

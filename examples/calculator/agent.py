@@ -54,7 +54,9 @@ def parse_answer(text: str | None) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def solve(question: str, *, base_url: str, model: str, api_key: str = "none", max_turns: int = 3, **sampling) -> int | None:
+def solve(
+    question: str, *, base_url: str, model: str, api_key: str = "none", max_turns: int = 3, **sampling
+) -> int | None:
     """Run the agent on one question; returns the number it answered, or None if it never answered."""
     client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
     messages: list[dict] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]

@@ -31,15 +31,23 @@ def _corrupt(expression: str, rng: random.Random) -> str:
     return expression[:i] + {"+": "-", "-": "+", "*": "+"}[expression[i]] + expression[i + 1 :]
 
 
-def demonstration(problem: dict, rng: random.Random, *, p_skip_tool: float = 0.25, p_bad_expression: float = 0.2) -> list[dict]:
+def demonstration(
+    problem: dict, rng: random.Random, *, p_skip_tool: float = 0.25, p_bad_expression: float = 0.2
+) -> list[dict]:
     """One conversation (OpenAI messages) solving ``problem`` the way the teacher would."""
     messages: list[dict] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": problem["question"]}]
     roll = rng.random()
     if roll < p_skip_tool:
         messages.append({"role": "assistant", "content": f"Answer: {_slip(problem['answer'], rng)}"})
         return messages
-    expression = problem["expression"] if roll >= p_skip_tool + p_bad_expression else _corrupt(problem["expression"], rng)
-    call = {"id": "call_0", "type": "function", "function": {"name": "calculator", "arguments": json.dumps({"expression": expression})}}
+    expression = (
+        problem["expression"] if roll >= p_skip_tool + p_bad_expression else _corrupt(problem["expression"], rng)
+    )
+    call = {
+        "id": "call_0",
+        "type": "function",
+        "function": {"name": "calculator", "arguments": json.dumps({"expression": expression})},
+    }
     result = calculate(expression)
     messages += [
         {"role": "assistant", "content": "", "tool_calls": [call]},

@@ -23,30 +23,50 @@ def conversation_rows(
     *,
     tools: list[dict[str, Any]] | None = None,
     max_len: int | None = None,
+    merge: bool = True,
 ) -> list[TrainingRow]:
-    """One row per assistant turn of every conversation: prompt tokens masked out, the turn's tokens and EOS
-    trained. Rows longer than ``max_len`` tokens are dropped (a model cannot attend past its positions)."""
+    """Rows that teach every assistant turn of every conversation: prompt and environment tokens masked out, the
+    turn's tokens and EOS trained.
+
+    With ``merge`` (default) the turns of a conversation share one row whenever the next turn's prompt tokens start
+    with the row so far (the tool result and the next turn opener are appended as masked context), which is how
+    the model sees a multi-turn run and costs each prompt token once; otherwise a new row starts. Rows longer than
+    ``max_len`` tokens are dropped (a model cannot attend past its positions).
+    """
     chat = ChatFormat(tokenizer)
     eos = tokenizer.eos_token_id
     rows: list[TrainingRow] = []
     for c, conversation in enumerate(conversations):
+        ids: list[int] = []
+        mask: list[int] = []
         for i, message in enumerate(conversation):
             if message.get("role") != "assistant":
                 continue
             prompt = tokenizer(chat.render(list(conversation[:i]), tools), add_special_tokens=False).input_ids
             target = tokenizer(chat.assistant_text(message), add_special_tokens=False).input_ids + [eos]
-            ids = prompt + target
-            if max_len is not None and len(ids) > max_len:
-                continue
-            mask = [0] * len(prompt) + [1] * len(target)
-            rows.append(
-                TrainingRow(
-                    input_ids=ids,
-                    loss_mask=mask,
-                    old_logprobs=[0.0] * len(ids),
-                    advantages=[float(m) for m in mask],
-                    rollout_id=f"sft-{c}",
-                    group_id=f"sft-{c}",
-                )
-            )
+            if merge and ids and prompt[: len(ids)] == ids:
+                context = prompt[len(ids) :]
+            else:
+                _append_row(rows, ids, mask, c, max_len)
+                ids, mask, context = [], [], prompt
+            ids += context + target
+            mask += [0] * len(context) + [1] * len(target)
+        _append_row(rows, ids, mask, c, max_len)
     return rows
+
+
+def _append_row(
+    rows: list[TrainingRow], ids: list[int], mask: list[int], conversation: int, max_len: int | None
+) -> None:
+    if not ids or (max_len is not None and len(ids) > max_len):
+        return
+    rows.append(
+        TrainingRow(
+            input_ids=ids,
+            loss_mask=mask,
+            old_logprobs=[0.0] * len(ids),
+            advantages=[float(m) for m in mask],
+            rollout_id=f"sft-{conversation}",
+            group_id=f"sft-{conversation}",
+        )
+    )

@@ -152,7 +152,6 @@ class ChatFormat:
             msgs = [{k: v for k, v in m.items() if k != "_tool_results"} for m in merged]
         return self._apply(msgs, tools if (tools and self.native_tools) else None)
 
-
     def assistant_text(self, message: dict[str, Any]) -> str:
         """The text a model generates for an assistant ``message``: its content, then one Hermes block per tool
         call (what `parse_tool_calls` reads back). Supervised targets are built from it, so a model learns to

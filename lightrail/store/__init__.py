@@ -13,7 +13,14 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from lightrail.store.base import ConflictError, NotFoundError, StaleAttemptError, Store, StoreError
+from lightrail.store.base import (
+    ConflictError,
+    NotFoundError,
+    StaleAttemptError,
+    Store,
+    StoreError,
+    StoreUnavailableError,
+)
 from lightrail.store.memory import MemoryStore
 
 __all__ = [
@@ -26,6 +33,7 @@ __all__ = [
     "Store",
     "StoreClient",
     "StoreError",
+    "StoreUnavailableError",
     "SyncStoreClient",
     "open_store",
 ]
@@ -53,7 +61,7 @@ def open_store(url: str, *, token: str | None = None) -> Store:
         from lightrail.store.client import StoreClient
 
         return StoreClient(url, token=token)
-    from lightrail.store.sqlite import SchemaVersionError, SQLiteStore
+    from lightrail.store.sqlite import SQLiteStore
 
     return SQLiteStore(url.removeprefix("sqlite://"))
 

@@ -32,7 +32,15 @@ from lightrail.types import (
     Span,
 )
 
-__all__ = ["Store", "StoreError", "NotFoundError", "ConflictError", "StaleAttemptError", "IllegalTransitionError"]
+__all__ = [
+    "ConflictError",
+    "IllegalTransitionError",
+    "NotFoundError",
+    "StaleAttemptError",
+    "Store",
+    "StoreError",
+    "StoreUnavailableError",
+]
 
 
 class StoreError(Exception):
@@ -54,6 +62,13 @@ class ConflictError(StoreError):
     """The write contradicts what is stored (same id, different content)."""
 
     http_status = 409
+
+
+class StoreUnavailableError(StoreError):
+    """The store could not be reached (or kept answering 502/503/504) through every retry. Transient by nature:
+    callers that must not lose data (span recorders, batchers) retry it."""
+
+    http_status = 503
 
 
 class StaleAttemptError(ConflictError):

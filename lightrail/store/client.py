@@ -51,7 +51,7 @@ from lightrail.store._wire import (
     SpansResponse,
     WaitRequest,
 )
-from lightrail.store.base import ConflictError, NotFoundError, StaleAttemptError, StoreError
+from lightrail.store.base import ConflictError, NotFoundError, StaleAttemptError, StoreError, StoreUnavailableError
 from lightrail.types import (
     Attempt,
     AttemptStatus,
@@ -69,12 +69,6 @@ from lightrail.types import (
 __all__ = ["LeanHTTPTransport", "StoreClient", "StoreUnavailableError", "SyncStoreClient"]
 
 T = TypeVar("T")
-
-
-class StoreUnavailableError(StoreError):
-    """The store server could not be reached (or kept answering 502/503/504) through every retry."""
-
-    http_status = 503
 
 
 _encode = msgspec.json.Encoder().encode

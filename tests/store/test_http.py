@@ -14,9 +14,8 @@ import httpx
 import msgspec
 import pytest
 
-from lightrail.store import NotFoundError, StaleAttemptError, StoreClient, SyncStoreClient
+from lightrail.store import NotFoundError, StaleAttemptError, StoreClient, StoreUnavailableError, SyncStoreClient
 from lightrail.store._wire import ROUTES
-from lightrail.store.client import StoreUnavailableError
 from lightrail.store.server import serve_in_thread
 from lightrail.types import (
     LLM,

@@ -1,0 +1,7 @@
+"""``python -m lightrail`` is the ``lightrail`` command."""
+
+import sys
+
+from lightrail.cli import main
+
+sys.exit(main())

@@ -1,0 +1,441 @@
+"""`GRPO`: the reinforcement-learning `Algorithm` — rollouts through the real loop, group advantages, policy
+updates, new weights served, repeat.
+
+One step::
+
+    tasks ──run_rollouts(n samples each)──► runners ──► gateway ──► Engine (this process, current weights)
+      spans of each rollout's final attempt ──build_episode──► select_trainable ──group_advantages──► to_rows
+      PolicyUpdater.step (GRPO loss, in a worker thread) ──state_dict_for_serving──► Engine.update_weights
+      (policy version + 1) ──► publish a new resources version ──► next step
+
+The engine and the gateway run inside the trainer process (the engine must receive the weights the updater
+produces); runners are separate processes that reach the gateway over HTTP, exactly as a user's agent on another
+machine would. Steps are synchronous (collect, then update), so every sample is on-policy; rows older than
+``max_staleness`` versions would be dropped and counted.
+
+Concurrency model: coroutines on the trainer's event loop; the engine's forward passes and the policy update each
+run in their own worker thread, so the loop keeps serving HTTP while either computes.
+
+Outputs under ``out_dir``: ``metrics.jsonl`` (one line per step and per validation), TensorBoard events in
+``tb/``, ``reward_curve.png`` at the end, checkpoints in ``checkpoints/step-N`` (updater + loop state; `GRPO` with
+``resume=True`` continues from the newest one), and ``report.json``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lightrail.adapters import (
+    AgentFilter,
+    CreditAssignment,
+    PerTurn,
+    ToolRewardRule,
+    build_episode,
+    group_advantages,
+    select_trainable,
+    to_rows,
+)
+from lightrail.types import LLM, Rollout, RolloutStatus, Span, Task
+
+if TYPE_CHECKING:
+    from lightrail.algorithms.grpo import GRPOConfig
+    from lightrail.trainer.algorithm import TrainerContext
+
+__all__ = ["GRPO"]
+
+_LOOP_STATE = "loop_state.json"
+
+
+class GRPO:
+    """Group Relative Policy Optimization over real agent rollouts.
+
+    ``model`` is a local Hugging Face directory (see `lightrail.engine.models.prepare_model`). Each step samples
+    ``tasks_per_step`` training tasks and runs ``n_samples`` rollouts of each (a GRPO group), with the engine
+    sampling by ``sampling`` (OpenAI parameters handed to the agent through its `LLM` resource). Validation runs
+    every val task once with ``val_sampling`` (greedy by default) before training, every ``val_every`` steps and
+    at the end; a rollout counts as a success when its reward is at least ``success_threshold``.
+
+        >>> grpo = GRPO("runs/warm", config=GRPOConfig(lr=5e-4), steps=60)                # doctest: +SKIP
+        >>> Trainer(n_runners=2, concurrency=8, algorithm=grpo).fit(agent, train, val)  # doctest: +SKIP
+        >>> grpo.report["val_after"]                                                      # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        config: GRPOConfig | None = None,
+        steps: int = 50,
+        tasks_per_step: int = 8,
+        n_samples: int = 8,
+        sampling: dict[str, Any] | None = None,
+        val_sampling: dict[str, Any] | None = None,
+        val_every: int = 10,
+        credit: CreditAssignment | None = None,
+        tool_rewards: ToolRewardRule | None = None,
+        agents: AgentFilter | None = None,
+        merge_calls: bool = False,
+        success_threshold: float = 1.0,
+        out_dir: str | Path = "runs/grpo",
+        checkpoint_every: int = 10,
+        resume: bool = False,
+        served_name: str = "policy",
+        seed: int = 0,
+        engine_options: dict[str, Any] | None = None,
+    ) -> None:
+        if steps < 0 or tasks_per_step < 1 or n_samples < 1:
+            raise ValueError("steps must be >= 0, tasks_per_step and n_samples >= 1")
+        self.model = Path(model)
+        self.config = config
+        self.steps = steps
+        self.tasks_per_step = tasks_per_step
+        self.n_samples = n_samples
+        self.sampling = {"temperature": 1.0, "max_tokens": 64, **(sampling or {})}
+        self.val_sampling = {"temperature": 0.0, "max_tokens": 64, **(val_sampling or {})}
+        self.val_every = val_every
+        self.credit = credit or PerTurn()
+        self.tool_rewards = tool_rewards
+        self.agents = agents
+        self.merge_calls = merge_calls
+        self.success_threshold = success_threshold
+        self.out_dir = Path(out_dir)
+        self.checkpoint_every = checkpoint_every
+        self.resume = resume
+        self.served_name = served_name
+        self.seed = seed
+        self.engine_options = engine_options or {}
+        self.report: dict[str, Any] = {}
+        self.step = 0
+        self._rng = random.Random(seed)
+        self._order: list[int] = []
+        self._history: list[dict[str, Any]] = []
+        self._engine: Any = None
+        self._updater: Any = None
+        self._gateway: Any = None
+        self._llm: LLM | None = None
+        self._tb: Any = None
+
+    # -- Algorithm protocol ------------------------------------------------------------------------------------
+
+    async def setup(self, ctx: TrainerContext) -> None:
+        """Load the engine and the updater, resume from the newest checkpoint if asked, start the gateway and
+        publish the policy's endpoint."""
+        from lightrail.algorithms.grpo import GRPOConfig, PolicyUpdater
+        from lightrail.engine import Engine
+
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        config = self.config or GRPOConfig()
+        if "temperature" in self.sampling and self.sampling["temperature"] > 0:
+            # The engine reports logprobs of the temperature-scaled distribution; the ratio must use the same one.
+            config = _replace(config, temperature=float(self.sampling["temperature"]))
+        self._engine = await asyncio.to_thread(Engine.from_pretrained, str(self.model), **self.engine_options)
+        self._updater = await asyncio.to_thread(PolicyUpdater, str(self.model), config)
+        checkpoint = self._latest_checkpoint() if self.resume else None
+        if checkpoint is not None:
+            await asyncio.to_thread(self._updater.load, checkpoint)
+            state = json.loads((checkpoint / _LOOP_STATE).read_text())
+            self.step, self._order, self._history = state["step"], state["order"], state["history"]
+            self._rng.setstate(_rng_state(state["rng"]))
+            await self._engine.update_weights(self._updater.state_dict_for_serving(), version=state["policy_version"])
+        self._gateway = await _GatewayServer.start(self._engine, ctx.store)
+        self._llm = LLM(
+            endpoint=self._gateway.url, model=self.served_name, sampling=self.sampling, api_key=self._gateway.token
+        )
+        self._tb = _tensorboard(self.out_dir / "tb")
+
+    async def run(self, ctx: TrainerContext) -> None:
+        """Validate, train for ``steps`` steps (validating every ``val_every``), validate again, write the report."""
+        if not ctx.train_tasks:
+            raise ValueError("GRPO needs training tasks")
+        started = time.monotonic()
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        val_before = self._last_val() if self.step else await self._validate(ctx)
+        with Progress(
+            TextColumn("[bold]GRPO[/bold]"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[status]}"),
+            transient=False,
+        ) as progress:
+            bar = progress.add_task("steps", total=self.steps, completed=self.step, status="")
+            while self.step < self.steps:
+                metrics = await self._train_step(ctx)
+                status = f"reward {metrics['reward_mean']:.3f}  success {metrics['success_rate']:.0%}"
+                if self.val_every and self.step % self.val_every == 0 and self.step < self.steps:
+                    val = await self._validate(ctx)
+                    status += f"  val {val:.0%}" if val is not None else ""
+                if self.checkpoint_every and self.step % self.checkpoint_every == 0:
+                    await self._checkpoint()
+                progress.update(bar, completed=self.step, status=status)
+        val_after = await self._validate(ctx)
+        checkpoint = await self._checkpoint()
+        self.report = {
+            "val_before": val_before,
+            "val_after": val_after,
+            "steps": self.step,
+            "train_minutes": (time.monotonic() - started) / 60,
+            "checkpoint": str(checkpoint),
+            "reward_curve": str(_plot(self._history, self.out_dir / "reward_curve.png")),
+            "metrics": str(self.out_dir / "metrics.jsonl"),
+        }
+        (self.out_dir / "report.json").write_text(json.dumps(self.report, indent=2))
+
+    async def close(self) -> None:
+        if self._gateway is not None:
+            await self._gateway.stop()
+            self._gateway = None
+        if self._engine is not None:
+            await self._engine.close()
+            self._engine = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+    # -- steps -----------------------------------------------------------------------------------------------
+
+    async def _train_step(self, ctx: TrainerContext) -> dict[str, Any]:
+        t0 = time.monotonic()
+        version = await ctx.publish({"llm": self._llm})
+        tasks = self._next_tasks(ctx.train_tasks)
+        rollouts = await ctx.run_rollouts(
+            tasks, mode="train", n_samples=self.n_samples, resources_version=version.version
+        )
+        t_rollouts = time.monotonic() - t0
+        episodes = {
+            r.rollout_id: build_episode(s, tool_rewards_rule=self.tool_rewards)
+            for r, s in await self._spans(ctx, rollouts)
+        }
+        trainable, excluded = select_trainable(rollouts, episodes)
+        transitions, groups = group_advantages(
+            ((r, episodes[r.rollout_id]) for r in trainable), self.credit, agents=self.agents
+        )
+        rows, drift = to_rows(transitions, merge=self.merge_calls)
+        update = await asyncio.to_thread(self._updater.step, rows, current_version=self._engine.policy_version)
+        t_update = time.monotonic() - t0 - t_rollouts
+        if not update["skipped"]:
+            state = await asyncio.to_thread(self._updater.state_dict_for_serving)
+            await self._engine.update_weights(state, version=self._engine.policy_version + 1)
+        self.step += 1
+        rewards = [r.reward if r.reward is not None else 0.0 for r in trainable]
+        advantages = [t.advantage for t in transitions if t.advantage is not None]
+        metrics = {
+            "kind": "train",
+            "step": self.step,
+            "policy_version": self._engine.policy_version,
+            "reward_mean": statistics.fmean(rewards) if rewards else 0.0,
+            "success_rate": _success(trainable, self.success_threshold),
+            "rollouts": len(rollouts),
+            "excluded": excluded.total,
+            **{f"excluded_{reason}": n for reason, n in excluded.counts.items()},
+            "zero_std_groups": groups.zero_std_groups,
+            "transitions": len(transitions),
+            "drift_breaks": sum(d.breaks for d in drift),
+            "adv_mean": statistics.fmean(advantages) if advantages else 0.0,
+            "adv_std": statistics.pstdev(advantages) if len(advantages) > 1 else 0.0,
+            "adv_abs_max": max((abs(a) for a in advantages), default=0.0),
+            "loss": update["loss"],
+            "kl": update["approx_kl"],
+            "kl_ref": update["kl_ref"],
+            "entropy": update["entropy"],
+            "clip_frac": update["clip_frac"],
+            "grad_norm": update["grad_norm"],
+            "update_tokens_per_s": update["tokens_per_s"],
+            "dropped_stale": update["rows_stale_dropped"],
+            "rollout_s": t_rollouts,
+            "update_s": t_update,
+            "step_s": time.monotonic() - t0,
+        }
+        self._record(metrics)
+        return metrics
+
+    async def _validate(self, ctx: TrainerContext) -> float | None:
+        if not ctx.val_tasks:
+            return None
+        llm = LLM(
+            endpoint=self._llm.endpoint, model=self._llm.model, sampling=self.val_sampling, api_key=self._llm.api_key
+        )
+        version = await ctx.publish({"llm": llm})
+        rollouts = await ctx.run_rollouts(ctx.val_tasks, mode="val", resources_version=version.version)
+        finished = [
+            r for r in rollouts if r.status in (RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.TIMEOUT)
+        ]
+        success = _success(finished, self.success_threshold)
+        self._record(
+            {
+                "kind": "val",
+                "step": self.step,
+                "policy_version": self._engine.policy_version,
+                "val_success": success,
+                "val_rollouts": len(rollouts),
+                "val_infra_excluded": len(rollouts) - len(finished),
+            }
+        )
+        return success
+
+    async def _spans(self, ctx: TrainerContext, rollouts: Sequence[Rollout]) -> list[tuple[Rollout, list[Span]]]:
+        """Spans of each rollout's last attempt (earlier attempts were lost or failed in the infrastructure)."""
+        limit = asyncio.Semaphore(16)
+
+        async def one(rollout: Rollout) -> tuple[Rollout, list[Span]]:
+            async with limit:
+                attempts = await ctx.store.query_attempts(rollout.rollout_id)
+                if not attempts:
+                    return rollout, []
+                return rollout, await ctx.store.query_spans(rollout.rollout_id, attempts[-1].attempt_id)
+
+        return list(await asyncio.gather(*(one(r) for r in rollouts)))
+
+    def _next_tasks(self, tasks: Sequence[Task]) -> list[Task]:
+        """The next ``tasks_per_step`` tasks of a seeded shuffle, reshuffled each epoch (resumable: the order and the
+        RNG are checkpointed)."""
+        picked = []
+        while len(picked) < min(self.tasks_per_step, len(tasks)):
+            if not self._order:
+                self._order = list(range(len(tasks)))
+                self._rng.shuffle(self._order)
+            picked.append(tasks[self._order.pop()])
+        return picked
+
+    # -- records ---------------------------------------------------------------------------------------------
+
+    def _record(self, metrics: dict[str, Any]) -> None:
+        self._history.append(metrics)
+        with (self.out_dir / "metrics.jsonl").open("a") as f:
+            f.write(json.dumps(metrics) + "\n")
+        if self._tb is not None:
+            prefix = metrics["kind"]
+            for key, value in metrics.items():
+                if isinstance(value, int | float) and key not in ("step", "kind") and math.isfinite(value):
+                    self._tb.add_scalar(f"{prefix}/{key}", value, metrics["step"])
+            self._tb.flush()
+
+    def _last_val(self) -> float | None:
+        vals = [m["val_success"] for m in self._history if m["kind"] == "val"]
+        return vals[0] if vals else None
+
+    async def _checkpoint(self) -> Path:
+        path = self.out_dir / "checkpoints" / f"step-{self.step}"
+        await asyncio.to_thread(self._updater.save, path)
+        state = {
+            "step": self.step,
+            "order": self._order,
+            "rng": _jsonable_rng(self._rng.getstate()),
+            "history": self._history,
+            "policy_version": self._engine.policy_version,
+        }
+        (path / _LOOP_STATE).write_text(json.dumps(state))
+        return path
+
+    def _latest_checkpoint(self) -> Path | None:
+        root = self.out_dir / "checkpoints"
+        found = [p for p in root.glob("step-*") if (p / _LOOP_STATE).exists()] if root.exists() else []
+        return max(found, key=lambda p: int(p.name.split("-")[1]), default=None)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class _GatewayServer:
+    """The gateway app served by uvicorn inside the current event loop, on a free loopback port, with a token."""
+
+    def __init__(self, server: Any, task: asyncio.Task, url: str, token: str, app: Any):
+        self._server, self._task, self.url, self.token, self._app = server, task, url, token, app
+
+    @classmethod
+    async def start(cls, engine: Any, store: Any) -> _GatewayServer:
+        import secrets
+        import socket
+
+        import uvicorn
+
+        from lightrail.gateway import create_gateway_app
+
+        token = secrets.token_urlsafe(16)
+        app = create_gateway_app(engine, store, token=token)
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+        server = uvicorn.Server(config)
+        task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
+        while not server.started:
+            if task.done():
+                task.result()  # raises the startup error
+            await asyncio.sleep(0.01)
+        host, port = sock.getsockname()[:2]
+        return cls(server, task, f"http://{host}:{port}/v1", token, app)
+
+    async def stop(self) -> None:
+        self._server.should_exit = True
+        await self._task
+
+
+def _success(rollouts: Sequence[Rollout], threshold: float) -> float:
+    if not rollouts:
+        return 0.0
+    return sum(1 for r in rollouts if r.reward is not None and r.reward >= threshold) / len(rollouts)
+
+
+def _replace(config: Any, **changes: Any) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(config, **changes)
+
+
+def _jsonable_rng(state: tuple) -> list:
+    version, internal, gauss = state
+    return [version, list(internal), gauss]
+
+
+def _rng_state(data: list) -> tuple:
+    version, internal, gauss = data
+    return (version, tuple(internal), gauss)
+
+
+def _tensorboard(path: Path) -> Any:
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # tensorboard not installed: metrics.jsonl still has everything
+        return None
+    return SummaryWriter(str(path))
+
+
+def _plot(history: list[dict[str, Any]], path: Path) -> Path:
+    """Reward and success per training step, with validation success on top: the curve people look at."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    train = [m for m in history if m["kind"] == "train"]
+    val = [m for m in history if m["kind"] == "val"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if train:
+        ax.plot([m["step"] for m in train], [m["reward_mean"] for m in train], label="train reward (mean)", alpha=0.6)
+        ax.plot([m["step"] for m in train], [m["success_rate"] for m in train], label="train success", alpha=0.6)
+    if val:
+        ax.plot(
+            [m["step"] for m in val],
+            [m["val_success"] for m in val],
+            "o-",
+            label="held-out success (greedy)",
+            linewidth=2,
+        )
+    ax.set_xlabel("GRPO step")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    ax.set_title("lightrail GRPO")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,54 @@
+"""``lightrail demo``: train the bundled calculator agent on this machine's CPU (see examples/calculator/demo.py)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "demo",
+        help="train the bundled calculator agent with GRPO on the CPU (the README's main command)",
+        description=(
+            "Build a small model (or load SmolLM2-135M-Instruct), warm-start it on an imperfect teacher, then train "
+            "it with GRPO through real runner processes, the gateway, the embedded engine and a SQLite store. "
+            "Prints held-out success before and after, and where the reward curve and checkpoint are."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--model", choices=["small", "tiny", "smollm2"], default="small",
+                        help="small: ~6M-parameter Llama built here (default); smollm2: packaged SmolLM2-135M with LoRA")  # fmt: skip
+    parser.add_argument("--quick", action="store_true", help="a minutes-long variant (what the end-to-end test runs)")
+    parser.add_argument("--steps", type=int, default=None, help="GRPO steps (default: 40, quick: 6)")
+    parser.add_argument("--sft-steps", type=int, default=None, help="supervised warm-start steps (smollm2: 0)")
+    parser.add_argument("--runners", type=int, default=2, help="runner processes")
+    parser.add_argument("-k", "--concurrency", type=int, default=8, help="rollouts at once per runner")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=None, help="run directory (default: runs/demo-<time>)")
+    parser.set_defaults(handler=_demo)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    try:
+        from examples.calculator.demo import DemoSettings, run_demo
+    except ModuleNotFoundError as exc:
+        raise SystemExit(
+            f"lightrail demo needs the repository's examples/ (not importable: {exc}); run it from a checkout "
+            "installed with `pip install -e .[train]` (scripts/demo does this)"
+        ) from None
+    overrides = {"runners": args.runners, "concurrency": args.concurrency, "seed": args.seed}
+    if args.steps is not None:
+        overrides["grpo_steps"] = args.steps
+    if args.sft_steps is not None:
+        overrides["sft_steps"] = args.sft_steps
+    if args.out is not None:
+        overrides["out"] = args.out
+    if args.model == "smollm2":
+        settings = DemoSettings.smollm2(**overrides)
+    elif args.quick:
+        settings = DemoSettings.quick(model=args.model, **overrides)
+    else:
+        settings = DemoSettings(model=args.model, **overrides)
+    run_demo(settings)
+    return 0
