@@ -28,6 +28,24 @@ CALCULATOR = {
     },
 }
 
+#: One worked example (a real conversation with one tool call) for models that need to be shown the format once.
+ONE_SHOT: list[dict] = [
+    {"role": "user", "content": "Ana has 12 pens and buys 30 more. How many pens does Ana have now?"},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "calculator", "arguments": '{"expression": "12+30"}'},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": "42"},
+    {"role": "assistant", "content": "Answer: 42"},
+]
+
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.USub: operator.neg}
 
 
@@ -55,11 +73,23 @@ def parse_answer(text: str | None) -> int | None:
 
 
 def solve(
-    question: str, *, base_url: str, model: str, api_key: str = "none", max_turns: int = 3, **sampling
+    question: str,
+    *,
+    base_url: str,
+    model: str,
+    api_key: str = "none",
+    max_turns: int = 3,
+    examples: list[dict] | None = None,
+    **sampling,
 ) -> int | None:
-    """Run the agent on one question; returns the number it answered, or None if it never answered."""
+    """Run the agent on one question; returns the number it answered, or None if it never answered.
+    ``examples`` (e.g. `ONE_SHOT`) go between the system prompt and the question."""
     client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
-    messages: list[dict] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+    messages: list[dict] = [
+        {"role": "system", "content": SYSTEM},
+        *(examples or []),
+        {"role": "user", "content": question},
+    ]
     for _ in range(max_turns):
         response = client.chat.completions.create(model=model, messages=messages, tools=[CALCULATOR], **sampling)
         message = response.choices[0].message

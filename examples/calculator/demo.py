@@ -25,6 +25,7 @@ from examples.calculator.data import make_splits
 from examples.calculator.teacher import demonstrations
 
 AGENT = "examples.calculator.train:calculator_agent"
+AGENT_ONE_SHOT = "examples.calculator.train:calculator_agent_one_shot"
 
 
 @dataclass
@@ -46,6 +47,7 @@ class DemoSettings:
     concurrency: int = 8
     seed: int = 0
     lora: bool = False
+    agent: str = AGENT
     out: Path = field(default_factory=lambda: Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S"))
 
     @classmethod
@@ -55,7 +57,10 @@ class DemoSettings:
 
     @classmethod
     def smollm2(cls, **overrides: Any) -> DemoSettings:
-        base = dict(model="smollm2", sft_steps=0, lora=True, grpo_lr=2e-4, tasks_per_step=4, n_samples=8, grpo_steps=30)
+        base = dict(
+            model="smollm2", sft_steps=0, lora=True, grpo_lr=2e-4, tasks_per_step=4, n_samples=8, grpo_steps=12,
+            n_val=100, val_every=0, concurrency=8, agent=AGENT_ONE_SHOT,
+        )  # fmt: skip
         return cls(**{**base, **overrides})
 
 
@@ -161,7 +166,7 @@ def run_demo(settings: DemoSettings, console: Any = None) -> dict[str, Any]:
         retry=RetryPolicy(lease_s=60, max_attempts=3),
         console=console,
     )
-    trainer.fit(AGENT, train, val)
+    trainer.fit(settings.agent, train, val)
     report = {**grpo.report, "model": settings.model, "wall_minutes": (time.monotonic() - started) / 60}
     (settings.out / "report.json").write_text(json.dumps(report, indent=2))
     before, after = report["val_before"], report["val_after"]
