@@ -8,7 +8,7 @@ path attributes each call to its attempt.
 * `create_gateway_app` -- the ASGI app (Starlette), served by uvicorn (`lightrail gateway serve`).
 * `Backend` -- what the gateway forwards to; `OpenAIUpstream` (vLLM or any OpenAI-compatible server),
   `ScriptedBackend` (a fake for tests and benchmarks), or the embedded engine (`lightrail.engine.Engine`).
-* `SpanRecorder` -- batched, retrying span writes into a `Store`, off the request path.
+* Spans are written off the request path by a `lightrail.tracing.SpanBatcher` (batched, retried, never dropped).
 """
 
 from __future__ import annotations
@@ -16,14 +16,12 @@ from __future__ import annotations
 from lightrail.gateway.app import create_gateway_app
 from lightrail.gateway.backends import Backend, OpenAIUpstream, UpstreamError
 from lightrail.gateway.fake import ScriptedBackend, ScriptedReply
-from lightrail.gateway.recorder import SpanRecorder
 
 __all__ = [
     "Backend",
     "OpenAIUpstream",
     "ScriptedBackend",
     "ScriptedReply",
-    "SpanRecorder",
     "UpstreamError",
     "create_gateway_app",
 ]

@@ -16,7 +16,7 @@ runner/heartbeat race into agent errors.
 
 Every routed call that passed auth and the attempt check is recorded as one `Span` named
 ``Attr.SPAN_LLM_CALL`` -- failed calls too, with status ERROR and the error message. Spans go to a
-`SpanRecorder` that writes them in batches in the background: the request path has no store round trip.
+`lightrail.tracing.SpanBatcher` (the runner's batcher) that writes them in batches in the background: the request path has no store round trip.
 
 Concurrency model: single event loop; the state shared between requests (attempt cache, seq counter) is
 only touched between awaits; span seqs come from `lightrail.types.next_seq`, the counter the runner uses too. Nothing is logged per request at INFO.
@@ -51,9 +51,9 @@ from lightrail.gateway.openai_api import (
     parse_chat,
     parse_completion,
 )
-from lightrail.gateway.recorder import SpanRecorder
 from lightrail.gateway.sse import CHUNK_CHARS, chat_stream, completion_stream
 from lightrail.store.base import NotFoundError, Store
+from lightrail.tracing import SpanBatcher
 from lightrail.types import Attr, BackendError, Span, SpanStatus, StatusCode, next_seq
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "create_gateway_app"]
@@ -83,7 +83,7 @@ class _Gateway:
         self,
         backend: Backend,
         store: Store,
-        recorder: SpanRecorder,
+        recorder: SpanBatcher,
         *,
         max_body_bytes: int,
         stream_chunk_chars: int,
@@ -223,9 +223,8 @@ class _Gateway:
             log.exception("backend failed on %s", endpoint)
             http = _error(500, "The model backend failed; see the gateway's log.", type="server_error")
         if attempt is not None:
-            await self.recorder.record(
-                _call_span(attempt, seq, endpoint, start, data, body, generation, response, failure)
-            )
+            await self.recorder.wait_capacity()  # backpressure: agents slow down to the store's pace
+            self.recorder.submit(_call_span(attempt, seq, endpoint, start, data, body, generation, response, failure))
         return http
 
 
@@ -315,13 +314,13 @@ def create_gateway_app(
     *,
     token: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    recorder: SpanRecorder | None = None,
+    recorder: SpanBatcher | None = None,
     stream_chunk_chars: int = CHUNK_CHARS,
 ) -> Starlette:
     """Build the gateway ASGI app: OpenAI-compatible routes over ``backend``, spans into ``store``.
 
     ``token``: require ``Authorization: Bearer <token>`` (the agent's ``api_key``) on every route but
-    ``/health``. ``recorder``: a `SpanRecorder` to share or tune (default: one over ``store``); the app flushes
+    ``/health``. ``recorder``: a `lightrail.tracing.SpanBatcher` to share or tune (default: one over ``store``); the app flushes
     it at shutdown and closes it if it created it. The backend and the store belong to the caller.
 
     Streams are replayed from complete generations (see `lightrail.gateway.sse`), so a streamed call records
@@ -334,7 +333,7 @@ def create_gateway_app(
         # agent: OpenAI(base_url=LLM(endpoint=...).base_url(rollout_id, attempt_id), api_key="secret")
     """
     own_recorder = recorder is None
-    recorder = recorder or SpanRecorder(store)
+    recorder = recorder or SpanBatcher(store, linger_s=0.002, max_pending=20_000)
     gateway = _Gateway(backend, store, recorder, max_body_bytes=max_body_bytes, stream_chunk_chars=stream_chunk_chars)
 
     @contextlib.asynccontextmanager
