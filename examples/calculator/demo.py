@@ -35,13 +35,14 @@ class DemoSettings:
     model: str = "small"
     n_train: int = 2000
     n_val: int = 200
-    sft_steps: int = 120
+    sft_steps: int = 300
     sft_batch: int = 32
-    sft_lr: float = 2e-3
-    grpo_steps: int = 40
+    sft_lr: float = 1e-3
+    grpo_steps: int = 60
     tasks_per_step: int = 8
     n_samples: int = 8
-    grpo_lr: float = 5e-4
+    grpo_lr: float = 2e-4
+    grpo_warmup: int = 3
     val_every: int = 10
     runners: int = 2
     concurrency: int = 8
@@ -52,7 +53,7 @@ class DemoSettings:
 
     @classmethod
     def quick(cls, **overrides: Any) -> DemoSettings:
-        base = dict(n_train=400, n_val=48, sft_steps=60, grpo_steps=6, tasks_per_step=6, n_samples=6, val_every=0)
+        base = dict(n_val=64, grpo_steps=12, val_every=0)
         return cls(**{**base, **overrides})
 
     @classmethod
@@ -133,13 +134,19 @@ def run_demo(settings: DemoSettings, console: Any = None) -> dict[str, Any]:
 
     console = console or Console()
     started = time.monotonic()
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # our own bars say what is happening; HF's per-shard bars are noise here
     settings.out.mkdir(parents=True, exist_ok=True)
     train, val = make_splits(settings.n_train, settings.n_val, seed=settings.seed)
     model = build_model(settings, train, console)
     if settings.sft_steps:
         model = warm_start(settings, model, train, console)
     config = GRPOConfig(
-        lr=settings.grpo_lr, seed=settings.seed, lora=LoraSettings(r=16, alpha=32) if settings.lora else None
+        lr=settings.grpo_lr,
+        warmup_steps=settings.grpo_warmup,
+        seed=settings.seed,
+        lora=LoraSettings(r=16, alpha=32) if settings.lora else None,
     )
     grpo = GRPO(
         model,

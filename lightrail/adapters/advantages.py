@@ -18,12 +18,17 @@ for every call; with `Identical` credit the formula is exactly GRPO's outcome ad
 Intermediate rewards are not divided by the group std: they are already per-call deltas on the reward scale
 the user chose (e.g. ±0.1 per tool call), and in a group where every sample has the same outcome (std 0)
 dividing would turn ±0.1 into ±1e5 — there, GRPO's outcome advantage is 0 and the intermediate rewards are the
-only signal left, at their own scale. They are not centred either, so pick symmetric values (+x / −x) to avoid
-a uniform push on every sampled call.
+only signal left, at their own scale. They are **centred** in the advantage (``center_intermediate``, default
+on): the group's mean intermediate return ``m = mean_g(Σ_t I_i,t)`` is removed, spread evenly over each episode's
+own intermediate rewards (``I_i,t − m / k_i`` for its ``k_i`` rewards). Without it, a group where every sample
+earned the same +0.1 would still push all their sampled tokens up, and an Adam step turns that uniform push into
+a full-size update in a random direction (measured: the calculator demo collapsed from 47 % to 0 % in five
+steps). Raw returns (``G``) keep the uncentred values.
 
-Worked example (`PerTurn` credit, no std scaling): a group of two rollouts with outcomes 1.0 and 0.0
-(mean 0.5); rollout 1 has calls a, b with +0.1 linked to a: advantages 0.5 + 0.1 = 0.6 (a) and 0.5 (b);
-rollout 2 has one call: −0.5.
+Worked example (`PerTurn` credit, no std scaling, ``center_intermediate=False``): a group of two rollouts with
+outcomes 1.0 and 0.0 (mean 0.5); rollout 1 has calls a, b with +0.1 linked to a: advantages 0.5 + 0.1 = 0.6 (a)
+and 0.5 (b); rollout 2 has one call: −0.5. Centred, the group's mean intermediate return is 0.05, so a gets
+0.5 + 0.1 − 0.05 = 0.55.
 """
 
 from __future__ import annotations
@@ -81,6 +86,7 @@ def group_advantages(
     scale_by_std: bool = True,
     eps: float = 1e-6,
     missing_reward: float = 0.0,
+    center_intermediate: bool = True,
 ) -> tuple[list[Transition], GroupReport]:
     """Transitions of trainable ``(rollout, episode)`` pairs with GRPO advantages (see the module docstring).
 
@@ -107,9 +113,21 @@ def group_advantages(
         elif max(outcomes) == min(outcomes):
             report.zero_std_groups += 1
         normalised = normalize_group(outcomes, scale_by_std=scale_by_std, eps=eps)
-        for (_, episode, outcome), z in zip(members, normalised, strict=True):
+        linked = [_linked(m[1]) for m in members]
+        mean_inter = math.fsum(math.fsum(r.value for r in rs) for rs in linked) / len(members)
+        for (_, episode, outcome), z, rs in zip(members, normalised, linked, strict=True):
             calls, inter = episode.calls, episode.intermediate
             returns = credit(calls, outcome, inter)
+            if center_intermediate and len(members) > 1 and rs and mean_inter:
+                shift = mean_inter / len(rs)
+                centred = {id(r) for r in rs}
+                inter = [msgspec.structs.replace(r, value=r.value - shift) if id(r) in centred else r for r in inter]
             advantages = credit(calls, z, inter)
             out.extend(episode_transitions(episode, returns, advantages, agents=agents, group_id=group_id))
     return out, report
+
+
+def _linked(episode: Episode) -> list:
+    """The episode's intermediate rewards that reach a call (the ones credit assignment can use)."""
+    ids = {c.response_id for c in episode.calls}
+    return [r for r in episode.intermediate if r.response_id is not None and r.response_id in ids]

@@ -53,7 +53,7 @@ def test_docstring_example_without_std():
         (rollout("r1", "A"), episode("r1", [("a", "s"), ("b", "s")], 1.0, {"a": 0.1})),
         (rollout("r2", "A"), episode("r2", [("c", "s")], 0.0)),
     ]
-    transitions, report = group_advantages(items, PerTurn(), scale_by_std=False)
+    transitions, report = group_advantages(items, PerTurn(), scale_by_std=False, center_intermediate=False)
     assert adv(transitions) == pytest.approx({"a": 0.6, "b": 0.5, "c": -0.5})
     # Transition.reward keeps the raw per-call return
     assert {t.metadata["response_id"]: t.reward for t in transitions} == pytest.approx({"a": 1.1, "b": 1.0, "c": 0.0})
@@ -74,7 +74,23 @@ def test_std_scales_outcome_but_not_intermediate():
     ]
     transitions, _ = group_advantages(items, PerTurn(), eps=0.0)
     z = 0.5 / math.sqrt(0.5)  # sample std of (1, 0) is sqrt(0.5)
-    assert adv(transitions) == pytest.approx({"a": z + 0.1, "b": z, "c": -z})
+    # +0.1 centred by the group's mean intermediate return (0.05), not scaled by the std
+    assert adv(transitions) == pytest.approx({"a": z + 0.05, "b": z, "c": -z})
+
+
+def test_a_reward_every_sample_earned_carries_no_advantage():
+    """All samples called the tool successfully and all failed the task: nothing to learn, so no push (an Adam
+    step would turn a uniform +0.1 into a full-size update)."""
+    items = [
+        (rollout(f"r{i}", "A"), episode(f"r{i}", [(f"t{i}", "s"), (f"x{i}", "s")], 0.0, {f"t{i}": 0.1}))
+        for i in range(4)
+    ]
+    transitions, _ = group_advantages(items, PerTurn())
+    assert all(a == pytest.approx(0.0) for a in adv(transitions).values())
+    # one sample skips the tool: the callers keep an edge over it (0.1 minus the group's mean of 0.075)
+    items[3] = (rollout("r3", "A"), episode("r3", [("x3", "s")], 0.0))
+    advantages = adv(group_advantages(items, PerTurn())[0])
+    assert advantages["t0"] == pytest.approx(0.1 - 0.075) and advantages["x0"] == 0.0 and advantages["x3"] == 0.0
 
 
 def test_identical_credit_is_plain_grpo():
