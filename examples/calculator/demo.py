@@ -38,11 +38,12 @@ class DemoSettings:
     sft_steps: int = 300
     sft_batch: int = 32
     sft_lr: float = 1e-3
-    grpo_steps: int = 60
-    tasks_per_step: int = 8
+    grpo_steps: int = 40
+    tasks_per_step: int = 12
     n_samples: int = 8
-    grpo_lr: float = 2e-4
-    grpo_warmup: int = 3
+    grpo_lr: float = 1e-4
+    grpo_warmup: int = 5
+    kl_coef: float = 0.05
     val_every: int = 10
     runners: int = 2
     concurrency: int = 8
@@ -53,7 +54,7 @@ class DemoSettings:
 
     @classmethod
     def quick(cls, **overrides: Any) -> DemoSettings:
-        base = dict(n_val=64, grpo_steps=12, val_every=0)
+        base = dict(n_val=100, grpo_steps=20, val_every=0)
         return cls(**{**base, **overrides})
 
     @classmethod
@@ -145,6 +146,7 @@ def run_demo(settings: DemoSettings, console: Any = None) -> dict[str, Any]:
     config = GRPOConfig(
         lr=settings.grpo_lr,
         warmup_steps=settings.grpo_warmup,
+        kl_coef=settings.kl_coef,
         seed=settings.seed,
         lora=LoraSettings(r=16, alpha=32) if settings.lora else None,
     )
