@@ -421,7 +421,8 @@ def _plot(history: list[dict[str, Any]], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4))
     if train:
         ax.plot([m["step"] for m in train], [m["reward_mean"] for m in train], label="train reward (mean)", alpha=0.6)
-        ax.plot([m["step"] for m in train], [m["success_rate"] for m in train], label="train success", alpha=0.6)
+        if any(m["success_rate"] != m["reward_mean"] for m in train):  # same curve when reward is 0/1
+            ax.plot([m["step"] for m in train], [m["success_rate"] for m in train], label="train success", alpha=0.6)
     if val:
         ax.plot(
             [m["step"] for m in val],
