@@ -12,6 +12,14 @@ the other core is busy.
 
 Progress goes to stderr; the last line of stdout is one JSON object with ``tokens_per_s_batched``,
 ``tokens_per_s_sequential``, ``batched_over_sequential`` and ``swap_s`` (plus details).
+
+Optional vLLM arm: when a vLLM venv exists (``$LIGHTRAIL_VLLM_PYTHON``, default ``.venv-vllm/bin/python``; see
+tests/gateway/test_gateway_vllm.py for how to create it), the same concurrent chat requests go straight to
+``vllm serve`` on the same checkpoint (``--enforce-eager``, started after the engine is closed) and the JSON
+gains ``vllm_tokens_per_s_batched`` and ``engine_over_vllm`` (our batched tok/s / vLLM's); both are null when
+the venv is absent or ``--no-vllm`` is given. With ``LIGHTRAIL_TORCH_THREADS=N``, vLLM's OpenMP pool is bound
+to the same number of cores (``VLLM_CPU_OMP_THREADS_BIND=0-{N-1}``). vLLM runs the checkpoint's dtype
+(bfloat16, its tuned CPU path) whatever ``--dtype`` the engine uses; its server log is kept only on failure.
 """
 
 from __future__ import annotations
@@ -19,8 +27,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import signal
+import socket
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 PROMPTS = [
     "Write a short story about a robot who learns to paint.",
@@ -36,6 +50,86 @@ PROMPTS = [
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+def vllm_python() -> Path | None:
+    """The interpreter of the vLLM venv, or None when it does not exist."""
+    env = os.environ.get("LIGHTRAIL_VLLM_PYTHON")
+    path = Path(env) if env else Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
+    return path if path.exists() else None
+
+
+async def run_vllm(python: Path, model_dir: str, args: argparse.Namespace) -> dict:
+    """Serve ``model_dir`` with vLLM (eager) and time the same n concurrent chat requests against it."""
+    import httpx
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    threads = os.environ.get("LIGHTRAIL_TORCH_THREADS")
+    if threads and "VLLM_CPU_OMP_THREADS_BIND" not in env:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{int(threads) - 1}"
+    cmd = [
+        str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, "--served-model-name", "smollm2",
+        "--enforce-eager", "--max-model-len", "2048", "--host", "127.0.0.1", "--port", str(port),
+    ]  # fmt: skip
+    log_file = tempfile.NamedTemporaryFile(prefix="lightrail-bench-vllm-", suffix=".log", delete=False)  # noqa: SIM115
+    proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    t0 = time.perf_counter()
+    try:
+        async with httpx.AsyncClient(base_url=url, timeout=600, trust_env=False) as client:
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"vLLM exited with {proc.returncode}; log: {log_file.name}")
+                if time.perf_counter() - t0 > 300:
+                    raise RuntimeError(f"vLLM not healthy after 300 s; log: {log_file.name}")
+                try:
+                    if (await client.get("/health")).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                await asyncio.sleep(1.0)
+            startup_s = time.perf_counter() - t0
+            log(f"vLLM healthy after {startup_s:.0f} s (log {log_file.name})")
+
+            async def chat(i: int, tokens: int) -> int:
+                body = {
+                    "model": "smollm2",
+                    "messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
+                    "temperature": 0.8,
+                    "top_p": 0.95,
+                    "max_tokens": tokens,
+                    "seed": i,
+                }
+                r = await client.post("/v1/chat/completions", json=body)
+                r.raise_for_status()
+                return r.json()["usage"]["completion_tokens"]
+
+            await chat(0, 4)  # warm-up
+            start = time.perf_counter()
+            counts = await asyncio.gather(*(chat(i, args.tokens) for i in range(args.requests)))
+            bat_s = time.perf_counter() - start
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+        log_file.close()
+    os.unlink(log_file.name)
+    tokens = sum(counts)
+    log(f"vLLM batched: {tokens} tokens in {bat_s:.2f} s = {tokens / bat_s:.1f} tok/s")
+    return {
+        "vllm_tokens_batched": tokens,
+        "vllm_tokens_per_s_batched": round(tokens / bat_s, 2),
+        "vllm_startup_s": round(startup_s, 1),
+        "vllm_omp_threads_bind": env.get("VLLM_CPU_OMP_THREADS_BIND", "auto"),
+    }
 
 
 async def run(args: argparse.Namespace) -> dict:
@@ -94,7 +188,7 @@ async def run(args: argparse.Namespace) -> dict:
     log(f"swap: {swap_s:.2f} s (drain {timing['drain_s']:.2f} s, load {timing['load_s']:.2f} s), version {version}")
     await engine.close()
 
-    return {
+    result = {
         "model": f"SmolLM2-135M-Instruct {args.dtype}",
         "requests": n,
         "max_tokens": args.tokens,
@@ -109,6 +203,15 @@ async def run(args: argparse.Namespace) -> dict:
         "swap_load_s": round(timing["load_s"], 3),
         "swap_in_flight_max_tokens": args.swap_tokens,
     }
+    vllm: dict = {"vllm_tokens_per_s_batched": None, "engine_over_vllm": None}
+    python = None if args.no_vllm else vllm_python()
+    if python is None:
+        log("vLLM arm skipped: " + ("--no-vllm" if args.no_vllm else "no vLLM venv (set LIGHTRAIL_VLLM_PYTHON)"))
+    else:
+        del engine, state
+        vllm.update(await run_vllm(python, str(path), args))
+        vllm["engine_over_vllm"] = round(result["tokens_per_s_batched"] / vllm["vllm_tokens_per_s_batched"], 2)
+    return {**result, **vllm}
 
 
 def main() -> None:
@@ -123,6 +226,7 @@ def main() -> None:
         help="max_tokens of the requests in flight during the swap (default 16); the drain part of swap_s grows "
         "with it, one decode step per remaining token",
     )
+    parser.add_argument("--no-vllm", action="store_true", help="skip the vLLM arm even when its venv exists")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weights dtype")
     args = parser.parse_args()
     if args.tokens is None:
