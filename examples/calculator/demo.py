@@ -54,7 +54,7 @@ class DemoSettings:
 
     @classmethod
     def quick(cls, **overrides: Any) -> DemoSettings:
-        base = dict(n_val=100, grpo_steps=20, val_every=0)
+        base = dict(n_val=100, grpo_steps=16, val_every=0)
         return cls(**{**base, **overrides})
 
     @classmethod

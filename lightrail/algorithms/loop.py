@@ -251,6 +251,7 @@ class GRPO:
             "grad_norm": update["grad_norm"],
             "update_tokens_per_s": update["tokens_per_s"],
             "dropped_stale": update["rows_stale_dropped"],
+            "skipped": bool(update["skipped"]),
             "rollout_s": t_rollouts,
             "update_s": t_update,
             "step_s": time.monotonic() - t0,
