@@ -28,17 +28,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    overrides = {"seed": args.seed}
-    if args.steps is not None:
-        overrides["grpo_steps"] = args.steps
-    if args.out is not None:
-        overrides["out"] = args.out
-    if args.model == "smollm2":
-        settings = DemoSettings.smollm2(**overrides)
-    elif args.quick:
-        settings = DemoSettings.quick(model=args.model, **overrides)
-    else:
-        settings = DemoSettings(model=args.model, **overrides)
+    settings = DemoSettings.choose(args.model, quick=args.quick, seed=args.seed, grpo_steps=args.steps, out=args.out)
     from rich.console import Console
 
     report = run_demo(settings, console=Console(stderr=True))

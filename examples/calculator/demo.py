@@ -58,6 +58,17 @@ class DemoSettings:
         return cls(**{**base, **overrides})
 
     @classmethod
+    def choose(cls, model: str = "small", *, quick: bool = False, **options: Any) -> DemoSettings:
+        """The settings a command line asks for: a model, the quick variant or not, and overrides whose value is
+        not None (``grpo_steps``, ``sft_steps``, ``out``, ``seed``, ``runners``, ``concurrency``, ...)."""
+        overrides = {k: v for k, v in options.items() if v is not None}
+        if model == "smollm2":
+            return cls.smollm2(**overrides)
+        if quick:
+            return cls.quick(model=model, **overrides)
+        return cls(model=model, **overrides)
+
+    @classmethod
     def smollm2(cls, **overrides: Any) -> DemoSettings:
         base = dict(
             model="smollm2", sft_steps=0, lora=True, grpo_lr=2e-4, tasks_per_step=4, n_samples=8, grpo_steps=12,

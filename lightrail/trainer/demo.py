@@ -20,8 +20,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", choices=["small", "tiny", "smollm2"], default="small",
                         help="small: ~6M-parameter Llama built here (default); smollm2: packaged SmolLM2-135M with LoRA")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="a minutes-long variant (what the end-to-end test runs)")
-    parser.add_argument("--steps", type=int, default=None, help="GRPO steps (default: 40, quick: 6)")
-    parser.add_argument("--sft-steps", type=int, default=None, help="supervised warm-start steps (smollm2: 0)")
+    parser.add_argument("--steps", type=int, default=None, help="GRPO steps (default: 40, quick: 16, smollm2: 12)")
+    parser.add_argument("--sft-steps", type=int, default=None, help="supervised warm-start steps (default: 300; smollm2: none)")
     parser.add_argument("--runners", type=int, default=2, help="runner processes")
     parser.add_argument("-k", "--concurrency", type=int, default=8, help="rollouts at once per runner")
     parser.add_argument("--seed", type=int, default=0)
@@ -37,18 +37,15 @@ def _demo(args: argparse.Namespace) -> int:
             f"lightrail demo needs the repository's examples/ (not importable: {exc}); run it from a checkout "
             "installed with `pip install -e .[train]` (scripts/demo does this)"
         ) from None
-    overrides = {"runners": args.runners, "concurrency": args.concurrency, "seed": args.seed}
-    if args.steps is not None:
-        overrides["grpo_steps"] = args.steps
-    if args.sft_steps is not None:
-        overrides["sft_steps"] = args.sft_steps
-    if args.out is not None:
-        overrides["out"] = args.out
-    if args.model == "smollm2":
-        settings = DemoSettings.smollm2(**overrides)
-    elif args.quick:
-        settings = DemoSettings.quick(model=args.model, **overrides)
-    else:
-        settings = DemoSettings(model=args.model, **overrides)
+    settings = DemoSettings.choose(
+        args.model,
+        quick=args.quick,
+        grpo_steps=args.steps,
+        sft_steps=args.sft_steps,
+        out=args.out,
+        seed=args.seed,
+        runners=args.runners,
+        concurrency=args.concurrency,
+    )
     run_demo(settings)
     return 0
