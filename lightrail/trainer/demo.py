@@ -21,7 +21,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="small: ~6M-parameter Llama built here (default); smollm2: packaged SmolLM2-135M with LoRA")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="a minutes-long variant (what the end-to-end test runs)")
     parser.add_argument("--steps", type=int, default=None, help="GRPO steps (default: 40, quick: 16, smollm2: 12)")
-    parser.add_argument("--sft-steps", type=int, default=None, help="supervised warm-start steps (default: 300; smollm2: none)")
+    parser.add_argument(
+        "--sft-steps", type=int, default=None, help="supervised warm-start steps (default: 300; smollm2: none)"
+    )
     parser.add_argument("--runners", type=int, default=2, help="runner processes")
     parser.add_argument("-k", "--concurrency", type=int, default=8, help="rollouts at once per runner")
     parser.add_argument("--seed", type=int, default=0)

@@ -15,6 +15,7 @@ from lightrail.types import TrainingRow
 
 def test_public_surface_is_pinned():
     assert algorithms.__all__ == [
+        "GRPO",
         "GRPOConfig",
         "LoraSettings",
         "LossNorm",
