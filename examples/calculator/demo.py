@@ -140,8 +140,7 @@ def run_demo(settings: DemoSettings, console: Any = None) -> dict[str, Any]:
 
     from lightrail import Trainer
     from lightrail.adapters import ToolRewardRule
-    from lightrail.algorithms import GRPOConfig, LoraSettings
-    from lightrail.algorithms import GRPO
+    from lightrail.algorithms import GRPO, GRPOConfig, LoraSettings
     from lightrail.types import RetryPolicy
 
     console = console or Console()
