@@ -30,7 +30,7 @@ def test_grpo_loop_trains_serves_and_resumes(tmp_path):
     settings = dict(
         config=GRPOConfig(lr=1e-3),
         tasks_per_step=2,
-        n_samples=2,
+        n_samples=4,  # a group of 4 whose rewards all agree (no update) has odds 1/8
         sampling={"temperature": 1.0, "max_tokens": 8},  # parity of the sampled length: a reward that varies
         val_sampling={"temperature": 0.0, "max_tokens": 8},
         val_every=0,
@@ -42,7 +42,7 @@ def test_grpo_loop_trains_serves_and_resumes(tmp_path):
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     train_steps = [m for m in metrics if m["kind"] == "train"]
     assert [m["step"] for m in train_steps] == [1, 2]
-    assert all(m["rollouts"] == 4 and m["excluded"] == 0 for m in train_steps)
+    assert all(m["rollouts"] == 8 and m["excluded"] == 0 for m in train_steps)
     assert (tmp_path / "run" / "checkpoints" / "step-2" / "loop_state.json").exists()
     assert first.report["steps"] == 2 and (tmp_path / "run" / "reward_curve.png").exists()
 
@@ -57,4 +57,4 @@ def test_grpo_loop_trains_serves_and_resumes(tmp_path):
     assert [m["step"] for m in lines if m["kind"] == "train"] == [1, 2, 3]
     # every update reached the engine, and the resumed run continued the first run's policy version
     updates = sum(1 for m in state["history"] if m["kind"] == "train" and not m["skipped"])
-    assert updates >= 2 and state["policy_version"] == updates
+    assert updates >= 1 and state["policy_version"] == updates
