@@ -24,6 +24,7 @@ Outputs under ``out_dir``: ``metrics.jsonl`` (one line per step and per validati
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import random
@@ -32,6 +33,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from lightrail.adapters import (
     AgentFilter,
@@ -135,7 +138,7 @@ class GRPO:
         config = self.config or GRPOConfig()
         if "temperature" in self.sampling and self.sampling["temperature"] > 0:
             # The engine reports logprobs of the temperature-scaled distribution; the ratio must use the same one.
-            config = _replace(config, temperature=float(self.sampling["temperature"]))
+            config = dataclasses.replace(config, temperature=float(self.sampling["temperature"]))
         self._engine = await asyncio.to_thread(Engine.from_pretrained, str(self.model), **self.engine_options)
         self._updater = await asyncio.to_thread(PolicyUpdater, str(self.model), config)
         checkpoint = self._latest_checkpoint() if self.resume else None
@@ -262,9 +265,7 @@ class GRPO:
     async def _validate(self, ctx: TrainerContext) -> float | None:
         if not ctx.val_tasks:
             return None
-        llm = LLM(
-            endpoint=self._llm.endpoint, model=self._llm.model, sampling=self.val_sampling, api_key=self._llm.api_key
-        )
+        llm = msgspec.structs.replace(self._llm, sampling=self.val_sampling)  # same endpoint, greedy by default
         version = await ctx.publish({"llm": llm})
         rollouts = await ctx.run_rollouts(ctx.val_tasks, mode="val", resources_version=version.version)
         finished = [
@@ -384,12 +385,6 @@ def _success(rollouts: Sequence[Rollout], threshold: float) -> float:
     if not rollouts:
         return 0.0
     return sum(1 for r in rollouts if r.reward is not None and r.reward >= threshold) / len(rollouts)
-
-
-def _replace(config: Any, **changes: Any) -> Any:
-    import dataclasses
-
-    return dataclasses.replace(config, **changes)
 
 
 def _jsonable_rng(state: tuple) -> list:
