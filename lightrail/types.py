@@ -488,6 +488,17 @@ class Attr:
     RESPONSE_MODEL = "gen_ai.response.model"
     AGENT_NAME = "gen_ai.agent.name"
 
+    # attribution of spans that arrive over OpenTelemetry (span or resource attributes)
+    ROLLOUT_ID = "lightrail.rollout_id"
+    ATTEMPT_ID = "lightrail.attempt_id"
+
+    # framework spans (OpenInference / GenAI conventions, normalized by `lightrail.tracing.semconv`)
+    KIND = "lightrail.kind"
+    """What a framework span did: ``llm``, ``tool``, ``agent``, ``chain``, ``retriever``, ``embedding``, ``other``."""
+    TOOL_NAME = "gen_ai.tool.name"
+    TOOL_CALL_ID = "gen_ai.tool.call.id"
+    GENAI_RESPONSE_ID = "gen_ai.response.id"
+
     # rewards and events
     REWARD = "lightrail.reward.value"
     REWARD_NAME = "lightrail.reward.name"

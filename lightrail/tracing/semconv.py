@@ -1,0 +1,144 @@
+"""OpenTelemetry spans of agent frameworks → lightrail span attributes (pure: no OpenTelemetry import, no I/O).
+
+Frameworks describe their work in one of two attribute conventions: OpenInference (``openinference.span.kind``,
+``agent.name``, ``tool.name``, ``input.value``...) or the OpenTelemetry GenAI conventions
+(``gen_ai.operation.name``, ``gen_ai.agent.name``, ``gen_ai.tool.call.id``...). Both the OTLP ingest on the store
+server and the in-process span processor of `lightrail.tracing.otel` pass every span through `normalize`, which
+keeps the original attributes and adds the few lightrail reads, in one spelling:
+
+* ``lightrail.kind`` (`Attr.KIND`): ``llm``, ``tool``, ``agent``, ``chain``, ``retriever``, ``embedding`` or
+  ``other`` — what the span did;
+* ``gen_ai.agent.name``: the agent or graph node the span is (OpenInference ``AGENT`` spans, ``agent.name``,
+  ``graph.node.name``), and ``langgraph.node`` from LangChain's ``metadata`` (the node a LangGraph span ran in);
+* ``gen_ai.tool.name`` and ``gen_ai.tool.call.id`` on tool spans (tool outcomes become intermediate rewards,
+  linked to the LLM call that asked for the tool through the call id);
+* ``gen_ai.response.id`` on LLM spans when the framework recorded the response (so a framework's LLM span and the
+  gateway's span of the same call can be matched by response id).
+
+Attribution — which rollout and attempt a span belongs to — comes from span attributes, then resource attributes,
+then request headers (`attribution`).
+
+Framework LLM spans never become lightrail LLM-call spans (their name is kept): the gateway's span of the same call
+carries the engine's token ids and is the one training reads.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from lightrail.types import Attr, StatusCode
+
+__all__ = [
+    "ATTEMPT_HEADER",
+    "ROLLOUT_HEADER",
+    "attribution",
+    "kind_of",
+    "normalize",
+    "status_code",
+]
+
+ROLLOUT_HEADER = "x-lightrail-rollout-id"
+"""HTTP header naming the rollout of every span in an OTLP request (when neither span nor resource says)."""
+ATTEMPT_HEADER = "x-lightrail-attempt-id"
+
+_OI_KIND = "openinference.span.kind"
+_GENAI_OP = "gen_ai.operation.name"
+_OI_KINDS = {
+    "LLM": "llm",
+    "TOOL": "tool",
+    "AGENT": "agent",
+    "CHAIN": "chain",
+    "RETRIEVER": "retriever",
+    "EMBEDDING": "embedding",
+    "RERANKER": "retriever",
+}
+_GENAI_KINDS = {
+    "chat": "llm",
+    "text_completion": "llm",
+    "generate_content": "llm",
+    "execute_tool": "tool",
+    "invoke_agent": "agent",
+    "create_agent": "agent",
+    "embeddings": "embedding",
+}
+_OTEL_STATUS = {0: StatusCode.UNSET, 1: StatusCode.OK, 2: StatusCode.ERROR}
+
+
+def kind_of(attributes: Mapping[str, Any]) -> str:
+    """What a framework span did, from either convention (``other`` when neither says)."""
+    oi = attributes.get(_OI_KIND)
+    if oi is not None:
+        return _OI_KINDS.get(str(oi).upper(), "other")
+    op = attributes.get(_GENAI_OP)
+    if op is not None:
+        return _GENAI_KINDS.get(str(op), "other")
+    return "other"
+
+
+def _json_field(value: Any, key: str) -> Any:
+    """``value[key]`` when ``value`` is a JSON object or its text (frameworks store dicts as JSON strings)."""
+    if isinstance(value, str):
+        if not value.startswith("{") or f'"{key}"' not in value:  # cheap pre-check: most values are not JSON
+            return None
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    return value.get(key) if isinstance(value, dict) else None
+
+
+def normalize(name: str, attributes: dict[str, Any]) -> dict[str, Any]:
+    """Add lightrail's spelling of kind, agent name, tool call and response id to ``attributes`` (in place; also
+    returned). Attributes already present are never overwritten, so a span that says ``gen_ai.agent.name`` itself
+    keeps it."""
+    a = attributes
+    kind = kind_of(a)
+    a.setdefault(Attr.KIND, kind)
+    if Attr.AGENT_NAME not in a:
+        agent = a.get("agent.name") or a.get("graph.node.name")
+        if agent is None and kind == "agent":
+            agent = name
+        if agent is not None:
+            a[Attr.AGENT_NAME] = str(agent)
+    node = _json_field(a.get("metadata"), "langgraph_node")
+    if node is not None:
+        a.setdefault("langgraph.node", str(node))
+    if kind == "tool":
+        tool = a.get("tool.name")
+        if tool is not None:
+            a.setdefault(Attr.TOOL_NAME, str(tool))
+        call_id = a.get("tool_call.id") or a.get("tool.id")
+        if call_id is not None:
+            a.setdefault(Attr.TOOL_CALL_ID, str(call_id))
+    elif kind == "llm" and Attr.GENAI_RESPONSE_ID not in a:
+        response_id = _json_field(a.get("output.value"), "id")
+        if isinstance(response_id, str):
+            a[Attr.GENAI_RESPONSE_ID] = response_id
+    return a
+
+
+def attribution(
+    span_attributes: Mapping[str, Any],
+    resource_attributes: Mapping[str, Any] | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> tuple[str, str] | None:
+    """The ``(rollout_id, attempt_id)`` a span belongs to: from its own attributes, else its resource's, else the
+    request's headers; None when no source names both (such a span cannot be stored)."""
+    for source, rollout_key, attempt_key in (
+        (span_attributes, Attr.ROLLOUT_ID, Attr.ATTEMPT_ID),
+        (resource_attributes, Attr.ROLLOUT_ID, Attr.ATTEMPT_ID),
+        (headers, ROLLOUT_HEADER, ATTEMPT_HEADER),
+    ):
+        if not source:
+            continue
+        rollout_id, attempt_id = source.get(rollout_key), source.get(attempt_key)
+        if rollout_id and attempt_id:
+            return str(rollout_id), str(attempt_id)
+    return None
+
+
+def status_code(otel_code: int) -> StatusCode:
+    """OpenTelemetry's numeric status code (0 unset, 1 ok, 2 error) as a `StatusCode`."""
+    return _OTEL_STATUS.get(otel_code, StatusCode.UNSET)
