@@ -15,7 +15,61 @@ __all__ = ["add_parser"]
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register the trainer's commands on the main CLI's subparsers."""
+    add_train_parser(subparsers)
     add_dev_parser(subparsers)
+
+
+def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
+    train = subparsers.add_parser(
+        "train",
+        help="train an agent with GRPO from a YAML config (examples/<name>/config.yaml)",
+        description=(
+            "Build or prepare the model, generate the data, start a store, runners, the gateway and the engine, "
+            "and train the agent with GRPO as CONFIG says. Prints held-out success before and after, and where "
+            "the checkpoint, metrics and reward curve are. See lightrail/trainer/config.py for every field."
+        ),
+        epilog=(
+            "examples:\n  lightrail train examples/sql_agent/config.yaml\n"
+            "  lightrail train examples/rag_agent/config.yaml --steps 5 --set trainer.concurrency=4"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    train.add_argument("config", metavar="CONFIG.yaml", help="the run's configuration")
+    train.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="PATH=VALUE",
+        help="override a field by dotted path, value read as YAML (repeatable), e.g. grpo.config.lr=1e-4",
+    )
+    train.add_argument("--steps", type=int, default=None, metavar="N", help="shorthand for --set grpo.steps=N")
+    train.add_argument("--model", default=None, help="shorthand for --set model=NAME (tiny, small, smollm2, a path)")
+    train.add_argument("--out", default=None, metavar="DIR", help="shorthand for --set out_dir=DIR")
+    train.set_defaults(handler=_train)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from lightrail.trainer.config import ConfigError, load_config, train
+
+    overrides = list(args.overrides)
+    for key, value in (("grpo.steps", args.steps), ("model", args.model), ("out_dir", args.out)):
+        if value is not None:
+            overrides.append(f"{key}={value}")
+    try:
+        config = load_config(args.config, overrides)
+        result = train(config)
+    except ConfigError as exc:
+        print(f"lightrail train: {exc}", file=sys.stderr)
+        return 2
+    report = result.report
+    print(
+        f"held-out success: {report['val_before']:.2f} -> {report['val_after']:.2f} "
+        f"in {report['train_minutes']:.1f} min of training\n"
+        f"reward curve: {report['reward_curve']}\ncheckpoint:   {report['checkpoint']}\n"
+        f"metrics:      {report['metrics']}\nstore:        {result.store_path}"
+    )
+    return 0
 
 
 def add_dev_parser(subparsers: argparse._SubParsersAction) -> None:

@@ -1,0 +1,254 @@
+"""``lightrail train CONFIG.yaml``: train an agent with GRPO from a configuration file.
+
+A config names the agent and its data by import reference, the model, how runners run, and the `GRPO` settings::
+
+    name: sql_agent
+    agent: examples.sql_agent.train:sql_agent      # a @rollout function or LitAgent
+    data: examples.sql_agent.data:splits           # callable(**data_args) -> (train_tasks, val_tasks)
+    data_args: {seed: 0}
+    model: tiny                                    # tiny | small | smollm2 | a local model directory
+    trainer: {n_runners: 2, concurrency: 8, otel: true}
+    grpo:                                          # keyword arguments of lightrail.algorithms.GRPO
+      steps: 20
+      agents: [write_query, rewrite_query]         # train only these agents' calls (agents_pattern: a regex)
+      credit: per_turn                             # identical | per_turn | discounted (credit_args: {gamma: 0.9})
+      tool_rewards: true                           # or ToolRewardRule fields: {success: 0.1, error: -0.1}
+      config: {lr: 1.0e-4, kl_coef: 0.05, lora: {r: 8}}   # GRPOConfig fields
+
+Every field is checked before anything starts: a wrong type or an unknown key is reported with its path
+(``grpo.config.lr: Expected `float`, got `str```). ``overrides`` (``--set grpo.steps=1``) change any field by its
+dotted path, the value read as YAML. Import references resolve from the current directory (run from the
+project root, as with ``python -m``). The tiny models' tokenizer is trained on the example's own text when the
+data module defines ``tokenizer_corpus()``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+__all__ = ["ConfigError", "RunnerSettings", "TrainConfig", "TrainResult", "load_config", "train"]
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run, with the offending field's path in the message."""
+
+
+class RunnerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """How rollouts run: runner processes, rollouts per runner, OpenTelemetry, and the runners' interpreter."""
+
+    n_runners: int = 2
+    concurrency: int = 8
+    otel: bool = False
+    """Export the agent framework's OpenTelemetry spans (agent names, tools) with each rollout."""
+    runner_python: str | None = None
+    """Run the runners under another Python (an environment where the agent's framework is installed)."""
+
+
+class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A training run, as ``lightrail train`` reads it from YAML."""
+
+    agent: str
+    data: str
+    name: str = "run"
+    data_args: dict[str, Any] = msgspec.field(default_factory=dict)
+    model: str = "tiny"
+    out_dir: str | None = None
+    """Where checkpoints, metrics, plots and the store go (default ``runs/<name>``)."""
+    store: str | None = None
+    """SQLite file of the run's rollouts and spans (default ``<out_dir>/store.db``)."""
+    seed: int = 0
+    trainer: RunnerSettings = msgspec.field(default_factory=RunnerSettings)
+    grpo: dict[str, Any] = msgspec.field(default_factory=dict)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.out_dir or Path("runs") / self.name)
+
+    @property
+    def store_path(self) -> Path:
+        return Path(self.store) if self.store else self.run_dir / "store.db"
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What a run produced: the `GRPO` report (``val_before``, ``val_after``, ``checkpoint``, ``reward_curve``...),
+    the run directory, and the SQLite store holding every rollout and span."""
+
+    report: dict[str, Any]
+    out_dir: Path
+    store_path: Path
+
+
+def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
+    node = data
+    *parents, leaf = dotted.split(".")
+    for key in parents:
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {dotted}: {key!r} is not a mapping")
+        node = child
+    node[leaf] = value
+
+
+def load_config(path: str | os.PathLike[str], overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
+    """Read and check a YAML config; ``overrides`` are ``dotted.path=value`` strings applied first."""
+    import yaml
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({exc})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {item!r}: expected dotted.path=value")
+        _set_path(data, key.strip(), yaml.safe_load(raw))
+    try:
+        config = msgspec.convert(data, TrainConfig)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{path}: {_readable(exc)}") from None
+    _grpo_kwargs(config)  # check the GRPO section now, not after the model is built
+    return config
+
+
+def _readable(exc: msgspec.ValidationError) -> str:
+    """msgspec says ``... - at `$.grpo.steps```; users wrote ``grpo.steps``."""
+    message = str(exc)
+    head, sep, where = message.rpartition(" - at `$.")
+    return f"{where.rstrip('`')}: {head}" if sep else message
+
+
+def _resolve(reference: str, what: str) -> Any:
+    module_name, sep, attr = reference.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"{what}: expected 'module:object', got {reference!r}")
+    if os.getcwd() not in sys.path:  # like `python -m`: the project root's packages import (runners inherit it)
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"{what}: cannot import {module_name!r} ({exc})") from None
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ConfigError(f"{what}: {module_name!r} has no {attr!r}") from None
+    return obj
+
+
+def _grpo_kwargs(config: TrainConfig) -> dict[str, Any]:
+    """The config's ``grpo`` section as `GRPO` keyword arguments (names checked against its signature)."""
+    from lightrail.adapters import AgentFilter, ToolRewardRule
+    from lightrail.adapters.credit import credit_by_name
+    from lightrail.algorithms.grpo import GRPOConfig, LoraSettings
+    from lightrail.algorithms.loop import GRPO
+
+    options = dict(config.grpo)
+    kwargs: dict[str, Any] = {"seed": config.seed, "out_dir": config.run_dir}
+    try:
+        names, pattern = options.pop("agents", None), options.pop("agents_pattern", None)
+        if names is not None or pattern is not None:
+            if isinstance(names, str):
+                names = [names]
+            kwargs["agents"] = AgentFilter(names or (), pattern)
+        credit, credit_args = options.pop("credit", None), options.pop("credit_args", None) or {}
+        if credit is not None:
+            kwargs["credit"] = credit_by_name(str(credit), **credit_args)
+        rule = options.pop("tool_rewards", None)
+        if rule is True:
+            kwargs["tool_rewards"] = ToolRewardRule()
+        elif isinstance(rule, dict):
+            kwargs["tool_rewards"] = ToolRewardRule(**rule)
+        elif rule not in (None, False):
+            raise ConfigError(f"grpo.tool_rewards: expected true, false or a mapping, got {rule!r}")
+        update = dict(options.pop("config", None) or {})
+        lora = update.pop("lora", None)
+        settings = msgspec.convert(update, GRPOConfig)
+        if lora:
+            lora = LoraSettings() if lora is True else msgspec.convert(lora, LoraSettings)
+            settings = GRPOConfig(**{**settings.__dict__, "lora": lora})
+        kwargs["config"] = settings
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"grpo.config.{_readable(exc)}") from None
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"grpo: {exc}") from None
+    parameters = inspect.signature(GRPO).parameters
+    accepted = set(parameters) - {"model"}
+    unknown = sorted(set(options) - accepted)
+    if unknown:
+        raise ConfigError(f"grpo: unknown setting(s) {unknown}; GRPO accepts {sorted(accepted)}")
+    for key, value in options.items():
+        kwargs[key] = _checked(f"grpo.{key}", value, parameters[key].annotation)
+    return kwargs
+
+
+def _checked(where: str, value: Any, annotation: Any) -> Any:
+    """``value`` converted to a plain annotation (``int``, ``dict[str, Any] | None``, ``str | Path``...); values
+    of richer types (objects built above) pass unchecked."""
+    if isinstance(annotation, str):
+        try:
+            annotation = eval(annotation, {"Path": Path, "Any": Any})  # noqa: S307 - our own signature's text
+        except NameError:
+            return value
+    try:
+        return msgspec.convert(value, annotation, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    except TypeError:  # a type msgspec cannot check
+        return value
+
+
+def _build_model(config: TrainConfig, data_module: str) -> Path:
+    from lightrail.engine.models import build_tiny_model, prepare_model
+
+    if config.model not in ("tiny", "small"):
+        return prepare_model(config.model)
+    corpus_fn = getattr(importlib.import_module(data_module), "tokenizer_corpus", None)
+    corpus = list(corpus_fn()) if callable(corpus_fn) else None
+    return build_tiny_model(config.run_dir / "base", size=config.model, seed=config.seed, extra_corpus=corpus)
+
+
+def train(config: TrainConfig) -> TrainResult:
+    """Build or prepare the model, generate the data, and run `GRPO` through `Trainer.fit`."""
+    from lightrail.algorithms.loop import GRPO
+    from lightrail.trainer.trainer import Trainer
+
+    splits = _resolve(config.data, "data")
+    _resolve(config.agent, "agent")  # fail here, not in every runner
+    try:
+        train_tasks, val_tasks = splits(**config.data_args)
+    except TypeError as exc:
+        raise ConfigError(f"data_args: {config.data}(**{config.data_args}) failed: {exc}") from None
+    config.run_dir.mkdir(parents=True, exist_ok=True)
+    model = _build_model(config, config.data.partition(":")[0])
+    grpo = GRPO(model, **_grpo_kwargs(config))
+    runner_options: dict[str, Any] = {}
+    if config.trainer.otel:
+        runner_options["otel"] = True
+    if config.trainer.runner_python:
+        runner_options["runner_python"] = config.trainer.runner_python
+    trainer = Trainer(
+        n_runners=config.trainer.n_runners,
+        concurrency=config.trainer.concurrency,
+        store=config.store_path,
+        algorithm=grpo,
+        **runner_options,
+    )
+    trainer.fit(config.agent, train_tasks, val_tasks)  # by reference: spawned runners import it themselves
+    return TrainResult(report=grpo.report, out_dir=config.run_dir, store_path=config.store_path)
