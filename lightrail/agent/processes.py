@@ -4,6 +4,12 @@ Processes are started with the ``spawn`` method (no ``fork`` assumptions: works 
 Windows, and nothing of the parent's threads or event loops leaks into children). A child receives only
 picklable arguments: the store URL and token, and the agent as an import reference (``"module:object"``) or a
 picklable object. The token travels through the spawn pipe, never the command line.
+
+``runner_python`` runs the runners under another interpreter (an environment where the agent's framework is
+installed, e.g. CrewAI's own venv): each runner is then ``PYTHON -c ...`` reading the same arguments, pickled,
+from its stdin. Multiprocessing's spawn cannot do this: it hands the child the parent's ``sys.path``, which would
+mix the two environments' site-packages. The child gets only the parent's project paths (entries outside the
+parent's installation, like the working directory or a test's folder).
 """
 
 from __future__ import annotations
@@ -12,7 +18,10 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import pickle
+import shutil
 import signal
+import subprocess
 import sys
 from collections.abc import Sequence
 from multiprocessing.process import BaseProcess
@@ -59,17 +68,88 @@ def _runner_main(
         os._exit(0)
 
 
+def _runner_from_stdin() -> None:
+    """Entry point of a runner under another interpreter: `_runner_main`'s arguments arrive pickled on stdin."""
+    extra_path, args = pickle.loads(sys.stdin.buffer.read())
+    sys.path[:0] = [p for p in extra_path if p not in sys.path]
+    _runner_main(*args)
+
+
+def _project_paths() -> list[str]:
+    """This process's import paths that belong to the project, not to its Python installation: what a runner
+    under another interpreter needs to import the agent (``""`` is the working directory, as in ``python -c``)."""
+    installs = {os.path.realpath(p) for p in (sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix)}
+    paths = []
+    for entry in sys.path:
+        real = os.path.realpath(entry or os.getcwd())
+        installed = any(real == root or real.startswith(root + os.sep) for root in installs)
+        if not installed and os.path.basename(real) not in ("site-packages", "dist-packages"):  # user site too
+            paths.append(real)
+    return paths
+
+
+def _checked_interpreter(python: str) -> str:
+    """The absolute path of ``python`` (a path, ``~`` and ``$VARS`` expanded, or a command on ``PATH``), once it
+    has shown it can import lightrail; otherwise a ValueError saying what to fix."""
+    expanded = os.path.expandvars(os.path.expanduser(python))
+    found = shutil.which(expanded)
+    if found is None:
+        raise ValueError(f"runner_python {python!r}: no such executable")
+    probe = subprocess.run(
+        [found, "-c", "import lightrail.agent.processes"], capture_output=True, text=True, timeout=120
+    )
+    if probe.returncode != 0:
+        last = (probe.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise ValueError(
+            f"runner_python {python!r} cannot import lightrail ({last}); install it there, e.g. "
+            f"`{found} -m pip install -e '.[openai,otel]'`"
+        )
+    return os.path.abspath(found)
+
+
+class InterpreterProcess:
+    """A runner under another interpreter, with the part of `multiprocessing.Process`'s interface that
+    `RunnerProcesses` uses (``pid``, ``name``, ``exitcode``, ``is_alive``, ``join``, ``kill``)."""
+
+    def __init__(self, python: str, args: tuple[Any, ...], name: str) -> None:
+        self.name = name
+        code = "from lightrail.agent.processes import _runner_from_stdin; _runner_from_stdin()"
+        self._popen = subprocess.Popen([python, "-c", code], stdin=subprocess.PIPE)
+        assert self._popen.stdin is not None
+        with self._popen.stdin:  # the token travels here, never on the command line
+            self._popen.stdin.write(pickle.dumps((_project_paths(), args), protocol=4))
+
+    @property
+    def pid(self) -> int:
+        return self._popen.pid
+
+    @property
+    def exitcode(self) -> int | None:
+        return self._popen.poll()
+
+    def is_alive(self) -> bool:
+        return self._popen.poll() is None
+
+    def join(self, timeout: float | None = None) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._popen.wait(timeout)
+
+    def kill(self) -> None:
+        if self._popen.poll() is None:
+            self._popen.kill()
+
+
 class RunnerProcesses:
     """Handle on runner processes started by `run_runners`."""
 
-    def __init__(self, processes: Sequence[BaseProcess]):
+    def __init__(self, processes: Sequence[BaseProcess | InterpreterProcess]):
         self.processes = list(processes)
 
     @property
     def pids(self) -> list[int]:
         return [p.pid for p in self.processes if p.pid is not None]
 
-    def alive(self) -> list[BaseProcess]:
+    def alive(self) -> list[BaseProcess | InterpreterProcess]:
         """Processes still running."""
         return [p for p in self.processes if p.is_alive()]
 
@@ -110,11 +190,14 @@ def run_runners(
     max_rollouts: int | None = None,
     idle_exit_s: float | None = None,
     log_level: int = logging.WARNING,
+    runner_python: str | None = None,
     **runner_kwargs: Any,
 ) -> RunnerProcesses:
     """Start ``n`` runner processes against the store server at ``store_url``, each running up to
     ``concurrency`` rollouts at once; returns at once with a handle (use it as a context manager, or call
     `RunnerProcesses.stop`). Extra keyword arguments go to `Runner` (``grace_s``, ``lease_wait_s``, ...).
+    ``runner_python`` (a path or command) runs the runners under that interpreter instead of this one; it must
+    have lightrail and the agent's dependencies installed.
 
     Example::
 
@@ -129,11 +212,16 @@ def run_runners(
             agent_ref = agent_reference(agent_ref)
     ctx = multiprocessing.get_context("spawn")
     run_kwargs = {"max_rollouts": max_rollouts, "idle_exit_s": idle_exit_s}
-    processes = []
+    args = (store_url, agent_ref, concurrency, token, runner_kwargs, run_kwargs, log_level)
+    python = _checked_interpreter(runner_python) if runner_python is not None else None
+    processes: list[BaseProcess | InterpreterProcess] = []
     for i in range(n):
+        if python is not None:
+            processes.append(InterpreterProcess(python, args, name=f"lightrail-runner-{i}"))
+            continue
         p = ctx.Process(
             target=_runner_main,
-            args=(store_url, agent_ref, concurrency, token, runner_kwargs, run_kwargs, log_level),
+            args=args,
             name=f"lightrail-runner-{i}",
             daemon=False,  # runners clean up (finish attempts) on SIGTERM; daemonic children would be killed
         )

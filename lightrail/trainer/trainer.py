@@ -97,7 +97,9 @@ class Trainer:
     ``store``: None (a fresh SQLite file under ``./runs/<timestamp>/store.db``), a SQLite path, ``memory:``, a
     store server URL (``http://...``; its token from ``token`` or ``$LIGHTRAIL_TOKEN``), or a `Store` object
     (one with a ``url`` attribute, like `StoreClient`, is shared with runner processes; any other runs the
-    runners in this process). ``n_runners`` processes each run up to ``concurrency`` rollouts at once.
+    runners in this process). ``n_runners`` processes each run up to ``concurrency`` rollouts at once, under
+    ``runner_python`` if given (another environment's interpreter, for a framework that cannot be installed
+    next to the trainer's; see `run_runners`).
     ``retry`` is the `RetryPolicy` of the rollouts the trainer enqueues.
 
     Example::
@@ -118,6 +120,7 @@ class Trainer:
         runs_dir: str | os.PathLike[str] = "runs",
         grace_s: float = 10.0,
         console: Any = None,
+        runner_python: str | None = None,
     ) -> None:
         if n_runners < 1 or concurrency < 1:
             raise ValueError("n_runners and concurrency must be >= 1")
@@ -129,6 +132,7 @@ class Trainer:
         self.retry = retry or RetryPolicy()
         self.runs_dir = Path(runs_dir)
         self.grace_s = grace_s
+        self.runner_python = runner_python
         if console is None:
             from rich.console import Console
 
@@ -237,13 +241,16 @@ class Trainer:
                 "guard its entry point with `if __name__ == '__main__':`"
             )
         if isinstance(self.store, Store) and not hasattr(self.store, "url"):
+            if self.runner_python is not None:
+                raise ValueError("runner_python needs runner processes: give the Trainer a store with a URL or a path")
             async with self._in_process_session(agent, self.store) as session:
                 yield session
             return
         ref = agent_reference(agent)
-        if not ref.rpartition(":")[0].endswith(".py"):
+        if self.runner_python is None and not ref.rpartition(":")[0].endswith(".py"):
             # fail here, with the real error, rather than in every runner process (a script is not loaded a
-            # second time in this process: it may be the one running us)
+            # second time in this process: it may be the one running us; an agent for another interpreter
+            # may not import in this one)
             load_agent(ref)
         server: StoreServerProcess | None = None
         owned_store = None
@@ -263,7 +270,10 @@ class Trainer:
 
                 url, label, token = server.url, str(db), server.token
                 store = owned_store = StoreClient(url, token=token)
-            runners = run_runners(url, ref, self.n_runners, self.concurrency, token, grace_s=self.grace_s)
+            runners = run_runners(
+                url, ref, self.n_runners, self.concurrency, token, grace_s=self.grace_s,
+                runner_python=self.runner_python,
+            )  # fmt: skip
             stopped = False
 
             async def stop_runners() -> None:
