@@ -67,6 +67,7 @@ from lightrail.types import IllegalTransitionError, Resources
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
     "MAX_WAIT_S",
+    "OTLP_TRACES_PATH",
     "ServerHandle",
     "create_app",
     "open_server_store",
@@ -77,6 +78,8 @@ __all__ = [
 log = logging.getLogger("lightrail.store.server")
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+OTLP_TRACES_PATH = "/v1/traces"
+"""OTLP/HTTP's default traces path: point an exporter's endpoint at ``<store url>/v1/traces``."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -264,6 +267,31 @@ def _handlers(get_store: Callable[[], Store]) -> dict[str, Callable[[Request], A
     return {r.name: defined[r.name] for r in ROUTES}
 
 
+def _otlp_traces(get_store: Callable[[], Store], max_body_bytes: int) -> Callable[[Request], Any]:
+    """``POST /v1/traces``: OTLP/HTTP trace ingest for any OpenTelemetry exporter or collector. The body becomes
+    lightrail spans in `lightrail.tracing.otlp` (imported on the first request: it loads opentelemetry-proto),
+    stored in one ``add_spans`` call, so a request is stored whole or not at all."""
+
+    async def otlp_traces(request: Request) -> Response:
+        from lightrail.tracing import otlp
+
+        headers = request.headers
+        try:
+            spans, media = otlp.spans_from_body(
+                await request.body(),
+                headers.get("content-type"),
+                headers.get("content-encoding"),
+                headers=headers,
+                max_bytes=max_body_bytes,
+            )
+        except otlp.OTLPError as exc:
+            return _error(exc.http_status, str(exc), type(exc).__name__)
+        await get_store().add_spans(spans)
+        return Response(otlp.response_body(media), media_type=media)
+
+    return otlp_traces
+
+
 def _guarded(endpoint: Callable[[Request], Any]) -> Callable[[Request], Any]:
     """Turn every exception of an endpoint into its JSON error answer (see `_error_response`)."""
 
@@ -383,6 +411,8 @@ def create_app(
 
     handlers = _handlers(get_store)
     routes = [Route(r.path, _guarded(handlers[r.name]), methods=[r.method], name=r.name) for r in ROUTES]
+    traces = _guarded(_otlp_traces(get_store, max_body_bytes))
+    routes.append(Route(OTLP_TRACES_PATH, traces, methods=["POST"], name="otlp_traces"))
 
     async def http_error(request: Request, exc: Exception) -> Response:
         return _error_response(exc)  # unknown route (404) or method (405) as JSON, like every other error
@@ -428,6 +458,23 @@ def openapi_document() -> dict[str, Any]:
         if r.path == "/health":
             op["security"] = []
         paths.setdefault(r.path, {})[r.method.lower()] = op
+    otlp_body = {"schema": {"type": "string", "format": "binary"}}
+    paths[OTLP_TRACES_PATH] = {
+        "post": {
+            "operationId": "otlp_traces",
+            "summary": "OTLP/HTTP trace ingest (ExportTraceServiceRequest, protobuf or OTLP/JSON, gzip allowed); "
+            "every span needs lightrail.rollout_id and lightrail.attempt_id (span or resource attributes) or the "
+            "x-lightrail-rollout-id / x-lightrail-attempt-id headers. Stored all or nothing.",
+            "requestBody": {
+                "required": True,
+                "content": {"application/x-protobuf": otlp_body, "application/json": {"schema": {"type": "object"}}},
+            },
+            "responses": {
+                "200": {"description": "ExportTraceServiceResponse, in the request's encoding"},
+                "default": error,
+            },
+        }
+    }
     return {
         "openapi": "3.1.0",
         "info": {"title": "lightrail store", "version": "1"},
