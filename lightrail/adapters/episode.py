@@ -58,7 +58,9 @@ def build_episode(
     * every `Attr.SPAN_LLM_CALL` span is a call; ``turn`` = rank by ``seq``. Its prompt ids are None when
       `Attr.TOKEN_IDS_AVAILABLE` is False or `Attr.PROMPT_IDS` is missing.
     * agent name: `Attr.AGENT_NAME` on the call span, else the nearest ancestor (by ``parent_id``, the call
-      span itself excluded) carrying one of ``agent_name_keys`` (see `agent_name_of`).
+      span itself excluded) carrying one of ``agent_name_keys`` (see `agent_name_of`), else — for frameworks
+      whose spans are not the current OpenTelemetry context during the HTTP call, so no ``traceparent`` links
+      them — the agent of the framework's own LLM span of the same call (same ``gen_ai.response.id``).
     * `Attr.SPAN_REWARD` spans: final when `Attr.REWARD_FINAL` is true — or, if the flag is absent, when the
       reward links to no call; the last final reward by ``seq`` is the episode's. Others are intermediate,
       linked by `Attr.LINKED_RESPONSE_ID`.
@@ -95,9 +97,11 @@ def build_episode(
     calls: list[LLMCall] = []
     by_id: dict[str, Span] | None = None
     inherited: dict[str, str | None] = {}  # parent span id -> agent name: sibling calls share their parent
+    by_response: dict[str, Span] | None = None  # framework LLM spans by the response id they recorded
     n_choices = 0
     k_agent, k_prompt, k_avail = Attr.AGENT_NAME, Attr.PROMPT_IDS, Attr.TOKEN_IDS_AVAILABLE
     k_choices, k_version, k_rid = Attr.CHOICES, Attr.POLICY_VERSION, Attr.RESPONSE_ID
+    k_genai_rid = Attr.GENAI_RESPONSE_ID
     for turn, s in enumerate(call_spans):
         a = s.attributes
         agent = a.get(k_agent)
@@ -109,6 +113,16 @@ def build_episode(
                 if by_id is None:  # built once, only when some call needs its ancestors
                     by_id = {x.span_id: x for x in spans}
                 agent = inherited[parent] = agent_name_of(by_id.get(parent), by_id, agent_name_keys)
+        if agent is None and (rid := a.get(k_rid)) is not None:
+            if by_response is None:
+                by_response = {
+                    x.attributes[k_genai_rid]: x for x in spans if x.name != llm_name and k_genai_rid in x.attributes
+                }
+            twin = by_response.get(rid)
+            if twin is not None:
+                if by_id is None:
+                    by_id = {x.span_id: x for x in spans}
+                agent = agent_name_of(twin, by_id, agent_name_keys)
         prompt = a.get(k_prompt)
         if a.get(k_avail) is False:
             prompt = None

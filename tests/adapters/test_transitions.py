@@ -111,6 +111,18 @@ def test_agent_name_from_nearest_ancestor():
     assert [t.metadata["response_id"] for t in transitions] == ["a"]
 
 
+def test_agent_name_from_the_framework_span_of_the_same_response():
+    """A framework whose spans are not the current context during the HTTP call (no traceparent reaches the
+    gateway) still names the call: its own LLM span recorded the response id."""
+    agent = span("writer", {"openinference.span.kind": "AGENT"})
+    framework_llm = span(
+        "ChatCompletion", {"lightrail.kind": "llm", "gen_ai.response.id": "b"}, parent_id=agent.span_id
+    )
+    noted = span("ChatCompletion", {"gen_ai.response.id": "c", "gen_ai.agent.name": "critic"})
+    spans = [agent, framework_llm, noted, llm_call("a", [1], [2]), llm_call("b", [1], [2]), llm_call("c", [1], [2])]
+    assert [c.agent_name for c in build_episode(spans).calls] == [None, "writer", "critic"]
+
+
 def test_parent_cycle_does_not_hang():
     a = span("x", {}, span_id="s1", parent_id="s2")
     b = span("y", {}, span_id="s2", parent_id="s1")
