@@ -79,6 +79,8 @@ def build_episode(
     reward_spans: list[Span] = []
     tool_spans: list[Span] = []
     want_tools = tool_rewards_rule is not None and tool_rewards_rule.from_spans
+    by_response: dict[str, Span] = {}  # framework LLM spans by the response id they recorded
+    genai_rid = Attr.GENAI_RESPONSE_ID
     llm_name, reward_name, exc_name = Attr.SPAN_LLM_CALL, Attr.SPAN_REWARD, Attr.SPAN_EXCEPTION
     for s in spans:
         if s.attempt_id != attempt_id:
@@ -90,18 +92,20 @@ def build_episode(
             reward_spans.append(s)
         elif name == exc_name:
             report.exceptions += 1
-        elif want_tools and is_tool_span(s):
-            tool_spans.append(s)
+        else:
+            if want_tools and is_tool_span(s):
+                tool_spans.append(s)
+            twin_id = s.attributes.get(genai_rid)
+            if twin_id is not None:
+                by_response[twin_id] = s
     call_spans.sort(key=_seq)  # already sorted when read from a store: timsort makes that one linear pass
 
     calls: list[LLMCall] = []
     by_id: dict[str, Span] | None = None
     inherited: dict[str, str | None] = {}  # parent span id -> agent name: sibling calls share their parent
-    by_response: dict[str, Span] | None = None  # framework LLM spans by the response id they recorded
     n_choices = 0
     k_agent, k_prompt, k_avail = Attr.AGENT_NAME, Attr.PROMPT_IDS, Attr.TOKEN_IDS_AVAILABLE
     k_choices, k_version, k_rid = Attr.CHOICES, Attr.POLICY_VERSION, Attr.RESPONSE_ID
-    k_genai_rid = Attr.GENAI_RESPONSE_ID
     for turn, s in enumerate(call_spans):
         a = s.attributes
         agent = a.get(k_agent)
@@ -113,12 +117,8 @@ def build_episode(
                 if by_id is None:  # built once, only when some call needs its ancestors
                     by_id = {x.span_id: x for x in spans}
                 agent = inherited[parent] = agent_name_of(by_id.get(parent), by_id, agent_name_keys)
-        if agent is None and (rid := a.get(k_rid)) is not None:
-            if by_response is None:
-                by_response = {
-                    x.attributes[k_genai_rid]: x for x in spans if x.name != llm_name and k_genai_rid in x.attributes
-                }
-            twin = by_response.get(rid)
+        if agent is None and by_response:
+            twin = by_response.get(a.get(k_rid))
             if twin is not None:
                 if by_id is None:
                     by_id = {x.span_id: x for x in spans}
