@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable, Sequence
 import msgspec
 
 from lightrail.adapters._model import Episode
-from lightrail.adapters.credit import CreditAssignment, PerTurn
+from lightrail.adapters.credit import CreditAssignment, PerTurn, split_linked
 from lightrail.adapters.transitions import episode_transitions
 from lightrail.types import Rollout, Transition
 
@@ -113,7 +113,7 @@ def group_advantages(
         elif max(outcomes) == min(outcomes):
             report.zero_std_groups += 1
         normalised = normalize_group(outcomes, scale_by_std=scale_by_std, eps=eps)
-        linked = [_linked(m[1]) for m in members]
+        linked = [split_linked(m[1].calls, m[1].intermediate)[0] for m in members]
         mean_inter = math.fsum(math.fsum(r.value for r in rs) for rs in linked) / len(members)
         for (_, episode, outcome), z, rs in zip(members, normalised, linked, strict=True):
             calls, inter = episode.calls, episode.intermediate
@@ -125,9 +125,3 @@ def group_advantages(
             advantages = credit(calls, z, inter)
             out.extend(episode_transitions(episode, returns, advantages, agents=agents, group_id=group_id))
     return out, report
-
-
-def _linked(episode: Episode) -> list:
-    """The episode's intermediate rewards that reach a call (the ones credit assignment can use)."""
-    ids = {c.response_id for c in episode.calls}
-    return [r for r in episode.intermediate if r.response_id is not None and r.response_id in ids]

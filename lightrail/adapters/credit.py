@@ -36,7 +36,16 @@ from typing import Literal, Protocol
 
 from lightrail.adapters._model import IntermediateReward, LLMCall
 
-__all__ = ["CreditAssignment", "Discounted", "Identical", "PerTurn", "credit_by_name", "linked_rewards"]
+__all__ = [
+    "CreditAssignment",
+    "Discounted",
+    "Identical",
+    "PerTurn",
+    "credit_by_name",
+    "linked_rewards",
+    "reward_links",
+    "split_linked",
+]
 
 Unlinked = Literal["ignore", "episode"]
 
@@ -50,15 +59,32 @@ class CreditAssignment(Protocol):
     ) -> list[float]: ...
 
 
+def reward_links(calls: Sequence[LLMCall]) -> dict[str, int]:
+    """Response id → turn of the call: the one rule by which an intermediate reward reaches a call."""
+    return {c.response_id: i for i, c in enumerate(calls) if c.response_id is not None}
+
+
+def split_linked(
+    calls: Sequence[LLMCall], intermediate: Sequence[IntermediateReward]
+) -> tuple[list[IntermediateReward], list[IntermediateReward]]:
+    """The intermediate rewards that reach a call of ``calls``, and the rest (no id, or an id of no call)."""
+    links = reward_links(calls)
+    linked: list[IntermediateReward] = []
+    unlinked: list[IntermediateReward] = []
+    for r in intermediate:
+        (linked if r.response_id in links else unlinked).append(r)
+    return linked, unlinked
+
+
 def linked_rewards(calls: Sequence[LLMCall], intermediate: Sequence[IntermediateReward]) -> tuple[list[float], float]:
     """Sum the intermediate rewards per call (by response id); also return the sum of the unlinked ones."""
     per_call = [0.0] * len(calls)
     if not intermediate:
         return per_call, 0.0
-    index = {c.response_id: i for i, c in enumerate(calls) if c.response_id is not None}
+    links = reward_links(calls)
     unlinked = 0.0
     for r in intermediate:
-        i = index.get(r.response_id) if r.response_id is not None else None
+        i = links.get(r.response_id) if r.response_id is not None else None
         if i is None:
             unlinked += r.value
         else:

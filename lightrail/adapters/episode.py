@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from operator import attrgetter
 
 from lightrail.adapters._model import AdapterReport, Episode, IntermediateReward, LLMCall
+from lightrail.adapters.credit import split_linked
 from lightrail.adapters.rewards import ToolRewardRule, is_tool_span, tool_rewards
 from lightrail.types import Attr, Span
 
@@ -167,8 +168,7 @@ def build_episode(
         intermediate.extend(tool_rewards(calls, tool_spans, tool_rewards_rule, report))
     if intermediate:
         report.intermediate_rewards = len(intermediate)
-        known = {c.response_id for c in calls}
-        report.unlinked_rewards = sum(1 for r in intermediate if r.response_id is None or r.response_id not in known)
+        report.unlinked_rewards = len(split_linked(calls, intermediate)[1])
     return Episode(
         rollout_id=rollout_id,
         attempt_id=attempt_id,

@@ -14,6 +14,7 @@ from lightrail.adapters import (
     credit_by_name,
     spans_to_transitions,
 )
+from lightrail.adapters.credit import split_linked
 
 
 def worked_example():
@@ -64,6 +65,14 @@ def test_reward_linked_to_unknown_call_is_unlinked():
     e = build_episode(spans)
     assert PerTurn()(e.calls, 1.0, e.intermediate) == [1.0]
     assert e.report.unlinked_rewards == 1
+
+
+def test_one_linking_rule_for_credit_advantages_and_reports():
+    e = worked_example()
+    linked, unlinked = split_linked(e.calls, e.intermediate)
+    assert [(r.value, r.response_id) for r in linked] == [(0.1, "a"), (-0.1, "c")]
+    assert [(r.value, r.response_id) for r in unlinked] == [(0.5, None)]
+    assert len(unlinked) == e.report.unlinked_rewards
 
 
 def test_credit_by_name():
