@@ -238,7 +238,12 @@ def _value(v: Any) -> JSON:
 
 
 def _attributes(key_values: Any) -> dict[str, JSON]:
-    return {kv.key: _value(kv.value) for kv in key_values}
+    out = {}
+    for kv in key_values:
+        value = kv.value
+        # Most attributes are strings; this test is the cheapest way to read one (this loop is ingest's hot path).
+        out[kv.key] = value.string_value if value.HasField("string_value") else _value(value)
+    return out
 
 
 def spans_from_request(request: Any, headers: Mapping[str, str] | None = None) -> list[Span]:
