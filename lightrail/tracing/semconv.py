@@ -8,8 +8,10 @@ keeps the original attributes and adds the few lightrail reads, in one spelling:
 
 * ``lightrail.kind`` (`Attr.KIND`): ``llm``, ``tool``, ``agent``, ``chain``, ``retriever``, ``embedding`` or
   ``other`` — what the span did;
-* ``gen_ai.agent.name``: the agent or graph node the span is (OpenInference ``AGENT`` spans, ``agent.name``,
-  ``graph.node.name``), and ``langgraph.node`` from LangChain's ``metadata`` (the node a LangGraph span ran in);
+* ``gen_ai.agent.name``: the agent or graph node the span is (``agent.name``, ``graph.node.name``; an OpenInference
+  ``AGENT`` span's ``graph.node.id``, else its span name: CrewAI, AutoGen and the OpenAI Agents SDK put the bare
+  agent name in ``graph.node.id`` and name the span ``<agent>._execute_core`` / ``<agent>.on_messages_stream``),
+  and ``langgraph.node`` from LangChain's ``metadata`` (the node a LangGraph span ran in);
 * ``gen_ai.tool.name`` and ``gen_ai.tool.call.id`` on tool spans (tool outcomes become intermediate rewards,
   linked to the LLM call that asked for the tool through the call id);
 * ``gen_ai.response.id`` on LLM spans when the framework recorded the response (so a framework's LLM span and the
@@ -99,7 +101,7 @@ def normalize(name: str, attributes: dict[str, Any]) -> dict[str, Any]:
     if Attr.AGENT_NAME not in a:
         agent = a.get("agent.name") or a.get("graph.node.name")
         if agent is None and kind == "agent":
-            agent = name
+            agent = a.get("graph.node.id") or name
         if agent is not None:
             a[Attr.AGENT_NAME] = str(agent)
     node = _json_field(a.get("metadata"), "langgraph_node")
