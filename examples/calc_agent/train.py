@@ -1,0 +1,32 @@
+"""The calculator team as lightrail runs it: the AutoGen team of `agent.py`, given the attempt's routed endpoint.
+
+Reward: 1 for the exact final answer, 0 otherwise (no answer, a wrong one, or a chat the model derailed). Tool
+outcomes become intermediate rewards without any code here: with ``grpo.tool_rewards`` on, lightrail reads each
+calculator result (AutoGen's ``execute_tool`` span, else the tool message in the next request) and rewards the
+LLM call that asked for it (`lightrail.adapters.rewards.ToolRewardRule`; ``credit: per_turn`` uses them).
+"""
+
+from __future__ import annotations
+
+from examples.calc_agent.agent import solve
+from lightrail import rollout
+
+
+def answer_reward(answer: int | None, expected: int) -> float:
+    """1.0 for the exact answer, 0.0 for a wrong one or none."""
+    return 1.0 if answer is not None and answer == expected else 0.0
+
+
+@rollout
+async def calc_agent(task, llm):
+    """Run the solver/checker team on ``task["question"]`` with the calculator ``task["tools"]`` names."""
+    solution = await solve(
+        task["question"],
+        base_url=llm.endpoint,
+        model=llm.model,
+        api_key=llm.api_key or "none",
+        tools=task.get("tools", "local"),
+        max_turns=task.get("max_turns", 3),
+        **llm.sampling,
+    )
+    return answer_reward(solution.answer, task["answer"])
