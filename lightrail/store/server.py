@@ -285,6 +285,8 @@ def _otlp_traces(get_store: Callable[[], Store], max_body_bytes: int) -> Callabl
                 max_bytes=max_body_bytes,
             )
         except otlp.OTLPError as exc:
+            # OTLP exporters log only the status line, so the reason is logged here too.
+            log.warning("OTLP traces request refused (%s): %s", exc.http_status, exc)
             return _error(exc.http_status, str(exc), type(exc).__name__)
         await get_store().add_spans(spans)
         return Response(otlp.response_body(media), media_type=media)

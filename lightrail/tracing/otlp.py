@@ -6,7 +6,7 @@ into `Span` objects; the server stores them with the store's ``add_spans`` (all 
 `response_body`.
 
 Data flow: ``body`` (protobuf ``application/x-protobuf`` or OTLP/JSON ``application/json``, optionally
-``Content-Encoding: gzip``) → ``ExportTraceServiceRequest`` (opentelemetry-proto) → one `Span` per OTLP span:
+``Content-Encoding: gzip`` or ``deflate``) → ``ExportTraceServiceRequest`` (opentelemetry-proto) → one `Span` per OTLP span:
 
 * ids as lowercase hex; ``parent_id`` None for a root span; times from Unix nanoseconds to float seconds;
 * attributes from ``AnyValue`` (string, bool, int, double, array, kvlist; bytes as hex), then
@@ -82,7 +82,7 @@ class OTLPDecodeError(OTLPError):
 
 
 class BodyTooLargeError(OTLPError):
-    """A gzip body whose decompressed size is over the server's body limit."""
+    """A compressed body whose decompressed size is over the server's body limit."""
 
     http_status = 413
 
@@ -125,22 +125,30 @@ def media_type(content_type: str | None) -> str:
     return found
 
 
+_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+"""zlib window bits per content encoding: gzip (OTLP's), deflate (zlib format, as HTTP defines it; the Python
+OTLP exporter offers it)."""
+
+
 def _decompress(body: bytes, content_encoding: str | None, max_bytes: int | None) -> bytes:
     encoding = (content_encoding or "identity").strip().lower()
     if encoding == "identity":
         return body
-    if encoding != "gzip":
-        raise UnsupportedMediaError(f"unsupported content encoding {content_encoding!r}: send 'gzip' or none")
-    inflate = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    wbits = _WBITS.get(encoding)
+    if wbits is None:
+        raise UnsupportedMediaError(
+            f"unsupported content encoding {content_encoding!r}: send 'gzip', 'deflate' or no encoding"
+        )
+    inflate = zlib.decompressobj(wbits=wbits)
     try:
         # Bounded: a few KB of gzip can inflate to gigabytes, and the body limit exists to protect memory.
         out = inflate.decompress(body, max_bytes + 1 if max_bytes else 0)
         if not inflate.eof:
             if max_bytes and len(out) > max_bytes:
                 raise BodyTooLargeError(f"request body over {max_bytes} bytes once decompressed")
-            raise OTLPDecodeError("the gzip body is truncated")
+            raise OTLPDecodeError(f"the {encoding} body is truncated")
     except zlib.error as exc:
-        raise OTLPDecodeError(f"the body is not valid gzip: {exc}") from None
+        raise OTLPDecodeError(f"the body is not valid {encoding}: {exc}") from None
     return out
 
 
@@ -198,7 +206,7 @@ def decode_request(
 ) -> tuple[Any, str]:
     """The ``ExportTraceServiceRequest`` in ``body`` and its media type (`PROTOBUF` or `JSON_MEDIA`).
 
-    ``max_bytes`` bounds a gzip body's decompressed size. Raises `UnsupportedMediaError` (415) for another
+    ``max_bytes`` bounds a compressed body's decompressed size. Raises `UnsupportedMediaError` (415) for another
     content type or encoding, `OTLPDecodeError` (400) for a body that does not decode.
     """
     media = media_type(content_type)

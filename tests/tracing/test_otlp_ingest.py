@@ -149,11 +149,14 @@ async def test_exporter_with_resource_attribution_stores_nested_openinference_sp
     assert (event.name, event.time, event.attributes) == ("retry", sdk_event.timestamp / NS, sdk_event.attributes)
 
 
-async def test_batch_processor_with_span_attribution_splits_one_request_over_attempts(server, store, attempts):
-    """Spans of two attempts (one process running two rollouts) arrive in one gzip request, each stored under its
-    own attempt."""
+@pytest.mark.parametrize("compression", [Compression.Gzip, Compression.Deflate], ids=["gzip", "deflate"])
+async def test_batch_processor_with_span_attribution_splits_one_request_over_attempts(
+    server, store, attempts, compression
+):
+    """Spans of two attempts (one process running two rollouts) arrive in one compressed request, each stored
+    under its own attempt."""
     provider = TracerProvider()
-    provider.add_span_processor(BatchSpanProcessor(exporter(server, compression=Compression.Gzip)))
+    provider.add_span_processor(BatchSpanProcessor(exporter(server, compression=compression)))
     tracer = provider.get_tracer("agent")
     for rollout_id, attempt_id in attempts:
         with tracer.start_as_current_span("turn", attributes=owner_attributes(rollout_id, attempt_id)):
