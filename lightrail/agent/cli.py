@@ -34,6 +34,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     runner.add_argument("--idle-exit", type=float, default=None, metavar="S", help="exit after S idle seconds")
     runner.add_argument("--grace", type=float, default=10.0, metavar="S", help="shutdown grace period (default: 10)")
     runner.add_argument("--worker-id", default=None, help="name of this runner (default: host:pid:suffix)")
+    runner.add_argument(
+        "--otel",
+        nargs="?",
+        const="sink",
+        choices=["sink", "otlp"],
+        default=None,
+        help="record the agent framework's OpenTelemetry spans in each attempt (needs lightrail[otel]); 'otlp' "
+        "exports them to the store server's /v1/traces instead of through the runner (default: sink)",
+    )
     runner.set_defaults(handler=_run)
 
 
@@ -48,11 +57,32 @@ def _run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ[RUNNER_ENV] = "1"
 
+    if args.otel is not None:
+        try:
+            from lightrail.agent.runner import _require_otel
+
+            _require_otel()
+            if args.otel == "otlp":
+                if not args.store.startswith(("http://", "https://")):
+                    print("lightrail runner: --otel otlp needs a store server URL", file=sys.stderr)
+                    return 2
+                from lightrail.tracing import otel
+
+                otel.setup(exporter="otlp", store_url=args.store, token=args.token)
+        except ImportError as exc:
+            print(f"lightrail runner: {exc}", file=sys.stderr)
+            return 2
+
     async def main() -> Runner:
         store = open_store(args.store, token=args.token)
         try:
             runner = Runner(
-                store, args.agent, concurrency=args.concurrency, worker_id=args.worker_id, grace_s=args.grace
+                store,
+                args.agent,
+                concurrency=args.concurrency,
+                worker_id=args.worker_id,
+                grace_s=args.grace,
+                otel=args.otel is not None,
             )
             stats = await runner.run(max_rollouts=args.max_rollouts, idle_exit_s=args.idle_exit)
             logging.getLogger("lightrail.runner").info("runner done: %d leased, %s", stats.leased, dict(stats.ended))

@@ -52,6 +52,12 @@ def _runner_main(
     from lightrail.agent.runner import Runner
     from lightrail.store import open_store
 
+    if runner_kwargs.get("otel") == "otlp":  # framework spans go straight to the store server's /v1/traces
+        from lightrail.tracing import otel
+
+        otel.setup(exporter="otlp", store_url=store_url, token=token)
+        runner_kwargs = {**runner_kwargs, "otel": True}
+
     async def main() -> Runner:
         store = open_store(store_url, token=token)
         runner = Runner(store, agent, concurrency=concurrency, **runner_kwargs)
@@ -191,13 +197,15 @@ def run_runners(
     idle_exit_s: float | None = None,
     log_level: int = logging.WARNING,
     runner_python: str | None = None,
+    otel: bool | str = False,
     **runner_kwargs: Any,
 ) -> RunnerProcesses:
     """Start ``n`` runner processes against the store server at ``store_url``, each running up to
     ``concurrency`` rollouts at once; returns at once with a handle (use it as a context manager, or call
     `RunnerProcesses.stop`). Extra keyword arguments go to `Runner` (``grace_s``, ``lease_wait_s``, ...).
     ``runner_python`` (a path or command) runs the runners under that interpreter instead of this one; it must
-    have lightrail and the agent's dependencies installed.
+    have lightrail and the agent's dependencies installed. ``otel``: False, True (OpenTelemetry spans through each
+    runner's batcher, see `Runner`) or ``"otlp"`` (exported to the store server's ``/v1/traces`` instead).
 
     Example::
 
@@ -210,6 +218,14 @@ def run_runners(
         # an importable reference is cheaper and safer than pickling the object; else fall back to pickling
         with contextlib.suppress(ValueError):
             agent_ref = agent_reference(agent_ref)
+    if otel not in (False, True, "sink", "otlp"):
+        raise ValueError(f"otel must be False, True, 'sink' or 'otlp', not {otel!r}")
+    if otel:
+        if runner_python is None:  # another interpreter checks its own packages when its Runner starts
+            from lightrail.agent.runner import _require_otel
+
+            _require_otel()  # here, not once per child process
+        runner_kwargs["otel"] = "otlp" if otel == "otlp" else True
     ctx = multiprocessing.get_context("spawn")
     run_kwargs = {"max_rollouts": max_rollouts, "idle_exit_s": idle_exit_s}
     args = (store_url, agent_ref, concurrency, token, runner_kwargs, run_kwargs, log_level)

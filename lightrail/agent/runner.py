@@ -103,6 +103,10 @@ class Runner:
 
     ``agent`` is a `LitAgent`, a `rollout`-decorated function, or an import reference ``"module:object"``.
     ``worker_id`` names this runner in the attempts it leases (default ``host:pid:suffix``).
+    ``otel=True`` turns OpenTelemetry on in this process (`lightrail.tracing.otel.setup`, or the setup already
+    active): framework spans become spans of the attempt that made them, under its rollout span, and LLM calls carry
+    a ``traceparent`` so the gateway's call spans hang under the framework span that made them. Needs the
+    ``lightrail[otel]`` extra. The runner's own lightweight tracer stays the default.
 
     Example::
 
@@ -121,9 +125,12 @@ class Runner:
         grace_s: float = 10.0,
         handle_signals: bool = True,
         batcher: SpanBatcher | None = None,
+        otel: bool = False,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
+        if otel:
+            _require_otel()
         self.store = store
         self.agent = load_agent(agent)
         self.concurrency = concurrency
@@ -133,6 +140,8 @@ class Runner:
         self.handle_signals = handle_signals
         self.batcher = batcher or SpanBatcher(store)
         self.stats = RunnerStats()
+        self.otel = otel
+        self._otel: Any = None  # the `lightrail.tracing.otel.OTel` handle while running with otel=True
         self._threads_busy = 0
         self._threads_lock = threading.Lock()
         self._running: dict[str, _Running] = {}
@@ -169,6 +178,10 @@ class Runner:
         self._loop, self._loop_thread = loop, threading.get_ident()
         self._stopping, self._no_grace = asyncio.Event(), asyncio.Event()
         self.batcher.start()
+        if self.otel:
+            from lightrail.tracing import otel
+
+            self._otel = otel.current() or otel.setup()  # one setup per process, shared by its runners
         if not self.agent.is_async:
             self._executor = ThreadPoolExecutor(self.concurrency, thread_name_prefix="lightrail-agent")
         signals = self._install_signal_handlers(loop)
@@ -318,6 +331,8 @@ class Runner:
             heartbeat.cancel()
             self._running.pop(attempt.attempt_id, None)
         self.batcher.submit(self._root_span(running, root_id, root_seq, started, status, reward, error))
+        if self._otel is not None and self._otel.exporter == "otlp":
+            await asyncio.to_thread(self._otel.force_flush)  # framework spans reach the store before the finish
         await self.batcher.flush()  # a finished attempt's spans are complete in the store
         if status is None:  # the store ended it (cancelled, lost, timed out): nothing to report
             self.stats.ended[str(getattr(running.stop_reason, "value", running.stop_reason))] += 1
@@ -326,7 +341,8 @@ class Runner:
 
     async def _call_agent(self, running: _Running, root_id: str, resources: dict[str, Any]) -> float | None:
         rollout, attempt = running.lease.rollout, running.lease.attempt
-        with use_attempt(running.ctx, parent_span_id=root_id):  # this task's own context copy
+        otel_parent = self._otel.attempt_parent(running.ctx, root_id) if self._otel else contextlib.nullcontext()
+        with use_attempt(running.ctx, parent_span_id=root_id), otel_parent:  # this task's own context copy
             try:
                 if self.agent.is_async:
                     result = await self.agent.invoke(rollout.task.input, resources, rollout, attempt)
@@ -480,6 +496,19 @@ class Runner:
                     return  # its lease expires and the store retries the rollout
                 await asyncio.sleep(delay)
                 delay *= 2
+
+
+def _require_otel() -> None:
+    """Fail at construction, not in the first attempt, when OpenTelemetry is not installed."""
+    import importlib.util
+
+    for module in ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http"):
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ImportError:
+            found = False
+        if not found:
+            raise ImportError(f"otel=True needs OpenTelemetry ({module} is missing): pip install 'lightrail[otel]'")
 
 
 def _shutdown_error() -> ErrorInfo:

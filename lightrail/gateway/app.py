@@ -15,7 +15,9 @@ rollouts' spans, and late spans of a lost attempt are never trained on), while r
 runner/heartbeat race into agent errors.
 
 Every routed call that passed auth and the attempt check is recorded as one `Span` named
-``Attr.SPAN_LLM_CALL`` -- failed calls too, with status ERROR and the error message. Spans go to a
+``Attr.SPAN_LLM_CALL`` -- failed calls too, with status ERROR and the error message. A valid W3C ``traceparent``
+header makes the span a child of the caller's span (its trace id and parent id): with OpenTelemetry on in the
+runner (`lightrail.tracing.otel`), the framework span that made the call, so the call is attributed to its agent. Spans go to a
 `lightrail.tracing.SpanBatcher` (the runner's batcher) that writes them in batches in the background: the request path has no store round trip.
 
 Concurrency model: single event loop; the state shared between requests (attempt cache, seq counter) is
@@ -56,7 +58,7 @@ from lightrail.store.base import NotFoundError, Store
 from lightrail.tracing import SpanBatcher
 from lightrail.types import Attr, BackendError, Span, SpanStatus, StatusCode, next_seq
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "create_gateway_app"]
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "create_gateway_app", "parse_traceparent"]
 
 log = logging.getLogger(__name__)
 
@@ -224,8 +226,42 @@ class _Gateway:
             http = _error(500, "The model backend failed; see the gateway's log.", type="server_error")
         if attempt is not None:
             await self.recorder.wait_capacity()  # backpressure: agents slow down to the store's pace
-            self.recorder.submit(_call_span(attempt, seq, endpoint, start, data, body, generation, response, failure))
+            span = _call_span(attempt, seq, endpoint, start, data, body, generation, response, failure)
+            parent = parse_traceparent(request.headers.get("traceparent"))
+            if parent is not None:  # the caller's span (a framework's LLM span, the runner's rollout span)
+                span.trace_id, span.parent_id = parent
+            self.recorder.submit(span)
         return http
+
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def parse_traceparent(value: str | None) -> tuple[str, str] | None:
+    """``(trace_id, parent_span_id)`` in lowercase hex from a W3C ``traceparent`` header, or None when it is missing
+    or malformed (W3C: a receiver ignores a header it cannot parse; the call is recorded without a parent).
+
+    Version 00 is exactly ``00-<32 hex trace id>-<16 hex span id>-<2 hex flags>``; later versions may append
+    fields after a dash. Version ``ff`` and all-zero ids are invalid.
+
+    Example::
+
+        parse_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+        # ('4bf92f3577b34da6a3ce929d0e0e4736', '00f067aa0ba902b7')
+    """
+    if not value:
+        return None
+    value = value.strip().lower()
+    if len(value) < 55 or value[2] != "-" or value[35] != "-" or value[52] != "-":
+        return None
+    version, trace_id, span_id, flags = value[:2], value[3:35], value[36:52], value[53:55]
+    if version == "ff" or (version == "00" and len(value) != 55) or (len(value) > 55 and value[55] != "-"):
+        return None
+    if not _HEX.issuperset(version + trace_id + span_id + flags):
+        return None
+    if trace_id == "0" * 32 or span_id == "0" * 16:
+        return None
+    return trace_id, span_id
 
 
 def _too_large(limit: int) -> InvalidRequest:

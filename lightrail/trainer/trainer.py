@@ -99,7 +99,9 @@ class Trainer:
     (one with a ``url`` attribute, like `StoreClient`, is shared with runner processes; any other runs the
     runners in this process). ``n_runners`` processes each run up to ``concurrency`` rollouts at once, under
     ``runner_python`` if given (another environment's interpreter, for a framework that cannot be installed
-    next to the trainer's; see `run_runners`).
+    next to the trainer's; see `run_runners`). ``otel=True`` runs them with OpenTelemetry on: the agent
+    framework's spans are stored in each attempt, and LLM calls link to them (see `Runner`; needs
+    ``lightrail[otel]``).
     ``retry`` is the `RetryPolicy` of the rollouts the trainer enqueues.
 
     Example::
@@ -121,9 +123,14 @@ class Trainer:
         grace_s: float = 10.0,
         console: Any = None,
         runner_python: str | None = None,
+        otel: bool = False,
     ) -> None:
         if n_runners < 1 or concurrency < 1:
             raise ValueError("n_runners and concurrency must be >= 1")
+        if otel and runner_python is None:
+            from lightrail.agent.runner import _require_otel
+
+            _require_otel()  # now, not when the first runner starts
         self.n_runners = n_runners
         self.store = store
         self.concurrency = concurrency
@@ -133,6 +140,7 @@ class Trainer:
         self.runs_dir = Path(runs_dir)
         self.grace_s = grace_s
         self.runner_python = runner_python
+        self.otel = otel
         if console is None:
             from rich.console import Console
 
@@ -272,7 +280,7 @@ class Trainer:
                 store = owned_store = StoreClient(url, token=token)
             runners = run_runners(
                 url, ref, self.n_runners, self.concurrency, token, grace_s=self.grace_s,
-                runner_python=self.runner_python,
+                runner_python=self.runner_python, otel=self.otel,
             )  # fmt: skip
             stopped = False
 
@@ -298,7 +306,9 @@ class Trainer:
 
         loaded = load_agent(agent)
         runners = [
-            Runner(store, loaded, concurrency=self.concurrency, handle_signals=False, grace_s=self.grace_s)
+            Runner(
+                store, loaded, concurrency=self.concurrency, handle_signals=False, grace_s=self.grace_s, otel=self.otel
+            )
             for _ in range(self.n_runners)
         ]
         tasks = [asyncio.ensure_future(r.run()) for r in runners]

@@ -1,0 +1,412 @@
+"""OpenTelemetry in runner processes: every framework span becomes a span of the attempt that made it.
+
+Agent frameworks (the openai client, LangChain/LangGraph, the OpenAI Agents SDK, AutoGen, CrewAI) describe their
+work as OpenTelemetry spans through OpenInference instrumentors. `setup` turns that on in a runner process:
+
+* an OTel `SpanProcessor` stamps every span started inside an attempt (`lightrail.tracing.current_attempt`,
+  contextvars) with `Attr.ROLLOUT_ID` / `Attr.ATTEMPT_ID`; spans started outside any attempt are counted
+  (`OTel.unattributed`) and never exported;
+* ``exporter="sink"`` (default): when such a span ends it is converted to a lightrail `Span` (attributes through
+  `lightrail.tracing.semconv.normalize`) and handed to the attempt's sink — the runner's `SpanBatcher`, which the
+  runner flushes before it reports the attempt finished, so framework spans are in the store by then;
+  ``exporter="otlp"``: a standard ``BatchSpanProcessor(OTLPSpanExporter)`` posts them to the store server's
+  ``/v1/traces`` (attributed there by the stamped attributes); the runner calls `OTel.force_flush` before it
+  reports an attempt finished;
+* the runner runs each attempt's agent inside `OTel.attempt_parent`: the current OTel span is a remote
+  ``NonRecordingSpan`` with the attempt's trace id and the runner's rollout span id, so framework root spans hang
+  under the rollout span in the attempt's trace;
+* outgoing ``httpx`` / ``httpx2`` requests (the openai client, LangChain, the Agents SDK, AutoGen and litellm all
+  use one of them) carry the W3C ``traceparent`` of the current span, so the gateway makes its LLM-call span a child of the
+  framework span that made the call, and the adapter's ancestor walk finds the agent that made it. This is a
+  minimal injection around ``Client.send`` / ``AsyncClient.send`` (no extra client span per request, unlike
+  opentelemetry-instrumentation-httpx, which also does not know httpx2).
+
+This module imports OpenTelemetry at the top; nothing imports it unless OTel is turned on (``Runner(otel=True)``,
+``lightrail runner --otel``), so ``import lightrail`` stays light.
+
+Concurrency model: OTel's global `TracerProvider` can be set once per process, so there is one provider and one
+`_AttemptProcessor` per process, created by the first `setup`; `OTel.shutdown` deactivates them (and removes the
+instrumentation) and a later `setup` reactivates them with its own configuration. The processor's callbacks run
+in whatever thread starts or ends a span; their shared state is a dict of open spans (single ``dict`` operations,
+atomic under the GIL) and counters that are only approximate under free threading.
+
+Example::
+
+    from lightrail.tracing import otel
+
+    handle = otel.setup()                  # in a runner process; Runner(otel=True) does this for you
+    print(handle.instrumented)             # ['openai', 'langchain', ...]: the frameworks installed here
+    ...
+    handle.shutdown()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import logging
+import threading
+from collections.abc import Iterable, Iterator
+from typing import Any, Literal
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import Span as SDKSpan
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+from lightrail.tracing._context import AttemptContext, current_attempt
+from lightrail.tracing.semconv import normalize, status_code
+from lightrail.types import Attr, Span, SpanEvent, SpanStatus, next_seq
+
+__all__ = ["FRAMEWORKS", "OTel", "current", "setup", "to_lightrail_span", "traceparent"]
+
+log = logging.getLogger(__name__)
+
+FRAMEWORKS: dict[str, tuple[str, str, str]] = {
+    "openai": ("openai", "openinference.instrumentation.openai", "OpenAIInstrumentor"),
+    "langchain": ("langchain_core", "openinference.instrumentation.langchain", "LangChainInstrumentor"),
+    "openai_agents": ("agents", "openinference.instrumentation.openai_agents", "OpenAIAgentsInstrumentor"),
+    "autogen_agentchat": (
+        "autogen_agentchat",
+        "openinference.instrumentation.autogen_agentchat",
+        "AutogenAgentChatInstrumentor",
+    ),
+    "crewai": ("crewai", "openinference.instrumentation.crewai", "CrewAIInstrumentor"),
+}
+"""Instrumentor names `setup` knows: name -> (the framework's module, the OpenInference instrumentor's module, its
+class). ``instrument=True`` enables each one whose framework and instrumentor are both installed."""
+
+_EXTRA = {"openai": "otel", "openai_agents": "openai-agents", "autogen_agentchat": "autogen"}
+
+
+def _installed(module: str) -> bool:
+    """Whether ``module`` can be imported, without importing it (a parent package may be imported)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a missing parent package
+        return False
+
+
+def _jsonable(value: Any) -> Any:
+    return list(value) if type(value) is tuple else value
+
+
+def to_lightrail_span(span: ReadableSpan, ctx: AttemptContext) -> Span:
+    """An ended OTel span as a lightrail `Span` of ``ctx``'s attempt (ids in hex, times in seconds, attributes
+    normalized by `lightrail.tracing.semconv.normalize`)."""
+    sc = span.context
+    parent = span.parent
+    attributes = {k: _jsonable(v) for k, v in span.attributes.items()} if span.attributes else {}
+    name = span.name
+    normalize(name, attributes)
+    status = span.status
+    start = span.start_time or 0
+    return Span(
+        rollout_id=ctx.rollout_id,
+        attempt_id=ctx.attempt_id,
+        seq=next_seq(),
+        name=name,
+        span_id=f"{sc.span_id:016x}",
+        trace_id=f"{sc.trace_id:032x}",
+        parent_id=f"{parent.span_id:016x}" if parent is not None else None,
+        start_time=start / 1e9,
+        end_time=span.end_time / 1e9 if span.end_time is not None else None,
+        attributes=attributes,
+        events=[
+            SpanEvent(
+                name=e.name,
+                time=e.timestamp / 1e9,
+                attributes={k: _jsonable(v) for k, v in e.attributes.items()} if e.attributes else {},
+            )
+            for e in span.events
+        ],
+        status=SpanStatus(code=status_code(status.status_code.value), message=status.description or ""),
+    )
+
+
+class _AttemptProcessor(SpanProcessor):
+    """Stamps spans started inside an attempt and routes them to that attempt (sink) or to an OTLP exporter.
+
+    ``_open`` maps the span id of every started, not yet ended span of an attempt to its `AttemptContext` (the
+    span that ends is a fresh `ReadableSpan`, and it may end in another thread or task than it started in).
+    """
+
+    def __init__(self) -> None:
+        self.active = False
+        self.exporter: Literal["sink", "otlp"] = "sink"
+        self.batch: SpanProcessor | None = None
+        self.exported = 0
+        self.unattributed = 0
+        self._open: dict[int, AttemptContext] = {}
+        self._by_trace: dict[int, AttemptContext] = {}
+
+    def on_start(self, span: SDKSpan, parent_context: Any = None) -> None:
+        if not self.active:
+            return
+        ctx = current_attempt()
+        if ctx is None:
+            # a thread the framework started without copying the context still carries the attempt's OTel
+            # context when the framework propagates it: the trace id names the attempt
+            ctx = self._by_trace.get(span.context.trace_id) if self._by_trace else None
+            if ctx is None:
+                self.unattributed += 1
+                return
+        span.set_attributes({Attr.ROLLOUT_ID: ctx.rollout_id, Attr.ATTEMPT_ID: ctx.attempt_id})
+        self._open[span.context.span_id] = ctx
+
+    def on_end(self, span: ReadableSpan) -> None:
+        ctx = self._open.pop(span.context.span_id, None)
+        if ctx is None or not self.active:
+            return
+        self.exported += 1
+        if self.batch is not None:
+            self.batch.on_end(span)
+            return
+        try:
+            ctx.sink.submit(to_lightrail_span(span, ctx))
+        except Exception:  # tracing must never break the agent
+            log.exception("could not record OTel span %r", span.name)
+
+    def shutdown(self) -> None:
+        if self.batch is not None:
+            self.batch.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return self.batch.force_flush(timeout_millis) if self.batch is not None else True
+
+
+class OTel:
+    """The handle `setup` returns: what was enabled, counters, and `shutdown`."""
+
+    def __init__(self, processor: _AttemptProcessor, provider: TracerProvider, instrumented: list[str]) -> None:
+        self.processor = processor
+        self.provider = provider
+        self.instrumented = instrumented
+        """The OpenInference instrumentors enabled (`FRAMEWORKS` names)."""
+        self._instrumentors: list[Any] = []
+
+    @property
+    def exporter(self) -> str:
+        return self.processor.exporter
+
+    @property
+    def exported(self) -> int:
+        """Spans of attempts handed to the sink or the OTLP exporter so far."""
+        return self.processor.exported
+
+    @property
+    def unattributed(self) -> int:
+        """Spans started outside any attempt (not exported) so far."""
+        return self.processor.unattributed
+
+    @contextlib.contextmanager
+    def attempt_parent(self, ctx: AttemptContext, span_id: str) -> Iterator[None]:
+        """Run the enclosed code (an attempt's agent) with a current OTel span that stands for the runner's span
+        ``span_id`` in ``ctx``'s trace: spans started inside are in the attempt's trace, roots under that span.
+
+        Must be entered and exited in the same task or thread (it attaches an OTel context)."""
+        trace_id = int(ctx.trace_id, 16)
+        parent = SpanContext(trace_id, int(span_id, 16), is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+        token = otel_context.attach(trace.set_span_in_context(NonRecordingSpan(parent)))
+        self.processor._by_trace[trace_id] = ctx
+        try:
+            yield
+        finally:
+            self.processor._by_trace.pop(trace_id, None)
+            otel_context.detach(token)
+
+    def force_flush(self, timeout_s: float = 30.0) -> bool:
+        """Export every ended span now (OTLP mode; a no-op for the sink, which the runner flushes itself). Blocks:
+        call it from a thread in async code."""
+        return self.processor.force_flush(int(timeout_s * 1000))
+
+    def shutdown(self) -> None:
+        """Flush, stop exporting, remove the instrumentation and the ``traceparent`` injection. The provider stays
+        (OTel allows one per process); a later `setup` reuses it."""
+        global _handle
+        with _lock:
+            if _handle is not self:
+                return
+            self.force_flush()
+            self.processor.active = False
+            if self.processor.batch is not None:
+                self.processor.batch.shutdown()
+                self.processor.batch = None
+            for instrumentor in self._instrumentors:
+                with contextlib.suppress(Exception):
+                    instrumentor.uninstrument()
+            self._instrumentors = []
+            _uninject()
+            _handle = None
+
+
+_lock = threading.Lock()
+_handle: OTel | None = None
+_provider: TracerProvider | None = None
+_processor: _AttemptProcessor | None = None
+
+
+def current() -> OTel | None:
+    """The active handle (after `setup`, before its `OTel.shutdown`), or None."""
+    return _handle
+
+
+def setup(
+    *,
+    instrument: bool | Iterable[str] = True,
+    exporter: Literal["sink", "otlp"] = "sink",
+    store_url: str | None = None,
+    token: str | None = None,
+) -> OTel:
+    """Turn OpenTelemetry on in this process: spans started inside attempts become spans of those attempts.
+
+    ``instrument``: True enables the OpenInference instrumentor of every installed framework in `FRAMEWORKS`; a
+    list of names enables those (an unknown name is a ValueError, a missing package an ImportError naming the
+    extra to install); False none. ``exporter``: ``"sink"`` hands spans to the attempt's sink (the runner's
+    batcher); ``"otlp"`` exports them to ``store_url + "/v1/traces"`` with ``token`` as bearer token.
+
+    Idempotent: while a setup is active, calling it again returns the same handle (and enables instrumentors
+    it was not asked for before); asking for another exporter then is a ValueError.
+    """
+    global _handle, _provider, _processor
+    if exporter not in ("sink", "otlp"):
+        raise ValueError(f"exporter must be 'sink' or 'otlp', not {exporter!r}")
+    if exporter == "otlp" and not store_url:
+        raise ValueError("exporter='otlp' needs store_url (the store server's URL)")
+    names = _instrumentor_names(instrument)
+    with _lock:
+        if _handle is not None:
+            if exporter != _handle.exporter:
+                raise ValueError(
+                    f"OpenTelemetry is already set up with exporter={_handle.exporter!r}; shut it down first"
+                )
+            _instrument(_handle, names)
+            return _handle
+        if _provider is None:
+            _provider, _processor = _install_provider()
+        assert _processor is not None
+        _processor.exporter = exporter
+        _processor.exported = _processor.unattributed = 0  # the counters are this handle's
+        if exporter == "otlp":
+            _processor.batch = _otlp_processor(str(store_url), token)
+        handle = OTel(_processor, _provider, [])
+        _instrument(handle, names)
+        _inject()
+        _processor.active = True
+        _handle = handle
+        return handle
+
+
+def _install_provider() -> tuple[TracerProvider, _AttemptProcessor]:
+    """The process's SDK provider with our processor: the global one if the user set an SDK provider, else a new
+    one made global."""
+    processor = _AttemptProcessor()
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        from opentelemetry.sdk.resources import Resource
+
+        provider = TracerProvider(resource=Resource.create({"service.name": "lightrail-runner"}))
+        trace.set_tracer_provider(provider)
+        if trace.get_tracer_provider() is not provider:
+            raise RuntimeError(
+                "another OpenTelemetry TracerProvider (not the SDK's) is already global in this process; "
+                "lightrail needs an opentelemetry.sdk.trace.TracerProvider"
+            )
+    provider.add_span_processor(processor)
+    return provider, processor
+
+
+def _otlp_processor(store_url: str, token: str | None) -> SpanProcessor:
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    headers = {"authorization": f"Bearer {token}"} if token else None
+    exporter = OTLPSpanExporter(endpoint=store_url.rstrip("/") + "/v1/traces", headers=headers)
+    return BatchSpanProcessor(exporter, schedule_delay_millis=200)
+
+
+def _instrumentor_names(instrument: bool | Iterable[str]) -> list[str]:
+    if instrument is True:
+        return [n for n, (framework, module, _) in FRAMEWORKS.items() if _installed(framework) and _installed(module)]
+    if instrument is False:
+        return []
+    if isinstance(instrument, str):
+        raise TypeError("instrument must be True, False or a list of names, not a string")
+    names = list(instrument)
+    for name in names:
+        if name not in FRAMEWORKS:
+            raise ValueError(f"unknown instrumentor {name!r}; known: {', '.join(FRAMEWORKS)}")
+        framework, module, _ = FRAMEWORKS[name]
+        if not (_installed(framework) and _installed(module)):
+            raise ImportError(
+                f"instrumenting {name} needs {framework} and {module.replace('.', '-').replace('_', '-')}: "
+                f"pip install 'lightrail[{_EXTRA.get(name, name)}]'"
+            )
+    return names
+
+
+def _instrument(handle: OTel, names: list[str]) -> None:
+    for name in names:
+        if name in handle.instrumented:
+            continue
+        _, module, cls = FRAMEWORKS[name]
+        instrumentor = getattr(importlib.import_module(module), cls)()
+        if not instrumentor.is_instrumented_by_opentelemetry:  # else someone else did: theirs to remove
+            instrumentor.instrument(tracer_provider=handle.provider)
+            handle._instrumentors.append(instrumentor)
+        handle.instrumented.append(name)
+
+
+# -- traceparent on outgoing httpx requests -------------------------------------------------------------------
+
+_HTTP_CLIENTS = ("httpx", "httpx2")
+"""Modules whose ``Client.send`` / ``AsyncClient.send`` get the ``traceparent`` header (openai 3 uses ``httpx2``,
+LangChain, litellm and most others ``httpx``)."""
+_originals: dict[str, tuple[Any, Any]] = {}
+
+
+def traceparent() -> str | None:
+    """The W3C ``traceparent`` of the current OTel span, or None when there is none."""
+    sc = trace.get_current_span().get_span_context()
+    if not sc.is_valid:
+        return None
+    return f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{sc.trace_flags:02x}"
+
+
+def _inject() -> None:
+    for name in _HTTP_CLIENTS:
+        if name in _originals or not _installed(name):
+            continue
+        module = importlib.import_module(name)
+        send, asend = module.Client.send, module.AsyncClient.send
+        module.Client.send, module.AsyncClient.send = _traced(send), _traced_async(asend)
+        _originals[name] = (send, asend)
+
+
+def _traced(send: Any) -> Any:
+    def traced_send(self: Any, request: Any, **kwargs: Any) -> Any:
+        value = traceparent()
+        if value is not None and "traceparent" not in request.headers:
+            request.headers["traceparent"] = value
+        return send(self, request, **kwargs)
+
+    return traced_send
+
+
+def _traced_async(send: Any) -> Any:
+    async def traced_send(self: Any, request: Any, **kwargs: Any) -> Any:
+        value = traceparent()
+        if value is not None and "traceparent" not in request.headers:
+            request.headers["traceparent"] = value
+        return await send(self, request, **kwargs)
+
+    return traced_send
+
+
+def _uninject() -> None:
+    for name, (send, asend) in list(_originals.items()):
+        module = importlib.import_module(name)
+        module.Client.send, module.AsyncClient.send = send, asend
+        del _originals[name]
