@@ -14,7 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
-from lightrail.gateway._http import HTTPPool
+from lightrail._http import HTTPPool
 from lightrail.types import (
     BackendError,
     ChatRequest,
@@ -127,7 +127,7 @@ class OpenAIUpstream:
     ``model`` overrides the model name of every request (agents often hard-code one); ``policy_version`` is
     stamped on every generation (set it when you load new weights into the server).
 
-    HTTP goes through a lean keep-alive client (`lightrail.gateway._http`, ~0.1 ms per call where httpx
+    HTTP goes through a lean keep-alive client (`lightrail._http`, ~0.1 ms per call where httpx
     costs ~0.65 ms); environment proxies are not used.
 
     Concurrency model: one event loop; connections are opened on first use in the running loop. Call

@@ -32,6 +32,13 @@ from urllib.parse import quote
 import httpx
 import msgspec
 
+from lightrail._http import (
+    ConnectFailedError,
+    ConnectTimeoutError,
+    HTTPPool,
+    PoolTimeoutError,
+    StaleConnectionError,
+)
 from lightrail.store._wire import (
     MAX_WAIT_S,
     ROUTES,
@@ -211,198 +218,74 @@ def _counts() -> _Op[dict[RolloutStatus, int]]:
 # -- a lean HTTP/1.1 transport for httpx --------------------------------------------------------------------------
 
 
-class _Connection:
-    """One keep-alive HTTP/1.1 connection (asyncio streams)."""
-
-    __slots__ = ("reader", "writer")
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
-        self.reader = reader
-        self.writer = writer
-
-    def usable(self) -> bool:
-        # The server closed an idle connection (keep-alive timeout, restart): its EOF is already buffered.
-        return not (self.reader.at_eof() or self.writer.is_closing())
-
-    def close(self) -> None:
-        self.writer.close()
-
-
-class _EmptyReply(Exception):
-    """The server closed the connection before sending a byte (typical of a reused keep-alive connection it had
-    just timed out): safe to send again on a new connection."""
-
-
 class LeanHTTPTransport(httpx.AsyncBaseTransport):
-    """An ``httpx`` transport speaking plain HTTP/1.1 over asyncio streams, with a keep-alive pool.
+    """An ``httpx`` transport over lightrail's lean HTTP/1.1 client (`lightrail._http`), one keep-alive pool per
+    origin.
 
     Why: httpx's default transport (httpcore + anyio) costs ~400 us of CPU per request on our 2-core machines,
     20x the socket work itself, and it was most of a runner's CPU in ``bench/store.py``. This one does only what
-    a store client needs: one origin, ``Content-Length`` or chunked bodies, keep-alive, TLS for ``https``,
-    httpx's timeouts (connect/read/write/pool) and exception types. No proxies, no HTTP/2: pass httpx's own
-    transport to `StoreClient` for those.
+    a store client needs: ``Content-Length`` or chunked bodies, keep-alive, TLS for ``https``, httpx's timeouts
+    (connect/read/pool) and exception types. No proxies, no HTTP/2, no ``HEAD``: pass httpx's own transport to
+    `StoreClient` for those.
 
-    Concurrency model: used from one event loop; at most ``max_connections`` requests in flight, each on its own
-    connection; idle connections are reused last-in first-out.
+    Concurrency model: used from one event loop; at most ``max_connections`` requests in flight per origin,
+    each on its own connection; idle connections are reused last-in first-out.
     """
 
     def __init__(self, *, max_connections: int = 100):
-        self._idle: list[_Connection] = []
-        self._slots = asyncio.Semaphore(max_connections)
-        self._ssl: Any = None
+        self.max_connections = max_connections
+        self._pools: dict[tuple[bytes, str, int | None], HTTPPool] = {}
+
+    def _pool(self, url: httpx.URL) -> HTTPPool:
+        key = (url.raw_scheme, url.host, url.port)
+        pool = self._pools.get(key)
+        if pool is None:
+            origin = f"{url.scheme}://{url.netloc.decode('ascii')}"
+            pool = self._pools[key] = HTTPPool(origin, max_connections=self.max_connections)
+        return pool
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "HEAD":
+            raise httpx.UnsupportedProtocol("LeanHTTPTransport does not send HEAD requests", request=request)
         timeouts = request.extensions.get("timeout", {})
-        url = request.url
-        target = url.raw_path
-        lines = [request.method.encode(), b" ", target, b" HTTP/1.1\r\n"]
+        lines = [request.method.encode(), b" ", request.url.raw_path, b" HTTP/1.1\r\n"]
         for key, value in request.headers.raw:
             lines += (key, b": ", value, b"\r\n")
         lines.append(b"\r\n")
         body = request.content if isinstance(request.stream, httpx.ByteStream) else await request.aread()
         if body and request.headers.get("transfer-encoding") == "chunked":
             body = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
-        payload = b"".join(lines) + body
-        if self._slots.locked():  # only then can acquiring wait: skip the timeout machinery otherwise
-            try:
-                async with asyncio.timeout(timeouts.get("pool")):
-                    await self._slots.acquire()
-            except TimeoutError as exc:
-                raise httpx.PoolTimeout("no free connection", request=request) from exc
-        else:
-            await self._slots.acquire()
         try:
-            while self._idle:
-                conn = self._idle.pop()
-                if not conn.usable():
-                    conn.close()
-                    continue
-                try:
-                    return await self._exchange(conn, request, payload, timeouts)
-                except _EmptyReply:
-                    continue  # try the next idle connection, or a fresh one
-            conn = await self._connect(request, timeouts)
-            try:
-                return await self._exchange(conn, request, payload, timeouts)
-            except _EmptyReply as exc:
-                raise httpx.RemoteProtocolError("server disconnected without a response", request=request) from exc
-        finally:
-            self._slots.release()
-
-    async def _connect(self, request: httpx.Request, timeouts: dict) -> _Connection:
-        url = request.url
-        tls = url.scheme == "https"
-        if tls and self._ssl is None:
-            import ssl
-
-            self._ssl = ssl.create_default_context()
-        try:
-            async with asyncio.timeout(timeouts.get("connect")):
-                reader, writer = await asyncio.open_connection(
-                    url.host, url.port or (443 if tls else 80), ssl=self._ssl if tls else None, limit=1 << 20
-                )
-        except TimeoutError as exc:
-            raise httpx.ConnectTimeout(f"connecting to {url.host}:{url.port} timed out", request=request) from exc
-        except OSError as exc:
-            raise httpx.ConnectError(f"{type(exc).__name__}: {exc}", request=request) from exc
-        return _Connection(reader, writer)
-
-    async def _exchange(self, conn: _Connection, request: httpx.Request, payload: bytes, timeouts: dict) -> Any:
-        reader = conn.reader
-        reusable = False
-        try:
-            try:
-                writer = conn.writer
-                writer.write(payload)
-                # drain() only waits when the socket buffer is over its high-water mark; skip the timeout
-                # machinery for the common case of a request that fit.
-                if writer.transport.get_write_buffer_size() > writer.transport.get_write_buffer_limits()[1]:
-                    async with asyncio.timeout(timeouts.get("write")):
-                        await writer.drain()
-            except TimeoutError as exc:
-                raise httpx.WriteTimeout("sending the request timed out", request=request) from exc
-            except OSError as exc:
-                raise _EmptyReply from exc  # nothing was answered: the request may be sent again
-            try:
-                async with asyncio.timeout(timeouts.get("read")):
-                    try:
-                        head = await reader.readuntil(b"\r\n\r\n")
-                    except asyncio.IncompleteReadError as exc:
-                        if not exc.partial:
-                            raise _EmptyReply from exc
-                        raise
-                    status, reason, headers, length, chunked, keep_alive = _parse_head(head)
-                    if request.method == "HEAD" or status in (204, 304) or status < 200:
-                        content = b""
-                    elif chunked:
-                        content = await _read_chunked(reader)
-                    elif length is not None:
-                        content = await reader.readexactly(length)
-                    else:  # the body ends when the server closes the connection
-                        content, keep_alive = await reader.read(), False
-            except TimeoutError as exc:
-                raise httpx.ReadTimeout("waiting for the response timed out", request=request) from exc
-            except (asyncio.IncompleteReadError, ConnectionError) as exc:
-                raise httpx.ReadError(f"connection lost while reading the response: {exc!r}", request=request) from exc
-            except (asyncio.LimitOverrunError, ValueError) as exc:
-                raise httpx.RemoteProtocolError(f"malformed response: {exc}", request=request) from exc
-            reusable = keep_alive
-            return httpx.Response(
-                status,
-                headers=headers,
-                content=content,  # already read: the connection is back in the pool before the caller looks
-                request=request,
-                extensions={"http_version": b"HTTP/1.1", "reason_phrase": reason},
+            reply = await self._pool(request.url).exchange(
+                b"".join(lines) + body,
+                timeout_s=timeouts.get("read"),
+                connect_timeout_s=timeouts.get("connect"),
+                pool_timeout_s=timeouts.get("pool"),
             )
-        finally:
-            # Anything but a complete exchange (an error, a cancelled long poll) leaves the connection in an
-            # unknown state: it is closed, never pooled.
-            if reusable:
-                self._idle.append(conn)
-            else:
-                conn.close()
+        except ConnectTimeoutError as exc:
+            raise httpx.ConnectTimeout(str(exc), request=request) from exc
+        except PoolTimeoutError as exc:
+            raise httpx.PoolTimeout(str(exc), request=request) from exc
+        except TimeoutError as exc:
+            raise httpx.ReadTimeout("waiting for the response timed out", request=request) from exc
+        except ConnectFailedError as exc:
+            raise httpx.ConnectError(str(exc), request=request) from exc
+        except StaleConnectionError as exc:
+            raise httpx.RemoteProtocolError("server disconnected without a response", request=request) from exc
+        except ConnectionError as exc:
+            raise httpx.ReadError(f"connection lost while reading the response: {exc}", request=request) from exc
+        return httpx.Response(
+            reply.status,
+            headers=reply.headers,
+            content=reply.body,  # already read: the connection is back in the pool before the caller looks
+            request=request,
+            extensions={"http_version": b"HTTP/1.1", "reason_phrase": reply.reason},
+        )
 
     async def aclose(self) -> None:
-        idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.close()
-
-
-def _parse_head(head: bytes) -> tuple[int, bytes, list, int | None, bool, bool]:
-    """Status line and headers of a response: (status, reason, headers, content length, chunked, keep-alive)."""
-    lines = head[:-4].split(b"\r\n")
-    version, _, rest = lines[0].partition(b" ")
-    code, _, reason = rest.partition(b" ")
-    if not version.startswith(b"HTTP/1."):
-        raise ValueError(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
-    headers = []
-    length = None
-    chunked = False
-    keep_alive = version == b"HTTP/1.1"
-    for line in lines[1:]:
-        key, _, value = line.partition(b":")
-        key, value = key.strip(), value.strip()
-        headers.append((key, value))
-        lower = key.lower()
-        if lower == b"content-length":
-            length = int(value)
-        elif lower == b"transfer-encoding":
-            chunked = b"chunked" in value.lower()
-        elif lower == b"connection":
-            keep_alive = value.lower() != b"close" if keep_alive else value.lower() == b"keep-alive"
-    return int(code), reason, headers, length, chunked, keep_alive
-
-
-async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
-    parts = []
-    while True:
-        size = int((await reader.readuntil(b"\r\n")).split(b";", 1)[0], 16)
-        if size == 0:
-            while await reader.readuntil(b"\r\n") != b"\r\n":  # trailers
-                pass
-            return b"".join(parts)
-        parts.append(await reader.readexactly(size))
-        await reader.readexactly(2)
+        pools, self._pools = self._pools, {}
+        for pool in pools.values():
+            await pool.aclose()
 
 
 # -- shared plumbing --------------------------------------------------------------------------------------------

@@ -131,7 +131,7 @@ def test_idle_connections_closed_by_the_upstream_are_replaced(make_gateway):
 
 
 def test_chunked_upstream_answers_are_read(serve_asgi):
-    from lightrail.gateway._http import HTTPPool
+    from lightrail._http import HTTPPool
 
     async def chunked_app(scope, receive, send):  # a minimal ASGI server answering with chunked encoding
         if scope["type"] != "http":

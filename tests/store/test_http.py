@@ -276,16 +276,30 @@ async def test_connection_closed_by_a_restart_is_replaced_without_a_retry(tmp_pa
             second.stop()
 
 
-async def test_lean_transport_reads_chunked_responses():
-    from lightrail.store.client import _parse_head, _read_chunked
+async def test_lean_transport_reads_chunked_responses_and_headers():
+    """A real socket server answering with chunked encoding (an extension, a trailer) and then closing."""
+    from lightrail.store.client import LeanHTTPTransport
 
-    reader = asyncio.StreamReader()
-    reader.feed_data(b"5\r\nhello\r\n7;ext=1\r\n, world\r\n0\r\nx-trailer: 1\r\n\r\n")
-    assert await _read_chunked(reader) == b"hello, world"
-    status, reason, headers, length, chunked, keep_alive = _parse_head(
-        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
-    )
-    assert (status, reason, length, chunked, keep_alive) == (200, b"OK", None, True, False)
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-Run: 7\r\nConnection: close\r\n\r\n"
+            b"5\r\nhello\r\n7;ext=1\r\n, world\r\n0\r\nx-trailer: 1\r\n\r\n"
+        )
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with httpx.AsyncClient(transport=LeanHTTPTransport()) as http:
+            for _ in range(2):  # the closed connection is not reused for the second request
+                response = await http.get(f"http://127.0.0.1:{port}/x")
+                assert (response.status_code, response.text, response.headers["x-run"]) == (200, "hello, world", "7")
+                assert response.reason_phrase == "OK"
+    finally:
+        server.close()
+        await server.wait_closed()
 
 
 async def test_unexpected_error_is_500_with_the_traceback_only_in_the_log(caplog):
