@@ -249,8 +249,10 @@ def _attributes(key_values: Any) -> dict[str, JSON]:
     out = {}
     for kv in key_values:
         value = kv.value
-        # Most attributes are strings; this test is the cheapest way to read one (this loop is ingest's hot path).
-        out[kv.key] = value.string_value if value.HasField("string_value") else _value(value)
+        # Most attributes are non-empty strings: read one directly (this loop is ingest's hot path); anything
+        # else, including "", takes the general path.
+        text = value.string_value
+        out[kv.key] = text if text else _value(value)
     return out
 
 
