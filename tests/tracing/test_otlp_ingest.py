@@ -359,13 +359,15 @@ async def test_undecodable_bodies_are_400(server, content_type, encoding, body, 
     assert r.json()["error"]["type"] == "OTLPDecodeError" and says in r.json()["error"]["message"]
 
 
-async def test_gzip_bomb_is_cut_at_the_body_limit(tmp_path):
+async def test_body_limit_holds_for_plain_and_compressed_bodies(tmp_path):
     handle = serve_in_thread(tmp_path / "store.db", token=TOKEN, max_body_bytes=1 << 16)
     try:
         bomb = gzip.compress(b"\0" * (1 << 20))  # 1 KB on the wire, 1 MB inflated
         async with httpx.AsyncClient(base_url=handle.url) as http:
             r = await http.post("/v1/traces", content=bomb, headers={**AUTH, **PROTOBUF, "content-encoding": "gzip"})
-        assert r.status_code == 413 and "decompressed" in r.json()["error"]["message"]
+            assert r.status_code == 413 and "decompressed" in r.json()["error"]["message"]
+            r = await http.post("/v1/traces", content=b"\0" * (1 << 17), headers={**AUTH, **PROTOBUF})
+            assert r.status_code == 413 and r.json()["error"]["type"] == "PayloadTooLarge"
     finally:
         handle.stop()
 
