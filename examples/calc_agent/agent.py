@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +74,10 @@ MODEL_INFO = ModelInfo(
 )
 
 _PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+# AutoGen compares the model name a server reports with the requested one to look up prices and context sizes;
+# for a model it does not know (any local or fine-tuned one) it warns on every call.
+warnings.filterwarnings("ignore", message="Resolved model mismatch", category=UserWarning)
 
 
 class CalculatorTool(FunctionTool):

@@ -8,8 +8,15 @@ LLM call that asked for it (`lightrail.adapters.rewards.ToolRewardRule`; ``credi
 
 from __future__ import annotations
 
+import os
+
 from examples.calc_agent.agent import solve
 from lightrail import rollout
+
+# AutoGen's agent runtime traces its own message passing (~15 "autogen publish/process/ack" spans per agent
+# turn); with OpenTelemetry on they would all be stored with each rollout and none says anything about the
+# agents. The spans that do (agents, LLM calls, tool calls) come from AgentChat and stay on.
+os.environ.setdefault("AUTOGEN_DISABLE_RUNTIME_TRACING", "true")
 
 
 def answer_reward(answer: int | None, expected: int) -> float:
