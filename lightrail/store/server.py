@@ -270,7 +270,8 @@ def _handlers(get_store: Callable[[], Store]) -> dict[str, Callable[[Request], A
 def _otlp_traces(get_store: Callable[[], Store], max_body_bytes: int) -> Callable[[Request], Any]:
     """``POST /v1/traces``: OTLP/HTTP trace ingest for any OpenTelemetry exporter or collector. The body becomes
     lightrail spans in `lightrail.tracing.otlp` (imported on the first request: it loads opentelemetry-proto),
-    stored in one ``add_spans`` call, so a request is stored whole or not at all."""
+    stored in one ``add_spans`` call, so a request is stored whole or not at all. The conversion runs on the
+    server's loop like every store call (~10 us a span: a 512-span batch holds the loop for ~5 ms)."""
 
     async def otlp_traces(request: Request) -> Response:
         from lightrail.tracing import otlp

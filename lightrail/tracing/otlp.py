@@ -6,7 +6,8 @@ into `Span` objects; the server stores them with the store's ``add_spans`` (all 
 `response_body`.
 
 Data flow: ``body`` (protobuf ``application/x-protobuf`` or OTLP/JSON ``application/json``, optionally
-``Content-Encoding: gzip`` or ``deflate``) → ``ExportTraceServiceRequest`` (opentelemetry-proto) → one `Span` per OTLP span:
+``Content-Encoding: gzip`` or ``deflate``) → ``ExportTraceServiceRequest`` (opentelemetry-proto) → one `Span`
+per OTLP span:
 
 * ids as lowercase hex; ``parent_id`` None for a root span; times from Unix nanoseconds to float seconds;
 * attributes from ``AnyValue`` (string, bool, int, double, array, kvlist; bytes as hex), then
@@ -17,7 +18,7 @@ Data flow: ``body`` (protobuf ``application/x-protobuf`` or OTLP/JSON ``applicat
   the spans this process writes, so spans of one request keep their real order);
 * rollout and attempt from `semconv.attribution`: span attributes, then resource attributes, then the request's
   ``x-lightrail-rollout-id`` / ``x-lightrail-attempt-id`` headers. One span nobody attributes rejects the whole
-  request (`UnattributedSpansError`): storing a part of a trace would hide the rest without a trace of it.
+  request (`UnattributedSpansError`): storing part of a request would silently drop the rest.
 
 Pure functions, no I/O. opentelemetry-proto (and protobuf) is imported on the first request, so a store server
 that never receives OTLP never loads it. Speed: the protobuf path reads message fields directly (no
@@ -36,8 +37,8 @@ import zlib
 from collections.abc import Mapping
 from typing import Any
 
-from lightrail.tracing.semconv import attribution, normalize, status_code
-from lightrail.types import JSON, Span, SpanEvent, SpanStatus, next_seq
+from lightrail.tracing.semconv import ATTEMPT_HEADER, ROLLOUT_HEADER, attribution, normalize, status_code
+from lightrail.types import JSON, Attr, Span, SpanEvent, SpanStatus, next_seq
 
 __all__ = [
     "CONTENT_TYPES",
@@ -97,8 +98,8 @@ class UnattributedSpansError(OTLPError):
         more = f" and {len(names) - _EXAMPLE_NAMES} more" if len(names) > _EXAMPLE_NAMES else ""
         super().__init__(
             f"{len(names)} of {total} spans name no rollout and attempt ({shown}{more}); nothing was stored. "
-            "Attribute them with the resource or span attributes 'lightrail.rollout_id' and 'lightrail.attempt_id', "
-            "or send the request with the headers 'x-lightrail-rollout-id' and 'x-lightrail-attempt-id'."
+            f"Attribute them with the resource or span attributes {Attr.ROLLOUT_ID!r} and {Attr.ATTEMPT_ID!r}, "
+            f"or send the request with the headers {ROLLOUT_HEADER!r} and {ATTEMPT_HEADER!r}."
         )
 
 
