@@ -1,4 +1,7 @@
-"""Tracing benchmark: OTLP ingest into the store server (and, merged in later, tracing overhead and attribution).
+"""Tracing benchmark: OTLP ingest into the store server, tracing overhead per LLM call, attribution of spans.
+
+``overhead`` and ``attribution`` are measured by `bench/_tracing_runs.py` (its docstring says how); this file
+measures ``otlp`` and prints all figures as one JSON line.
 
 ``otlp`` -- OTLP/HTTP protobuf requests (the OpenTelemetry SDK's encoder, ``encode_spans``) posted to
 ``POST /v1/traces`` of a ``lightrail store serve`` **process** (SQLite) by several concurrent senders. A request
@@ -15,8 +18,9 @@ JSON route (``POST /v1/spans`` through `StoreClient.add_spans`) in the same batc
 ``otlp_vs_json_route`` is the ratio. Server CPU per span (from /proc) is printed for both: on a shared 2-core
 machine it is the noise-robust figure.
 
-    .venv/bin/python bench/tracing.py            # full
-    .venv/bin/python bench/tracing.py --quick    # smaller, < 60 s
+    .venv/bin/python bench/tracing.py                 # full
+    .venv/bin/python bench/tracing.py --quick         # smaller
+    .venv/bin/python bench/tracing.py --only otlp     # one part (repeat --only for more)
 
 Progress goes to stderr; the last line of stdout is one JSON object.
 """
@@ -293,23 +297,39 @@ async def measure_otlp(quick: bool) -> dict:
 # ---------------------------------------------------------------------------------------------------------------
 
 
+PARTS = ("otlp", "overhead", "attribution")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer requests and repetitions (< 60 s)")
+    parser.add_argument(
+        "--only", choices=PARTS, action="append", help="run only this part (repeatable; default: all of them)"
+    )
     args = parser.parse_args()
+    parts = args.only or PARTS
     out: dict = {"quick": args.quick, "cores": os.cpu_count(), "load_1m": round(os.getloadavg()[0], 2)}
+    targets: dict[str, bool] = {}
 
-    out.update(asyncio.run(measure_otlp(args.quick)))
+    if "otlp" in parts:
+        out.update(asyncio.run(measure_otlp(args.quick)))
+        targets[f"otlp_spans_per_s>={TARGET_OTLP_SPANS_PER_S}"] = out["otlp_spans_per_s"] >= TARGET_OTLP_SPANS_PER_S
 
-    # MERGE POINT (helper H2, bench/_tracing_runs.py; not written yet): the lead adds here
-    #     from bench._tracing_runs import measure_attribution, measure_overhead
-    #     out.update(measure_overhead(args.quick))
-    #     out.update(measure_attribution(args.quick))
-    # Each returns a flat dict of figures (and "*_detail" dicts); add their targets to `targets_met` below.
+    # The runner-side measurements (tracing overhead per LLM call, attribution under concurrency) live in
+    # bench/_tracing_runs.py; each returns a flat dict of figures merged into the one JSON line.
+    if "overhead" in parts or "attribution" in parts:
+        from bench._tracing_runs import measure_attribution, measure_overhead
 
-    out["targets_met"] = {
-        f"otlp_spans_per_s>={TARGET_OTLP_SPANS_PER_S}": out["otlp_spans_per_s"] >= TARGET_OTLP_SPANS_PER_S
-    }
+        if "overhead" in parts:
+            out.update(measure_overhead(args.quick))
+            targets["embedded_overhead_ms<=0.1"] = out["embedded_overhead_ms"] <= 0.1
+            targets["otel_overhead_ms<=0.5"] = out["otel_overhead_ms"] <= 0.5
+        if "attribution" in parts:
+            out.update(measure_attribution(args.quick))
+            targets["misattributed_spans==0"] = out.get("misattributed_spans") == 0
+            targets["missing_spans==0"] = out.get("missing_spans") == 0
+
+    out["targets_met"] = targets
     print(json.dumps(out))
 
 
