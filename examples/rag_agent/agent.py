@@ -1,0 +1,149 @@
+"""A retrieval workflow built with the OpenAI Agents SDK: the "researcher" looks facts up with a ``search`` tool
+over the country passages and writes notes; the "editor" (no tools) turns the question and those notes into the
+final ``Answer: ...`` line. Both run in one SDK trace. Nothing in it knows about lightrail; it takes the base URL,
+model name, API key and sampling settings of any OpenAI-compatible server.
+
+    python -m examples.rag_agent.agent --base-url http://127.0.0.1:8000/v1 --model tiny \\
+        "What currency is used in the country whose capital is Lima?"
+
+The model is called through Chat Completions (`OpenAIChatCompletionsModel`), not the Responses API the SDK
+uses by default, so any OpenAI-compatible server works. The SDK's default trace processor, which uploads every
+run to OpenAI's servers, is removed before each run (`keep_traces_local`); the SDK's tracing itself stays on, so
+an OpenTelemetry instrumentor (OpenInference's) still sees every agent, model call and tool call.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool, trace
+from agents.exceptions import MaxTurnsExceeded, ModelBehaviorError
+from openai import AsyncOpenAI
+
+RESEARCHER = "researcher"
+EDITOR = "editor"
+WORKFLOW_NAME = "rag_agent"
+
+RESEARCHER_INSTRUCTIONS = (
+    "You research questions about countries. Use the search tool to look facts up; most questions need two "
+    "searches (first find the country, then the fact about it). Reply with the facts you found and your answer."
+)
+EDITOR_INSTRUCTIONS = (
+    "You are given a question and a researcher's notes. Reply with one line 'Answer: <answer>', the answer as "
+    "short as possible (a name or a code)."
+)
+
+_SETTINGS = {"temperature", "top_p", "max_tokens", "frequency_penalty", "presence_penalty"}
+
+
+def keep_traces_local() -> None:
+    """Remove the Agents SDK's default trace processor (it posts every trace to OpenAI's servers with the
+    environment's OPENAI_API_KEY) and keep every other one, such as the OpenInference instrumentor's.
+
+    Called before each run, not once at import: an instrumentor may register its processor before or after
+    this module is imported. The SDK has no public way to list its processors; like the OpenInference
+    instrumentor, this reads the default provider's list.
+    """
+    from agents import set_trace_processors
+    from agents.tracing import get_trace_provider
+    from agents.tracing.processors import BackendSpanExporter
+
+    registered = getattr(getattr(get_trace_provider(), "_multi_processor", None), "_processors", None)
+    if registered is None:
+        warnings.warn("cannot read the Agents SDK's trace processors: traces may be sent to OpenAI", stacklevel=2)
+        return
+    kept = [p for p in registered if not isinstance(getattr(p, "_exporter", None), BackendSpanExporter)]
+    if len(kept) != len(registered):
+        set_trace_processors(kept)
+
+
+def model_settings(sampling: dict[str, Any]) -> ModelSettings:
+    """OpenAI sampling parameters as `ModelSettings`; the ones it has no field for go into the request body."""
+    known = {k: v for k, v in sampling.items() if k in _SETTINGS}
+    extra = {k: v for k, v in sampling.items() if k not in _SETTINGS}
+    return ModelSettings(**known, extra_body=extra or None)
+
+
+def build_agents(
+    *, base_url: str, model: str, api_key: str = "none", k: int = 3, **sampling: Any
+) -> tuple[Agent, Agent]:
+    """The researcher (with the ``search`` tool returning the ``k`` best passages) and the editor, both on one
+    Chat Completions model at ``base_url``."""
+    from examples.rag_agent.retrieval import index
+
+    @function_tool
+    def search(query: str) -> str:
+        """Search facts about countries (capital, region, borders, currency, languages, population, area).
+
+        Args:
+            query: What to look for, e.g. "capital Lima" or "currency of Peru".
+        """
+        found = index().search(query, k)
+        return "\n".join(found) if found else "No passages found: search for a country name or a capital."
+
+    client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    llm = OpenAIChatCompletionsModel(model=model, openai_client=client)
+    settings = model_settings(sampling)
+    researcher = Agent(
+        name=RESEARCHER, instructions=RESEARCHER_INSTRUCTIONS, tools=[search], model=llm, model_settings=settings
+    )
+    editor = Agent(name=EDITOR, instructions=EDITOR_INSTRUCTIONS, model=llm, model_settings=settings)
+    return researcher, editor
+
+
+async def _final_output(agent: Agent, text: str, max_turns: int) -> str | None:
+    """The agent's final text, or None when it gave none (out of turns, a malformed or unknown tool call)."""
+    try:
+        result = await Runner.run(agent, text, max_turns=max_turns)
+    except (MaxTurnsExceeded, ModelBehaviorError):
+        return None
+    return result.final_output if isinstance(result.final_output, str) else None
+
+
+async def answer(
+    question: str,
+    *,
+    base_url: str,
+    model: str,
+    api_key: str = "none",
+    max_turns: int = 4,
+    k: int = 3,
+    **sampling: Any,
+) -> str | None:
+    """Run the workflow on one question: the researcher's notes (``max_turns`` model calls at most), then the
+    editor's reply, which is returned (None when the editor gave none). Errors reaching the server propagate:
+    they are not the model's."""
+    keep_traces_local()
+    researcher, editor = build_agents(base_url=base_url, model=model, api_key=api_key, k=k, **sampling)
+    with trace(WORKFLOW_NAME):
+        notes = await _final_output(researcher, question, max_turns)
+        brief = f"Question: {question}\nResearcher's notes: {notes or '(none)'}"
+        return await _final_output(editor, brief, max_turns=1)
+
+
+if __name__ == "__main__":
+    import argparse
+    import asyncio
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("question")
+    parser.add_argument("--base-url", required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--api-key", default="none")
+    parser.add_argument("--max-turns", type=int, default=4)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    args = parser.parse_args()
+    reply = asyncio.run(
+        answer(
+            args.question,
+            base_url=args.base_url,
+            model=args.model,
+            api_key=args.api_key,
+            max_turns=args.max_turns,
+            temperature=args.temperature,
+            max_tokens=args.max_tokens,
+        )
+    )
+    print(reply)

@@ -1,0 +1,307 @@
+"""The OpenAI Agents SDK retrieval example (examples/rag_agent): data, reward, retrieval, then real runs.
+
+* a scripted model (the gateway's `ScriptedBackend`) drives the happy path through real runner processes with
+  OpenTelemetry on: the researcher searches twice (real MiniLM retrieval), the editor answers, the reward is 1.0,
+  and the Agents SDK's tool spans carry the search results;
+* ``lightrail train examples/rag_agent/config.yaml`` (one GRPO step, the tiny model): every gateway LLM call is
+  linked to the Agents SDK agent that made it, and only the researcher's calls are trained.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import socket
+from pathlib import Path
+
+import pytest
+
+from examples.rag_agent.data import KINDS, countries, passages, splits, tokenizer_corpus
+from examples.rag_agent.reward import extract_answer, format_ok, reward, token_f1
+from lightrail.adapters import AgentFilter, ToolRewardRule, build_episode, spans_to_transitions
+from lightrail.types import Attr, RolloutStatus
+
+ROOT = Path(__file__).resolve().parents[2]
+AGENT = "examples.rag_agent.train:rag_agent"
+
+# -- data -------------------------------------------------------------------------------------------------------
+
+
+def test_splits_have_their_sizes_are_deterministic_and_held_out_by_country():
+    train, val = splits(seed=0, n_train=400, n_val=150)
+    assert (len(train), len(val)) == (400, 150)
+    assert (train, val) == splits(seed=0, n_train=400, n_val=150)
+    assert splits(seed=1, n_train=400, n_val=150)[0] != train
+    assert {t["country"] for t in train}.isdisjoint({t["country"] for t in val})
+    questions = [t["question"] for t in train + val]
+    assert len(set(questions)) == len(questions)
+    assert json.loads(json.dumps(train + val)) == train + val
+    assert {t["kind"] for t in val} == set(KINDS)
+    with pytest.raises(ValueError, match="the data has 567 / 208"):
+        splits(n_train=10**4, n_val=0)
+
+
+def _raw_countries() -> list[dict]:
+    """The countryinfo files as the package ships them, read here without the example's code."""
+    import importlib.util
+
+    data = Path(importlib.util.find_spec("countryinfo").submodule_search_locations[0]) / "data"
+    return [json.loads(p.read_text(encoding="utf-8")) for p in sorted(data.glob("*.json"))]
+
+
+def test_gold_answers_are_countryinfo_facts():
+    raw = _raw_countries()
+    by_name = {c["name"]: c for c in reversed(raw)}  # the first file of a repeated name wins, as in the example
+    by_code = {c["ISO"]["alpha3"]: c for c in raw}
+    train, val = splits(seed=0, n_train=200, n_val=100)
+    for task in train + val:
+        c = by_name[task["country"]]
+        if task["kind"] in ("currency_by_capital", "subregion_by_capital"):
+            assert task["question"].endswith(f"whose capital is {c['capital']}?")
+            assert [x for x in raw if x.get("capital") == c["capital"]] == [c]  # the capital names one country
+            expected = c["currencies"] if task["kind"] == "currency_by_capital" else [c["subregion"]]
+            assert task["answers"] == expected
+            continue
+        assert c["name"] in task["question"]
+        # neighbours without a capital of their own (Macau) have no record in the example
+        neighbours = [by_code[b] for b in c["borders"] if b in by_code and isinstance(by_code[b]["capital"], str)]
+        neighbours = [n for n in neighbours if n["capital"]]
+        if task["kind"] == "capital_of_neighbour":
+            assert task["answers"] == sorted({n["capital"] for n in neighbours})
+        else:
+            assert task["answers"] == [max(neighbours, key=lambda n: n["population"])["name"]]
+
+
+def test_passages_state_the_facts_and_the_tokenizer_corpus_covers_the_domain():
+    corpus = passages()
+    assert (
+        "Peru: the capital of Peru is Lima. Peru lies in Latin America and the Caribbean, in the region Americas."
+        in corpus
+    )
+    assert "Peru borders Bolivia, Brazil, Chile, Colombia and Ecuador." in corpus
+    assert "Peru uses the currency PEN. Languages of Peru (ISO 639-1 codes): es." in corpus
+    assert "Peru has a population of 30,814,175 and an area of 1,285,216 square km." in corpus
+    assert all(any(c["name"] in p for p in corpus) for c in countries())
+    text = tokenizer_corpus()
+    train, _ = splits()
+    assert train[0]["question"] in text and f"Answer: {train[0]['answers'][0]}" in text and corpus[0] in text
+
+
+# -- reward -----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("reply", "answers", "expected"),
+    [
+        ("Answer: PEN", ["PEN"], 1.0),
+        ("Peru uses PEN.\nanswer:  pen.", ["PEN"], 1.0),  # case, spacing, punctuation
+        ("Answer: Bogota", ["Bogotá"], 1.0),  # accents
+        ("Answer: the Southern Asia", ["Southern Asia"], 1.0),  # articles
+        ("Answer: Quito", ["Bogotá", "Quito", "Lima"], 1.0),  # any accepted answer
+        ("Answer: Lima", ["PEN"], 0.1),  # the format, a wrong answer
+        ("Answer: Western Asia", ["Southern Asia"], 0.1 + 0.9 * 0.5),  # F1 of 1 of 2 tokens each side: 0.5
+        ("Answer: Latin America", ["Latin America and the Caribbean"], 0.1 + 0.9 * 2 * (1 * 0.5) / 1.5),  # P 1, R 1/2
+        ("Answer: PEN\nI hope this helps", ["PEN"], 0.9),  # the answer, but not on the last line
+        ("It is PEN.", ["PEN"], 0.0),  # no answer line: no answer
+        ("Answer:", ["PEN"], 0.0),
+        ("", ["PEN"], 0.0),
+        (None, ["PEN"], 0.0),
+    ],
+)
+def test_reward(reply, answers, expected):
+    assert reward(reply, answers) == pytest.approx(expected, abs=1e-12)
+
+
+def test_reward_parts():
+    assert extract_answer("x Answer: Lima\nmore\nANSWER: Quito \ny") == "Quito"  # the last one, to its line end
+    assert extract_answer("no answer") is None
+    assert format_ok("notes\n\nAnswer: Lima\n\n") and not format_ok("Answer: Lima\nthanks")
+    assert token_f1("x y z", "z w") == pytest.approx(2 * (1 / 3) * (1 / 2) / (1 / 3 + 1 / 2))
+    assert token_f1("the", "the") == 0.0  # nothing left to compare after normalising
+    with pytest.raises(ValueError, match="accepted answer"):
+        reward("Answer: x", [])
+
+
+# -- retrieval and the SDK's trace export -------------------------------------------------------------------------
+
+
+def test_search_finds_the_passage_a_hop_needs():
+    from examples.rag_agent.retrieval import index
+
+    ix = index()
+    assert ix.embeddings.shape == (len(passages()), 384)
+    assert abs(float((ix.embeddings[0] ** 2).sum()) - 1.0) < 1e-5  # unit vectors: dot product = cosine
+    assert ix.search("capital Lima", 3)[0].startswith("Peru: the capital of Peru is Lima.")
+    assert ix.search("currency of Peru", 1) == ["Peru uses the currency PEN. Languages of Peru (ISO 639-1 codes): es."]
+    assert len(ix.search("zzzz", 5)) == 5 and ix.search("  ", 5) == []
+
+
+def test_default_trace_exporter_is_dropped_and_other_processors_are_kept():
+    from agents import add_trace_processor, set_trace_processors
+    from agents.tracing import TracingProcessor, get_trace_provider
+    from agents.tracing.processors import default_processor
+
+    from examples.rag_agent.agent import keep_traces_local
+
+    class Recorder(TracingProcessor):
+        def on_trace_start(self, trace): ...
+        def on_trace_end(self, trace): ...
+        def on_span_start(self, span): ...
+        def on_span_end(self, span): ...
+        def shutdown(self): ...
+        def force_flush(self): ...
+
+    recorder = Recorder()
+    set_trace_processors([default_processor()])
+    add_trace_processor(recorder)
+    try:
+        keep_traces_local()
+        assert get_trace_provider()._multi_processor._processors == (recorder,)
+    finally:
+        set_trace_processors([])
+
+
+# -- the agents, end to end ---------------------------------------------------------------------------------------
+
+
+class _Gateway:
+    """The real gateway app over ``backend`` and ``store``, served by uvicorn in this event loop."""
+
+    def __init__(self, backend, store):
+        import uvicorn
+
+        from lightrail.gateway import create_gateway_app
+
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}/v1"
+        app = create_gateway_app(backend, store)
+        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
+
+    async def __aenter__(self):
+        self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[self._sock]))
+        while not self._server.started:
+            assert not self._task.done(), self._task.result()
+            await asyncio.sleep(0.01)
+        return self
+
+    async def __aexit__(self, *exc):
+        self._server.should_exit = True
+        await self._task
+
+
+def _text(message: dict) -> str:
+    content = message.get("content") or ""
+    return content if isinstance(content, str) else " ".join(part.get("text", "") for part in content)
+
+
+def _scripted_researcher_and_editor(request):
+    """A model that does the job: the researcher finds the country by its capital, then its currency, and passes
+    on what it found; the editor answers only from a currency the researcher's notes state."""
+    from lightrail.gateway import ScriptedReply
+
+    messages = request.messages
+    if not request.tools:  # the editor
+        found = re.search(r"uses the currency (\w+)", _text(messages[-1]))
+        return f"Answer: {found.group(1)}" if found else "Answer: unknown"
+    capital = re.search(r"whose capital is (.+)\?", _text(messages[1])).group(1)
+    results = [_text(m) for m in messages if m["role"] == "tool"]
+    if not results:
+        return ScriptedReply(tool_calls=[("search", {"query": f"capital {capital}"})])
+    if len(results) == 1:
+        country = re.search(rf"^(.+?): the capital of \1 is {re.escape(capital)}\.", results[0], re.MULTILINE)
+        return ScriptedReply(
+            tool_calls=[("search", {"query": f"currency of {country.group(1) if country else capital}"})]
+        )
+    return "Notes: " + results[-1].splitlines()[0]
+
+
+async def test_agents_with_a_scripted_model_search_twice_and_answer_right(tmp_path):
+    from lightrail import LLM, Trainer
+    from lightrail.gateway import ScriptedBackend
+    from lightrail.store import StoreClient
+    from lightrail.trainer import StoreServerProcess
+
+    _, val = splits(seed=0, n_train=0, n_val=40)
+    tasks = [t for t in val if t["kind"] == "currency_by_capital"][:2]
+    server = StoreServerProcess(tmp_path / "store.db")
+    store = StoreClient(server.url, token=server.token)
+    try:
+        async with _Gateway(ScriptedBackend(_scripted_researcher_and_editor), store) as gateway:
+            trainer = Trainer(n_runners=1, concurrency=2, store=server.url, token=server.token, otel=True)
+            resources = {"llm": LLM(endpoint=gateway.url, model="scripted", sampling={"max_tokens": 256})}
+            report = await trainer.dev_async(AGENT, tasks, resources, timeout_s=120)
+        assert [r.status for r in report.rows] == [RolloutStatus.SUCCEEDED] * 2
+        assert [r.reward for r in report.rows] == [1.0, 1.0]
+        for row, task in zip(report.rows, tasks, strict=True):
+            spans = await store.query_spans(row.rollout_id)
+            tools = [s for s in spans if s.attributes.get(Attr.KIND) == "tool"]
+            assert [s.attributes[Attr.TOOL_NAME] for s in sorted(tools, key=lambda s: s.start_time)] == ["search"] * 2
+            assert any(f"uses the currency {task['answers'][0]}" in s.attributes["output.value"] for s in tools)
+            episode = build_episode(spans, tool_rewards_rule=ToolRewardRule())
+            assert [c.agent_name for c in episode.calls] == ["researcher", "researcher", "researcher", "editor"]
+            # each search result is a +0.1 tool reward for the researcher call that asked for it (config.yaml)
+            asked = [c.response_id for c in episode.calls[:2]]
+            assert [(r.value, r.response_id) for r in episode.intermediate] == [(0.1, asked[0]), (0.1, asked[1])]
+    finally:
+        await store.close()
+        server.stop()
+
+
+def test_lightrail_train_with_the_tiny_model_trains_only_the_researcher(tmp_path, monkeypatch):
+    from lightrail.store import SQLiteStore
+    from lightrail.trainer.config import load_config, train
+
+    monkeypatch.chdir(ROOT)  # the config's import references resolve from the project root
+    overrides = [
+        "model=tiny",
+        f"out_dir={tmp_path / 'run'}",
+        "data_args={seed: 0, n_train: 4, n_val: 2}",
+        "trainer={n_runners: 1, concurrency: 4, otel: true}",
+        "grpo.steps=1",
+        "grpo.tasks_per_step=2",
+        "grpo.n_samples=2",
+        "grpo.val_every=0",
+        "grpo.sampling={temperature: 1.0, max_tokens: 16}",
+        "grpo.val_sampling={temperature: 0.0, max_tokens: 16}",
+        "grpo.config={lr: 1.0e-3, lora: false}",
+    ]
+    result = train(load_config(ROOT / "examples/rag_agent/config.yaml", overrides=overrides))
+    assert result.report["steps"] == 1
+
+    async def read():
+        store = SQLiteStore(result.store_path)
+        try:
+            rollouts = await store.query_rollouts()
+            return [(r, await store.query_spans(r.rollout_id)) for r in rollouts]
+        finally:
+            await store.close()
+
+    rollouts = asyncio.run(read())
+    assert len(rollouts) == 2 * 2 + 2 * 2  # one train step of 2 tasks x 2 samples; validation before and after
+    trained_calls = 0
+    for rollout, spans in rollouts:
+        assert rollout.status == RolloutStatus.SUCCEEDED
+        # both paths arrived: the gateway's call spans and the Agents SDK's spans through OpenTelemetry
+        calls = [s for s in spans if s.name == Attr.SPAN_LLM_CALL]
+        kinds = {s.attributes.get(Attr.KIND) for s in spans}
+        assert calls and {"agent", "llm"} <= kinds
+        by_id = {s.span_id: s for s in spans}
+        for call in calls:  # the traceparent made the call a child of the openai client's span of that call
+            parent = by_id[call.parent_id]
+            assert parent.attributes[Attr.GENAI_RESPONSE_ID] == call.attributes[Attr.RESPONSE_ID]
+        episode = build_episode(spans)
+        names = [c.agent_name for c in episode.calls]
+        assert names[0] == "researcher" and names[-1] == "editor" and set(names) == {"researcher", "editor"}
+        # the final reward landed, and it is the rollout's
+        assert rollout.reward is not None and episode.final_reward == rollout.reward
+        transitions, _ = spans_to_transitions(spans, agents=AgentFilter(["researcher"]))
+        assert transitions and {t.agent_name for t in transitions} == {"researcher"}
+        assert len(transitions) == names.count("researcher")
+        if rollout.mode == "train":
+            trained_calls += len(transitions)
+    metrics = [json.loads(line) for line in (result.out_dir / "metrics.jsonl").read_text().splitlines()]
+    (step,) = [m for m in metrics if m["kind"] == "train"]
+    assert step["rollouts"] == 4 and step["excluded"] == 0
+    assert step["transitions"] == trained_calls  # GRPO trained the researcher's calls, none of the editor's
