@@ -89,16 +89,23 @@ def _installed(module: str) -> bool:
         return False
 
 
-def _jsonable(value: Any) -> Any:
-    return list(value) if type(value) is tuple else value
+def _json_attributes(attributes: Any) -> dict[str, Any]:
+    """OTel attributes as a JSON-shaped dict (OTel keeps sequences as tuples)."""
+    out = dict(attributes) if attributes else {}
+    for key, value in out.items():
+        if type(value) is tuple:
+            out[key] = list(value)
+    return out
 
 
 def to_lightrail_span(span: ReadableSpan, ctx: AttemptContext) -> Span:
     """An ended OTel span as a lightrail `Span` of ``ctx``'s attempt (ids in hex, times in seconds, attributes
-    normalized by `lightrail.tracing.semconv.normalize`)."""
+    normalized by `lightrail.tracing.semconv.normalize` and stamped with the attempt's ids)."""
     sc = span.context
     parent = span.parent
-    attributes = {k: _jsonable(v) for k, v in span.attributes.items()} if span.attributes else {}
+    attributes = _json_attributes(span.attributes)
+    attributes[Attr.ROLLOUT_ID] = ctx.rollout_id
+    attributes[Attr.ATTEMPT_ID] = ctx.attempt_id
     name = span.name
     normalize(name, attributes)
     status = span.status
@@ -118,7 +125,7 @@ def to_lightrail_span(span: ReadableSpan, ctx: AttemptContext) -> Span:
             SpanEvent(
                 name=e.name,
                 time=e.timestamp / 1e9,
-                attributes={k: _jsonable(v) for k, v in e.attributes.items()} if e.attributes else {},
+                attributes=_json_attributes(e.attributes),
             )
             for e in span.events
         ],
@@ -153,7 +160,8 @@ class _AttemptProcessor(SpanProcessor):
             if ctx is None:
                 self.unattributed += 1
                 return
-        span.set_attributes({Attr.ROLLOUT_ID: ctx.rollout_id, Attr.ATTEMPT_ID: ctx.attempt_id})
+        if self.batch is not None:  # OTLP: the store attributes the span by these (the sink path adds them itself)
+            span.set_attributes({Attr.ROLLOUT_ID: ctx.rollout_id, Attr.ATTEMPT_ID: ctx.attempt_id})
         self._open[span.context.span_id] = ctx
 
     def on_end(self, span: ReadableSpan) -> None:
