@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -25,11 +26,13 @@ from opentelemetry import trace
 
 from lightrail.adapters import build_episode
 from lightrail.agent import Runner, run_runners
+from lightrail.cli import main
 from lightrail.gateway import ScriptedBackend, create_gateway_app
 from lightrail.gateway.app import parse_traceparent
 from lightrail.store import MemoryStore, StoreClient
 from lightrail.store.server import serve_in_thread
 from lightrail.tracing import ListSink, attempt_context, otel
+from lightrail.trainer import Trainer
 from lightrail.types import LLM, Attr, Resources, RolloutSpec, RolloutStatus, StatusCode, Task
 
 tracer = trace.get_tracer("lightrail.tests.test_otel")
@@ -326,3 +329,23 @@ def test_the_runner_fails_fast_with_a_clear_message_without_opentelemetry(tmp_pa
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "pip install 'lightrail[otel]'" in out.stdout, out.stderr
+
+
+def test_trainer_otel_stores_framework_spans_in_every_rollout():
+    from rich.console import Console
+
+    tasks = [Task(input={"task_id": f"t{i}", "n": i + 1}, task_id=f"t{i}") for i in range(4)]
+    console = Console(file=open(os.devnull, "w"), width=200)  # noqa: SIM115 - closed with the process
+    report = Trainer(n_runners=1, store=MemoryStore(), concurrency=4, otel=True, console=console).dev(
+        "otel_agents:tagged_spans", tasks
+    )
+    assert [row.status for row in report.rows] == [RolloutStatus.SUCCEEDED] * 4
+    assert [row.spans for row in report.rows] == [i + 1 + 2 for i in range(4)]  # n OTel spans + root + reward
+
+
+def test_lightrail_runner_otel_flag(tmp_path, capsys):
+    code = main(["runner", "--store", str(tmp_path / "s.db"), "--agent", "otel_agents:tagged_spans", "--otel", "otlp"])
+    assert code == 2 and "--otel otlp needs a store server URL" in capsys.readouterr().err
+    code = main(["runner", "--store", str(tmp_path / "s.db"), "--agent", "otel_agents:tagged_spans", "--otel",
+                 "--max-rollouts", "0"])  # fmt: skip
+    assert code == 0 and otel.current() is not None and otel.current().exporter == "sink"
