@@ -1,9 +1,9 @@
 """The calculator as an MCP server (stdio transport), so the agent can use it as a separate process.
 
 The tool is the same safe evaluator the in-process path uses (`examples.calculator.agent.calculate`): ``+ - *``
-and parentheses parsed with `ast`, never `eval`. Bad input raises, so the MCP result is marked ``is_error`` and
-its text reads ``Error executing tool calculator: ...`` (what a client, and lightrail's `looks_like_error`,
-recognise as a failed call).
+and parentheses parsed with `ast`, never `eval`. Bad input raises `ToolError` (an anticipated failure: no
+traceback in the server's log), so the MCP result is marked ``is_error`` and its text reads ``Error executing
+tool calculator: ...`` (what a client, and lightrail's `looks_like_error`, recognise as a failed call).
 
 The agent spawns it itself (`examples.calc_agent.agent.mcp_server_params`); to try it by hand::
 
@@ -13,6 +13,7 @@ The agent spawns it itself (`examples.calc_agent.agent.mcp_server_params`); to t
 from __future__ import annotations
 
 from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 
 from examples.calculator.agent import calculate
 
@@ -24,7 +25,7 @@ def calculator(expression: str) -> str:
     """The expression's value as text; raises for anything that is not ``+ - *`` arithmetic."""
     result = calculate(expression) if expression.strip() else "Error: empty expression"
     if result.startswith("Error"):
-        raise ValueError(result.removeprefix("Error: "))
+        raise ToolError(result.removeprefix("Error: "))
     return result
 
 
