@@ -115,10 +115,31 @@ def normalize(name: str, attributes: dict[str, Any]) -> dict[str, Any]:
         if call_id is not None:
             a.setdefault(Attr.TOOL_CALL_ID, str(call_id))
     elif kind == "llm" and Attr.GENAI_RESPONSE_ID not in a:
-        response_id = _json_field(a.get("output.value"), "id")
+        response_id = _response_id(a.get("output.value"))
         if isinstance(response_id, str):
             a[Attr.GENAI_RESPONSE_ID] = response_id
     return a
+
+
+def _response_id(output: Any) -> Any:
+    """The provider's response id in an LLM span's output (JSON parsed once): the OpenAI response's top-level
+    ``id``, or ``llm_output.id`` of LangChain's ``LLMResult``. LangChain's spans are never the current OTel
+    context during the HTTP call, so this id is the only link from the gateway's call span to the LangGraph node
+    that made it."""
+    if isinstance(output, str):
+        if not output.startswith("{") or '"id"' not in output:
+            return None
+        try:
+            output = json.loads(output)
+        except ValueError:
+            return None
+    if not isinstance(output, dict):
+        return None
+    response_id = output.get("id")
+    llm_output = output.get("llm_output")
+    if response_id is None and isinstance(llm_output, dict):
+        response_id = llm_output.get("id")
+    return response_id
 
 
 def attribution(

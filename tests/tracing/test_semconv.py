@@ -30,3 +30,16 @@ def test_agent_spans_are_named_by_their_node_id_before_their_span_name(span_name
 def test_graph_node_id_of_a_span_that_is_not_an_agent_names_no_agent():
     attributes = normalize("step", {"openinference.span.kind": "CHAIN", "graph.node.id": "step-3"})
     assert Attr.AGENT_NAME not in attributes
+
+
+@pytest.mark.parametrize(
+    "output",
+    [
+        '{"id": "chatcmpl-1", "choices": []}',  # the openai instrumentor: the OpenAI response itself
+        # LangChain's LLMResult: the provider's id under llm_output (its message ids are LangChain run ids)
+        '{"generations": [[{"message": {"kwargs": {"id": "lc_run--x"}}}]], "llm_output": {"id": "chatcmpl-1"}}',
+    ],
+)
+def test_llm_spans_carry_the_provider_response_id(output):
+    attributes = normalize("ChatOpenAI", {"openinference.span.kind": "LLM", "output.value": output})
+    assert attributes[Attr.GENAI_RESPONSE_ID] == "chatcmpl-1"
