@@ -14,6 +14,7 @@ an OpenTelemetry instrumentor (OpenInference's) still sees every agent, model ca
 
 from __future__ import annotations
 
+import asyncio
 import warnings
 from typing import Any
 
@@ -65,24 +66,23 @@ def model_settings(sampling: dict[str, Any]) -> ModelSettings:
     return ModelSettings(**known, extra_body=extra or None)
 
 
-def build_agents(
-    *, base_url: str, model: str, api_key: str = "none", k: int = 3, **sampling: Any
-) -> tuple[Agent, Agent]:
-    """The researcher (with the ``search`` tool returning the ``k`` best passages) and the editor, both on one
-    Chat Completions model at ``base_url``."""
+def build_agents(client: AsyncOpenAI, model: str, *, k: int = 3, **sampling: Any) -> tuple[Agent, Agent]:
+    """The researcher (with the ``search`` tool returning the ``k`` best passages) and the editor, both calling
+    ``model`` through ``client`` with Chat Completions."""
     from examples.rag_agent.retrieval import index
 
     @function_tool
-    def search(query: str) -> str:
+    async def search(query: str) -> str:
         """Search facts about countries (capital, region, borders, currency, languages, population, area).
 
         Args:
             query: What to look for, e.g. "capital Lima" or "currency of Peru".
         """
-        found = index().search(query, k)
+        # in a worker thread: the first search of a process loads the encoder (and may embed the corpus), and
+        # the event loop it would block also runs other rollouts and the runner's heartbeats
+        found = await asyncio.to_thread(lambda: index().search(query, k))
         return "\n".join(found) if found else "No passages found: search for a country name or a capital."
 
-    client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
     llm = OpenAIChatCompletionsModel(model=model, openai_client=client)
     settings = model_settings(sampling)
     researcher = Agent(
@@ -115,16 +115,16 @@ async def answer(
     editor's reply, which is returned (None when the editor gave none). Errors reaching the server propagate:
     they are not the model's."""
     keep_traces_local()
-    researcher, editor = build_agents(base_url=base_url, model=model, api_key=api_key, k=k, **sampling)
-    with trace(WORKFLOW_NAME):
-        notes = await _final_output(researcher, question, max_turns)
-        brief = f"Question: {question}\nResearcher's notes: {notes or '(none)'}"
-        return await _final_output(editor, brief, max_turns=1)
+    async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
+        researcher, editor = build_agents(client, model, k=k, **sampling)
+        with trace(WORKFLOW_NAME):
+            notes = await _final_output(researcher, question, max_turns)
+            brief = f"Question: {question}\nResearcher's notes: {notes or '(none)'}"
+            return await _final_output(editor, brief, max_turns=1)
 
 
 if __name__ == "__main__":
     import argparse
-    import asyncio
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("question")

@@ -9,8 +9,9 @@ in a file named by a hash of the passages and of the model's weights: a changed 
 file. Embedding the ~960 passages takes about 15 s on one CPU core; several runner processes may build at once,
 each writes its own temporary file and renames it into place, so readers only ever see a complete one.
 
-Concurrency: one encoder and one index per process (`index`), used from one thread at a time (the agent's
-``search`` tool runs on the runner's event loop).
+Concurrency: one encoder and one index per process (`index`, built once under a lock). Searches may come from
+several threads at once (the agent searches in worker threads, off the runner's event loop); encoding is
+serialised by a lock, because a Hugging Face fast tokenizer must not be used by two threads at once.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import hashlib
 import importlib.util
 import os
 import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +58,7 @@ class Encoder:
         from transformers import AutoModel, AutoTokenizer
 
         self._torch = torch
+        self._lock = threading.Lock()
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.model = AutoModel.from_pretrained(model_dir).eval()
 
@@ -63,7 +66,7 @@ class Encoder:
         """``(len(texts), 384)`` float32 unit vectors."""
         torch = self._torch
         out = []
-        with torch.inference_mode():
+        with self._lock, torch.inference_mode():
             for start in range(0, len(texts), _BATCH):
                 batch = self.tokenizer(
                     texts[start : start + _BATCH], padding=True, truncation=True, max_length=256, return_tensors="pt"
@@ -121,9 +124,17 @@ def _load_or_build(path: Path, texts: tuple[str, ...], encoder: Encoder) -> np.n
     return embeddings
 
 
-@functools.cache
+_index_lock = threading.Lock()
+
+
 def index() -> PassageIndex:
     """The process's passage index (built or read from the cache on first use)."""
+    with _index_lock:
+        return _index()
+
+
+@functools.cache
+def _index() -> PassageIndex:
     model_dir = encoder_dir()
     encoder = Encoder(model_dir)
     texts = passages()

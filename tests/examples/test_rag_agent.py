@@ -137,6 +137,22 @@ def test_search_finds_the_passage_a_hop_needs():
     assert len(ix.search("zzzz", 5)) == 5 and ix.search("  ", 5) == []
 
 
+def test_embeddings_are_cached_and_rebuilt_when_the_passages_change(tmp_path):
+    import numpy as np
+
+    from examples.rag_agent.retrieval import _load_or_build, index
+
+    encoder = index().encoder
+    path = tmp_path / "cache" / "passages.npy"
+    built = _load_or_build(path, ("Peru uses the currency PEN.", "Chile borders Peru."), encoder)
+    assert built.shape == (2, 384) and np.array_equal(np.load(path), built)
+    assert list(path.parent.iterdir()) == [path]  # no temporary file left behind
+    np.save(path, np.zeros((2, 384), dtype=np.float32))  # a file of the right shape is trusted, not recomputed
+    assert not _load_or_build(path, ("Peru uses the currency PEN.", "Chile borders Peru."), encoder).any()
+    rebuilt = _load_or_build(path, ("Peru uses the currency PEN.",), encoder)  # a stale file is replaced
+    assert np.allclose(rebuilt, built[:1], atol=1e-5) and np.load(path).shape == (1, 384)
+
+
 def test_default_trace_exporter_is_dropped_and_other_processors_are_kept():
     from agents import add_trace_processor, set_trace_processors
     from agents.tracing import TracingProcessor, get_trace_provider
