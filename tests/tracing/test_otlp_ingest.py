@@ -1,7 +1,7 @@
 """OTLP/HTTP trace ingest (``POST /v1/traces``, lightrail/tracing/otlp.py) against a real store server.
 
 Every test runs a store server on 127.0.0.1 (its own thread and loop, SQLite in tmp_path, a bearer token) and
-sends it what real senders send: the OpenTelemetry SDK's ``OTLPSpanExporter`` (protobuf, optionally gzip), or
+sends it what real senders send: the OpenTelemetry SDK's ``OTLPSpanExporter`` (protobuf, plain, gzip or deflate), or
 OTLP/JSON and protobuf bodies posted with httpx. Spans are read back through the store's own client.
 """
 
