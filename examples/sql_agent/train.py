@@ -1,0 +1,46 @@
+"""The SQL agent as lightrail runs it: the LangGraph app of `agent.py`, pointed at the attempt's routed endpoint,
+scored by execution match against the task's gold SQL.
+
+This wrapper is the only lightrail code the example needs. Which LLM calls are trained is decided by the config
+(``grpo.agents: [write_query, rewrite_query]``), from the LangGraph node each call ran in: with OpenTelemetry on,
+the OpenInference LangChain instrumentor records the node (``langgraph.node``) on the framework's spans, and
+the gateway's span of each call is their child.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from functools import cache
+
+from examples.sql_agent.agent import answer
+from examples.sql_agent.database import connect, database_path
+from examples.sql_agent.reward import execution_match
+from lightrail import rollout
+
+MAX_TURNS = 3
+_local = threading.local()
+
+
+@cache
+def _database() -> str:
+    return str(database_path())  # built (or found in the cache) once per runner process
+
+
+def _connection() -> sqlite3.Connection:
+    """One read-only connection per thread: sync rollouts run in the runner's threads, several at once."""
+    conn = getattr(_local, "conn", None)
+    if conn is None:
+        conn = _local.conn = connect(_database())
+    return conn
+
+
+@rollout
+def sql_agent(task, llm):
+    """Reward 1 when the query the agent settled on returns the gold query's rows, else 0 (invalid SQL: 0)."""
+    conn = _connection()
+    state = answer(
+        task["question"], base_url=llm.endpoint, model=llm.model, api_key=llm.api_key or "none",
+        max_turns=MAX_TURNS, conn=conn, **llm.sampling,
+    )  # fmt: skip
+    return execution_match(conn, state.get("sql"), task["sql"])
