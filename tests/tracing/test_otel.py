@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import os
 import socket
+import threading
 import time
 from collections.abc import AsyncIterator
 
@@ -22,6 +23,7 @@ import otel_agents
 import pytest
 import uvicorn
 from openai import AsyncOpenAI
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from lightrail.adapters import build_episode
@@ -169,6 +171,28 @@ async def test_spans_outside_an_attempt_are_counted_not_exported_and_attempts_st
         assert inner.events[0].name == "tick" and inner.events[0].attributes == {"n": [1, 2]}
         assert len({s.seq for s in sink.spans}) == 5
     assert handle.unattributed == 1 and handle.exported == 40
+
+    # a framework thread started without the contextvars, carrying only the OTel context it was handed: the
+    # trace id names the attempt (the runner registers it in `OTel.attempt_parent`)
+    def framework_thread(otel_ctx) -> None:
+        token = otel_context.attach(otel_ctx)
+        try:
+            with tracer.start_as_current_span("handed-over"):
+                pass
+        finally:
+            otel_context.detach(token)
+
+    with attempt_context("r9", "a9", sink9 := ListSink()) as ctx, handle.attempt_parent(ctx, "00f067aa0ba902b7"):
+        thread = threading.Thread(target=framework_thread, args=(otel_context.get_current(),))
+        thread.start()
+        thread.join()
+    ((span,),) = [sink9.spans]
+    assert (span.name, span.attempt_id, span.trace_id, span.parent_id) == (
+        "handed-over",
+        "a9",
+        ctx.trace_id,
+        "00f067aa0ba902b7",
+    )
 
     handle.shutdown()
     assert otel.current() is None
@@ -343,7 +367,10 @@ def test_trainer_otel_stores_framework_spans_in_every_rollout():
     assert [row.spans for row in report.rows] == [i + 1 + 2 for i in range(4)]  # n OTel spans + root + reward
 
 
-def test_lightrail_runner_otel_flag(tmp_path, capsys):
+def test_lightrail_runner_otel_flag(tmp_path, capsys, monkeypatch):
+    from lightrail.agent.processes import RUNNER_ENV
+
+    monkeypatch.setenv(RUNNER_ENV, "")  # the command marks its process as a runner: undone after the test
     code = main(["runner", "--store", str(tmp_path / "s.db"), "--agent", "otel_agents:tagged_spans", "--otel", "otlp"])
     assert code == 2 and "--otel otlp needs a store server URL" in capsys.readouterr().err
     code = main(["runner", "--store", str(tmp_path / "s.db"), "--agent", "otel_agents:tagged_spans", "--otel",
