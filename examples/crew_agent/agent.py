@@ -1,0 +1,95 @@
+"""A two-agent CrewAI crew that answers questions about countries. Nothing in it knows about lightrail: it takes
+the base URL, model name and API key of any OpenAI-compatible server, like any crew pointed at a new endpoint.
+
+    researcher ──(country_facts tool)──► notes ──► writer ──► "Answer: <answer>"
+
+The researcher looks facts up with one tool over the country table in ``countries.json``; the writer reads the
+researcher's notes (task context) and answers in a fixed form, so the answer can be checked exactly.
+
+    python -m examples.crew_agent.agent --base-url http://127.0.0.1:8000/v1 --model tiny "What is the capital of Peru?"
+
+CrewAI is set up to send nothing anywhere else: its anonymous telemetry and its trace upload are switched off
+before it is imported (an environment variable set by the caller wins), and it never installs a global
+OpenTelemetry tracer provider, so an application's own provider (lightrail's, when it runs the crew) is the one
+the OpenInference instrumentation records to.
+"""
+
+from __future__ import annotations
+
+import os
+
+for _name in ("CREWAI_DISABLE_TELEMETRY", "CREWAI_DISABLE_TRACKING"):
+    os.environ.setdefault(_name, "true")
+os.environ.setdefault("CREWAI_TRACING_ENABLED", "false")
+
+from crewai import LLM, Agent, Crew, Process, Task  # noqa: E402 - after the telemetry switches above
+from crewai.tools import tool  # noqa: E402
+
+from examples.crew_agent.countries import describe  # noqa: E402
+
+RESEARCHER = "researcher"
+WRITER = "writer"
+
+
+@tool("country_facts")
+def country_facts(country: str) -> str:
+    """Facts about one country: capital, region, currency code, calling code, population."""
+    return describe(country)
+
+
+def build_crew(*, base_url: str, model: str, api_key: str = "none", max_iter: int = 2, **sampling) -> Crew:
+    """The crew, with both agents on one OpenAI-compatible endpoint. ``sampling`` (``temperature``,
+    ``max_tokens``, ``top_p``, ...) goes to every call. ``provider="openai"`` makes CrewAI use its native OpenAI
+    client for any model name (``tiny``, a local path): no LiteLLM, no model-name checks."""
+    llm = LLM(model=model, provider="openai", base_url=base_url, api_key=api_key, max_retries=0, **sampling)
+    researcher = Agent(
+        role=RESEARCHER,
+        goal="Look up the facts the question needs.",
+        backstory="You use the country_facts tool.",
+        tools=[country_facts],
+        llm=llm,
+        max_iter=max_iter,
+        allow_delegation=False,
+        verbose=False,
+    )
+    writer = Agent(
+        role=WRITER,
+        goal="Answer from the notes.",
+        backstory="You answer in one line.",
+        llm=llm,
+        max_iter=1,
+        allow_delegation=False,
+        verbose=False,
+    )
+    research = Task(description="{question}", expected_output="The facts found.", agent=researcher)
+    answer = Task(description="{question}", expected_output="Answer: <answer>", agent=writer, context=[research])
+    return Crew(
+        agents=[researcher, writer],
+        tasks=[research, answer],
+        process=Process.sequential,
+        verbose=False,
+        tracing=False,
+    )
+
+
+def answer(question: str, *, base_url: str, model: str, api_key: str = "none", max_iter: int = 2, **sampling) -> str:
+    """Run the crew on one question; returns the writer's final text (``"Answer: ..."`` when the crew behaves)."""
+    crew = build_crew(base_url=base_url, model=model, api_key=api_key, max_iter=max_iter, **sampling)
+    return crew.kickoff(inputs={"question": question}).raw
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("question")
+    parser.add_argument("--base-url", required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--api-key", default="none")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    args = parser.parse_args()
+    print(
+        answer(
+            args.question, base_url=args.base_url, model=args.model, api_key=args.api_key, max_tokens=args.max_tokens
+        )
+    )

@@ -1,0 +1,260 @@
+"""The CrewAI crew example (examples/crew_agent): its data and reward, then real runs of the crew in CrewAI's own
+environment (``.venv-crewai``: runner processes under ``runner_python``) through the real gateway.
+
+* a scripted model (the gateway's `ScriptedBackend`) drives the whole happy path: the researcher calls the tool,
+  the writer answers from the researcher's notes, the reward is 1.0;
+* ``lightrail train examples/crew_agent/config.yaml`` (one GRPO step, the tiny model, OpenTelemetry on): every
+  gateway LLM call is linked to the CrewAI agent that made it, and only the configured agent's calls are trained.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import socket
+from pathlib import Path
+
+import pytest
+
+from examples.crew_agent.countries import countries, countryinfo_data_dir, describe, extract
+from examples.crew_agent.data import splits, tokenizer_corpus
+from examples.crew_agent.rewards import answer_reward, parse_answer
+from lightrail.adapters import AgentFilter, build_episode, episode_transitions
+from lightrail.types import Attr, RolloutStatus
+
+ROOT = Path(__file__).resolve().parents[2]
+CREWAI_PYTHON = os.environ.get("LIGHTRAIL_CREWAI_PYTHON", str(ROOT / ".venv-crewai" / "bin" / "python"))
+AGENT = "examples.crew_agent.train:crew_agent"
+
+# -- data -------------------------------------------------------------------------------------------------------
+
+
+def test_country_table_is_what_countryinfo_says():
+    assert list(countries()) == extract(countryinfo_data_dir())  # regenerate: python -m examples.crew_agent.countries
+    assert len(countries()) >= 200 and len({c["name"] for c in countries()}) == len(countries())
+
+
+def test_splits_have_their_sizes_are_deterministic_and_disjoint():
+    train, val = splits(seed=0, n_train=300, n_val=80)
+    assert (len(train), len(val)) == (300, 80)
+    assert (train, val) == splits(seed=0, n_train=300, n_val=80)
+    assert splits(seed=1, n_train=300, n_val=80)[0] != train
+    questions = [t["question"] for t in train + val]
+    assert len(set(questions)) == len(questions)  # no repeats, and no question in both splits
+    assert json.loads(json.dumps(train + val)) == train + val
+    assert {t["kind"] for t in val} == {"capital", "currency", "calling_code", "region", "population"}
+    with pytest.raises(ValueError, match="n_train and n_val"):
+        splits(n_train=-1)
+
+
+def _raw_country(name: str) -> dict:
+    """The country's own countryinfo file, read here without the example's code."""
+    for path in countryinfo_data_dir().glob("*.json"):
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        if raw.get("name") == name:
+            return raw
+    raise KeyError(name)
+
+
+def test_gold_answers_are_countryinfo_facts():
+    train, val = splits(seed=0, n_train=60, n_val=20)
+    fields = {"capital": "capital", "region": "region"}
+    for task in train + val:
+        raws = [_raw_country(name) for name in task["countries"]]
+        assert all(raw["name"] in task["question"] for raw in raws)
+        if task["kind"] in fields:
+            assert task["answer"] == raws[0][fields[task["kind"]]]
+        elif task["kind"] == "currency":
+            assert [task["answer"]] == raws[0]["currencies"]
+        elif task["kind"] == "calling_code":
+            assert [task["answer"]] == raws[0]["callingCodes"]
+        else:
+            a, b = raws
+            assert task["answer"] == (a if a["population"] > b["population"] else b)["name"]
+            assert max(a["population"], b["population"]) >= 1.5 * min(a["population"], b["population"])
+
+
+def test_tool_answers_with_facts_and_never_raises_on_garbage():
+    assert describe(" FRANCE. ") == (
+        "France: capital Paris; region Europe; currency EUR; calling code 33; population 66078000."
+    )
+    assert describe("Sao Tome and Principe").startswith("São Tomé and Príncipe: capital São Tomé;")
+    assert describe("Atlantis") == "No country named 'Atlantis'."
+    assert describe(42) == "No country named 42."
+
+
+def test_tokenizer_corpus_covers_questions_tool_results_and_answers():
+    corpus = tokenizer_corpus()
+    train, _ = splits()
+    assert train[0]["question"] in corpus and f"Answer: {train[0]['answer']}" in corpus
+    assert describe("Peru") in corpus
+
+
+# -- reward -----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "gold", "reward"),
+    [
+        ("Answer: Paris", "Paris", 1.0),
+        ("Notes say so.\nanswer:  paris.", "Paris", 1.0),  # case, spacing, final period
+        ("Answer: +33", "33", 1.0),
+        ("Answer: Sao Tome and Principe", "São Tomé and Príncipe", 1.0),
+        ("Answer: Paris\nAnswer: Lyon", "Paris", 1.0),  # the first answer line counts
+        ("Answer: Lyon", "Paris", 0.1),
+        ("Answer: Peru or Chile", "Peru", 0.1),  # repeating both options is not the answer
+        ("Paris", "Paris", 0.0),  # no answer line
+        ("Answer:", "Paris", 0.0),
+        ("", "Paris", 0.0),
+        (None, "Paris", 0.0),
+    ],
+)
+def test_answer_reward(text, gold, reward):
+    assert answer_reward(text, gold) == reward
+
+
+def test_parse_answer_keeps_the_rest_of_the_line():
+    assert parse_answer("x\nANSWER : New Delhi \ny") == "New Delhi"
+    assert parse_answer("no answer here") is None
+
+
+# -- the crew, end to end -----------------------------------------------------------------------------------------
+
+
+class _Gateway:
+    """The real gateway app over ``backend`` and ``store``, served by uvicorn in this event loop."""
+
+    def __init__(self, backend, store):
+        import uvicorn
+
+        from lightrail.gateway import create_gateway_app
+
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}/v1"
+        app = create_gateway_app(backend, store)
+        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
+
+    async def __aenter__(self):
+        self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[self._sock]))
+        while not self._server.started:
+            assert not self._task.done(), self._task.result()
+            await asyncio.sleep(0.01)
+        return self
+
+    async def __aexit__(self, *exc):
+        self._server.should_exit = True
+        await self._task
+
+
+def _scripted_crew(tasks: list[dict]):
+    """What a model that does the job well answers: the researcher looks every country up, then writes its notes;
+    the writer answers correctly only if the researcher's notes reached it."""
+    from lightrail.gateway import ScriptedReply
+
+    by_question = {t["question"]: t for t in tasks}
+
+    def reply(request):
+        messages = request.messages
+        task = by_question[re.search(r"Current Task: (.*)\n", messages[1]["content"]).group(1)]
+        if messages[0]["content"].startswith("You are researcher"):
+            tool_results = [m["content"] for m in messages if m["role"] == "tool"]
+            if not tool_results:
+                return ScriptedReply(tool_calls=[("country_facts", {"country": name}) for name in task["countries"]])
+            return "Notes: " + " ".join(tool_results)
+        notes = " ".join(describe(name) for name in task["countries"])
+        return f"Answer: {task['answer']}" if notes in messages[1]["content"] else "Answer: unknown"
+
+    return reply
+
+
+async def test_crew_with_a_scripted_model_looks_facts_up_and_answers_right(tmp_path):
+    from lightrail import LLM, Trainer
+    from lightrail.gateway import ScriptedBackend
+    from lightrail.store import StoreClient
+    from lightrail.trainer import StoreServerProcess
+
+    _, val = splits(seed=0, n_train=0, n_val=12)
+    tasks = [next(t for t in val if t["kind"] == kind) for kind in ("capital", "population")]
+    server = StoreServerProcess(tmp_path / "store.db")
+    store = StoreClient(server.url, token=server.token)
+    try:
+        async with _Gateway(ScriptedBackend(_scripted_crew(tasks)), store) as gateway:
+            trainer = Trainer(n_runners=1, concurrency=2, store=server.url, token=server.token, runner_python=CREWAI_PYTHON, otel=True)  # fmt: skip
+            resources = {"llm": LLM(endpoint=gateway.url, model="scripted", sampling={"max_tokens": 512})}
+            report = await trainer.dev_async(AGENT, tasks, resources, timeout_s=120)
+        assert [r.status for r in report.rows] == [RolloutStatus.SUCCEEDED] * 2
+        assert [r.reward for r in report.rows] == [1.0, 1.0]
+        for rollout, task in zip(report.rows, tasks, strict=True):
+            spans = await store.query_spans(rollout.rollout_id)
+            tools = [s for s in spans if s.attributes.get(Attr.KIND) == "tool"]
+            assert sorted(s.attributes[Attr.TOOL_NAME] for s in tools) == ["country_facts"] * len(task["countries"])
+            assert sorted(s.attributes["output.value"] for s in tools) == sorted(map(describe, task["countries"]))
+            episode = build_episode(spans)
+            assert [c.agent_name for c in episode.calls] == ["researcher", "researcher", "writer"]
+    finally:
+        await store.close()
+        server.stop()
+
+
+def _role_of(call_span) -> str:
+    """Which crew agent made a gateway call, read off the request itself: CrewAI's system prompt starts with
+    "You are <role>." (independent of the OpenTelemetry path under test)."""
+    system = call_span.attributes[Attr.REQUEST]["messages"][0]["content"]
+    return re.match(r"You are (\w+)\.", system).group(1)
+
+
+async def test_train_config_links_every_call_to_its_crew_agent_and_trains_only_the_writer(tmp_path, monkeypatch):
+    from lightrail.store.sqlite import SQLiteStore
+    from lightrail.trainer.config import load_config, train
+
+    monkeypatch.chdir(ROOT)  # the config's references (and its relative runner_python) resolve from the root
+    overrides = [
+        f"out_dir={tmp_path / 'run'}",
+        f"trainer.runner_python={CREWAI_PYTHON}",
+        "trainer.n_runners=1",
+        "trainer.concurrency=4",
+        "data_args={seed: 0, n_train: 8, n_val: 2}",
+        "grpo.steps=1",
+        "grpo.tasks_per_step=2",
+        "grpo.n_samples=2",
+        "grpo.val_every=0",
+        "grpo.sampling.max_tokens=16",
+        "grpo.val_sampling.max_tokens=16",
+    ]
+    config = load_config(ROOT / "examples" / "crew_agent" / "config.yaml", overrides)
+    assert config.trainer.otel and config.grpo["agents"] == ["writer"]
+    result = await asyncio.to_thread(train, config)
+    assert result.report["steps"] == 1
+    metrics = [json.loads(line) for line in (result.out_dir / "metrics.jsonl").read_text().splitlines()]
+    (step,) = [m for m in metrics if m["kind"] == "train"]
+    assert (step["rollouts"], step["excluded"]) == (4, 0)
+
+    selected = AgentFilter(config.grpo["agents"])
+    store = SQLiteStore(str(result.store_path))
+    try:
+        rollouts = await store.query_rollouts()
+        assert len(rollouts) == 4 + 2 * 2  # 2 tasks x 2 samples; 2 held-out tasks before and after the step
+        trained = 0
+        for rollout in rollouts:
+            assert rollout.status is RolloutStatus.SUCCEEDED and rollout.reward is not None
+            spans = await store.query_spans(rollout.rollout_id)
+            # both paths arrived: the gateway's LLM-call spans and CrewAI's OpenTelemetry spans
+            calls = [s for s in spans if s.name == Attr.SPAN_LLM_CALL]
+            kinds = {s.attributes.get(Attr.KIND) for s in spans}
+            agents = {s.attributes[Attr.AGENT_NAME] for s in spans if s.attributes.get(Attr.KIND) == "agent"}
+            assert len(calls) >= 2 and {"chain", "agent", "llm"} <= kinds and agents == {"researcher", "writer"}
+            episode = build_episode(spans)
+            assert episode.final_reward == rollout.reward  # the reward landed as the final-reward span
+            assert [c.agent_name for c in episode.calls] == [_role_of(c.span) for c in episode.calls]
+            writer_calls = {c.response_id for c in episode.calls if c.agent_name == "writer"}
+            assert writer_calls and len(writer_calls) < len(episode.calls)  # the researcher called too
+            returns = [rollout.reward] * len(episode.calls)
+            transitions = episode_transitions(episode, returns, agents=selected)
+            assert sorted(t.metadata["response_id"] for t in transitions) == sorted(writer_calls)
+            trained += len(transitions)
+        assert trained >= len(rollouts)
+    finally:
+        await store.close()
