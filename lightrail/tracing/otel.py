@@ -239,6 +239,7 @@ class OTel:
                 return
             self.force_flush()
             self.processor.active = False
+            self.processor._open.clear()  # spans never ended (abandoned by their code): nothing will pop them
             if self.processor.batch is not None:
                 self.processor.batch.shutdown()
                 self.processor.batch = None
