@@ -311,13 +311,21 @@ def test_otlp_exporter_end_to_end_through_the_store_servers_traces_route(tmp_pat
         store = StoreClient(server.url, token=token)
         try:
             ids = await enqueue(store, tasks)
+
+            async def spans_when_finished(rollout_id: str) -> list:
+                # read the spans the moment the rollout is reported finished: the runner's force_flush must have
+                # put them in the store already (the exporter alone would send them up to 200 ms later)
+                (rollout,) = await store.wait([rollout_id], timeout_s=80)
+                spans = await store.query_spans(rollout_id)
+                assert rollout.status is RolloutStatus.SUCCEEDED
+                return spans
+
             with run_runners(
-                server.url, "otel_agents:tagged_spans", 1, 6, token, otel="otlp", max_rollouts=6, idle_exit_s=5
+                server.url, "otel_agents:tagged_spans", 1, 6, token, otel="otlp", max_rollouts=6, idle_exit_s=2
             ) as procs:
-                done = await store.wait(ids, timeout_s=80)
+                spans = await asyncio.gather(*(spans_when_finished(rid) for rid in ids))
                 assert procs.join(30)
-            assert [r.status for r in done] == [RolloutStatus.SUCCEEDED] * 6
-            return {rid: await store.query_spans(rid) for rid in ids}
+            return dict(zip(ids, spans, strict=True))
         finally:
             await store.close()
 
