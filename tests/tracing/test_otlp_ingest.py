@@ -15,6 +15,7 @@ import sys
 
 import httpx
 import pytest
+from google.protobuf import json_format
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.exporter.otlp.proto.http import Compression
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -27,6 +28,7 @@ from opentelemetry.trace import Status, StatusCode
 
 from lightrail.store import StoreClient
 from lightrail.store.server import serve_in_thread
+from lightrail.tracing.otlp import spans_from_body
 from lightrail.types import Attr, RolloutSpec, Task
 from lightrail.types import StatusCode as LightrailStatus
 
@@ -376,6 +378,7 @@ def test_store_server_does_not_load_opentelemetry_until_the_first_otlp_request(t
     script = f"""
 import sys, httpx
 from lightrail.store.server import serve_in_thread
+from lightrail.tracing.otlp import spans_from_body
 handle = serve_in_thread({str(tmp_path / "store.db")!r})
 loaded = lambda: sorted(m for m in sys.modules if m.startswith(("opentelemetry", "google.protobuf")))
 assert httpx.get(handle.url + "/v1/counts").status_code == 200
@@ -386,3 +389,50 @@ assert "opentelemetry.proto.collector.trace.v1.trace_service_pb2" in loaded()
 handle.stop()
 """
     subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+
+
+def test_protobuf_and_otlp_json_encodings_give_the_same_spans():
+    """The two encodings of one request (OTLP/JSON made from the protobuf as the spec says: hex ids, base64
+    bytes) convert to identical spans, so the JSON path covers every value type the protobuf path does."""
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create(owner_attributes("ro-1", "at-1")))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    agent_trace(provider)
+    with provider.get_tracer("other").start_as_current_span("typed", attributes={"flags": [True, False]}) as span:
+        span.set_attribute("ratios", [0.5, 1.5])
+        span.add_event("done", {"count": 3, "ids": ["a", "b"]})
+    request = encode_spans(memory.get_finished_spans())
+    as_dict = json_format.MessageToDict(request)
+    for resource_spans in as_dict["resourceSpans"]:
+        for scope_spans in resource_spans["scopeSpans"]:
+            for s in scope_spans["spans"]:
+                for key in ("traceId", "spanId", "parentSpanId"):
+                    if key in s:
+                        s[key] = base64.b64decode(s[key]).hex()
+
+    from_protobuf, _ = spans_from_body(request.SerializeToString(), "application/x-protobuf")
+    from_json, _ = spans_from_body(json.dumps(as_dict).encode(), "application/json; charset=utf-8")
+
+    def comparable(spans):
+        return [
+            (
+                s.rollout_id,
+                s.attempt_id,
+                s.span_id,
+                s.parent_id,
+                s.trace_id,
+                s.name,
+                s.start_time,
+                s.end_time,
+                s.attributes,
+                s.events,
+                s.status,
+            )
+            for s in spans
+        ]
+
+    assert len(from_protobuf) == 5
+    assert comparable(from_json) == comparable(from_protobuf)
+    typed = next(s for s in from_json if s.name == "typed")
+    assert typed.attributes["flags"] == [True, False] and typed.attributes["ratios"] == [0.5, 1.5]
+    assert typed.events[0].attributes == {"count": 3, "ids": ["a", "b"]}
