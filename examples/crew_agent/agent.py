@@ -16,6 +16,7 @@ the OpenInference instrumentation records to.
 
 from __future__ import annotations
 
+import logging
 import os
 
 for _name in ("CREWAI_DISABLE_TELEMETRY", "CREWAI_DISABLE_TRACKING"):
@@ -26,6 +27,12 @@ from crewai import LLM, Agent, Crew, Process, Task  # noqa: E402 - after the tel
 from crewai.tools import tool  # noqa: E402
 
 from examples.crew_agent.countries import describe  # noqa: E402
+
+# CrewAI estimates a prompt's size before each call to a non-OpenAI server and warns about the estimate every
+# time; one line per LLM call would bury everything else a runner logs.
+logging.getLogger("crewai.llms.base_llm").addFilter(
+    lambda record: not record.getMessage().startswith("Using an approximate input token count")
+)
 
 RESEARCHER = "researcher"
 WRITER = "writer"

@@ -6,16 +6,26 @@ CrewAI is imported inside the rollout, in the runner processes (CrewAI's own env
 
 from __future__ import annotations
 
-from examples.crew_agent.rewards import answer_reward
-from lightrail import rollout
+from examples.crew_agent.rewards import NO_ANSWER, answer_reward
+from lightrail import emit_event, rollout
 
 
 @rollout
 def crew_agent(task, llm):
-    """The writer's answer line checked against the gold answer (see `answer_reward`)."""
+    """The writer's answer line checked against the gold answer (see `answer_reward`).
+
+    CrewAI raises ValueError when the model's output cannot go on (an empty message; tool calls where it forces a
+    final answer after ``max_iter``): that is the policy's doing, so it scores `NO_ANSWER` (recorded as an
+    event) instead of failing the rollout. Connection errors are not ValueErrors: they still end the attempt as
+    an infrastructure error, retried and never trained.
+    """
     from examples.crew_agent.agent import answer
 
-    text = answer(
-        task["question"], base_url=llm.endpoint, model=llm.model, api_key=llm.api_key or "none", **llm.sampling
-    )
+    try:
+        text = answer(
+            task["question"], base_url=llm.endpoint, model=llm.model, api_key=llm.api_key or "none", **llm.sampling
+        )
+    except ValueError as exc:
+        emit_event("unusable_model_output", error=f"{type(exc).__name__}: {exc}"[:500])
+        return NO_ANSWER
     return answer_reward(text, task["answer"])

@@ -150,8 +150,10 @@ class _Gateway:
 
 
 def _scripted_crew(tasks: list[dict]):
-    """What a model that does the job well answers: the researcher looks every country up, then writes its notes;
-    the writer answers correctly only if the researcher's notes reached it."""
+    """A scripted model. On ``capital`` and ``population`` questions it does the job well: the researcher looks
+    every country up, then writes its notes; the writer answers right only if the researcher's notes reached it.
+    On ``currency`` questions the researcher never stops calling the tool, on ``region`` ones the writer says
+    nothing: the garbage a near-random model produces, which CrewAI refuses to go on with."""
     from lightrail.gateway import ScriptedReply
 
     by_question = {t["question"]: t for t in tasks}
@@ -161,39 +163,46 @@ def _scripted_crew(tasks: list[dict]):
         task = by_question[re.search(r"Current Task: (.*)\n", messages[1]["content"]).group(1)]
         if messages[0]["content"].startswith("You are researcher"):
             tool_results = [m["content"] for m in messages if m["role"] == "tool"]
-            if not tool_results:
+            if not tool_results or task["kind"] == "currency":
                 return ScriptedReply(tool_calls=[("country_facts", {"country": name}) for name in task["countries"]])
             return "Notes: " + " ".join(tool_results)
+        if task["kind"] == "region":
+            return ""
         notes = " ".join(describe(name) for name in task["countries"])
         return f"Answer: {task['answer']}" if notes in messages[1]["content"] else "Answer: unknown"
 
     return reply
 
 
-async def test_crew_with_a_scripted_model_looks_facts_up_and_answers_right(tmp_path):
+async def test_crew_with_a_scripted_model_looks_facts_up_answers_right_and_survives_garbage(tmp_path):
     from lightrail import LLM, Trainer
     from lightrail.gateway import ScriptedBackend
     from lightrail.store import StoreClient
     from lightrail.trainer import StoreServerProcess
 
-    _, val = splits(seed=0, n_train=0, n_val=12)
-    tasks = [next(t for t in val if t["kind"] == kind) for kind in ("capital", "population")]
+    _, val = splits(seed=0, n_train=0, n_val=30)
+    tasks = [next(t for t in val if t["kind"] == kind) for kind in ("capital", "population", "currency", "region")]
     server = StoreServerProcess(tmp_path / "store.db")
     store = StoreClient(server.url, token=server.token)
     try:
         async with _Gateway(ScriptedBackend(_scripted_crew(tasks)), store) as gateway:
-            trainer = Trainer(n_runners=1, concurrency=2, store=server.url, token=server.token, runner_python=CREWAI_PYTHON, otel=True)  # fmt: skip
+            trainer = Trainer(n_runners=1, concurrency=4, store=server.url, token=server.token, runner_python=CREWAI_PYTHON, otel=True)  # fmt: skip
             resources = {"llm": LLM(endpoint=gateway.url, model="scripted", sampling={"max_tokens": 512})}
             report = await trainer.dev_async(AGENT, tasks, resources, timeout_s=120)
-        assert [r.status for r in report.rows] == [RolloutStatus.SUCCEEDED] * 2
-        assert [r.reward for r in report.rows] == [1.0, 1.0]
-        for rollout, task in zip(report.rows, tasks, strict=True):
+        assert [r.status for r in report.rows] == [RolloutStatus.SUCCEEDED] * 4
+        assert [r.reward for r in report.rows] == [1.0, 1.0, 0.0, 0.0]
+        for rollout, task in zip(report.rows[:2], tasks, strict=False):
             spans = await store.query_spans(rollout.rollout_id)
             tools = [s for s in spans if s.attributes.get(Attr.KIND) == "tool"]
             assert sorted(s.attributes[Attr.TOOL_NAME] for s in tools) == ["country_facts"] * len(task["countries"])
             assert sorted(s.attributes["output.value"] for s in tools) == sorted(map(describe, task["countries"]))
             episode = build_episode(spans)
             assert [c.agent_name for c in episode.calls] == ["researcher", "researcher", "writer"]
+        for rollout in report.rows[2:]:
+            spans = await store.query_spans(rollout.rollout_id)
+            (event,) = [s for s in spans if s.attributes.get(Attr.EVENT_NAME) == "unusable_model_output"]
+            assert event.attributes["error"].startswith(("ValueError", "ValidationError"))
+            assert build_episode(spans).final_reward == 0.0
     finally:
         await store.close()
         server.stop()
@@ -213,6 +222,7 @@ async def test_train_config_links_every_call_to_its_crew_agent_and_trains_only_t
     monkeypatch.chdir(ROOT)  # the config's references (and its relative runner_python) resolve from the root
     overrides = [
         f"out_dir={tmp_path / 'run'}",
+        "model=tiny",
         f"trainer.runner_python={CREWAI_PYTHON}",
         "trainer.n_runners=1",
         "trainer.concurrency=4",
