@@ -323,8 +323,11 @@ async def test_spans_of_an_unknown_attempt_are_refused_like_the_spans_route(serv
 async def test_wrong_token_is_refused(server, store, attempts):
     spans = sdk_spans(1, resource=owner_attributes(*attempts[0]))
     async with httpx.AsyncClient(base_url=server.url) as http:
-        r = await http.post("/v1/traces", content=encode_spans(spans).SerializeToString(), headers=PROTOBUF)
+        body = encode_spans(spans).SerializeToString()
+        r = await http.post("/v1/traces", content=body, headers=PROTOBUF)
         assert r.status_code == 401 and r.json()["error"]["message"] == "missing bearer token"
+        r = await http.post("/v1/traces", content=body, headers={**PROTOBUF, "authorization": "Bearer wrong"})
+        assert r.status_code == 401 and r.json()["error"]["message"] == "invalid bearer token"
     assert exporter(server, token="wrong").export(spans) is SpanExportResult.FAILURE
     assert await store.query_spans(attempts[0][0]) == []
 
