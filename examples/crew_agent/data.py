@@ -85,7 +85,7 @@ def tokenizer_corpus() -> list[str]:
     train, val = splits(n_train=400, n_val=100)
     crewai_phrases = [
         "You are researcher. You use the country_facts tool.\nYour personal goal is: Look up the facts the question needs.",
-        "You are writer. You answer in one line.\nYour personal goal is: Answer from the notes.",
+        "You are writer. You reply with one line: Answer: <the answer>.\nYour personal goal is: Answer from the notes.",
         "\nCurrent Task: \n\nThis is the expected criteria for your final answer: The facts found.\n"
         "you MUST return the actual complete content as the final answer, not a summary.",
         "This is the context you're working with:\n\nProvide your complete response:",

@@ -12,7 +12,8 @@ from lightrail import emit_event, rollout
 
 @rollout
 def crew_agent(task, llm):
-    """The writer's answer line checked against the gold answer (see `answer_reward`).
+    """The writer's answer checked against the gold answer (see `answer_reward`; the wrong option of a
+    which-of-two question must not be named).
 
     CrewAI raises ValueError when the model's output cannot go on (an empty message; tool calls where it forces a
     final answer after ``max_iter``): that is the policy's doing, so it scores `NO_ANSWER` (recorded as an
@@ -28,4 +29,5 @@ def crew_agent(task, llm):
     except ValueError as exc:
         emit_event("unusable_model_output", error=f"{type(exc).__name__}: {exc}"[:500])
         return NO_ANSWER
-    return answer_reward(text, task["answer"])
+    others = [name for name in task["countries"] if name != task["answer"]] if task["kind"] == "population" else []
+    return answer_reward(text, task["answer"], others)

@@ -96,23 +96,28 @@ def test_tokenizer_corpus_covers_questions_tool_results_and_answers():
 
 
 @pytest.mark.parametrize(
-    ("text", "gold", "reward"),
+    ("text", "gold", "others", "reward"),
     [
-        ("Answer: Paris", "Paris", 1.0),
-        ("Notes say so.\nanswer:  paris.", "Paris", 1.0),  # case, spacing, final period
-        ("Answer: +33", "33", 1.0),
-        ("Answer: Sao Tome and Principe", "São Tomé and Príncipe", 1.0),
-        ("Answer: Paris\nAnswer: Lyon", "Paris", 1.0),  # the first answer line counts
-        ("Answer: Lyon", "Paris", 0.1),
-        ("Answer: Peru or Chile", "Peru", 0.1),  # repeating both options is not the answer
-        ("Paris", "Paris", 0.0),  # no answer line
-        ("Answer:", "Paris", 0.0),
-        ("", "Paris", 0.0),
-        (None, "Paris", 0.0),
+        ("Answer: Paris", "Paris", (), 1.0),
+        ("Notes say so.\nanswer:  paris.", "Paris", (), 1.0),  # case, spacing, final period
+        ("Answer: +33", "33", (), 1.0),
+        ("Answer: Sao Tome and Principe", "São Tomé and Príncipe", (), 1.0),
+        ("Answer: Paris\nAnswer: Lyon", "Paris", (), 1.0),  # the first answer line counts
+        ("Answer: Lyon", "Paris", (), 0.1),
+        ("Answer: Lyon. Paris is the capital.", "Paris", (), 0.1),  # an answer line decides alone
+        ("The capital of France is Paris.", "Paris", (), 0.5),
+        ("Peru has more people.", "Peru", ("Chile",), 0.5),
+        ("Which has more people, Peru or Chile?", "Peru", ("Chile",), 0.0),  # naming both options earns nothing
+        ("Answer: Peru or Chile", "Peru", ("Chile",), 0.1),
+        ("The code is EUR.", "EUR", (), 0.5),
+        ("The region is Europe.", "EUR", (), 0.0),  # whole words only
+        ("Answer:", "Paris", (), 0.0),
+        ("", "Paris", (), 0.0),
+        (None, "Paris", (), 0.0),
     ],
 )
-def test_answer_reward(text, gold, reward):
-    assert answer_reward(text, gold) == reward
+def test_answer_reward(text, gold, others, reward):
+    assert answer_reward(text, gold, others) == reward
 
 
 def test_parse_answer_keeps_the_rest_of_the_line():
