@@ -16,7 +16,7 @@ an expression that is not arithmetic, arguments that are not ``{"expression": st
 tool span is marked as an error and the tool message the model sees starts with ``Error`` (both are how tool
 failures are recognised downstream).
 
-    python -m examples.calc_agent.agent --base-url http://127.0.0.1:8000/v1 --model tiny --tools mcp \\
+    python -m examples.calc_agent.agent --base-url http://127.0.0.1:8000/v1 --model smollm2 --tools mcp --one-shot \\
         "Tom has 12 apples and gets 30 more. How many apples does Tom have now?"
 
 Why not `autogen_ext.tools.mcp` (`McpWorkbench`)? autogen-ext 0.7.5 imports ``mcp.shared.context.RequestContext``,
@@ -39,8 +39,17 @@ from autogen_agentchat.base import TaskResult
 from autogen_agentchat.conditions import TextMentionTermination
 from autogen_agentchat.messages import TextMessage
 from autogen_agentchat.teams import RoundRobinGroupChat
-from autogen_core import CancellationToken
-from autogen_core.models import ModelFamily, ModelInfo
+from autogen_core import CancellationToken, FunctionCall
+from autogen_core.model_context import UnboundedChatCompletionContext
+from autogen_core.models import (
+    AssistantMessage,
+    FunctionExecutionResult,
+    FunctionExecutionResultMessage,
+    LLMMessage,
+    ModelFamily,
+    ModelInfo,
+    UserMessage,
+)
 from autogen_core.tools import FunctionTool
 from autogen_ext.models.openai import OpenAIChatCompletionClient
 from pydantic import ValidationError
@@ -62,6 +71,19 @@ CHECKER_SYSTEM = (
     "Otherwise say which step is wrong."
 )
 CALCULATOR_DESCRIPTION = "Evaluate an arithmetic expression with + - * and parentheses, e.g. '12+30*2'."
+
+#: One worked problem the solver sees before its task (``one_shot=True``): a small instruct model such as
+#: SmolLM2-135M rarely calls a tool it has only read about, and almost never ends with "Answer: <number>".
+ONE_SHOT: list[LLMMessage] = [
+    UserMessage(content="Ana has 12 pens and buys 30 more. How many pens does Ana have now?", source="user"),
+    AssistantMessage(
+        content=[FunctionCall(id="call_1", name="calculator", arguments='{"expression": "12+30"}')], source=SOLVER
+    ),
+    FunctionExecutionResultMessage(
+        content=[FunctionExecutionResult(content="42", call_id="call_1", name="calculator", is_error=False)]
+    ),
+    AssistantMessage(content="Answer: 42", source=SOLVER),
+]
 
 #: What AutoGen needs to know about a model whose name it has never heard of (it refuses tools otherwise).
 MODEL_INFO = ModelInfo(
@@ -154,12 +176,18 @@ async def calculator_tool(tools: str = "local") -> AsyncIterator[CalculatorTool]
 
 
 def build_team(
-    model_client: OpenAIChatCompletionClient, tool: CalculatorTool, *, max_turns: int = 3, max_tool_iterations: int = 2
+    model_client: OpenAIChatCompletionClient,
+    tool: CalculatorTool,
+    *,
+    max_turns: int = 3,
+    max_tool_iterations: int = 2,
+    one_shot: bool = False,
 ) -> RoundRobinGroupChat:
     """The solver and the checker, taking turns until the checker says CORRECT or ``max_turns`` agent turns.
 
     The solver may call the calculator up to ``max_tool_iterations`` times in a turn, then writes its answer
-    from the results (``reflect_on_tool_use``), so every tool result is seen by the model.
+    from the results (``reflect_on_tool_use``), so every tool result is seen by the model. With ``one_shot`` the
+    solver's context starts with `ONE_SHOT`.
     """
     solver = AssistantAgent(
         SOLVER,
@@ -168,6 +196,7 @@ def build_team(
         system_message=SOLVER_SYSTEM,
         reflect_on_tool_use=True,
         max_tool_iterations=max_tool_iterations,
+        model_context=UnboundedChatCompletionContext(initial_messages=list(ONE_SHOT)) if one_shot else None,
     )
     checker = AssistantAgent(CHECKER, model_client=model_client, system_message=CHECKER_SYSTEM)
     return RoundRobinGroupChat(
@@ -204,6 +233,7 @@ async def solve(
     tools: str = "local",
     max_turns: int = 3,
     max_tool_iterations: int = 2,
+    one_shot: bool = False,
     **sampling: Any,
 ) -> Solution:
     """Run the team on one question. ``sampling`` (temperature, max_tokens, ...) goes to every model call."""
@@ -212,7 +242,9 @@ async def solve(
     )
     try:
         async with calculator_tool(tools) as tool:
-            team = build_team(model_client, tool, max_turns=max_turns, max_tool_iterations=max_tool_iterations)
+            team = build_team(
+                model_client, tool, max_turns=max_turns, max_tool_iterations=max_tool_iterations, one_shot=one_shot
+            )
             result: TaskResult = await team.run(task=question)
     finally:
         await model_client.close()
@@ -231,6 +263,7 @@ if __name__ == "__main__":
     parser.add_argument("--api-key", default="none")
     parser.add_argument("--tools", choices=TOOLS, default="local")
     parser.add_argument("--max-turns", type=int, default=3)
+    parser.add_argument("--one-shot", action="store_true", help="show the solver one worked problem first")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--temperature", type=float, default=0.0)
     args = parser.parse_args()
@@ -242,6 +275,7 @@ if __name__ == "__main__":
             api_key=args.api_key,
             tools=args.tools,
             max_turns=args.max_turns,
+            one_shot=args.one_shot,
             max_tokens=args.max_tokens,
             temperature=args.temperature,
         )

@@ -5,7 +5,7 @@ a hash of the question text); this module only adds the run settings every task 
 them through ``data_args``::
 
     {"question": "Tom has 12 apples and gets 30 more. ...", "answer": 42, "expression": "12+30",
-     "tools": "local", "max_turns": 3}
+     "tools": "local", "max_turns": 3, "one_shot": false}
 """
 
 from __future__ import annotations
@@ -15,16 +15,23 @@ from examples.calculator.data import make_splits
 
 
 def splits(
-    seed: int = 0, n_train: int = 512, n_val: int = 64, *, tools: str = "local", max_turns: int = 3
+    seed: int = 0,
+    n_train: int = 512,
+    n_val: int = 64,
+    *,
+    tools: str = "local",
+    max_turns: int = 3,
+    one_shot: bool = False,
 ) -> tuple[list[dict], list[dict]]:
-    """``n_train`` training and ``n_val`` held-out problems; ``tools`` ("local" or "mcp") and ``max_turns`` (agent
-    turns of the solver/checker chat) are copied into every task."""
+    """``n_train`` training and ``n_val`` held-out problems. The run settings are copied into every task:
+    ``tools`` ("local" or "mcp"), ``max_turns`` (agent turns of the solver/checker chat) and ``one_shot`` (show
+    the solver a worked problem first)."""
     if tools not in TOOLS:
         raise ValueError(f"tools must be one of {TOOLS}, got {tools!r}")
     if max_turns < 1:
         raise ValueError(f"max_turns must be at least 1, got {max_turns}")
     train, val = make_splits(n_train, n_val, seed=seed)
-    run = {"tools": tools, "max_turns": max_turns}
+    run = {"tools": tools, "max_turns": max_turns, "one_shot": one_shot}
     return [{**t, **run} for t in train], [{**t, **run} for t in val]
 
 

@@ -34,6 +34,7 @@ async def calc_agent(task, llm):
         api_key=llm.api_key or "none",
         tools=task.get("tools", "local"),
         max_turns=task.get("max_turns", 3),
+        one_shot=task.get("one_shot", False),
         **llm.sampling,
     )
     return answer_reward(solution.answer, task["answer"])

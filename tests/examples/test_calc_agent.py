@@ -49,9 +49,9 @@ AGENT = "examples.calc_agent.train:calc_agent"
 
 
 def test_splits_are_deterministic_disjoint_and_correct():
-    train, val = splits(seed=3, n_train=40, n_val=10, tools="mcp", max_turns=2)
+    train, val = splits(seed=3, n_train=40, n_val=10, tools="mcp", max_turns=2, one_shot=True)
     assert (len(train), len(val)) == (40, 10)
-    assert (train, val) == splits(seed=3, n_train=40, n_val=10, tools="mcp", max_turns=2)
+    assert (train, val) == splits(seed=3, n_train=40, n_val=10, tools="mcp", max_turns=2, one_shot=True)
     assert {t["question"] for t in train}.isdisjoint(t["question"] for t in val)
     assert train != splits(seed=4, n_train=40, n_val=10)[0]
     for task in train + val:
@@ -59,7 +59,7 @@ def test_splits_are_deterministic_disjoint_and_correct():
         assert all(
             str(n) in task["question"] for n in task["expression"].replace("-", "+").replace("*", "+").split("+")
         )
-        assert (task["tools"], task["max_turns"]) == ("mcp", 2)
+        assert (task["tools"], task["max_turns"], task["one_shot"]) == ("mcp", 2, True)
     json.dumps(train + val)  # tasks travel through the store as JSON
     with pytest.raises(ValueError, match="tools must be one of"):
         splits(tools="http")
@@ -205,7 +205,7 @@ def test_tool_calls_in_process_and_over_mcp_become_tool_rewards(tmp_path):
         if messages[-1]["role"] == "tool":  # the solver reads the calculator's result
             result = messages[-1]["content"]
             return f"Answer: {0 if looks_like_error(result) else result}"
-        question = next(m["content"] for m in messages if m["role"] == "user")
+        question = [m["content"] for m in messages if m["role"] == "user"][-1]
         return ScriptedReply(tool_calls=[("calculator", arguments[question])])
 
     db = tmp_path / "store.db"
