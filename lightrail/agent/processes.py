@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from lightrail._lifeline import exit_with_parent
+
 __all__ = ["RunnerProcesses", "run_runners"]
 
 RUNNER_ENV = "LIGHTRAIL_RUNNER_PROCESS"
@@ -44,6 +46,7 @@ def _runner_main(
     log_level: int,
 ) -> None:
     os.environ[RUNNER_ENV] = "1"
+    exit_with_parent()  # a trainer killed hard must not leave runners retrying a dead store forever
     logging.basicConfig(
         level=log_level, format=f"%(asctime)s runner[{os.getpid()}] %(levelname)s %(name)s: %(message)s"
     )

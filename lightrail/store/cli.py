@@ -56,6 +56,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="bearer token every request must carry (default: $LIGHTRAIL_TOKEN); /health stays open",
     )
     serve.add_argument(
+        "--exit-with-parent",
+        action="store_true",
+        help="stop when the process that started this one dies (for trainers that run the store as a child)",
+    )
+    serve.add_argument(
         "--insecure-no-token",
         action="store_true",
         help="allow binding a non-loopback address without a token (anyone who can reach it can write)",
@@ -82,6 +87,10 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     from lightrail.store.server import serve
 
+    if args.exit_with_parent:
+        from lightrail._lifeline import exit_with_parent
+
+        exit_with_parent()
     try:
         serve(args.db, host=args.host, port=args.port, token=args.token or None)
     except KeyboardInterrupt:
