@@ -20,7 +20,7 @@ from typing import Any
 
 from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool, trace
 from agents.exceptions import MaxTurnsExceeded, ModelBehaviorError
-from openai import AsyncOpenAI
+from openai import AsyncOpenAI, BadRequestError
 
 RESEARCHER = "researcher"
 EDITOR = "editor"
@@ -34,6 +34,30 @@ EDITOR_INSTRUCTIONS = (
     "You are given a question and a researcher's notes. Reply with one line 'Answer: <answer>', the answer as "
     "short as possible (a name or a code)."
 )
+
+#: One worked example for models that need to be shown the tool once (SmolLM2): two searches, then an answer.
+#: Agents SDK input items (Responses format); the SDK turns them into chat messages with real tool calls. The
+#: question is from the training split, the tool outputs are exactly what ``search`` returns for those queries.
+ONE_SHOT: list[dict[str, Any]] = [
+    {"role": "user", "content": "What currency is used in the country whose capital is Lima?"},
+    {"type": "function_call", "call_id": "call_1", "name": "search", "arguments": '{"query": "capital Lima"}'},
+    {
+        "type": "function_call_output",
+        "call_id": "call_1",
+        "output": "Peru: the capital of Peru is Lima. Peru lies in Latin America and the Caribbean, in the region "
+        "Americas.\nPeru borders Bolivia, Brazil, Chile, Colombia and Ecuador.\nBolivia: the capital of Bolivia "
+        "is Sucre. Bolivia lies in Latin America and the Caribbean, in the region Americas.",
+    },
+    {"type": "function_call", "call_id": "call_2", "name": "search", "arguments": '{"query": "currency of Peru"}'},
+    {
+        "type": "function_call_output",
+        "call_id": "call_2",
+        "output": "Peru uses the currency PEN. Languages of Peru (ISO 639-1 codes): es.\nBolivia uses the currency "
+        "BOB and BOV. Languages of Bolivia (ISO 639-1 codes): es, ay, qu.\nPeru: the capital of Peru is Lima. Peru "
+        "lies in Latin America and the Caribbean, in the region Americas.",
+    },
+    {"role": "assistant", "content": "Lima is the capital of Peru, and Peru uses the currency PEN.\nAnswer: PEN"},
+]
 
 _SETTINGS = {"temperature", "top_p", "max_tokens", "frequency_penalty", "presence_penalty"}
 
@@ -92,11 +116,16 @@ def build_agents(client: AsyncOpenAI, model: str, *, k: int = 3, **sampling: Any
     return researcher, editor
 
 
-async def _final_output(agent: Agent, text: str, max_turns: int) -> str | None:
-    """The agent's final text, or None when it gave none (out of turns, a malformed or unknown tool call)."""
+async def _final_output(agent: Agent, text: str | list[dict[str, Any]], max_turns: int) -> str | None:
+    """The agent's final text, or None when it gave none: out of turns, a malformed or unknown tool call, or a
+    conversation grown past the model's context (the model's doing, like running out of turns)."""
     try:
         result = await Runner.run(agent, text, max_turns=max_turns)
     except (MaxTurnsExceeded, ModelBehaviorError):
+        return None
+    except BadRequestError as exc:
+        if exc.code != "context_length_exceeded":
+            raise
         return None
     return result.final_output if isinstance(result.final_output, str) else None
 
@@ -109,16 +138,19 @@ async def answer(
     api_key: str = "none",
     max_turns: int = 4,
     k: int = 3,
+    examples: list[dict[str, Any]] | None = None,
     **sampling: Any,
 ) -> str | None:
     """Run the workflow on one question: the researcher's notes (``max_turns`` model calls at most), then the
-    editor's reply, which is returned (None when the editor gave none). Errors reaching the server propagate:
-    they are not the model's."""
+    editor's reply, which is returned (None when the editor gave none). ``examples`` (e.g. `ONE_SHOT`) come
+    before the question in the researcher's conversation. Errors reaching the server propagate: they are not
+    the model's."""
     keep_traces_local()
     async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
         researcher, editor = build_agents(client, model, k=k, **sampling)
         with trace(WORKFLOW_NAME):
-            notes = await _final_output(researcher, question, max_turns)
+            asked = [*examples, {"role": "user", "content": question}] if examples else question
+            notes = await _final_output(researcher, asked, max_turns)
             brief = f"Question: {question}\nResearcher's notes: {notes or '(none)'}"
             return await _final_output(editor, brief, max_turns=1)
 
@@ -126,7 +158,7 @@ async def answer(
 if __name__ == "__main__":
     import argparse
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description="Answer one question about countries (researcher, then editor).")
     parser.add_argument("question")
     parser.add_argument("--base-url", required=True)
     parser.add_argument("--model", required=True)
@@ -134,6 +166,7 @@ if __name__ == "__main__":
     parser.add_argument("--max-turns", type=int, default=4)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--one-shot", action="store_true", help="show the researcher one worked example first")
     args = parser.parse_args()
     reply = asyncio.run(
         answer(
@@ -144,6 +177,7 @@ if __name__ == "__main__":
             max_turns=args.max_turns,
             temperature=args.temperature,
             max_tokens=args.max_tokens,
+            examples=ONE_SHOT if args.one_shot else None,
         )
     )
     print(reply)
