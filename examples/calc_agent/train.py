@@ -24,17 +24,36 @@ def answer_reward(answer: int | None, expected: int) -> float:
     return 1.0 if answer is not None and answer == expected else 0.0
 
 
+#: openai exceptions that mean the model server could not be reached or failed (not the policy's doing).
+_SERVER_FAILURES = ("APIConnectionError", "APITimeoutError", "InternalServerError")
+
+
 @rollout
 async def calc_agent(task, llm):
-    """Run the solver/checker team on ``task["question"]`` with the calculator ``task["tools"]`` names."""
-    solution = await solve(
-        task["question"],
-        base_url=llm.endpoint,
-        model=llm.model,
-        api_key=llm.api_key or "none",
-        tools=task.get("tools", "local"),
-        max_turns=task.get("max_turns", 3),
-        one_shot=task.get("one_shot", False),
-        **llm.sampling,
-    )
+    """Run the solver/checker team on ``task["question"]`` with the calculator ``task["tools"]`` names.
+
+    An AutoGen team re-raises an agent's exception as ``RuntimeError("<type>: <message>...")``, so the openai
+    exception's type is lost on the way. It is read back from the text: a server that cannot be reached raises
+    `ConnectionError` (lightrail ends the attempt as an infrastructure error: retried, never trained); a chat
+    that outgrew the model's context scores 0 like any other failed answer.
+    """
+    try:
+        solution = await solve(
+            task["question"],
+            base_url=llm.endpoint,
+            model=llm.model,
+            api_key=llm.api_key or "none",
+            tools=task.get("tools", "local"),
+            max_turns=task.get("max_turns", 3),
+            one_shot=task.get("one_shot", False),
+            **llm.sampling,
+        )
+    except RuntimeError as exc:
+        kind, _, message = str(exc).partition(": ")
+        message = message.partition("\nTraceback:")[0]
+        if kind in _SERVER_FAILURES:
+            raise ConnectionError(f"{kind}: {message}") from exc
+        if kind == "BadRequestError" and "context" in message:
+            return 0.0
+        raise
     return answer_reward(solution.answer, task["answer"])

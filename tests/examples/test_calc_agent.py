@@ -310,3 +310,31 @@ def test_train_with_the_config(tmp_path, tools):
     [step] = [m for m in metrics if m["kind"] == "train"]
     # exactly the solver's calls became transitions; the checker's were recorded but not trained
     assert step["transitions"] == solver_calls_trained and step["excluded"] == 0
+
+
+def test_unreachable_server_is_an_infra_error_and_context_overflow_scores_zero(tmp_path):
+    """AutoGen reports an agent's exception as a RuntimeError with the type in its text; the rollout restores the
+    meaning: a gateway that cannot be reached is retried and never trained, an overflowing chat scores 0."""
+    from lightrail.trainer import Trainer
+    from lightrail.trainer.trainer import StoreServerProcess
+    from lightrail.types import BackendError
+
+    overflow = BackendError(
+        "the prompt has 600 tokens but the model's context is 512 tokens", code="context_length_exceeded"
+    )
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        closed_port = sock.getsockname()[1]
+    tasks, _ = splits(seed=6, n_train=1, n_val=0)
+    store = StoreServerProcess(tmp_path / "store.db")
+    try:
+        trainer = Trainer(n_runners=1, store=store.url, token=store.token, concurrency=2)
+        with _ScriptedGateway(lambda request: overflow, store.url, store.token) as gateway:
+            too_long = trainer.dev(AGENT, tasks, {"llm": LLM(endpoint=f"{gateway.url}/v1", model="m")})
+        unreachable = trainer.dev(AGENT, tasks, {"llm": LLM(endpoint=f"http://127.0.0.1:{closed_port}/v1", model="m")})
+    finally:
+        store.stop()
+    [row] = too_long.rows
+    assert (row.status, row.reward) == (RolloutStatus.SUCCEEDED, 0.0)
+    [row] = unreachable.rows
+    assert row.status is RolloutStatus.INFRA_ERROR and row.attempts == 3  # retried, then given up: not a reward
