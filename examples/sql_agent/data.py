@@ -9,7 +9,7 @@ A task is a JSON-able dict::
 
     {"question": "How many flights did JetBlue Airways operate from La Guardia in March?",
      "sql": "SELECT COUNT(*) FROM flights f JOIN airlines a ...",
-     "answer": [[524]],                     # the gold SQL's rows
+     "answer": [[527]],                     # the gold SQL's rows
      "template": "flights_by_airline_origin_month"}
 
 Splits are disjoint by question: a question's split is decided by a hash of its text, so the held-out set never
