@@ -59,6 +59,16 @@ ONE_SHOT: list[dict[str, Any]] = [
     {"role": "assistant", "content": "Lima is the capital of Peru, and Peru uses the currency PEN.\nAnswer: PEN"},
 ]
 
+#: The editor's worked example: the brief it gets (question and notes) and the one line it answers.
+EDITOR_ONE_SHOT: list[dict[str, Any]] = [
+    {
+        "role": "user",
+        "content": "Question: What currency is used in the country whose capital is Lima?\n"
+        "Researcher's notes: Lima is the capital of Peru, and Peru uses the currency PEN.",
+    },
+    {"role": "assistant", "content": "Answer: PEN"},
+]
+
 _SETTINGS = {"temperature", "top_p", "max_tokens", "frequency_penalty", "presence_penalty"}
 
 
@@ -139,20 +149,26 @@ async def answer(
     max_turns: int = 4,
     k: int = 3,
     examples: list[dict[str, Any]] | None = None,
+    editor_examples: list[dict[str, Any]] | None = None,
     **sampling: Any,
 ) -> str | None:
     """Run the workflow on one question: the researcher's notes (``max_turns`` model calls at most), then the
     editor's reply, which is returned (None when the editor gave none). ``examples`` (e.g. `ONE_SHOT`) come
-    before the question in the researcher's conversation. Errors reaching the server propagate: they are not
+    before the question in the researcher's conversation, ``editor_examples`` (`EDITOR_ONE_SHOT`) in the
+    editor's. Errors reaching the server propagate: they are not
     the model's."""
     keep_traces_local()
     async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
         researcher, editor = build_agents(client, model, k=k, **sampling)
         with trace(WORKFLOW_NAME):
-            asked = [*examples, {"role": "user", "content": question}] if examples else question
-            notes = await _final_output(researcher, asked, max_turns)
+            notes = await _final_output(researcher, _after(examples, question), max_turns)
             brief = f"Question: {question}\nResearcher's notes: {notes or '(none)'}"
-            return await _final_output(editor, brief, max_turns=1)
+            return await _final_output(editor, _after(editor_examples, brief), max_turns=1)
+
+
+def _after(examples: list[dict[str, Any]] | None, text: str) -> str | list[dict[str, Any]]:
+    """The agent's input: ``text``, after the worked examples if there are any."""
+    return [*examples, {"role": "user", "content": text}] if examples else text
 
 
 if __name__ == "__main__":
@@ -166,7 +182,7 @@ if __name__ == "__main__":
     parser.add_argument("--max-turns", type=int, default=4)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--max-tokens", type=int, default=256)
-    parser.add_argument("--one-shot", action="store_true", help="show the researcher one worked example first")
+    parser.add_argument("--one-shot", action="store_true", help="show each agent one worked example first")
     args = parser.parse_args()
     reply = asyncio.run(
         answer(
@@ -178,6 +194,7 @@ if __name__ == "__main__":
             temperature=args.temperature,
             max_tokens=args.max_tokens,
             examples=ONE_SHOT if args.one_shot else None,
+            editor_examples=EDITOR_ONE_SHOT if args.one_shot else None,
         )
     )
     print(reply)

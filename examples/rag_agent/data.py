@@ -36,7 +36,7 @@ def _data_dir() -> Path:
 def countries() -> tuple[dict, ...]:
     """One record per country with a name and a single capital, sorted by name: ``name``, ``capital``,
     ``region``, ``subregion``, ``borders`` (neighbour names), ``currencies``, ``languages`` (ISO 639-1 codes),
-    ``population``, ``area`` (the last four may be missing: None or empty)."""
+    ``population``, ``area``. A fact the data lacks is None (or an empty list)."""
     raw: dict[str, dict] = {}
     for path in sorted(_data_dir().glob("*.json")):
         c = json.loads(path.read_text(encoding="utf-8"))

@@ -3,7 +3,7 @@ endpoint, scored by `reward.py`. This is the only lightrail code the example nee
 
 from __future__ import annotations
 
-from examples.rag_agent.agent import ONE_SHOT, answer
+from examples.rag_agent.agent import EDITOR_ONE_SHOT, ONE_SHOT, answer
 from examples.rag_agent.reward import reward
 from lightrail import rollout
 
@@ -20,14 +20,16 @@ async def rag_agent(task, llm):
 
 @rollout
 async def rag_agent_one_shot(task, llm):
-    """The same workflow with the researcher shown one worked example first (two searches, then an answer):
-    what a small instruct model like SmolLM2 needs before it calls the tool at all."""
+    """The same workflow with each agent shown one worked example first (the researcher: two searches, then its
+    notes; the editor: one answer line): what a small instruct model like SmolLM2 needs to use the tool and the
+    answer format at all."""
     reply = await answer(
         task["question"],
         base_url=llm.endpoint,
         model=llm.model,
         api_key=llm.api_key or "none",
         examples=ONE_SHOT,
+        editor_examples=EDITOR_ONE_SHOT,
         **llm.sampling,
     )
     return reward(reply, task["answers"])
