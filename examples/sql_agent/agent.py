@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import re
 import sqlite3
+from collections.abc import Sequence
 from typing import Any, TypedDict
 
 from examples.sql_agent.database import QueryError, connect, database_path, run_query, schema_text
 
-__all__ = ["SQLState", "answer", "build_graph", "extract_sql"]
+__all__ = ["ONE_SHOT", "SQLState", "answer", "build_graph", "extract_sql"]
 
 WRITE = (
     "You write one SQLite query that answers the question. Tables:\n{schema}\nReply with the query in a ```sql block."
@@ -39,6 +40,16 @@ CHECK = (
     "Reply CORRECT if the query and its result answer the question; otherwise say what is wrong in one sentence."
 )
 REWRITE = "You fix SQLite queries. Tables:\n{schema}\nReply with one corrected query in a ```sql block."
+
+#: One worked example for the writer, for small models that need the answer format shown once (SmolLM2-135M
+#: answers in prose without it). No template asks about a single day's flights, so it gives no task away.
+ONE_SHOT: list[tuple[str, str]] = [
+    (
+        "How many flights left John F Kennedy Intl on January 1?",
+        "SELECT COUNT(*) FROM flights f JOIN airports o ON o.faa = f.origin "
+        "WHERE o.name = 'John F Kennedy Intl' AND f.month = 1 AND f.day = 1",
+    )
+]
 
 _NOT_ASCII = re.compile(r"[^\x20-\x7e\n]+")
 _FENCE = re.compile(r"```(?:sql)?\s*(.*?)(?:```|$)", re.DOTALL | re.IGNORECASE)
@@ -94,13 +105,22 @@ def _rows_text(columns: list[str], rows: list[tuple], shown: int = 5) -> str:
     return "\n".join(lines) if rows else f"{', '.join(columns)}\n(no rows)"
 
 
-def build_graph(llm: Any, conn: sqlite3.Connection, *, max_turns: int = 3, clip: int = 300, checker: Any = None) -> Any:
+def build_graph(
+    llm: Any,
+    conn: sqlite3.Connection,
+    *,
+    max_turns: int = 3,
+    clip: int = 300,
+    examples: Sequence[tuple[str, str]] = (),
+    checker: Any = None,
+) -> Any:
     """The compiled LangGraph app. ``llm`` (a LangChain chat model) writes and rewrites queries, ``checker``
     (default: the same model) judges them; ``conn`` is a read-only connection to the flights database;
     ``clip`` bounds each piece of model-made text a prompt shows (the result and the checker's words get
-    two thirds of it)."""
+    two thirds of it); ``examples`` (question, SQL) pairs, e.g. `ONE_SHOT`, are shown to the writer as
+    earlier turns of its conversation."""
     import openai
-    from langchain_core.messages import HumanMessage, SystemMessage
+    from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
     from langgraph.graph import END, START, StateGraph
 
     if max_turns < 1 or clip < 10:
@@ -109,9 +129,11 @@ def build_graph(llm: Any, conn: sqlite3.Connection, *, max_turns: int = 3, clip:
     checker = checker or llm
     short = clip * 2 // 3
 
-    def ask(model: Any, system: str, user: str) -> str:
+    worked = [m for q, sql in examples for m in (HumanMessage(f"Question: {q}"), AIMessage(f"```sql\n{sql}\n```"))]
+
+    def ask(model: Any, system: str, user: str, earlier: Sequence[Any] = ()) -> str:
         try:
-            reply = model.invoke([SystemMessage(system.format(schema=schema)), HumanMessage(user)])
+            reply = model.invoke([SystemMessage(system.format(schema=schema)), *earlier, HumanMessage(user)])
         except openai.BadRequestError as exc:
             if _overflowed(exc):
                 return ""
@@ -119,7 +141,7 @@ def build_graph(llm: Any, conn: sqlite3.Connection, *, max_turns: int = 3, clip:
         return reply.content if isinstance(reply.content, str) else str(reply.content)
 
     def write_query(state: SQLState) -> SQLState:
-        reply = ask(llm, WRITE, f"Question: {state['question']}")
+        reply = ask(llm, WRITE, f"Question: {state['question']}", worked)
         return {"sql": extract_sql(reply), "turns": state.get("turns", 0) + 1}
 
     def execute_query(state: SQLState) -> SQLState:
@@ -170,6 +192,7 @@ def answer(
     api_key: str = "none",
     max_turns: int = 3,
     clip: int = 300,
+    examples: Sequence[tuple[str, str]] = (),
     conn: sqlite3.Connection | None = None,
     **sampling: Any,
 ) -> SQLState:
@@ -183,7 +206,7 @@ def answer(
     own = conn is None
     conn = conn or connect(database_path())
     try:
-        app = build_graph(llm, conn, max_turns=max_turns, clip=clip)
+        app = build_graph(llm, conn, max_turns=max_turns, clip=clip, examples=examples)
         # each turn is 3 graph steps; the limit only guards against a routing bug
         return app.invoke({"question": question, "turns": 0}, {"recursion_limit": 3 * max_turns + 5})
     finally:
@@ -203,6 +226,7 @@ if __name__ == "__main__":
     parser.add_argument("--max-turns", type=int, default=3)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--one-shot", action="store_true", help="show the writer one worked example (small models)")
     args = parser.parse_args()
     task = None
     if args.question is None:
@@ -211,7 +235,8 @@ if __name__ == "__main__":
         task = splits(n_train=0, n_val=1)[1][0]
     state = answer(
         args.question or task["question"], base_url=args.base_url, model=args.model, api_key=args.api_key,
-        max_turns=args.max_turns, temperature=args.temperature, max_tokens=args.max_tokens,
+        max_turns=args.max_turns, examples=ONE_SHOT if args.one_shot else (), temperature=args.temperature,
+        max_tokens=args.max_tokens,
     )  # fmt: skip
     print(json.dumps(state, indent=2))
     if task is not None:

@@ -13,7 +13,7 @@ import sqlite3
 import threading
 from functools import cache
 
-from examples.sql_agent.agent import answer
+from examples.sql_agent.agent import ONE_SHOT, answer
 from examples.sql_agent.database import connect, database_path
 from examples.sql_agent.reward import execution_match
 from lightrail import rollout
@@ -35,12 +35,23 @@ def _connection() -> sqlite3.Connection:
     return conn
 
 
-@rollout
-def sql_agent(task, llm):
-    """Reward 1 when the query the agent settled on returns the gold query's rows, else 0 (invalid SQL: 0)."""
+def _score(task: dict, llm, examples=()) -> float:
     conn = _connection()
     state = answer(
         task["question"], base_url=llm.endpoint, model=llm.model, api_key=llm.api_key or "none",
-        max_turns=MAX_TURNS, conn=conn, **llm.sampling,
+        max_turns=MAX_TURNS, examples=examples, conn=conn, **llm.sampling,
     )  # fmt: skip
     return execution_match(conn, state.get("sql"), task["sql"])
+
+
+@rollout
+def sql_agent(task, llm):
+    """Reward 1 when the query the agent settled on returns the gold query's rows, else 0 (invalid SQL: 0)."""
+    return _score(task, llm)
+
+
+@rollout
+def sql_agent_one_shot(task, llm):
+    """The same agent with one worked example shown to the writer (what a small instruct model like SmolLM2 needs
+    to answer in SQL rather than prose)."""
+    return _score(task, llm, ONE_SHOT)

@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from examples.sql_agent.agent import CHECK, REWRITE, WRITE, extract_sql
+from examples.sql_agent.agent import CHECK, ONE_SHOT, REWRITE, WRITE, extract_sql
 from examples.sql_agent.data import MONTHS, TEMPLATES, splits, tokenizer_corpus
 from examples.sql_agent.database import SCHEMA, QueryError, connect, data_dir, database_path, run_query, schema_text
 from examples.sql_agent.reward import execution_match, same_rows
@@ -224,6 +224,13 @@ def test_other_correct_sql_for_real_questions_scores_one(db):
     assert execution_match(db, "SELECT 'BOEING', 1", task["sql"]) == 0.0
 
 
+def test_the_worked_example_runs_and_gives_no_task_away(db):
+    (question, sql), *_ = ONE_SHOT
+    assert run_query(db, sql)[1][0][0] > 0
+    train, val = splits(seed=0, n_train=400, n_val=100)
+    assert question not in {t["question"] for t in train + val}
+
+
 def test_extract_sql_reads_fenced_bare_and_garbage_replies():
     assert extract_sql("Here:\n```sql\nSELECT 1\n```\nDone") == "SELECT 1"
     assert extract_sql("```\nSELECT 2;\n```") == "SELECT 2;"
@@ -290,7 +297,7 @@ def _scripted_model(tasks: dict[str, str]):
     def reply(request):
         messages = request.messages
         node = _node_of(messages)
-        user = messages[1]["content"]
+        user = messages[-1]["content"]
         question = user.split("\n")[0].removeprefix("Question: ")
         behaviour, gold = tasks[question]
         if behaviour == "overflow" and node != "check_query":
@@ -438,6 +445,12 @@ async def test_train_config_names_every_call_by_its_node_and_trains_only_writer_
             assert episode.final_reward == rollout.reward  # the reward landed as the final-reward span
             nodes = [_node_of(_request_messages(c.span)) for c in episode.calls]
             assert nodes[:2] == ["write_query", "check_query"] and len(nodes) % 2 == 0
+            # the config's agent shows the writer its worked example as an earlier turn
+            (example_question, example_sql) = ONE_SHOT[0]
+            assert [m["content"] for m in _request_messages(episode.calls[0].span)[1:3]] == [
+                f"Question: {example_question}",
+                f"```sql\n{example_sql}\n```",
+            ]
             # every call the engine answered is named by the node that made it (a prompt too long for the tiny
             # model's 512-token context is refused: no response, no ids, nothing to train)
             answered = [(c, node) for c, node in zip(episode.calls, nodes, strict=True) if c.prompt_ids is not None]
