@@ -41,8 +41,8 @@ CHECK = (
 )
 REWRITE = "You fix SQLite queries. Tables:\n{schema}\nReply with one corrected query in a ```sql block."
 
-#: One worked example for the writer, for small models that need the answer format shown once (SmolLM2-135M
-#: answers in prose without it). No template asks about a single day's flights, so it gives no task away.
+#: One worked example for the writer and the rewriter, for small models that need the answer format shown once
+#: (SmolLM2-135M answers in prose without it). No template asks about a single day's flights, so it gives no task away.
 ONE_SHOT: list[tuple[str, str]] = [
     (
         "How many flights left John F Kennedy Intl on January 1?",
@@ -117,8 +117,8 @@ def build_graph(
     """The compiled LangGraph app. ``llm`` (a LangChain chat model) writes and rewrites queries, ``checker``
     (default: the same model) judges them; ``conn`` is a read-only connection to the flights database;
     ``clip`` bounds each piece of model-made text a prompt shows (the result and the checker's words get
-    two thirds of it); ``examples`` (question, SQL) pairs, e.g. `ONE_SHOT`, are shown to the writer as
-    earlier turns of its conversation."""
+    two thirds of it); ``examples`` (question, SQL) pairs, e.g. `ONE_SHOT`, are shown to the writer and the
+    rewriter as earlier turns of their conversations."""
     import openai
     from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
     from langgraph.graph import END, START, StateGraph
@@ -165,7 +165,7 @@ def build_graph(
             f"Question: {state['question']}\nQuery: {_shown(state['sql'], clip)}\nResult: {state['result']}\n"
             f"Checker: {state['feedback']}"
         )
-        reply = ask(llm, REWRITE, user)
+        reply = ask(llm, REWRITE, user, worked)
         return {"sql": extract_sql(reply), "turns": state["turns"] + 1}
 
     def after_check(state: SQLState) -> str:
@@ -226,7 +226,7 @@ if __name__ == "__main__":
     parser.add_argument("--max-turns", type=int, default=3)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--max-tokens", type=int, default=256)
-    parser.add_argument("--one-shot", action="store_true", help="show the writer one worked example (small models)")
+    parser.add_argument("--one-shot", action="store_true", help="show one worked example (small models)")
     args = parser.parse_args()
     task = None
     if args.question is None:

@@ -52,6 +52,6 @@ def sql_agent(task, llm):
 
 @rollout
 def sql_agent_one_shot(task, llm):
-    """The same agent with one worked example shown to the writer (what a small instruct model like SmolLM2 needs
-    to answer in SQL rather than prose)."""
+    """The same agent with one worked example shown to the writer and the rewriter (what a small instruct model
+    like SmolLM2 needs to answer in SQL rather than prose)."""
     return _score(task, llm, ONE_SHOT)
