@@ -24,6 +24,7 @@ Outputs under ``out_dir``: ``metrics.jsonl`` (one line per step and per validati
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import math
@@ -368,6 +369,9 @@ class _GatewayServer:
         sock.bind(("127.0.0.1", 0))
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
         server = uvicorn.Server(config)
+        # uvicorn would take SIGINT/SIGTERM for itself when on the main thread: Ctrl-C would stop only the
+        # gateway and leave training running against it. The signals belong to the trainer.
+        server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
         task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
         while not server.started:
             if task.done():

@@ -3,6 +3,7 @@ trains end to end through real runner processes, store, gateway and engine."""
 
 from __future__ import annotations
 
+import os
 import re
 import sqlite3
 import textwrap
@@ -91,3 +92,32 @@ def test_train_runs_a_small_config_end_to_end(tmp_path, monkeypatch, capsys):
         modes = dict(db.execute("SELECT mode, count(*) FROM rollouts GROUP BY mode").fetchall())
     assert modes == {"train": 4, "val": 8}  # 2 tasks x 2 samples; 4 val tasks before and after
     assert (tmp_path / "run" / "reward_curve.png").exists()
+
+
+def test_ctrl_c_stops_a_training_run_and_its_processes(tmp_path):
+    """SIGINT reaches the trainer (not only the gateway it serves): the run ends at once and leaves no runner or
+    store server behind."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    path = _write(tmp_path, CONFIG)
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "lightrail.cli", "train", str(path), "--out", str(run), "--steps", "1000"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (run / "metrics.jsonl").exists():  # validation done: training is under way
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.stderr else ""
+            time.sleep(0.2)
+        children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        assert children  # the store server and the runner processes
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+        deadline = time.monotonic() + 30
+        while any(os.path.exists(f"/proc/{pid}") for pid in children) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert [pid for pid in children if os.path.exists(f"/proc/{pid}")] == []
+    finally:
+        proc.kill()
