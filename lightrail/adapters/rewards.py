@@ -7,8 +7,10 @@ places, both optional:
 * **the conversation** — a later call's request carries a ``{"role": "tool", "tool_call_id": ...}`` message;
   its content is classified by ``rule.is_error`` (default `looks_like_error`);
 * **tool spans** — OpenInference (``openinference.span.kind == "TOOL"``) or GenAI
-  (``gen_ai.operation.name == "execute_tool"``) spans, error when the span status is ``error``, linked through
-  ``gen_ai.tool.call.id``. A span is the authority when both exist for one tool call.
+  (``gen_ai.operation.name == "execute_tool"``) spans, linked through ``gen_ai.tool.call.id``. A span whose
+  status is ``error`` or ``ok`` is the authority; one whose status is unset only says the tool ran (AutoGen
+  leaves it unset for a tool that *returns* error text), so the tool message decides, and without one it is a
+  success.
 
 A tool call with neither is *unanswered* (the agent never ran it, or never showed the model its result).
 
@@ -103,16 +105,21 @@ def tool_rewards(
     if not requested and not tool_spans:
         return []
 
-    failed: dict[str, bool] = {}  # tool call id -> outcome was an error
+    decided: dict[str, bool] = {}  # tool call id -> error, from a span whose status says how it went
+    ran: dict[str, bool] = {}  # tool spans with status unset: ran, outcome unknown (success unless a message says)
     if rule.from_spans:
         for span in tool_spans:
             tc_id = span.attributes.get(TOOL_CALL_ID)
             if tc_id not in requested:
                 report.tool_unlinked += 1
                 continue
-            failed[tc_id] = span.status.code is StatusCode.ERROR
+            code = span.status.code
+            if code is StatusCode.UNSET:
+                ran[tc_id] = False
+            else:
+                decided[tc_id] = code is StatusCode.ERROR
+    said: dict[str, bool] = {}  # tool call id -> error, from the tool message's text
     if rule.from_messages:
-        from_spans = set(failed)
         for call in calls:
             request = call.span.attributes.get(Attr.REQUEST)
             if not isinstance(request, dict):
@@ -122,8 +129,9 @@ def tool_rewards(
                     continue
                 tc_id = message.get("tool_call_id")
                 # the same tool message repeats in every later request's history: classify it once
-                if tc_id in requested and tc_id not in from_spans and tc_id not in failed:
-                    failed[tc_id] = bool(rule.is_error(_text(message.get("content"))))
+                if tc_id in requested and tc_id not in decided and tc_id not in said:
+                    said[tc_id] = bool(rule.is_error(_text(message.get("content"))))
+    failed = {**ran, **said, **decided}
 
     out: list[IntermediateReward] = []
     for tc_id, (response_id, tool) in requested.items():

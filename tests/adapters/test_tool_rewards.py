@@ -6,6 +6,7 @@ import pytest
 from adapter_spans import llm_call, reward, tool_span
 
 from lightrail.adapters import PerTurn, ToolRewardRule, build_episode, looks_like_error, spans_to_transitions
+from lightrail.types import SpanStatus, StatusCode
 
 RULE = ToolRewardRule(success=0.1, error=-0.1, unanswered=-0.3)
 
@@ -63,6 +64,21 @@ def test_tool_spans_win_over_messages_and_link_by_call_id():
         0,
         2,
     )
+
+
+def test_a_tool_span_with_unset_status_leaves_the_outcome_to_the_message():
+    """AutoGen leaves a tool span's status unset when the tool *returns* error text: the span only says the tool
+    ran, so the message decides (t2's traceback is an error), and a tool with no message counts as a success."""
+    spans = [*conversation(), unset_tool_span("t2"), unset_tool_span("t3")]
+    e = build_episode(spans, tool_rewards_rule=RULE)
+    assert [(r.value, r.response_id) for r in e.intermediate] == [(0.1, "a"), (-0.1, "a"), (0.1, "b")]
+    assert (e.report.tool_success, e.report.tool_error, e.report.tool_unanswered) == (2, 1, 0)
+
+
+def unset_tool_span(call_id: str):
+    unset = tool_span(call_id)
+    unset.status = SpanStatus(code=StatusCode.UNSET)
+    return unset
 
 
 def test_sources_can_be_switched_off():
