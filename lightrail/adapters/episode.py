@@ -80,7 +80,9 @@ def build_episode(
     reward_spans: list[Span] = []
     tool_spans: list[Span] = []
     want_tools = tool_rewards_rule is not None and tool_rewards_rule.from_spans
-    by_response: dict[str, Span] = {}  # framework LLM spans by the response id they recorded
+    # framework spans by the response id they recorded (several frameworks may record one call: the LangChain
+    # span and the openai client's span under it)
+    by_response: dict[str, list[Span]] = {}
     genai_rid = Attr.GENAI_RESPONSE_ID
     llm_name, reward_name, exc_name = Attr.SPAN_LLM_CALL, Attr.SPAN_REWARD, Attr.SPAN_EXCEPTION
     for s in spans:
@@ -98,7 +100,7 @@ def build_episode(
                 tool_spans.append(s)
             twin_id = s.attributes.get(genai_rid)
             if twin_id is not None:
-                by_response[twin_id] = s
+                by_response.setdefault(twin_id, []).append(s)
     call_spans.sort(key=_seq)  # already sorted when read from a store: timsort makes that one linear pass
 
     calls: list[LLMCall] = []
@@ -119,11 +121,12 @@ def build_episode(
                     by_id = {x.span_id: x for x in spans}
                 agent = inherited[parent] = agent_name_of(by_id.get(parent), by_id, agent_name_keys)
         if agent is None and by_response:
-            twin = by_response.get(a.get(k_rid))
-            if twin is not None:
+            for twin in by_response.get(a.get(k_rid), ()):
                 if by_id is None:
                     by_id = {x.span_id: x for x in spans}
                 agent = agent_name_of(twin, by_id, agent_name_keys)
+                if agent is not None:
+                    break
         prompt = a.get(k_prompt)
         if a.get(k_avail) is False:
             prompt = None

@@ -121,6 +121,10 @@ def test_agent_name_from_the_framework_span_of_the_same_response():
     noted = span("ChatCompletion", {"gen_ai.response.id": "c", "gen_ai.agent.name": "critic"})
     spans = [agent, framework_llm, noted, llm_call("a", [1], [2]), llm_call("b", [1], [2]), llm_call("c", [1], [2])]
     assert [c.agent_name for c in build_episode(spans).calls] == [None, "writer", "critic"]
+    # a second framework span of call b without an agent (the openai client's, under LangChain's): any order
+    unnamed_twin = span("ChatCompletion", {"gen_ai.response.id": "b"})
+    for ordered in ([*spans, unnamed_twin], [unnamed_twin, *spans], list(reversed([*spans, unnamed_twin]))):
+        assert [c.agent_name for c in build_episode(ordered).calls] == [None, "writer", "critic"]
 
 
 def test_parent_cycle_does_not_hang():
