@@ -24,11 +24,11 @@ Outputs under ``out_dir``: ``metrics.jsonl`` (one line per step and per validati
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import math
 import random
+import secrets
 import statistics
 import time
 from collections.abc import Sequence
@@ -149,7 +149,9 @@ class GRPO:
             self.step, self._order, self._history = state["step"], state["order"], state["history"]
             self._rng.setstate(_rng_state(state["rng"]))
             await self._engine.update_weights(self._updater.state_dict_for_serving(), version=state["policy_version"])
-        self._gateway = await _GatewayServer.start(self._engine, ctx.store)
+        from lightrail.gateway.server import GatewayServer
+
+        self._gateway = await GatewayServer(self._engine, ctx.store, token=secrets.token_urlsafe(16)).start()
         self._llm = LLM(
             endpoint=self._gateway.url, model=self.served_name, sampling=self.sampling, api_key=self._gateway.token
         )
@@ -346,43 +348,6 @@ class GRPO:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-
-
-class _GatewayServer:
-    """The gateway app served by uvicorn inside the current event loop, on a free loopback port, with a token."""
-
-    def __init__(self, server: Any, task: asyncio.Task, url: str, token: str, app: Any):
-        self._server, self._task, self.url, self.token, self._app = server, task, url, token, app
-
-    @classmethod
-    async def start(cls, engine: Any, store: Any) -> _GatewayServer:
-        import secrets
-        import socket
-
-        import uvicorn
-
-        from lightrail.gateway import create_gateway_app
-
-        token = secrets.token_urlsafe(16)
-        app = create_gateway_app(engine, store, token=token)
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
-        server = uvicorn.Server(config)
-        # uvicorn would take SIGINT/SIGTERM for itself when on the main thread: Ctrl-C would stop only the
-        # gateway and leave training running against it. The signals belong to the trainer.
-        server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
-        task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
-        while not server.started:
-            if task.done():
-                task.result()  # raises the startup error
-            await asyncio.sleep(0.01)
-        host, port = sock.getsockname()[:2]
-        return cls(server, task, f"http://{host}:{port}/v1", token, app)
-
-    async def stop(self) -> None:
-        self._server.should_exit = True
-        await self._task
 
 
 def _success(rollouts: Sequence[Rollout], threshold: float) -> float:

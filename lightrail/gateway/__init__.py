@@ -5,7 +5,8 @@ Agents stay unmodified: they get a ``base_url`` of the form
 ``http://gateway/rollouts/{rollout_id}/attempts/{attempt_id}/v1`` (see `lightrail.types.LLM.base_url`), and the
 path attributes each call to its attempt.
 
-* `create_gateway_app` -- the ASGI app (Starlette), served by uvicorn (`lightrail gateway serve`).
+* `create_gateway_app` -- the ASGI app (Starlette), served by uvicorn (`lightrail gateway serve`, or
+  `GatewayServer` inside a running event loop).
 * `Backend` -- what the gateway forwards to; `OpenAIUpstream` (vLLM or any OpenAI-compatible server),
   `ScriptedBackend` (a fake for tests and benchmarks), or the embedded engine (`lightrail.engine.Engine`).
 * Spans are written off the request path by a `lightrail.tracing.SpanBatcher` (batched, retried, never dropped).
@@ -16,9 +17,11 @@ from __future__ import annotations
 from lightrail.gateway.app import create_gateway_app
 from lightrail.gateway.backends import Backend, OpenAIUpstream, UpstreamError
 from lightrail.gateway.fake import ScriptedBackend, ScriptedReply
+from lightrail.gateway.server import GatewayServer
 
 __all__ = [
     "Backend",
+    "GatewayServer",
     "OpenAIUpstream",
     "ScriptedBackend",
     "ScriptedReply",

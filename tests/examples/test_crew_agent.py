@@ -13,7 +13,6 @@ import asyncio
 import json
 import os
 import re
-import socket
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from examples.crew_agent.countries import countries, countryinfo_data_dir, descr
 from examples.crew_agent.data import splits, tokenizer_corpus
 from examples.crew_agent.rewards import answer_reward, parse_answer
 from lightrail.adapters import AgentFilter, build_episode, episode_transitions
+from lightrail.gateway import GatewayServer
 from lightrail.types import Attr, RolloutStatus
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -128,32 +128,6 @@ def test_parse_answer_keeps_the_rest_of_the_line():
 # -- the crew, end to end -----------------------------------------------------------------------------------------
 
 
-class _Gateway:
-    """The real gateway app over ``backend`` and ``store``, served by uvicorn in this event loop."""
-
-    def __init__(self, backend, store):
-        import uvicorn
-
-        from lightrail.gateway import create_gateway_app
-
-        self._sock = socket.socket()
-        self._sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}/v1"
-        app = create_gateway_app(backend, store)
-        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
-
-    async def __aenter__(self):
-        self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[self._sock]))
-        while not self._server.started:
-            assert not self._task.done(), self._task.result()
-            await asyncio.sleep(0.01)
-        return self
-
-    async def __aexit__(self, *exc):
-        self._server.should_exit = True
-        await self._task
-
-
 def _scripted_crew(tasks: list[dict]):
     """A scripted model. On ``capital`` and ``population`` questions it does the job well: the researcher looks
     every country up, then writes its notes; the writer answers right only if the researcher's notes reached it.
@@ -190,7 +164,7 @@ async def test_crew_with_a_scripted_model_looks_facts_up_answers_right_and_survi
     server = StoreServerProcess(tmp_path / "store.db")
     store = StoreClient(server.url, token=server.token)
     try:
-        async with _Gateway(ScriptedBackend(_scripted_crew(tasks)), store) as gateway:
+        async with GatewayServer(ScriptedBackend(_scripted_crew(tasks)), store) as gateway:
             trainer = Trainer(n_runners=1, concurrency=4, store=server.url, token=server.token, runner_python=CREWAI_PYTHON, otel=True)  # fmt: skip
             resources = {"llm": LLM(endpoint=gateway.url, model="scripted", sampling={"max_tokens": 512})}
             report = await trainer.dev_async(AGENT, tasks, resources, timeout_s=120)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import socket
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ import pytest
 from examples.rag_agent.data import KINDS, countries, passages, splits, tokenizer_corpus
 from examples.rag_agent.reward import extract_answer, format_ok, reward, token_f1
 from lightrail.adapters import AgentFilter, ToolRewardRule, build_episode, spans_to_transitions
+from lightrail.gateway import GatewayServer
 from lightrail.types import Attr, RolloutStatus
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -181,32 +181,6 @@ def test_default_trace_exporter_is_dropped_and_other_processors_are_kept():
 # -- the agents, end to end ---------------------------------------------------------------------------------------
 
 
-class _Gateway:
-    """The real gateway app over ``backend`` and ``store``, served by uvicorn in this event loop."""
-
-    def __init__(self, backend, store):
-        import uvicorn
-
-        from lightrail.gateway import create_gateway_app
-
-        self._sock = socket.socket()
-        self._sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}/v1"
-        app = create_gateway_app(backend, store)
-        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
-
-    async def __aenter__(self):
-        self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[self._sock]))
-        while not self._server.started:
-            assert not self._task.done(), self._task.result()
-            await asyncio.sleep(0.01)
-        return self
-
-    async def __aexit__(self, *exc):
-        self._server.should_exit = True
-        await self._task
-
-
 def _text(message: dict) -> str:
     content = message.get("content") or ""
     return content if isinstance(content, str) else " ".join(part.get("text", "") for part in content)
@@ -259,12 +233,12 @@ async def test_a_conversation_past_the_context_ends_the_researcher_and_other_err
     def script(request):  # the researcher's call overflows; the editor answers from no notes
         return too_long if request.tools else "Answer: " + _text(request.messages[-1]).splitlines()[-1]
 
-    async with _Gateway(ScriptedBackend(script), MemoryStore()) as gateway:
+    async with GatewayServer(ScriptedBackend(script), MemoryStore()) as gateway:
         reply = await answer("Which country is it?", base_url=gateway.url, model="m", max_tokens=64)
     assert reply == "Answer: Researcher's notes: (none)"
 
     refused = BackendError("temperature must be at most 2", param="temperature")
-    async with _Gateway(ScriptedBackend([refused]), MemoryStore()) as gateway:
+    async with GatewayServer(ScriptedBackend([refused]), MemoryStore()) as gateway:
         with pytest.raises(BadRequestError, match="temperature must be at most 2"):
             await answer("Which country is it?", base_url=gateway.url, model="m", max_tokens=64)
 
@@ -280,7 +254,7 @@ async def test_agents_with_a_scripted_model_search_twice_and_answer_right(tmp_pa
     server = StoreServerProcess(tmp_path / "store.db")
     store = StoreClient(server.url, token=server.token)
     try:
-        async with _Gateway(ScriptedBackend(_scripted_researcher_and_editor), store) as gateway:
+        async with GatewayServer(ScriptedBackend(_scripted_researcher_and_editor), store) as gateway:
             trainer = Trainer(n_runners=1, concurrency=2, store=server.url, token=server.token, otel=True)
             resources = {"llm": LLM(endpoint=gateway.url, model="scripted", sampling={"max_tokens": 256})}
             report = await trainer.dev_async(AGENT, tasks, resources, timeout_s=120)

@@ -20,7 +20,6 @@ import csv
 import io
 import json
 import re
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from examples.sql_agent.data import MONTHS, TEMPLATES, splits, tokenizer_corpus
 from examples.sql_agent.database import SCHEMA, QueryError, connect, data_dir, database_path, run_query, schema_text
 from examples.sql_agent.reward import execution_match, same_rows
 from lightrail.adapters import AgentFilter, build_episode, episode_transitions
+from lightrail.gateway import GatewayServer
 from lightrail.types import Attr, RolloutStatus
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -243,32 +243,6 @@ def test_extract_sql_reads_fenced_bare_and_garbage_replies():
 # -- the agent with a scripted model, through real runners ------------------------------------------------------
 
 
-class _Gateway:
-    """The real gateway app over ``backend`` and ``store``, served by uvicorn in this event loop."""
-
-    def __init__(self, backend, store):
-        import uvicorn
-
-        from lightrail.gateway import create_gateway_app
-
-        self._sock = socket.socket()
-        self._sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}/v1"
-        app = create_gateway_app(backend, store)
-        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
-
-    async def __aenter__(self):
-        self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[self._sock]))
-        while not self._server.started:
-            assert not self._task.done(), self._task.result()
-            await asyncio.sleep(0.01)
-        return self
-
-    async def __aexit__(self, *exc):
-        self._server.should_exit = True
-        await self._task
-
-
 def _node_of(request_messages: list[dict]) -> str:
     """Which node sent a request, read off its system prompt (independent of the OpenTelemetry path)."""
     system = request_messages[0]["content"]
@@ -333,7 +307,7 @@ async def test_scripted_model_drives_the_graph_and_every_call_is_named_by_its_no
     server = StoreServerProcess(tmp_path / "store.db")
     store = StoreClient(server.url, token=server.token)
     try:
-        async with _Gateway(ScriptedBackend(_scripted_model(script)), store) as gateway:
+        async with GatewayServer(ScriptedBackend(_scripted_model(script)), store) as gateway:
             trainer = Trainer(n_runners=1, concurrency=3, store=server.url, token=server.token, otel=True)
             resources = {"llm": LLM(endpoint=gateway.url, model="scripted", sampling={"max_tokens": 256})}
             report = await trainer.dev_async(AGENT, [fix, fooled, overflow], resources, timeout_s=120)
@@ -376,7 +350,7 @@ def test_command_line_runs_one_question_against_any_openai_server(tmp_path):
     box = {}
 
     async def serve():
-        async with _Gateway(ScriptedBackend(_scripted_model(script)), MemoryStore()) as gateway:
+        async with GatewayServer(ScriptedBackend(_scripted_model(script)), MemoryStore()) as gateway:
             box["url"] = gateway.url
             ready.set()
             await asyncio.to_thread(done.wait)
