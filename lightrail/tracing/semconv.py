@@ -26,9 +26,10 @@ carries the engine's token ids and is the one training reads.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
+
+import msgspec
 
 from lightrail.types import Attr, StatusCode
 
@@ -65,6 +66,7 @@ _GENAI_KINDS = {
     "create_agent": "agent",
     "embeddings": "embedding",
 }
+_decode = msgspec.json.decode
 _OTEL_STATUS = {0: StatusCode.UNSET, 1: StatusCode.OK, 2: StatusCode.ERROR}
 
 
@@ -79,16 +81,23 @@ def kind_of(attributes: Mapping[str, Any]) -> str:
     return "other"
 
 
-def _json_field(value: Any, key: str) -> Any:
-    """``value[key]`` when ``value`` is a JSON object or its text (frameworks store dicts as JSON strings)."""
+def _json_object(value: Any, key: str) -> dict | None:
+    """``value`` as a dict when it is one or the JSON text of one that mentions ``key`` (frameworks store dicts as
+    JSON strings; the substring test skips the parse for the many values that cannot hold ``key``)."""
     if isinstance(value, str):
-        if not value.startswith("{") or f'"{key}"' not in value:  # cheap pre-check: most values are not JSON
+        if not value.startswith("{") or f'"{key}"' not in value:
             return None
         try:
-            value = json.loads(value)
-        except ValueError:
+            value = _decode(value)
+        except msgspec.DecodeError:
             return None
-    return value.get(key) if isinstance(value, dict) else None
+    return value if isinstance(value, dict) else None
+
+
+def _json_field(value: Any, key: str) -> Any:
+    """``value[key]`` when ``value`` is a JSON object or its text."""
+    obj = _json_object(value, key)
+    return None if obj is None else obj.get(key)
 
 
 def normalize(name: str, attributes: dict[str, Any]) -> dict[str, Any]:
@@ -126,14 +135,8 @@ def _response_id(output: Any) -> Any:
     ``id``, or ``llm_output.id`` of LangChain's ``LLMResult``. LangChain's spans are never the current OTel
     context during the HTTP call, so this id is the only link from the gateway's call span to the LangGraph node
     that made it."""
-    if isinstance(output, str):
-        if not output.startswith("{") or '"id"' not in output:
-            return None
-        try:
-            output = json.loads(output)
-        except ValueError:
-            return None
-    if not isinstance(output, dict):
+    output = _json_object(output, "id")
+    if output is None:
         return None
     response_id = output.get("id")
     llm_output = output.get("llm_output")
