@@ -4,7 +4,7 @@ scored by execution match against the task's gold SQL.
 This wrapper is the only lightrail code the example needs. Which LLM calls are trained is decided by the config
 (``grpo.agents: [write_query, rewrite_query]``), from the LangGraph node each call ran in: with OpenTelemetry on,
 the OpenInference LangChain instrumentor records the node (``langgraph.node``) on the framework's spans, and
-the gateway's span of each call is their child.
+the adapter matches the gateway's span of each call to the framework's LLM span of the same response id.
 """
 
 from __future__ import annotations
