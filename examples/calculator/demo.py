@@ -50,6 +50,8 @@ class DemoSettings:
     seed: int = 0
     lora: bool = False
     micro_batch_tokens: int = 4096
+    temperature: float = 1.0
+    """Sampling temperature of training rollouts (validation is greedy)."""
     """Padded tokens per forward/backward pass: activation memory grows with it (and with the model's size)."""
     agent: str = AGENT
     out: Path = field(default_factory=lambda: Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S"))
@@ -76,6 +78,7 @@ class DemoSettings:
             model="smollm2", sft_steps=0, lora=True, grpo_lr=2e-4, tasks_per_step=4, n_samples=8, grpo_steps=12,
             n_val=100, val_every=0, concurrency=8, agent=AGENT_ONE_SHOT,
             micro_batch_tokens=1024,  # 4096 peaked past 24 GB: 30 layers of activations and a 49k vocabulary
+            temperature=0.7,  # at 1.0 the 135 M model solved 0-3 % of samples (22 % greedy): groups had no signal
         )  # fmt: skip
         return cls(**{**base, **overrides})
 
@@ -170,7 +173,7 @@ def run_demo(settings: DemoSettings, console: Any = None) -> dict[str, Any]:
         steps=settings.grpo_steps,
         tasks_per_step=settings.tasks_per_step,
         n_samples=settings.n_samples,
-        sampling={"temperature": 1.0, "max_tokens": 48},
+        sampling={"temperature": settings.temperature, "max_tokens": 48},
         val_sampling={"temperature": 0.0, "max_tokens": 48},
         val_every=settings.val_every,
         tool_rewards=ToolRewardRule(success=0.1, error=-0.1),
