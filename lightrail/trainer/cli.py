@@ -63,8 +63,12 @@ def _train(args: argparse.Namespace) -> int:
         print(f"lightrail train: {exc}", file=sys.stderr)
         return 2
     report = result.report
+
+    def shown(value: float | None) -> str:
+        return "n/a (no held-out tasks)" if value is None else f"{value:.2f}"
+
     print(
-        f"held-out success: {report['val_before']:.2f} -> {report['val_after']:.2f} "
+        f"held-out success: {shown(report['val_before'])} -> {shown(report['val_after'])} "
         f"in {report['train_minutes']:.1f} min of training\n"
         f"reward curve: {report['reward_curve']}\ncheckpoint:   {report['checkpoint']}\n"
         f"metrics:      {report['metrics']}\nstore:        {result.store_path}"

@@ -24,6 +24,7 @@ data module defines ``tokenizer_corpus()``.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import os
@@ -172,18 +173,31 @@ def _grpo_kwargs(config: TrainConfig) -> dict[str, Any]:
         if rule is True:
             kwargs["tool_rewards"] = ToolRewardRule()
         elif isinstance(rule, dict):
-            kwargs["tool_rewards"] = ToolRewardRule(**rule)
+            _no_unknown("grpo.tool_rewards", rule, ToolRewardRule, exclude={"is_error"})
+            values = {
+                k: _checked(f"grpo.tool_rewards.{k}", v, f.type)
+                for k, v in rule.items()
+                for f in [_field(ToolRewardRule, k)]
+            }
+            kwargs["tool_rewards"] = ToolRewardRule(**values)
         elif rule not in (None, False):
             raise ConfigError(f"grpo.tool_rewards: expected true, false or a mapping, got {rule!r}")
         update = dict(options.pop("config", None) or {})
         lora = update.pop("lora", None)
-        settings = msgspec.convert(update, GRPOConfig)
+        _no_unknown("grpo.config", update, GRPOConfig)
+        try:
+            settings = msgspec.convert(update, GRPOConfig)
+        except msgspec.ValidationError as exc:
+            raise ConfigError(f"grpo.config.{_readable(exc)}") from None
         if lora:
-            lora = LoraSettings() if lora is True else msgspec.convert(lora, LoraSettings)
-            settings = GRPOConfig(**{**settings.__dict__, "lora": lora})
+            if lora is not True:
+                _no_unknown("grpo.config.lora", lora, LoraSettings)
+            try:
+                lora = LoraSettings() if lora is True else msgspec.convert(lora, LoraSettings)
+            except msgspec.ValidationError as exc:
+                raise ConfigError(f"grpo.config.lora.{_readable(exc)}") from None
+            settings = dataclasses.replace(settings, lora=lora)
         kwargs["config"] = settings
-    except msgspec.ValidationError as exc:
-        raise ConfigError(f"grpo.config.{_readable(exc)}") from None
     except (TypeError, ValueError) as exc:
         if isinstance(exc, ConfigError):
             raise
@@ -196,6 +210,21 @@ def _grpo_kwargs(config: TrainConfig) -> dict[str, Any]:
     for key, value in options.items():
         kwargs[key] = _checked(f"grpo.{key}", value, parameters[key].annotation)
     return kwargs
+
+
+def _field(cls: type, name: str) -> dataclasses.Field:
+    return {f.name: f for f in dataclasses.fields(cls)}[name]
+
+
+def _no_unknown(where: str, given: Any, cls: type, exclude: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+    """A mapping's keys must be fields of the dataclass ``cls`` (msgspec ignores extra keys of dataclasses: a typo
+    like ``kl_coeff`` would silently train without the setting)."""
+    if not isinstance(given, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {given!r}")
+    fields = {f.name for f in dataclasses.fields(cls)} - exclude
+    unknown = sorted(set(given) - fields)
+    if unknown:
+        raise ConfigError(f"{where}: unknown setting(s) {unknown}; accepted: {sorted(fields)}")
 
 
 def _checked(where: str, value: Any, annotation: Any) -> Any:
@@ -230,7 +259,8 @@ def train(config: TrainConfig) -> TrainResult:
     from lightrail.trainer.trainer import Trainer
 
     splits = _resolve(config.data, "data")
-    _resolve(config.agent, "agent")  # fail here, not in every runner
+    if not config.trainer.runner_python:  # under another interpreter the agent may not import here
+        _resolve(config.agent, "agent")  # fail here, not in every runner
     try:
         train_tasks, val_tasks = splits(**config.data_args)
     except TypeError as exc:

@@ -65,6 +65,11 @@ def test_config_maps_every_section_onto_grpo(tmp_path):
         ("grpo.config.lr=fast", "grpo.config.lr"),
         ("grpo.credit=magic", "unknown credit assignment 'magic'"),
         ("grpo.tool_rewards=7", "grpo.tool_rewards"),
+        ("grpo.config.kl_coeff=0.05", "grpo.config: unknown setting(s) ['kl_coeff']"),
+        ("grpo.config.lora={rank: 8}", "grpo.config.lora: unknown setting(s) ['rank']"),
+        ("grpo.config.lora={r: many}", "grpo.config.lora.r"),
+        ("grpo.tool_rewards={success: big}", "grpo.tool_rewards.success"),
+        ("grpo.tool_rewards={is_error: x}", "grpo.tool_rewards: unknown setting(s) ['is_error']"),
         ("steps", "expected dotted.path=value"),
     ],
 )
