@@ -80,6 +80,8 @@ class RunnerStats:
 
     leased: int = 0
     ended: Counter[str] = field(default_factory=Counter)
+    otel_flush_failures: int = 0
+    """Attempts finished although their OpenTelemetry spans could not all be exported (``exporter="otlp"``)."""
 
 
 @dataclass(eq=False)
@@ -331,8 +333,13 @@ class Runner:
             heartbeat.cancel()
             self._running.pop(attempt.attempt_id, None)
         self.batcher.submit(self._root_span(running, root_id, root_seq, started, status, reward, error))
-        if self._otel is not None and self._otel.exporter == "otlp":
-            await asyncio.to_thread(self._otel.force_flush)  # framework spans reach the store before the finish
+        # framework spans reach the store before the finish; a failed export is said, never silent
+        otlp = self._otel is not None and self._otel.exporter == "otlp"
+        if otlp and not await asyncio.to_thread(self._otel.force_flush):  # type: ignore[union-attr]
+            self.stats.otel_flush_failures += 1
+            log.warning(
+                "attempt %s: OpenTelemetry spans could not all be exported before the finish", attempt.attempt_id
+            )
         await self.batcher.flush()  # a finished attempt's spans are complete in the store
         if status is None:  # the store ended it (cancelled, lost, timed out): nothing to report
             self.stats.ended[str(getattr(running.stop_reason, "value", running.stop_reason))] += 1

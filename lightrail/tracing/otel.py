@@ -328,12 +328,16 @@ def _install_provider() -> tuple[TracerProvider, _AttemptProcessor]:
 
 
 def _otlp_processor(store_url: str, token: str | None) -> SpanProcessor:
+    import requests
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     headers = {"authorization": f"Bearer {token}"} if token else None
-    exporter = OTLPSpanExporter(endpoint=store_url.rstrip("/") + "/v1/traces", headers=headers)
-    return BatchSpanProcessor(exporter, schedule_delay_millis=200)
+    session = requests.Session()
+    session.trust_env = False  # never send the token and the spans through a proxy from the environment
+    exporter = OTLPSpanExporter(endpoint=store_url.rstrip("/") + "/v1/traces", headers=headers, session=session)
+    # The default queue (2048 spans) overflows, dropping spans, with many concurrent framework attempts.
+    return BatchSpanProcessor(exporter, schedule_delay_millis=200, max_queue_size=65536)
 
 
 def _instrumentor_names(instrument: bool | Iterable[str]) -> list[str]:
