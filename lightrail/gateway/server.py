@@ -15,10 +15,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import socket
 from typing import Any
 
 __all__ = ["GatewayServer"]
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: where it resolves is not known here, so it counts as exposed
+        return host == "localhost"
 
 
 class GatewayServer:
@@ -35,11 +43,14 @@ class GatewayServer:
         port: int = 0,
         **app_options: Any,
     ) -> None:
+        if token is None and not _is_loopback(host):
+            raise ValueError(f"refusing to serve the gateway on {host} without a token (anyone could use the model)")
         self.token = token
         self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
         self._sock.bind((host, port))
         bound_host, bound_port = self._sock.getsockname()[:2]
-        self.url = f"http://{bound_host}:{bound_port}/v1"
+        netloc = f"[{bound_host}]:{bound_port}" if ":" in bound_host else f"{bound_host}:{bound_port}"
+        self.url = f"http://{netloc}/v1"
         self._app_args = (backend, store, token, app_options)
         self._server: Any = None
         self._task: asyncio.Task | None = None
@@ -55,21 +66,35 @@ class GatewayServer:
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
         server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]  # the host's signals
         self._server = server
-        self._task = asyncio.get_running_loop().create_task(server.serve(sockets=[self._sock]))
-        while not server.started:
-            if self._task.done():
-                self._task.result()  # raises the startup error
-                raise RuntimeError("the gateway stopped during startup")
-            await asyncio.sleep(0.01)
+
+        async def serve() -> None:
+            try:
+                await server.serve(sockets=[self._sock])
+            except SystemExit as exc:  # uvicorn exits the process when the app's startup fails: not ours to end
+                raise RuntimeError(f"the gateway failed to start (uvicorn exit {exc.code}); see the log") from None
+
+        self._task = asyncio.get_running_loop().create_task(serve())
+        try:
+            while not server.started:
+                if self._task.done():
+                    self._task.result()  # raises the startup error
+                    raise RuntimeError("the gateway stopped during startup")
+                await asyncio.sleep(0.01)
+        except BaseException:
+            self._sock.close()
+            self._server = self._task = None
+            raise
         return self
 
     async def stop(self) -> None:
         """Stop accepting, let in-flight requests finish, flush the span recorder (the app's shutdown)."""
-        if self._server is not None and self._task is not None:
-            self._server.should_exit = True
-            await self._task
+        try:
+            if self._server is not None and self._task is not None:
+                self._server.should_exit = True
+                await self._task
+        finally:
             self._server = self._task = None
-        self._sock.close()
+            self._sock.close()
 
     async def __aenter__(self) -> GatewayServer:
         return await self.start()
