@@ -7,7 +7,8 @@ client-side Python (httpcore + anyio), versus ~0.1 ms here; that was most of a r
 origin, a request with a body, status, headers and body back. Parsing is done by httptools (llhttp, shipped with
 uvicorn[standard], which serves our own endpoints), including chunked transfer encoding.
 
-Not supported, on purpose: proxies from the environment, HTTP/2, redirects, streaming responses, ``HEAD``. TLS is.
+Not supported, on purpose: proxies from the environment, HTTP/2, redirects, streaming responses, ``HEAD``, and
+responses whose body ends only when the server closes the connection (neither length nor chunked). TLS is.
 
 Concurrency model: one event loop per pool. Each connection carries one request at a time; idle connections are
 kept in a LIFO list (the warmest first) and at most ``max_connections`` requests are in flight.
@@ -126,6 +127,8 @@ class _Connection(asyncio.Protocol):
     async def send(self, message: bytes, timeout_s: float | None) -> Reply:
         """Write ``message`` (head and body) and return the complete reply."""
         assert self.transport is not None
+        if self.closed or self.transport.is_closing():  # a write would vanish and the reply never come
+            raise StaleConnectionError("connection closed before the request")
         loop = asyncio.get_running_loop()
         self._waiter = loop.create_future()
         self._parser = httptools.HttpResponseParser(self)

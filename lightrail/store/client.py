@@ -253,8 +253,8 @@ class LeanHTTPTransport(httpx.AsyncBaseTransport):
             lines += (key, b": ", value, b"\r\n")
         lines.append(b"\r\n")
         body = request.content if isinstance(request.stream, httpx.ByteStream) else await request.aread()
-        if body and request.headers.get("transfer-encoding") == "chunked":
-            body = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+        if request.headers.get("transfer-encoding") == "chunked":
+            body = (b"%x\r\n%s\r\n" % (len(body), body) if body else b"") + b"0\r\n\r\n"
         try:
             reply = await self._pool(request.url).exchange(
                 b"".join(lines) + body,
