@@ -99,7 +99,7 @@ def build_episode(
             if want_tools and is_tool_span(s):
                 tool_spans.append(s)
             twin_id = s.attributes.get(genai_rid)
-            if twin_id is not None:
+            if type(twin_id) is str:  # any JSON can arrive over OTLP
                 by_response.setdefault(twin_id, []).append(s)
     call_spans.sort(key=_seq)  # already sorted when read from a store: timsort makes that one linear pass
 

@@ -113,11 +113,13 @@ def tool_rewards(
             if tc_id not in requested:
                 report.tool_unlinked += 1
                 continue
-            code = span.status.code
+            code = span.status.code  # the latest span of a tool call wins (a retried tool)
             if code is StatusCode.UNSET:
                 ran[tc_id] = False
+                decided.pop(tc_id, None)
             else:
                 decided[tc_id] = code is StatusCode.ERROR
+                ran.pop(tc_id, None)
     said: dict[str, bool] = {}  # tool call id -> error, from the tool message's text
     if rule.from_messages:
         for call in calls:

@@ -148,6 +148,8 @@ def _decompress(body: bytes, content_encoding: str | None, max_bytes: int | None
             if max_bytes and len(out) > max_bytes:
                 raise BodyTooLargeError(f"request body over {max_bytes} bytes once decompressed")
             raise OTLPDecodeError(f"the {encoding} body is truncated")
+        if inflate.unused_data:  # a second gzip member: storing only the first would break all-or-nothing
+            raise OTLPDecodeError(f"the {encoding} body has data after its end (several members are not supported)")
     except zlib.error as exc:
         raise OTLPDecodeError(f"the body is not valid {encoding}: {exc}") from None
     return out

@@ -75,6 +75,15 @@ def test_a_tool_span_with_unset_status_leaves_the_outcome_to_the_message():
     assert (e.report.tool_success, e.report.tool_error, e.report.tool_unanswered) == (2, 1, 0)
 
 
+def test_the_latest_span_of_a_retried_tool_decides():
+    spans = [*conversation(), tool_span("t1", error=True, seq=10**20), tool_span("t1", seq=10**20 + 1)]
+    assert [r.value for r in build_episode(spans, tool_rewards_rule=RULE).intermediate][0] == 0.1
+    retried_unset = unset_tool_span("t1")
+    retried_unset.seq = 10**20 + 2
+    spans = [*conversation(), tool_span("t1", error=True, seq=10**20), retried_unset]
+    assert [r.value for r in build_episode(spans, tool_rewards_rule=RULE).intermediate][0] == 0.1  # message: "42"
+
+
 def unset_tool_span(call_id: str):
     unset = tool_span(call_id)
     unset.status = SpanStatus(code=StatusCode.UNSET)
