@@ -234,16 +234,20 @@ def run_runners(
     args = (store_url, agent_ref, concurrency, token, runner_kwargs, run_kwargs, log_level)
     python = _checked_interpreter(runner_python) if runner_python is not None else None
     processes: list[BaseProcess | InterpreterProcess] = []
-    for i in range(n):
-        if python is not None:
-            processes.append(InterpreterProcess(python, args, name=f"lightrail-runner-{i}"))
-            continue
-        p = ctx.Process(
-            target=_runner_main,
-            args=args,
-            name=f"lightrail-runner-{i}",
-            daemon=False,  # runners clean up (finish attempts) on SIGTERM; daemonic children would be killed
-        )
-        p.start()
-        processes.append(p)
+    try:
+        for i in range(n):
+            if python is not None:
+                processes.append(InterpreterProcess(python, args, name=f"lightrail-runner-{i}"))
+                continue
+            p = ctx.Process(
+                target=_runner_main,
+                args=args,
+                name=f"lightrail-runner-{i}",
+                daemon=False,  # runners clean up (finish attempts) on SIGTERM; daemonic children would be killed
+            )
+            p.start()
+            processes.append(p)
+    except BaseException:  # runners already started must not outlive a failed start (their parent lives on)
+        RunnerProcesses(processes).stop(grace_s=0)
+        raise
     return RunnerProcesses(processes)
