@@ -6,7 +6,9 @@ Their behaviour is driven by the task input, so one module serves every test.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
+import sys
 import threading
 import time
 
@@ -87,3 +89,16 @@ class Doubler(LitAgent):
 
 
 doubler = Doubler()
+
+
+@rollout
+def where_am_i(task):
+    """Reports the interpreter it runs under and whether this (trainer) environment's packages leak into it."""
+    emit_event(
+        "interpreter",
+        executable=sys.executable,
+        prefix=sys.prefix,
+        has_torch=importlib.util.find_spec("torch") is not None,
+        has_crewai=importlib.util.find_spec("crewai") is not None,
+    )
+    return float(task["x"])

@@ -4,7 +4,6 @@ its own site-packages only; a wrong interpreter is refused before any runner sta
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -12,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from lightrail import emit_event, rollout
 from lightrail.agent import run_runners
 from lightrail.store import StoreClient
 from lightrail.trainer import StoreServerProcess
@@ -22,26 +20,13 @@ ROOT = Path(__file__).resolve().parents[2]
 CREWAI_PYTHON = os.environ.get("LIGHTRAIL_CREWAI_PYTHON", str(ROOT / ".venv-crewai" / "bin" / "python"))
 
 
-@rollout
-def where_am_i(task):
-    """Reports the interpreter it runs under and whether this (trainer) environment's packages leak into it."""
-    emit_event(
-        "interpreter",
-        executable=sys.executable,
-        prefix=sys.prefix,
-        has_torch=importlib.util.find_spec("torch") is not None,
-        has_crewai=importlib.util.find_spec("crewai") is not None,
-    )
-    return float(task["x"])
-
-
 async def test_runners_under_the_crewai_interpreter_run_rollouts(tmp_path):
     server = StoreServerProcess(tmp_path / "store.db")
     store = StoreClient(server.url, token=server.token)
     try:
         rollouts = await store.enqueue([RolloutSpec(task=Task(input={"x": x})) for x in (0.25, 0.5, 0.75)])
         ids = [r.rollout_id for r in rollouts]
-        ref = "test_runner_python:where_am_i"
+        ref = "sample_agents:where_am_i"  # a module the other environment can import (no pytest there)
         with run_runners(server.url, ref, n=1, concurrency=2, token=server.token, runner_python=CREWAI_PYTHON):
             done = await store.wait(ids, timeout_s=60)
         assert [(r.status, r.reward) for r in done] == [(RolloutStatus.SUCCEEDED, x) for x in (0.25, 0.5, 0.75)]
