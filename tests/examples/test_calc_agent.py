@@ -24,6 +24,7 @@ import pytest
 from autogen_agentchat.messages import TextMessage
 from autogen_core import CancellationToken
 from autogen_core.tools import StaticWorkbench
+from one_step import ONE_TINY_STEP, train_step_metrics
 
 from examples.calc_agent.agent import (
     CHECKER,
@@ -263,7 +264,7 @@ def test_train_with_the_config(tmp_path, tools):
     config = load_config(
         CONFIG,
         overrides=[
-            "model=tiny",
+            *ONE_TINY_STEP,
             f"out_dir={tmp_path / 'run'}",
             "trainer.n_runners=1",
             "trainer.concurrency=4",
@@ -271,10 +272,6 @@ def test_train_with_the_config(tmp_path, tools):
             "data_args.n_val=2",
             f"data_args.tools={tools}",
             "data_args.max_turns=2",
-            "grpo.steps=1",
-            "grpo.tasks_per_step=2",
-            "grpo.n_samples=2",
-            "grpo.val_every=0",
             "grpo.sampling={temperature: 1.0, max_tokens: 16}",
             "grpo.val_sampling={temperature: 0.0, max_tokens: 16}",
             "grpo.config={lr: 1.0e-3, lora: false}",
@@ -306,8 +303,7 @@ def test_train_with_the_config(tmp_path, tools):
             assert call.prompt_ids and call.choices[0]["token_ids"]  # the engine's own ids, for training
         if rollout.mode == "train":
             solver_calls_trained += sum(1 for c in episode.calls if trained(c.agent_name))
-    metrics = [json.loads(line) for line in Path(result.report["metrics"]).read_text().splitlines()]
-    [step] = [m for m in metrics if m["kind"] == "train"]
+    step = train_step_metrics(result.report)
     # exactly the solver's calls became transitions; the checker's were recorded but not trained
     assert step["transitions"] == solver_calls_trained and step["excluded"] == 0
 

@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 
 import pytest
+from one_step import ONE_TINY_STEP, train_step_metrics
 
 from examples.crew_agent.countries import countries, countryinfo_data_dir, describe, extract
 from examples.crew_agent.data import splits, tokenizer_corpus
@@ -201,15 +202,11 @@ async def test_train_config_links_every_call_to_its_crew_agent_and_trains_only_t
     monkeypatch.chdir(ROOT)  # the config's references (and its relative runner_python) resolve from the root
     overrides = [
         f"out_dir={tmp_path / 'run'}",
-        "model=tiny",
+        *ONE_TINY_STEP,
         f"trainer.runner_python={CREWAI_PYTHON}",
         "trainer.n_runners=1",
         "trainer.concurrency=4",
         "data_args={seed: 0, n_train: 8, n_val: 2}",
-        "grpo.steps=1",
-        "grpo.tasks_per_step=2",
-        "grpo.n_samples=2",
-        "grpo.val_every=0",
         "grpo.sampling.max_tokens=16",
         "grpo.val_sampling.max_tokens=16",
     ]
@@ -217,8 +214,7 @@ async def test_train_config_links_every_call_to_its_crew_agent_and_trains_only_t
     assert config.trainer.otel and config.grpo["agents"] == ["writer"]
     result = await asyncio.to_thread(train, config)
     assert result.report["steps"] == 1
-    metrics = [json.loads(line) for line in (result.out_dir / "metrics.jsonl").read_text().splitlines()]
-    (step,) = [m for m in metrics if m["kind"] == "train"]
+    step = train_step_metrics(result.report)
     assert (step["rollouts"], step["excluded"]) == (4, 0)
 
     selected = AgentFilter(config.grpo["agents"])

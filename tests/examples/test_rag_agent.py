@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 
 import pytest
+from one_step import ONE_TINY_STEP, train_step_metrics
 
 from examples.rag_agent.data import KINDS, countries, passages, splits, tokenizer_corpus
 from examples.rag_agent.reward import extract_answer, format_ok, reward, token_f1
@@ -281,14 +282,10 @@ def test_lightrail_train_with_the_tiny_model_trains_only_the_researcher(tmp_path
 
     monkeypatch.chdir(ROOT)  # the config's import references resolve from the project root
     overrides = [
-        "model=tiny",
+        *ONE_TINY_STEP,
         f"out_dir={tmp_path / 'run'}",
         "data_args={seed: 0, n_train: 4, n_val: 2}",
         "trainer={n_runners: 1, concurrency: 4, otel: true}",
-        "grpo.steps=1",
-        "grpo.tasks_per_step=2",
-        "grpo.n_samples=2",
-        "grpo.val_every=0",
         "grpo.sampling={temperature: 1.0, max_tokens: 16}",
         "grpo.val_sampling={temperature: 0.0, max_tokens: 16}",
         "grpo.config={lr: 1.0e-3, lora: false}",
@@ -327,7 +324,6 @@ def test_lightrail_train_with_the_tiny_model_trains_only_the_researcher(tmp_path
         assert len(transitions) == sum(1 for c in episode.calls if c.agent_name == "researcher" and c.choices)
         if rollout.mode == "train":
             trained_calls += len(transitions)
-    metrics = [json.loads(line) for line in (result.out_dir / "metrics.jsonl").read_text().splitlines()]
-    (step,) = [m for m in metrics if m["kind"] == "train"]
+    step = train_step_metrics(result.report)
     assert step["rollouts"] == 4 and step["excluded"] == 0
     assert step["transitions"] == trained_calls  # GRPO trained the researcher's calls, none of the editor's

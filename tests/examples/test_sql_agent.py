@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from one_step import ONE_TINY_STEP, train_step_metrics
 
 from examples.sql_agent.agent import CHECK, ONE_SHOT, REWRITE, WRITE, extract_sql
 from examples.sql_agent.data import MONTHS, TEMPLATES, splits, tokenizer_corpus
@@ -382,14 +383,10 @@ async def test_train_config_names_every_call_by_its_node_and_trains_only_writer_
     monkeypatch.chdir(ROOT)
     overrides = [
         f"out_dir={tmp_path / 'run'}",
-        "model=tiny",
+        *ONE_TINY_STEP,
         "trainer.n_runners=1",
         "trainer.concurrency=4",
         "data_args={seed: 0, n_train: 8, n_val: 2}",
-        "grpo.steps=1",
-        "grpo.tasks_per_step=2",
-        "grpo.n_samples=2",
-        "grpo.val_every=0",
         "grpo.sampling.max_tokens=32",
         "grpo.val_sampling.max_tokens=32",
         "grpo.config={lr: 1.0e-3}",
@@ -398,8 +395,7 @@ async def test_train_config_names_every_call_by_its_node_and_trains_only_writer_
     assert config.trainer.otel and config.grpo["agents"] == ["write_query", "rewrite_query"]
     result = await asyncio.to_thread(train, config)
     assert result.report["steps"] == 1
-    metrics = [json.loads(line) for line in (result.out_dir / "metrics.jsonl").read_text().splitlines()]
-    (step,) = [m for m in metrics if m["kind"] == "train"]
+    step = train_step_metrics(result.report)
     assert (step["rollouts"], step["excluded"]) == (4, 0)
 
     selected = AgentFilter(config.grpo["agents"])
