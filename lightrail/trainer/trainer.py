@@ -59,8 +59,8 @@ class StoreServerProcess:
         self.token = secrets.token_urlsafe(24)
         env = {**os.environ, TOKEN_ENV: self.token}
         cmd = [sys.executable, "-m", "lightrail.cli", "store", "serve", "--db", str(db), "--host", "127.0.0.1"]
-        cmd.append("--exit-with-parent")
-        self.process = subprocess.Popen(cmd + ["--port", "0"], stdout=subprocess.PIPE, env=env, text=True)
+        cmd += ["--port", "0", "--exit-with-parent"]  # the server must not outlive a trainer killed hard
+        self.process = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, text=True)
         assert self.process.stdout is not None
         line: list[str] = []
         reader = threading.Thread(target=lambda: line.append(self.process.stdout.readline()), daemon=True)  # type: ignore[union-attr]
