@@ -51,6 +51,7 @@ from lightrail.types import LLM, Rollout, RolloutStatus, Span, Task
 
 if TYPE_CHECKING:
     from lightrail.algorithms.grpo import GRPOConfig
+    from lightrail.gateway.server import GatewaySettings
     from lightrail.trainer.algorithm import TrainerContext
 
 __all__ = ["GRPO"]
@@ -66,6 +67,10 @@ class GRPO:
     sampling by ``sampling`` (OpenAI parameters handed to the agent through its `LLM` resource). Validation runs
     every val task once with ``val_sampling`` (greedy by default) before training, every ``val_every`` steps and
     at the end; a rollout counts as a success when its reward is at least ``success_threshold``.
+
+    The gateway binds 127.0.0.1 by default; ``gateway=GatewaySettings(host="0.0.0.0", port=8900,
+    advertise_url="http://trainer-host:8900/v1")`` serves runners on other machines (the advertised URL is what
+    the published `LLM` resource carries; the gateway always has a random token, published with it).
 
         >>> grpo = GRPO("runs/warm", config=GRPOConfig(lr=5e-4), steps=60)                # doctest: +SKIP
         >>> Trainer(n_runners=2, concurrency=8, algorithm=grpo).fit(agent, train, val)  # doctest: +SKIP
@@ -94,6 +99,7 @@ class GRPO:
         served_name: str = "policy",
         seed: int = 0,
         engine_options: dict[str, Any] | None = None,
+        gateway: GatewaySettings | None = None,
     ) -> None:
         if steps < 0 or tasks_per_step < 1 or n_samples < 1:
             raise ValueError("steps must be >= 0, tasks_per_step and n_samples >= 1")
@@ -116,6 +122,7 @@ class GRPO:
         self.served_name = served_name
         self.seed = seed
         self.engine_options = engine_options or {}
+        self.gateway = gateway
         self.report: dict[str, Any] = {}
         self.step = 0
         self._rng = random.Random(seed)
@@ -149,9 +156,13 @@ class GRPO:
             self.step, self._order, self._history = state["step"], state["order"], state["history"]
             self._rng.setstate(_rng_state(state["rng"]))
             await self._engine.update_weights(self._updater.state_dict_for_serving(), version=state["policy_version"])
-        from lightrail.gateway.server import GatewayServer
+        from lightrail.gateway.server import GatewayServer, GatewaySettings
 
-        self._gateway = await GatewayServer(self._engine, ctx.store, token=secrets.token_urlsafe(16)).start()
+        where = self.gateway or GatewaySettings()
+        self._gateway = await GatewayServer(
+            self._engine, ctx.store, token=secrets.token_urlsafe(16),
+            host=where.host, port=where.port, advertise_url=where.advertise_url,
+        ).start()  # fmt: skip
         self._llm = LLM(
             endpoint=self._gateway.url, model=self.served_name, sampling=self.sampling, api_key=self._gateway.token
         )

@@ -17,11 +17,12 @@ from __future__ import annotations
 from lightrail.gateway.app import create_gateway_app
 from lightrail.gateway.backends import Backend, OpenAIUpstream, UpstreamError
 from lightrail.gateway.fake import ScriptedBackend, ScriptedReply
-from lightrail.gateway.server import GatewayServer
+from lightrail.gateway.server import GatewayServer, GatewaySettings
 
 __all__ = [
     "Backend",
     "GatewayServer",
+    "GatewaySettings",
     "OpenAIUpstream",
     "ScriptedBackend",
     "ScriptedReply",

@@ -1,9 +1,13 @@
-"""`GatewayServer`: the gateway app served by uvicorn inside the running event loop, on a loopback port.
+"""`GatewayServer`: the gateway app served by uvicorn inside the running event loop (loopback by default).
 
 For processes that host a gateway next to other work (the `GRPO` loop serves its engine this way; tests serve a
 `ScriptedBackend`). ``lightrail gateway serve`` is the standalone command. SIGINT/SIGTERM stay with the host
 process: uvicorn would otherwise take them for itself on the main thread, and Ctrl-C would first wait for the
 gateway's in-flight generations while the host's work went on.
+
+Runners on other machines reach the gateway through the URL the trainer publishes in the rollout's resources:
+bind a reachable address (``host="0.0.0.0"``, which needs a token) and give the URL they should use
+(``advertise_url="http://trainer-host:8900/v1"``). `GatewaySettings` is that choice as configuration.
 
 Example::
 
@@ -18,8 +22,11 @@ import contextlib
 import ipaddress
 import socket
 from typing import Any
+from urllib.parse import urlsplit
 
-__all__ = ["GatewayServer"]
+import msgspec
+
+__all__ = ["GatewaySettings", "GatewayServer", "is_loopback_url"]
 
 
 def _is_loopback(host: str) -> bool:
@@ -29,9 +36,52 @@ def _is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
+def is_loopback_url(url: str) -> bool:
+    """Whether ``url`` points at this machine only (127.0.0.0/8, ::1, localhost): unreachable from another host."""
+    return _is_loopback(urlsplit(url).hostname or "")
+
+
+def _wildcard(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_unspecified
+    except ValueError:
+        return False
+
+
+def _advertised(url: str) -> str:
+    """An advertised URL checked and normalized to the OpenAI base form (``http://host:port/v1``)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"advertise_url must be an http(s) URL like http://trainer-host:8900/v1, not {url!r}")
+    if _wildcard(parts.hostname):
+        raise ValueError(f"advertise_url {url!r} names a wildcard address; give the host name runners can reach")
+    root = url.rstrip("/")
+    return root if root.endswith("/v1") else root + "/v1"
+
+
+class GatewaySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Where a training gateway listens and the URL it publishes to runners (``gateway:`` in a train config).
+
+    The defaults serve this machine only (127.0.0.1, a free port). For runners on other hosts, bind a reachable
+    address and advertise the URL they can use::
+
+        gateway: {host: 0.0.0.0, port: 8900, advertise_url: http://trainer-host:8900/v1}
+    """
+
+    host: str = "127.0.0.1"
+    """Address to bind; anything but loopback requires the gateway's token (training gateways always have one)."""
+    port: int = 0
+    """Port to bind; 0 picks a free one."""
+    advertise_url: str | None = None
+    """The base URL runners are given (published in the rollouts' resources). Default: the bound address, or
+    this machine's host name when bound to a wildcard address (0.0.0.0 / ::)."""
+
+
 class GatewayServer:
-    """Serve `create_gateway_app(backend, store, token=token, **app_options)` on ``host:port`` (0: any free one);
-    ``url`` is the OpenAI base URL (``http://host:port/v1``) once started."""
+    """Serve `create_gateway_app(backend, store, token=token, **app_options)` on ``host:port`` (0: any free one).
+
+    ``url`` is the OpenAI base URL clients should use: ``advertise_url`` when given, else the bound address
+    (with this machine's host name in place of a wildcard address); ``bound_url`` is where it listens."""
 
     def __init__(
         self,
@@ -41,16 +91,24 @@ class GatewayServer:
         token: str | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
+        advertise_url: str | None = None,
         **app_options: Any,
     ) -> None:
         if token is None and not _is_loopback(host):
             raise ValueError(f"refusing to serve the gateway on {host} without a token (anyone could use the model)")
+        advertised = None if advertise_url is None else _advertised(advertise_url)  # checked before binding
         self.token = token
         self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-        self._sock.bind((host, port))
+        if port:  # a fixed port: a restarted trainer must not wait for the old socket's TIME_WAIT
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self._sock.bind((host, port))
+        except OSError as exc:
+            self._sock.close()
+            raise OSError(exc.errno, f"cannot bind the gateway to {host}:{port}: {exc.strerror}") from None
         bound_host, bound_port = self._sock.getsockname()[:2]
-        netloc = f"[{bound_host}]:{bound_port}" if ":" in bound_host else f"{bound_host}:{bound_port}"
-        self.url = f"http://{netloc}/v1"
+        self.bound_url = _base_url(bound_host, bound_port)
+        self.url = advertised or _base_url(socket.gethostname() if _wildcard(bound_host) else bound_host, bound_port)
         self._app_args = (backend, store, token, app_options)
         self._server: Any = None
         self._task: asyncio.Task | None = None
@@ -101,3 +159,8 @@ class GatewayServer:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+
+def _base_url(host: str, port: int) -> str:
+    netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return f"http://{netloc}/v1"

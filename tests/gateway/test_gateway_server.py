@@ -31,3 +31,29 @@ async def test_serves_on_ipv6_loopback_and_releases_its_port():
     with pytest.raises(httpx.ConnectError):
         async with httpx.AsyncClient() as http:
             await http.get(gateway.url.replace("/v1", "/health"))
+
+
+@pytest.mark.parametrize(
+    ("advertise_url", "message"),
+    [("ftp://host/v1", "http"), ("trainer-host:8900", "http"), ("http://0.0.0.0:8900/v1", "wildcard")],
+)
+def test_a_bad_advertised_url_is_refused_before_binding(advertise_url, message):
+    with pytest.raises(ValueError, match=message):
+        GatewayServer(ScriptedBackend(["hi"]), MemoryStore(), token="t", advertise_url=advertise_url)
+
+
+async def test_a_wildcard_bind_advertises_a_reachable_url():
+    """Bound to every interface, the gateway gives runners the advertised URL (or this machine's host name), never
+    0.0.0.0 or a loopback address, and answers there."""
+    gateway = GatewayServer(ScriptedBackend(["hello"]), MemoryStore(), host="0.0.0.0", token="t")
+    async with gateway:
+        port = gateway.bound_url.rsplit(":", 1)[1].removesuffix("/v1")
+        assert gateway.bound_url == f"http://0.0.0.0:{port}/v1"
+        assert gateway.url == f"http://{socket.gethostname()}:{port}/v1"
+        client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="t", max_retries=0)
+        reply = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        assert reply.choices[0].message.content == "hello"
+        await client.close()
+    advertised = GatewayServer(ScriptedBackend(["hi"]), MemoryStore(), token="t", advertise_url="http://gpu-1:8900")
+    assert advertised.url == "http://gpu-1:8900/v1"  # normalized to the OpenAI base URL
+    await advertised.stop()  # never started: releases the socket
