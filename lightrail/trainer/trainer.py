@@ -9,9 +9,13 @@ Processes of a session::
          enqueue, wait, read spans                                                   lease, spans, finish
 
 The store server is a child process on a free loopback port with a random bearer token (passed through the
-environment, never the command line). Runners are ``spawn``-ed processes (`run_runners`). A `Store` object
-without a URL (e.g. a `MemoryStore`) cannot be reached by other processes: runners then run in this process,
-as tasks of the trainer's event loop (useful in tests and notebooks).
+environment, never the command line); ``store_host``/``store_port`` expose it to runners on other machines (then
+with the token the user gives). Runners are ``spawn``-ed processes (`run_runners`), Ray actors on a Ray cluster
+(``ray=RaySettings(...)``, `lightrail.agent.ray`), and/or runners started by hand anywhere that can reach the
+store (``lightrail runner --store URL --agent REF``); with ``n_runners=0`` and no Ray, only those serve the run.
+Every kind leases from the same store, so a runner that joins late, leaves or dies changes only throughput. A
+`Store` object without a URL (e.g. a `MemoryStore`) cannot be reached by other processes: runners then run in
+this process, as tasks of the trainer's event loop (useful in tests and notebooks).
 
 Concurrency model: one event loop in the trainer process; waiting on rollouts is `Store.wait` (event-driven
 long polls), never sleep loops. Child processes are stopped with SIGTERM (graceful), then killed.
@@ -23,6 +27,7 @@ import asyncio
 import contextlib
 import os
 import secrets
+import socket
 import subprocess
 import sys
 import threading
@@ -30,7 +35,8 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from lightrail.agent.agent import LitAgent, agent_reference, load_agent
 from lightrail.agent.processes import RUNNER_ENV, RunnerProcesses, run_runners
@@ -38,6 +44,9 @@ from lightrail.store.base import Store
 from lightrail.trainer.algorithm import Algorithm, TrainerContext
 from lightrail.trainer.report import DevReport, build_report
 from lightrail.types import LLM, PromptTemplate, Resources, RetryPolicy, Task
+
+if TYPE_CHECKING:
+    from lightrail.agent.ray import RaySettings
 
 __all__ = ["StoreServerProcess", "Trainer", "as_tasks"]
 
@@ -55,11 +64,19 @@ class StoreServerProcess:
     Readiness is the server's own "listening on URL" line (it binds before printing), not a polling loop.
     """
 
-    def __init__(self, db: str | os.PathLike[str], *, startup_timeout_s: float = 30.0):
-        self.token = secrets.token_urlsafe(24)
+    def __init__(
+        self,
+        db: str | os.PathLike[str],
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: str | None = None,
+        startup_timeout_s: float = 30.0,
+    ):
+        self.token = token or secrets.token_urlsafe(24)
         env = {**os.environ, TOKEN_ENV: self.token}
-        cmd = [sys.executable, "-m", "lightrail.cli", "store", "serve", "--db", str(db), "--host", "127.0.0.1"]
-        cmd += ["--port", "0", "--exit-with-parent"]  # the server must not outlive a trainer killed hard
+        cmd = [sys.executable, "-m", "lightrail.cli", "store", "serve", "--db", str(db), "--host", host]
+        cmd += ["--port", str(port), "--exit-with-parent"]  # the server must not outlive a trainer killed hard
         self.process = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, text=True)
         assert self.process.stdout is not None
         line: list[str] = []
@@ -69,7 +86,7 @@ class StoreServerProcess:
         if not line or "listening on " not in line[0]:
             self.stop()
             raise RuntimeError(f"the store server did not start (exit code {self.process.poll()}); see its output")
-        self.url = line[0].rsplit("listening on ", 1)[1].strip()
+        self.url = _reachable(line[0].rsplit("listening on ", 1)[1].strip())
         # keep draining stdout so a chatty server never blocks on a full pipe
         threading.Thread(target=lambda: [None for _ in self.process.stdout], daemon=True).start()  # type: ignore[union-attr]
 
@@ -105,6 +122,13 @@ class Trainer:
     ``lightrail[otel]``).
     ``retry`` is the `RetryPolicy` of the rollouts the trainer enqueues.
 
+    Runners on other machines: ``ray=RaySettings(address="auto", n=8, k=4)`` runs them as Ray actors (then
+    ``n_runners`` defaults to 0 local processes); ``n_runners=0`` without Ray waits for runners started by hand
+    (``lightrail runner --store URL --agent REF -k K``; the trainer prints that command). Either way the store must
+    be reachable from them: a store server URL or a PostgreSQL URL they can reach, or the trainer's own store server
+    bound with ``store_host="0.0.0.0"`` (``store_port`` fixes its port) and a ``token`` they are given. The model
+    they call is the algorithm's business (`GRPO`'s ``gateway`` settings).
+
     Example::
 
         report = Trainer(n_runners=2, concurrency=4).dev("my_agents:solve", tasks)
@@ -113,7 +137,7 @@ class Trainer:
 
     def __init__(
         self,
-        n_runners: int = 2,
+        n_runners: int | None = None,
         store: str | os.PathLike[str] | Store | None = None,
         concurrency: int = 4,
         *,
@@ -125,14 +149,24 @@ class Trainer:
         console: Any = None,
         runner_python: str | None = None,
         otel: bool = False,
+        ray: RaySettings | None = None,
+        store_host: str = "127.0.0.1",
+        store_port: int = 0,
     ) -> None:
-        if n_runners < 1 or concurrency < 1:
-            raise ValueError("n_runners and concurrency must be >= 1")
+        if n_runners is None:
+            n_runners = 0 if ray is not None else 2
+        if n_runners < 0 or concurrency < 1:
+            raise ValueError("n_runners must be >= 0 and concurrency >= 1")
+        if not 0 <= store_port < 65536:
+            raise ValueError(f"store_port must be a port number (0 for any free one), not {store_port}")
         if otel and runner_python is None:
             from lightrail.agent.runner import _require_otel
 
             _require_otel()  # now, not when the first runner starts
         self.n_runners = n_runners
+        self.ray = ray
+        self.store_host = store_host
+        self.store_port = store_port
         self.store = store
         self.concurrency = concurrency
         self.algorithm = algorithm
@@ -249,9 +283,13 @@ class Trainer:
                 "Trainer started inside a runner process: the agent's script starts training at import time; "
                 "guard its entry point with `if __name__ == '__main__':`"
             )
+        external = self.n_runners == 0 and self.ray is None
         if isinstance(self.store, Store) and not hasattr(self.store, "url"):
-            if self.runner_python is not None:
-                raise ValueError("runner_python needs runner processes: give the Trainer a store with a URL or a path")
+            if self.runner_python is not None or external or self.ray is not None:
+                raise ValueError(
+                    "runner processes, Ray actors and external runners reach the store over HTTP: give the Trainer "
+                    "a store with a URL or a path, not an in-process store object"
+                )
             async with self._in_process_session(agent, self.store) as session:
                 yield session
             return
@@ -263,6 +301,7 @@ class Trainer:
             load_agent(ref)
         server: StoreServerProcess | None = None
         owned_store = None
+        runner_sets: list[Any] = []
         try:
             if isinstance(self.store, Store):
                 store, url, label = self.store, self.store.url, self.store.url  # type: ignore[attr-defined]
@@ -274,28 +313,67 @@ class Trainer:
                 store = owned_store = StoreClient(url, token=token)
             else:
                 db = self._db_path()
-                server = await asyncio.to_thread(StoreServerProcess, db)
+                if (external or not _is_loopback_host(self.store_host)) and not self.token:
+                    raise ValueError(
+                        "runners started elsewhere need the store's token: pass Trainer(token=...) or set "
+                        f"${TOKEN_ENV} (the trainer's store server then uses it)"
+                    )
+                server = await asyncio.to_thread(
+                    StoreServerProcess, db, host=self.store_host, port=self.store_port, token=self.token
+                )
                 from lightrail.store.client import StoreClient
 
-                url, label, token = server.url, str(db), server.token
+                url, label, token = server.url, redact_url(db), server.token
                 store = owned_store = StoreClient(url, token=token)
-            runners = run_runners(
-                url, ref, self.n_runners, self.concurrency, token, grace_s=self.grace_s,
-                runner_python=self.runner_python, otel=self.otel,
-            )  # fmt: skip
+            if self.n_runners:
+                runner_sets.append(
+                    run_runners(
+                        url,
+                        ref,
+                        self.n_runners,
+                        self.concurrency,
+                        token,
+                        grace_s=self.grace_s,
+                        runner_python=self.runner_python,
+                        otel=self.otel,
+                    )  # fmt: skip
+                )
+            if self.ray is not None:
+                from lightrail.agent.ray import start_ray_runners
+
+                runner_sets.append(
+                    await asyncio.to_thread(
+                        start_ray_runners,
+                        url,
+                        ref,
+                        token=token,
+                        settings=self.ray,
+                        otel=self.otel,
+                        grace_s=self.grace_s,
+                    )  # fmt: skip
+                )
+            if external:
+                self.console.print(
+                    f"[bold]waiting for runners[/bold]: start them where the agent's tools live with\n"
+                    f"  {TOKEN_ENV}=<token> lightrail runner --store {url} --agent {ref} -k {self.concurrency}"
+                )
             stopped = False
 
             async def stop_runners() -> None:
                 nonlocal stopped
                 if not stopped:
                     stopped = True
-                    await asyncio.to_thread(runners.stop, self.grace_s)
+                    for runners in runner_sets:
+                        await asyncio.to_thread(runners.stop, self.grace_s)
 
             try:
-                yield _Session(store, label, _runners_alive_check(runners), stop_runners)
+                check = _runners_alive_check(runner_sets[0]) if runner_sets and not self.ray else (lambda: None)
+                yield _Session(store, label, check, stop_runners)
             finally:
                 await stop_runners()
         finally:
+            for runners in runner_sets:  # a failed start: the sets already started must not outlive the session
+                await asyncio.to_thread(runners.stop, 0)
             if owned_store is not None:
                 await owned_store.close()
             if server is not None:
@@ -330,6 +408,8 @@ class Trainer:
             await stop_runners()
 
     def _db_path(self) -> str:
+        """The store the trainer's own server opens: a new SQLite file per run by default, or the URL or path
+        given (a file's directory is created)."""
         if self.store is None:
             run_dir = self.runs_dir / time.strftime("%Y%m%d-%H%M%S")
             while run_dir.exists():  # two runs in one second: keep both
@@ -337,9 +417,33 @@ class Trainer:
             run_dir.mkdir(parents=True)
             return str(run_dir / "store.db")
         db = str(self.store)
-        if db != "memory:":
+        if db != "memory:" and "://" not in db.removeprefix("sqlite://"):
             Path(db.removeprefix("sqlite://")).parent.mkdir(parents=True, exist_ok=True)
         return db
+
+
+def _is_loopback_host(host: str) -> bool:
+    from lightrail.gateway.server import is_loopback_url
+
+    return is_loopback_url(f"http://{host}/")
+
+
+def _reachable(url: str) -> str:
+    """A server's printed URL, with this machine's host name in place of a wildcard bind address (0.0.0.0, ::),
+    which is no address a client can connect to."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if host.strip("[]") in ("0.0.0.0", "::"):
+        return parts._replace(netloc=f"{socket.gethostname()}:{parts.port}").geturl()
+    return url
+
+
+def redact_url(db: str) -> str:
+    """A store location fit to print: a database URL without its password."""
+    parts = urlsplit(db)
+    if parts.password:
+        return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")).geturl()
+    return db
 
 
 def _runners_alive_check(runners: RunnerProcesses) -> Callable[[], None]:
