@@ -2,13 +2,16 @@
 runners are separate ``lightrail runner`` processes with their own working directory and environment that know
 only the store's URL and token, and they reach the model through the gateway URL the trainer advertises in the
 rollouts' resources. One runner is killed mid-run and another joins late: the run completes, every rollout is
-trained on once."""
+trained on once. A runner on another host (a network namespace: its own interfaces and its own loopback, so a
+loopback URL from the trainer leads nowhere) trains through the addresses the trainer binds and advertises."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -16,6 +19,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -33,13 +37,15 @@ AGENTS = Path(__file__).resolve().parents[1] / "algorithms"  # loop_agents.parit
 TOKEN = "external-runners-token"
 
 
-def start_runner(url: str, name: str, workdir: Path) -> subprocess.Popen:
+def start_runner(url: str, name: str, workdir: Path, host: Sequence[str] = ()) -> subprocess.Popen:
     """``lightrail runner`` as a user starts it on another host: its own directory and a bare environment holding
-    only what it needs (the agent's import path and the store token), nothing inherited from the trainer."""
+    only what it needs (the agent's import path and the store token), nothing inherited from the trainer.
+    ``host``: a command prefix that runs it elsewhere (``ip netns exec NS``)."""
     workdir.mkdir(parents=True, exist_ok=True)
     env = {"PATH": os.environ["PATH"], "HOME": str(workdir), "PYTHONPATH": str(AGENTS), "LIGHTRAIL_TOKEN": TOKEN}
     env.update({k: v for k, v in os.environ.items() if k.startswith(("OPENBLAS", "LIGHTRAIL_TORCH"))})
-    cmd = [sys.executable, "-m", "lightrail.cli", "runner", "--store", url, "--agent", "loop_agents:parity_agent"]
+    cmd = [*host, sys.executable, "-m", "lightrail.cli", "runner", "--store", url]
+    cmd += ["--agent", "loop_agents:parity_agent"]
     cmd += ["-k", "4", "--worker-id", name, "--grace", "2"]
     log = (workdir / "runner.log").open("w")
     return subprocess.Popen(cmd, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -133,3 +139,66 @@ def test_external_runners_need_the_store_token(tmp_path, monkeypatch):
     trainer = Trainer(n_runners=0, store=tmp_path / "store.db", token=None, console=None)
     with pytest.raises(ValueError, match="need the store's token"):
         trainer.dev("loop_agents:parity_agent", [{"question": "1+1"}])
+
+
+@pytest.fixture
+def runner_host():
+    """Another host on this machine: a network namespace joined to this one by a veth pair (10.213.N.1 here,
+    10.213.N.2 there). Needs root and iproute2, which the test machines have; made and removed by the test."""
+    if os.geteuid() != 0 or not shutil.which("ip"):
+        pytest.fail("this test makes a network namespace: it needs root and iproute2 (`apt-get install iproute2`)")
+    tag = secrets.token_hex(3)
+    ns, outer, inner, net = f"lr-{tag}", f"lrh{tag}", f"lrn{tag}", f"10.213.{secrets.randbelow(250) + 1}"
+
+    def ip(*args: str) -> None:
+        subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+    ip("netns", "add", ns)
+    try:
+        ip("link", "add", outer, "type", "veth", "peer", "name", inner)
+        ip("link", "set", inner, "netns", ns)
+        ip("addr", "add", f"{net}.1/30", "dev", outer)
+        ip("link", "set", outer, "up")
+        ip("-n", ns, "addr", "add", f"{net}.2/30", "dev", inner)
+        ip("-n", ns, "link", "set", inner, "up")
+        ip("-n", ns, "link", "set", "lo", "up")
+        yield ["ip", "netns", "exec", ns], f"{net}.1"
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)  # takes the veth pair with it
+        subprocess.run(["ip", "link", "del", outer], capture_output=True)
+
+
+@pytest.mark.timeout(300)
+def test_a_runner_on_another_host_trains_through_the_advertised_urls(tmp_path, monkeypatch, runner_host):
+    from examples.calculator.data import make_splits
+
+    monkeypatch.syspath_prepend(str(AGENTS))
+    on_host, address = runner_host
+    model = build_tiny_model(tmp_path / "model", size="tiny", seed=0)
+    train, val = make_splits(4, 2, seed=1)
+    server = StoreServerProcess(tmp_path / "store.db", host=address, token=TOKEN)  # reachable from the other host
+    loopback = StoreServerProcess(tmp_path / "other.db", token=TOKEN)
+    probe = f"import urllib.request; urllib.request.urlopen('{loopback.url}/health', timeout=2)"
+    unreachable = subprocess.run([*on_host, sys.executable, "-c", probe], capture_output=True)
+    loopback.stop()
+    assert unreachable.returncode != 0  # the trainer's loopback is not the other host's: a loopback URL would fail
+    port = free_port()
+    grpo = GRPO(
+        model, steps=1, tasks_per_step=2, n_samples=2, config=GRPOConfig(lr=1e-3), val_every=0,
+        sampling={"temperature": 1.0, "max_tokens": 8}, val_sampling={"temperature": 0.0, "max_tokens": 8},
+        out_dir=tmp_path / "run", checkpoint_every=0,
+        gateway=GatewaySettings(host=address, port=port, advertise_url=f"http://{address}:{port}/v1"),
+    )  # fmt: skip
+    runner = start_runner(server.url, "remote", tmp_path / "remote", host=on_host)
+    try:
+        Trainer(n_runners=0, store=server.url, token=TOKEN, algorithm=grpo).fit("loop_agents:parity_agent", train, val)
+        rollouts, endpoints = asyncio.run(_stored(server.url))
+    finally:
+        runner.kill()
+        runner.wait(10)
+        server.stop()
+    assert server.url.startswith(f"http://{address}:")
+    assert set(endpoints) == {f"http://{address}:{port}/v1"}
+    assert grpo.report["steps"] == 1
+    assert all(r.status is RolloutStatus.SUCCEEDED for r, _ in rollouts.values())
+    assert {a.worker_id for _, attempts in rollouts.values() for a in attempts} == {"remote"}
