@@ -91,6 +91,24 @@ class ServerProcess:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def python_loop_ms() -> float:
+    """The machine's speed as a fixed pure-Python loop's time (ms, best of 5): machines here differ up to ~3x from
+    one session to the next, so recorded figures carry it."""
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        total = 0
+        for i in range(1_000_000):
+            total += i * i % 7
+        best = min(best, time.perf_counter() - t0)
+    return round(best * 1000, 1)
+
+
+def machine_facts() -> dict:
+    """What a reader on another machine needs next to a figure: cores, the 1-minute load, the loop's speed."""
+    return {"cores": os.cpu_count(), "load_1m": round(os.getloadavg()[0], 2), "python_loop_ms": python_loop_ms()}
+
+
 def machine_busy_s() -> float:
     """CPU seconds all processes on the machine have used since boot (Linux /proc/stat, non-idle time)."""
     fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
