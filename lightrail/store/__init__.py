@@ -2,6 +2,7 @@
 
 * `MemoryStore`: dicts in one process (tests, quick experiments).
 * `SQLiteStore`: the default; one file, WAL, survives crashes of any process.
+* `PostgresStore`: one PostgreSQL database behind several store servers (scale-out); asyncpg loads on first use.
 * `StoreClient`: the same protocol over HTTP to a `lightrail store serve` process (`SyncStoreClient` for code
   without an event loop).
 
@@ -11,7 +12,8 @@
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+import re
+from typing import TYPE_CHECKING, Any, Literal
 
 from lightrail.store.base import (
     ConflictError,
@@ -27,6 +29,7 @@ __all__ = [
     "ConflictError",
     "MemoryStore",
     "NotFoundError",
+    "PostgresStore",
     "SQLiteStore",
     "SchemaVersionError",
     "StaleAttemptError",
@@ -39,6 +42,7 @@ __all__ = [
 ]
 
 _LAZY = {
+    "PostgresStore": "lightrail.store.postgres",
     "SQLiteStore": "lightrail.store.sqlite",
     "SchemaVersionError": "lightrail.store.sqlite",
     "StoreClient": "lightrail.store.client",
@@ -52,15 +56,46 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'lightrail.store' has no attribute {name!r}")
 
 
-def open_store(url: str, *, token: str | None = None) -> Store:
-    """Open a store from a string: ``memory:``, ``http(s)://host:port`` (a store server), or a SQLite file path
-    (optionally ``sqlite:///path``)."""
+STORE_URL_FORMS = (
+    "memory:, http(s)://HOST:PORT (a store server), postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE, "
+    "sqlite:///PATH or a plain file path"
+)
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def store_kind(url: str) -> Literal["memory", "http", "postgres", "sqlite"]:
+    """Which store ``url`` names, or a one-line `ValueError` for a ``scheme://`` lightrail does not serve."""
     if url == "memory:":
+        return "memory"
+    match = _SCHEME.match(url)
+    if match is None:
+        return "sqlite"  # a file path
+    scheme = match.group(1).lower()
+    if scheme in ("http", "https"):
+        return "http"
+    if scheme in ("postgresql", "postgres"):
+        return "postgres"
+    if scheme == "sqlite":
+        return "sqlite"
+    # never echo what follows the scheme: it may hold a password
+    raise ValueError(f"unsupported store URL scheme {scheme + '://'!r}; use {STORE_URL_FORMS}")
+
+
+def open_store(url: str, *, token: str | None = None) -> Store:
+    """Open a store from a string: ``memory:``, ``http(s)://host:port`` (a store server, with ``token``),
+    ``postgresql://user:password@host:port/database`` (``postgres://`` too), or a SQLite file path (optionally
+    ``sqlite:///path``). Any other ``scheme://`` raises `ValueError`."""
+    kind = store_kind(url)
+    if kind == "memory":
         return MemoryStore()
-    if url.startswith(("http://", "https://")):
+    if kind == "http":
         from lightrail.store.client import StoreClient
 
         return StoreClient(url, token=token)
+    if kind == "postgres":
+        from lightrail.store.postgres import PostgresStore
+
+        return PostgresStore(url)
     from lightrail.store.sqlite import SQLiteStore
 
     return SQLiteStore(url.removeprefix("sqlite://"))
@@ -68,4 +103,5 @@ def open_store(url: str, *, token: str | None = None) -> Store:
 
 if TYPE_CHECKING:  # pragma: no cover
     from lightrail.store.client import StoreClient, SyncStoreClient
+    from lightrail.store.postgres import PostgresStore
     from lightrail.store.sqlite import SchemaVersionError, SQLiteStore

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -57,11 +58,18 @@ class Pulse:
         for event in events.values():
             event.set()
 
-    async def wait(self, timeout_s: float | None) -> None:
+    def arm(self) -> asyncio.Event:
+        """The event the next `fire` sets. A waiter whose condition check awaits (a database round trip) takes it
+        before the check and passes it to `wait`: a fire landing while the check is in flight then ends the wait
+        at once instead of being missed."""
         loop = asyncio.get_running_loop()
         event = self._events.get(loop)
         if event is None:
             event = self._events[loop] = asyncio.Event()
+        return event
+
+    async def wait(self, timeout_s: float | None, armed: asyncio.Event | None = None) -> None:
+        event = self.arm() if armed is None else armed
         if timeout_s is None:
             await event.wait()
             return
@@ -74,13 +82,17 @@ class Pulse:
 class LeaseReaper:
     """Ends attempts whose lease or time budget ran out, at the moment it runs out.
 
-    ``next_deadline`` returns the earliest deadline among running attempts (or None); ``expire`` ends every
-    attempt past its deadline. The reaper sleeps until that deadline or until `reschedule` is called (a new
-    attempt with an earlier deadline), so an idle store costs nothing and a dead runner is noticed on time even
-    when nobody calls the store.
+    ``next_deadline`` returns the earliest deadline among running attempts (or None), directly or as an awaitable
+    (a database query); ``expire`` ends every attempt past its deadline. The reaper sleeps until that deadline or
+    until `reschedule` is called (a new attempt with an earlier deadline, possibly set by another process), so an
+    idle store costs nothing and a dead runner is noticed on time even when nobody calls the store.
     """
 
-    def __init__(self, next_deadline: Callable[[], float | None], expire: Callable[[float], Awaitable[None]]):
+    def __init__(
+        self,
+        next_deadline: Callable[[], float | None | Awaitable[float | None]],
+        expire: Callable[[float], Awaitable[None]],
+    ):
         self._next_deadline = next_deadline
         self._expire = expire
         self._changed = Pulse()
@@ -95,8 +107,11 @@ class LeaseReaper:
 
     async def _run(self) -> None:
         while True:
+            armed = self._changed.arm()  # before reading the deadline: a reschedule during the read is not lost
             try:
                 deadline = self._next_deadline()
+                if inspect.isawaitable(deadline):
+                    deadline = await deadline
                 if deadline is not None and deadline <= time.time():
                     await self._expire(time.time())
                     continue
@@ -104,7 +119,7 @@ class LeaseReaper:
                 log.exception("lease reaper failed; retrying in %.1f s", _REAPER_RETRY_S)
                 await asyncio.sleep(_REAPER_RETRY_S)
                 continue
-            await self._changed.wait(None if deadline is None else deadline - time.time())
+            await self._changed.wait(None if deadline is None else deadline - time.time(), armed)
 
     async def close(self) -> None:
         if self._task is not None:

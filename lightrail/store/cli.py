@@ -1,7 +1,7 @@
-"""``lightrail store serve``: run the store's HTTP server on a SQLite file.
+"""``lightrail store serve``: run the store's HTTP server on a SQLite file or a PostgreSQL database.
 
 Only argparse at import time: the main CLI imports this module to build ``--help``; the server stack (Starlette,
-uvicorn, SQLite) loads inside the handler.
+uvicorn, SQLite, asyncpg) loads inside the handler.
 """
 
 from __future__ import annotations
@@ -26,25 +26,29 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
     serve = commands.add_parser(
         "serve",
-        help="serve a SQLite store over HTTP",
+        help="serve a store (SQLite file or PostgreSQL database) over HTTP",
         description=(
-            "Serve a store file over HTTP (JSON API, OpenAPI at /openapi.json, liveness at /health).\n"
-            "Everything acknowledged survives a crash of the server; restarting on the same file resumes.\n"
+            "Serve a store over HTTP (JSON API, OpenAPI at /openapi.json, liveness at /health).\n"
+            "Everything acknowledged survives a crash of the server; restarting on the same database resumes.\n"
+            "With PostgreSQL, run several servers on one database (any hosts) and spread clients across them.\n"
             "Binds 127.0.0.1 by default; binding any other address requires a bearer token."
         ),
         epilog=(
-            "example:\n"
+            "examples:\n"
             "  LIGHTRAIL_TOKEN=s3cret lightrail store serve --db runs/store.db --host 0.0.0.0\n"
-            "  # runners: open_store('http://HOST:4747', token='s3cret')"
+            "  # runners: open_store('http://HOST:4747', token='s3cret')\n"
+            "  lightrail store serve --db postgresql://lightrail:PW@db:5432/runs --host 0.0.0.0 --token s3cret\n"
+            "  # the same command on a second host: both serve the same run"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     serve.add_argument(
         "--db",
         default="lightrail.db",
-        metavar="PATH",
-        help="SQLite file to serve, created if missing; 'memory:' for a throwaway in-memory store "
-        "(default: ./lightrail.db)",
+        metavar="URL",
+        help="the database: a SQLite file path (or sqlite:///PATH), created if missing; "
+        "postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE (schema created on first use, shareable by several "
+        "servers); or 'memory:' for a throwaway in-memory store (default: ./lightrail.db)",
     )
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     serve.add_argument(
@@ -85,6 +89,20 @@ def _serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    from lightrail.store import store_kind
+
+    try:
+        kind = store_kind(args.db)
+        if kind == "http":
+            raise ValueError(f"--db names a database, not another store server: {args.db!r}")
+    except ValueError as exc:
+        print(f"lightrail store serve: {exc}", file=sys.stderr)
+        return 2
+    if kind == "postgres":
+        problem = _check_postgres(args.db)
+        if problem is not None:
+            print(f"lightrail store serve: {problem}", file=sys.stderr)
+            return 1
     from lightrail.store.server import serve
 
     if args.exit_with_parent:
@@ -99,3 +117,28 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"lightrail store serve: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _check_postgres(url: str) -> str | None:
+    """Open the database once before serving (connect, create or check the schema), so an unreachable server, a
+    wrong password or a newer schema is one line here, not a traceback from the server's startup."""
+    import asyncio
+
+    from lightrail.store.base import StoreError
+
+    async def probe() -> None:
+        from lightrail.store.postgres import PostgresStore
+
+        store = PostgresStore(url)
+        try:
+            await store.open()
+        finally:
+            await store.close()
+
+    try:
+        asyncio.run(probe())
+    except (StoreError, ValueError, OSError) as exc:
+        return str(exc)
+    except Exception as exc:  # asyncpg's own errors (authentication, missing database): name them, no traceback
+        return f"cannot open {url.split('@')[-1]!r}: {type(exc).__name__}: {exc}"
+    return None

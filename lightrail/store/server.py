@@ -371,15 +371,19 @@ class _Guard:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def open_server_store(path: str | os.PathLike[str]) -> Store:
-    """The store a server at ``path`` serves: ``memory:`` for an in-memory one, else a SQLite file."""
-    if str(path) == "memory:":
-        from lightrail.store.memory import MemoryStore
+def open_server_store(url: str | os.PathLike[str]) -> Store:
+    """The store a server serves: a database `open_store` accepts (``memory:``, ``postgresql://...``,
+    ``sqlite:///PATH`` or a SQLite file path). An ``http(s)://`` URL is refused: a server serves a database, not
+    another server."""
+    from lightrail.store import open_store, store_kind
 
-        return MemoryStore()
-    from lightrail.store.sqlite import SQLiteStore
+    if isinstance(url, os.PathLike):
+        from lightrail.store.sqlite import SQLiteStore
 
-    return SQLiteStore(Path(path))
+        return SQLiteStore(Path(url))
+    if store_kind(url) == "http":
+        raise ValueError(f"a store server serves a database, not another store server: {url!r}")
+    return open_store(url)
 
 
 def create_app(
@@ -406,6 +410,9 @@ def create_app(
     async def lifespan(app: Any):
         if owned:
             state["store"] = store()  # type: ignore[operator]
+            opening = getattr(state["store"], "open", None)
+            if opening is not None:  # connect now (PostgresStore): a bad database fails startup, not a request
+                await opening()
         try:
             yield
         finally:
@@ -548,8 +555,8 @@ def serve(
 ) -> None:
     """Serve a store until interrupted (blocking).
 
-    A path opens a SQLite file (``memory:`` an in-memory store) inside the server's loop; a `Store` object is
-    served as is. Either way the store is closed when the server stops. The bound URL is printed to stdout
+    A URL or path (anything `open_server_store` takes) opens its store inside the server's loop; a `Store` object
+    is served as is. Either way the store is closed when the server stops. The bound URL is printed to stdout
     (port 0 picks a free port) once the socket listens, so a parent process can read it and connect at once:
     connections made before startup finishes wait in the listen backlog.
     """
@@ -598,7 +605,7 @@ def serve_in_thread(
 ) -> ServerHandle:
     """Start a store server on its own thread and event loop and return once it answers.
 
-    The store at ``path`` (SQLite file, or ``memory:``) is created inside the server's loop; a `Store` object is
+    The store at ``path`` (anything `open_server_store` takes) is created inside the server's loop; a `Store` object is
     served as is (and closed at stop). ``port`` 0 picks a free one; passing a previous server's port restarts
     "the same server" (SO_REUSEADDR).
     """
