@@ -3,15 +3,17 @@ updates, new weights served, repeat.
 
 One step::
 
-    tasks ──run_rollouts(n samples each)──► runners ──► gateway ──► Engine (this process, current weights)
+    tasks ──run_rollouts(n samples each)──► runners ──► gateway ──► rollout engine (current weights)
       spans of each rollout's final attempt ──build_episode──► select_trainable ──group_advantages──► to_rows
-      PolicyUpdater.step (GRPO loss, in a worker thread) ──state_dict_for_serving──► Engine.update_weights
-      (policy version + 1) ──► publish a new resources version ──► next step
+      PolicyUpdater.step (GRPO loss, in a worker thread) ──RolloutEngine.sync──► (policy version + 1)
+      ──► publish a new resources version ──► next step
 
-The engine and the gateway run inside the trainer process (the engine must receive the weights the updater
-produces); runners are separate processes that reach the gateway over HTTP, exactly as a user's agent on another
-machine would. Steps are synchronous (collect, then update), so every sample is on-policy; rows older than
-``max_staleness`` versions would be dropped and counted.
+The rollout engine (`lightrail.algorithms.rollout_engines`) is the embedded `Engine` in this process (default) or a
+``vllm serve`` process (``rollout_engine="vllm"``, LoRA or full weights synced after each update); the gateway runs
+inside the trainer process and records, on every call, the policy version that answered it. Runners are separate
+processes that reach the gateway over HTTP, exactly as a user's agent on another machine would. Steps are
+synchronous (collect, then update), so every sample is on-policy; rows older than ``max_staleness`` versions would
+be dropped and counted.
 
 Concurrency model: coroutines on the trainer's event loop; the engine's forward passes and the policy update each
 run in their own worker thread, so the loop keeps serving HTTP while either computes.
@@ -72,6 +74,10 @@ class GRPO:
     advertise_url="http://trainer-host:8900/v1")`` serves runners on other machines (the advertised URL is what
     the published `LLM` resource carries; the gateway always has a random token, published with it).
 
+    ``rollout_engine="vllm"`` samples from vLLM instead of the embedded engine: ``vllm={"python": ...}`` starts
+    ``vllm serve`` with that interpreter, ``vllm={"url": ...}`` attaches to a running one (options: see
+    `lightrail.engine.vllm.VLLMRollouts`); with a LoRA config the adapter is synced, otherwise the full weights.
+
         >>> grpo = GRPO("runs/warm", config=GRPOConfig(lr=5e-4), steps=60)                # doctest: +SKIP
         >>> Trainer(n_runners=2, concurrency=8, algorithm=grpo).fit(agent, train, val)  # doctest: +SKIP
         >>> grpo.report["val_after"]                                                      # doctest: +SKIP
@@ -100,9 +106,15 @@ class GRPO:
         seed: int = 0,
         engine_options: dict[str, Any] | None = None,
         gateway: GatewaySettings | None = None,
+        rollout_engine: str = "embedded",
+        vllm: dict[str, Any] | None = None,
     ) -> None:
+        from lightrail.algorithms.rollout_engines import ROLLOUT_ENGINES
+
         if steps < 0 or tasks_per_step < 1 or n_samples < 1:
             raise ValueError("steps must be >= 0, tasks_per_step and n_samples >= 1")
+        if rollout_engine not in ROLLOUT_ENGINES:
+            raise ValueError(f"rollout_engine must be one of {ROLLOUT_ENGINES}, not {rollout_engine!r}")
         self.model = Path(model)
         self.config = config
         self.steps = steps
@@ -123,12 +135,18 @@ class GRPO:
         self.seed = seed
         self.engine_options = engine_options or {}
         self.gateway = gateway
+        self.rollout_engine = rollout_engine
+        self.vllm = dict(vllm or {})
+        if rollout_engine == "vllm":
+            from lightrail.engine.vllm import check_vllm_sampling
+
+            check_vllm_sampling(self.sampling)
         self.report: dict[str, Any] = {}
         self.step = 0
         self._rng = random.Random(seed)
         self._order: list[int] = []
         self._history: list[dict[str, Any]] = []
-        self._engine: Any = None
+        self._rollouts: Any = None
         self._updater: Any = None
         self._gateway: Any = None
         self._llm: LLM | None = None
@@ -137,17 +155,21 @@ class GRPO:
     # -- Algorithm protocol ------------------------------------------------------------------------------------
 
     async def setup(self, ctx: TrainerContext) -> None:
-        """Load the engine and the updater, resume from the newest checkpoint if asked, start the gateway and
-        publish the policy's endpoint."""
+        """Start the rollout engine and load the updater, resume from the newest checkpoint if asked, start the
+        gateway and publish the policy's endpoint."""
         from lightrail.algorithms.grpo import GRPOConfig, PolicyUpdater
-        from lightrail.engine import Engine
+        from lightrail.algorithms.rollout_engines import make_rollout_engine
 
         self.out_dir.mkdir(parents=True, exist_ok=True)
         config = self.config or GRPOConfig()
         if "temperature" in self.sampling and self.sampling["temperature"] > 0:
             # The engine reports logprobs of the temperature-scaled distribution; the ratio must use the same one.
             config = dataclasses.replace(config, temperature=float(self.sampling["temperature"]))
-        self._engine = await asyncio.to_thread(Engine.from_pretrained, str(self.model), **self.engine_options)
+        self._rollouts = make_rollout_engine(
+            self.rollout_engine, self.model, served_name=self.served_name, out_dir=self.out_dir,
+            lora_rank=config.lora.r if config.lora else None, engine_options=self.engine_options, vllm=self.vllm,
+        )  # fmt: skip
+        await self._rollouts.start()
         self._updater = await asyncio.to_thread(PolicyUpdater, str(self.model), config)
         checkpoint = self._latest_checkpoint() if self.resume else None
         if checkpoint is not None:
@@ -155,12 +177,12 @@ class GRPO:
             state = json.loads((checkpoint / _LOOP_STATE).read_text())
             self.step, self._order, self._history = state["step"], state["order"], state["history"]
             self._rng.setstate(_rng_state(state["rng"]))
-            await self._engine.update_weights(self._updater.state_dict_for_serving(), version=state["policy_version"])
+            await self._rollouts.sync(self._updater, state["policy_version"])
         from lightrail.gateway.server import GatewayServer, GatewaySettings
 
         where = self.gateway or GatewaySettings()
         self._gateway = await GatewayServer(
-            self._engine, ctx.store, token=secrets.token_urlsafe(16),
+            self._rollouts.backend, ctx.store, token=secrets.token_urlsafe(16),
             host=where.host, port=where.port, advertise_url=where.advertise_url,
         ).start()  # fmt: skip
         self._llm = LLM(
@@ -211,9 +233,9 @@ class GRPO:
         if self._gateway is not None:
             await self._gateway.stop()
             self._gateway = None
-        if self._engine is not None:
-            await self._engine.close()
-            self._engine = None
+        if self._rollouts is not None:
+            await self._rollouts.close()
+            self._rollouts = None
         if self._tb is not None:
             self._tb.close()
             self._tb = None
@@ -237,18 +259,17 @@ class GRPO:
             ((r, episodes[r.rollout_id]) for r in trainable), self.credit, agents=self.agents
         )
         rows, drift = to_rows(transitions, merge=self.merge_calls)
-        update = await asyncio.to_thread(self._updater.step, rows, current_version=self._engine.policy_version)
+        update = await asyncio.to_thread(self._updater.step, rows, current_version=self._rollouts.policy_version)
         t_update = time.monotonic() - t0 - t_rollouts
         if not update["skipped"]:
-            state = await asyncio.to_thread(self._updater.state_dict_for_serving)
-            await self._engine.update_weights(state, version=self._engine.policy_version + 1)
+            await self._rollouts.sync(self._updater, self._rollouts.policy_version + 1)
         self.step += 1
         rewards = [r.reward if r.reward is not None else 0.0 for r in trainable]
         advantages = [t.advantage for t in transitions if t.advantage is not None]
         metrics = {
             "kind": "train",
             "step": self.step,
-            "policy_version": self._engine.policy_version,
+            "policy_version": self._rollouts.policy_version,
             "reward_mean": statistics.fmean(rewards) if rewards else 0.0,
             "success_rate": _success(trainable, self.success_threshold),
             "rollouts": len(rollouts),
@@ -290,7 +311,7 @@ class GRPO:
             {
                 "kind": "val",
                 "step": self.step,
-                "policy_version": self._engine.policy_version,
+                "policy_version": self._rollouts.policy_version,
                 "val_success": success,
                 "val_rollouts": len(rollouts),
                 "val_infra_excluded": len(rollouts) - len(finished),
@@ -347,7 +368,7 @@ class GRPO:
             "order": self._order,
             "rng": _jsonable_rng(self._rng.getstate()),
             "history": self._history,
-            "policy_version": self._engine.policy_version,
+            "policy_version": self._rollouts.policy_version,
         }
         (path / _LOOP_STATE).write_text(json.dumps(state))
         return path

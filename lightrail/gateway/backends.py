@@ -1,5 +1,6 @@
-"""What the gateway forwards to: the `Backend` protocol and `OpenAIUpstream`, a backend that is any
-OpenAI-compatible server (vLLM, or another lightrail gateway).
+"""What the gateway forwards to: the `Backend` protocol, `OpenAIUpstream`, a backend that is any
+OpenAI-compatible server (vLLM, or another lightrail gateway), and `VersionedUpstream`, one whose weights a
+trainer replaces while it serves.
 
 A backend gets validated `ChatRequest` / `CompletionRequest`s and answers with a `Generation` carrying its own
 token ids and logprobs (the training data). It raises `lightrail.types.BackendError` for problems the caller
@@ -10,6 +11,9 @@ imports it.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any, Protocol, runtime_checkable
 
 import msgspec
@@ -25,7 +29,7 @@ from lightrail.types import (
     ToolCall,
 )
 
-__all__ = ["Backend", "OpenAIUpstream", "UpstreamError"]
+__all__ = ["Backend", "OpenAIUpstream", "UpstreamError", "VersionedUpstream"]
 
 
 @runtime_checkable
@@ -161,7 +165,13 @@ class OpenAIUpstream:
         return list(self._models)
 
     async def chat(self, request: ChatRequest) -> Generation:
-        body: dict[str, Any] = {"model": self.model or request.model, "messages": request.messages}
+        return await self._chat(request, self.model or request.model)
+
+    async def complete(self, request: CompletionRequest) -> Generation:
+        return await self._complete(request, self.model or request.model)
+
+    async def _chat(self, request: ChatRequest, model: str) -> Generation:
+        body: dict[str, Any] = {"model": model, "messages": request.messages}
         if request.tools:
             body["tools"] = request.tools
         if request.tool_choice is not None:
@@ -180,8 +190,8 @@ class OpenAIUpstream:
             choices.append(_choice(c.message.content or "", c.token_ids, logprobs, c.finish_reason, calls))
         return self._generation(data.model, data.prompt_token_ids, choices)
 
-    async def complete(self, request: CompletionRequest) -> Generation:
-        body: dict[str, Any] = {"model": self.model or request.model, "prompt": request.prompt}
+    async def _complete(self, request: CompletionRequest, model: str) -> Generation:
+        body: dict[str, Any] = {"model": model, "prompt": request.prompt}
         self._sampling(body, request.sampling)
         body["logprobs"] = 1
         data: _TextCompletion = await self._post("/completions", body, _text_decoder)
@@ -253,6 +263,146 @@ class OpenAIUpstream:
         return Generation(
             model=model or self.model or "", prompt_ids=prompt_ids, choices=choices, policy_version=self.policy_version
         )
+
+
+class VersionedUpstream(OpenAIUpstream):
+    """An `OpenAIUpstream` in front of a model server whose weights a trainer replaces while it serves (vLLM as
+    the rollout engine of `GRPO`): it routes each request to the current policy and stamps every `Generation`
+    with the policy version that actually answered it.
+
+    Two ways the server's policy changes, both driven by the trainer through this object:
+
+    * LoRA adapters (`route` then `drain`): each version is an adapter loaded on the server under its own name
+      (``policy-v3``). `route` makes NEW requests use the new name; requests already sent keep theirs. Every
+      request is counted against the name it was sent with until its answer arrives, so `drain` returns once
+      the old adapter has no request left and the trainer may unload it. The version recorded is looked up
+      from the ``model`` the server says answered (vLLM echoes the adapter name), falling back to the name the
+      request was sent with.
+    * Full weights (`paused`): the name stays ``served_name``; inside ``async with upstream.paused():`` no
+      request is in flight (new ones wait at the door, in-flight ones have finished), so the trainer reloads
+      the weights and calls `set_version`; the waiting requests then go out on the new weights. A request's
+      version is the one current when it went out, which the pause makes the version of every token.
+
+    A request that the server rejects with 404 because its adapter vanished (unloaded by someone else) is sent
+    again once on the current adapter instead of failing.
+
+    Concurrency model: one event loop. Choosing a request's name and counting it happen with no await in
+    between, so a name that is no longer current and has a zero count never gets another request.
+    """
+
+    def __init__(self, base_url: str, *, served_name: str, policy_version: int = 0, **options: Any) -> None:
+        super().__init__(base_url, model=served_name, policy_version=policy_version, **options)
+        self.served_name = served_name
+        self._current = served_name
+        self._versions: dict[str, int] = {served_name: policy_version}
+        self._in_flight: dict[str, int] = {}
+        self._idle: dict[str, asyncio.Event] = {}
+        self._open = asyncio.Event()
+        self._open.set()
+        self._running = 0
+        self._all_idle = asyncio.Event()
+        self._all_idle.set()
+
+    # -- what is served -------------------------------------------------------------------------------------
+
+    @property
+    def current(self) -> str:
+        """The model name new requests are sent with (``served_name`` or the current adapter's)."""
+        return self._current
+
+    def in_flight(self, name: str | None = None) -> int:
+        """Requests sent and not yet answered (on ``name`` only, if given)."""
+        return self._running if name is None else self._in_flight.get(name, 0)
+
+    def route(self, name: str, version: int) -> str:
+        """Send new requests to ``name`` (already loaded on the server), which serves ``version``; returns the
+        name requests went to before. In-flight requests are untouched."""
+        if version < self.policy_version:
+            raise ValueError(f"policy version must not go back: {version} < current {self.policy_version}")
+        previous, self._current = self._current, name
+        self._versions[name] = version
+        self.policy_version = version
+        return previous
+
+    def set_version(self, version: int) -> None:
+        """The weights behind the current name are now ``version`` (call inside `paused`, after the reload)."""
+        if self._open.is_set() and self._running:
+            raise RuntimeError("set_version while requests are in flight: reload inside `async with paused()`")
+        self.route(self._current, version)
+
+    async def drain(self, name: str) -> None:
+        """Wait until no request sent with ``name`` is still waiting for its answer."""
+        if name == self._current:
+            raise ValueError(f"{name!r} still receives new requests: `route` elsewhere before draining it")
+        if self._in_flight.get(name, 0):
+            await self._idle.setdefault(name, asyncio.Event()).wait()
+
+    def forget(self, name: str) -> None:
+        """Drop a drained, unloaded adapter's name (a late echo of it then falls back to the sent name)."""
+        if name != self.served_name and name != self._current and not self._in_flight.get(name):
+            self._versions.pop(name, None)
+            self._idle.pop(name, None)
+
+    @contextlib.asynccontextmanager
+    async def paused(self) -> AsyncIterator[None]:
+        """Hold new requests at the door and wait until none is in flight; reopen on exit (also on error)."""
+        if not self._open.is_set():
+            raise RuntimeError("already paused")
+        self._open.clear()
+        try:
+            await self._all_idle.wait()
+            yield
+        finally:
+            self._open.set()
+
+    # -- Backend protocol -----------------------------------------------------------------------------------
+
+    def model_names(self) -> list[str]:
+        return [self.served_name]
+
+    async def chat(self, request: ChatRequest) -> Generation:
+        return await self._send(request, self._chat)
+
+    async def complete(self, request: CompletionRequest) -> Generation:
+        return await self._send(request, self._complete)
+
+    async def _send(self, request: Any, call: Any) -> Generation:
+        for attempt in (0, 1):
+            while not self._open.is_set():
+                await self._open.wait()
+            name = self._current
+            version = self._versions[name]
+            self._enter(name)
+            try:
+                generation: Generation = await call(request, name)
+            except BackendError as exc:
+                if attempt == 0 and exc.status == 404 and name != self._current:
+                    continue  # its adapter was unloaded under it: the current one answers instead
+                raise
+            finally:
+                self._leave(name)
+            answered = self._versions.get(generation.model, version)
+            return msgspec.structs.replace(generation, policy_version=answered)
+        raise AssertionError("unreachable")
+
+    def _enter(self, name: str) -> None:
+        self._in_flight[name] = self._in_flight.get(name, 0) + 1
+        self._running += 1
+        self._all_idle.clear()
+        idle = self._idle.get(name)
+        if idle is not None:
+            idle.clear()
+
+    def _leave(self, name: str) -> None:
+        left = self._in_flight[name] - 1
+        self._running -= 1
+        if left:
+            self._in_flight[name] = left
+        else:
+            del self._in_flight[name]
+            self._idle.setdefault(name, asyncio.Event()).set()
+        if not self._running:
+            self._all_idle.set()
 
 
 def _choice(

@@ -1,0 +1,117 @@
+"""What samples `GRPO`'s rollouts: the `RolloutEngine` seam, and its two implementations.
+
+* ``"embedded"`` (`EmbeddedRollouts`): the in-process transformers `lightrail.engine.Engine`; weights are copied in
+  place after each update (the default; nothing else to run).
+* ``"vllm"`` (`lightrail.engine.vllm.VLLMRollouts`): a ``vllm serve`` process, LoRA adapters or full weights synced
+  after each update.
+
+The loop only sees the protocol: start it, hand its `backend` to the gateway, read `policy_version`, `sync` the
+updater after each update, `close` it. Another engine (verl's rollout workers, SGLang) is one more class with these
+five members and one more name in `make_rollout_engine`; the loop does not change.
+
+Concurrency model: every method runs on the trainer's event loop; implementations put blocking work (loading a
+model, writing weights) in worker threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = ["ROLLOUT_ENGINES", "EmbeddedRollouts", "RolloutEngine", "make_rollout_engine"]
+
+ROLLOUT_ENGINES = ("embedded", "vllm")
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """The model server GRPO samples from, whose weights follow the trainer's."""
+
+    @property
+    def backend(self) -> Any:
+        """The `lightrail.gateway.Backend` the gateway forwards agents' calls to (after `start`)."""
+        ...
+
+    @property
+    def policy_version(self) -> int:
+        """The version that answers requests sent now; every generation carries the version that produced it."""
+        ...
+
+    async def start(self) -> None:
+        """Load or reach the model; return once it serves."""
+        ...
+
+    async def sync(self, updater: Any, version: int) -> None:
+        """Serve the `PolicyUpdater`'s current weights as ``version`` (greater than the current one). Requests sent
+        after it returns are answered by them; requests in flight are never failed by it."""
+        ...
+
+    async def close(self) -> None:
+        """Release the model (stop a server started by `start`)."""
+        ...
+
+
+class EmbeddedRollouts:
+    """The in-process `lightrail.engine.Engine` as a `RolloutEngine`: ``engine_options`` go to
+    `Engine.from_pretrained`; `sync` merges the weights (`PolicyUpdater.state_dict_for_serving`) and copies them in
+    place (`Engine.update_weights` drains in-flight generations first)."""
+
+    def __init__(self, model: str | os.PathLike, **engine_options: Any) -> None:
+        self.model = str(model)
+        self.engine_options = engine_options
+        self.engine: Any = None
+
+    @property
+    def backend(self) -> Any:
+        return self.engine
+
+    @property
+    def policy_version(self) -> int:
+        return self.engine.policy_version
+
+    async def start(self) -> None:
+        from lightrail.engine import Engine
+
+        self.engine = await asyncio.to_thread(Engine.from_pretrained, self.model, **self.engine_options)
+
+    async def sync(self, updater: Any, version: int) -> None:
+        state = await asyncio.to_thread(updater.state_dict_for_serving)
+        await self.engine.update_weights(state, version=version)
+
+    async def close(self) -> None:
+        if self.engine is not None:
+            await self.engine.close()
+            self.engine = None
+
+
+def make_rollout_engine(
+    kind: str,
+    model: str | os.PathLike,
+    *,
+    served_name: str,
+    out_dir: str | os.PathLike,
+    lora_rank: int | None,
+    engine_options: dict[str, Any] | None = None,
+    vllm: dict[str, Any] | None = None,
+) -> RolloutEngine:
+    """The rollout engine named ``kind`` (see `ROLLOUT_ENGINES`). ``vllm``: `VLLMRollouts` options (``python``,
+    ``url``, ``args``, ``env``, ``api_key``, ``startup_timeout_s``; files go to ``<out_dir>/vllm``)."""
+    if kind == "embedded":
+        return EmbeddedRollouts(model, **(engine_options or {}))
+    if kind == "vllm":
+        from lightrail.engine.vllm import VLLMRollouts
+
+        options = dict(vllm or {})
+        unknown = sorted(set(options) - _VLLM_OPTIONS)
+        if unknown:
+            raise ValueError(f"unknown vllm option(s) {unknown}; expected some of {sorted(_VLLM_OPTIONS)}")
+        options.setdefault("workdir", Path(out_dir) / "vllm")
+        return VLLMRollouts(model, served_name=served_name, lora_rank=lora_rank, **options)
+    raise ValueError(f"rollout_engine must be one of {ROLLOUT_ENGINES}, not {kind!r}")
+
+
+_VLLM_OPTIONS = frozenset(
+    {"python", "url", "args", "env", "api_key", "startup_timeout_s", "request_timeout_s", "workdir"}
+)
