@@ -85,7 +85,7 @@ async def test_leases_stay_exclusive_across_two_servers(two_servers):
             enqueued += [r.rollout_id for r in await clients[0].enqueue(specs(50))]
             start = asyncio.Event()
 
-            async def lessee(i: int) -> list[str]:
+            async def lessee(i: int, start: asyncio.Event) -> list[str]:
                 await start.wait()
                 got = []
                 while (lease := await clients[i].lease(f"w{i}")) is not None:
@@ -93,7 +93,7 @@ async def test_leases_stay_exclusive_across_two_servers(two_servers):
                     leased.append((i, lease.rollout.rollout_id))
                 return got
 
-            tasks = [asyncio.create_task(lessee(i)) for i in range(8)]
+            tasks = [asyncio.create_task(lessee(i, start)) for i in range(8)]
             await asyncio.sleep(0.05)
             start.set()
             attempt_ids = [a for got in await asyncio.gather(*tasks) for a in got]
