@@ -535,12 +535,18 @@ class PolicyUpdater:
     def save(self, directory: str | os.PathLike) -> Path:
         """Write a resumable checkpoint to ``directory`` atomically; returns its path.
 
-        Contents: ``updater.json`` (config, step), ``trainable.safetensors`` (the adapter, or the full model),
+        Contents: ``updater.json`` (config, step, the base model: see `base_model_metadata`),
+        ``trainable.safetensors`` (the adapter, or the full model),
         ``reference.safetensors`` (full fine-tuning with a KL term: the frozen start point), ``trainer_state.pt``
         (optimizer, scheduler, RNG states). A LoRA checkpoint needs the same base model to load.
         """
         with atomic_directory(directory) as tmp:
-            meta = {"format": CHECKPOINT_FORMAT, "steps": self.steps, "config": self.config.to_json()}
+            meta = {
+                "format": CHECKPOINT_FORMAT,
+                "steps": self.steps,
+                "config": self.config.to_json(),
+                "base_model": self.base_model_metadata(),
+            }
             (tmp / "updater.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
             save_file(
                 {n: p.detach().contiguous().cpu() for n, p in self._trainable.items()}, tmp / "trainable.safetensors"
@@ -557,6 +563,20 @@ class PolicyUpdater:
                 tmp / "trainer_state.pt",
             )
         return Path(directory)
+
+    def base_model_metadata(self) -> dict[str, Any]:
+        """What `lightrail.algorithms.export` needs to rebuild the policy from a checkpoint: the base model's
+        directory (absolute; None when the model was not loaded from a local directory), its config and the dtype
+        the weights were trained in. `load` ignores it, so older checkpoints without it still resume."""
+        base = self.model.get_base_model() if self.is_lora else self.model
+        name = str(getattr(base.config, "_name_or_path", "") or "")
+        path = Path(name).resolve() if name and Path(name).is_dir() else None
+        return {
+            "path": str(path) if path is not None else None,
+            "name_or_path": name or None,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "config": json.loads(base.config.to_json_string()),
+        }
 
     def load(self, directory: str | os.PathLike) -> None:
         """Restore a checkpoint written by `save` into this updater (built with the same model and config shape).
