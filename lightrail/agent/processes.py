@@ -23,11 +23,14 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lightrail._lifeline import exit_with_parent
+
+if TYPE_CHECKING:
+    from lightrail.agent.runner import Runner
 
 __all__ = ["RunnerProcesses", "run_runners"]
 
@@ -52,6 +55,25 @@ def _runner_main(
     )
     import asyncio
 
+    runner = asyncio.run(serve_runner(store_url, agent, concurrency, token, runner_kwargs, run_kwargs))
+    if runner.abandoned_threads:  # sync agents stuck in threads would keep the interpreter from exiting
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+async def serve_runner(
+    store_url: str,
+    agent: Any,
+    concurrency: int,
+    token: str | None,
+    runner_kwargs: dict[str, Any],
+    run_kwargs: dict[str, Any],
+    started: Callable[[Runner], None] | None = None,
+) -> Runner:
+    """The body of every runner process and Ray runner actor: open the store at ``store_url``, turn OpenTelemetry
+    on if asked, run one `Runner` until it stops, close the store; returns the `Runner`. ``started(runner)`` is
+    called once the runner exists, so its host can stop it (`Runner.stop`)."""
     from lightrail.agent.runner import Runner
     from lightrail.store import open_store
 
@@ -60,21 +82,27 @@ def _runner_main(
 
         otel.setup(exporter="otlp", store_url=store_url, token=token)
         runner_kwargs = {**runner_kwargs, "otel": True}
-
-    async def main() -> Runner:
-        store = open_store(store_url, token=token)
+    store = open_store(store_url, token=token)
+    try:
         runner = Runner(store, agent, concurrency=concurrency, **runner_kwargs)
-        try:
-            await runner.run(**run_kwargs)
-        finally:
-            await store.close()
-        return runner
+        if started is not None:
+            started(runner)
+        await runner.run(**run_kwargs)
+    finally:
+        await store.close()
+    return runner
 
-    runner = asyncio.run(main())
-    if runner.abandoned_threads:  # sync agents stuck in threads would keep the interpreter from exiting
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+
+def otel_option(otel: bool | str, *, check_installed: bool = True) -> bool | str:
+    """The ``otel`` setting as `serve_runner` takes it (False, True or ``"otlp"``), checked once in the parent
+    rather than in every child; ValueError for anything but False, True, ``"sink"`` or ``"otlp"``."""
+    if otel not in (False, True, "sink", "otlp"):
+        raise ValueError(f"otel must be False, True, 'sink' or 'otlp', not {otel!r}")
+    if otel and check_installed:
+        from lightrail.agent.runner import _require_otel
+
+        _require_otel()
+    return "otlp" if otel == "otlp" else bool(otel)
 
 
 def _runner_from_stdin() -> None:
@@ -221,14 +249,8 @@ def run_runners(
         # an importable reference is cheaper and safer than pickling the object; else fall back to pickling
         with contextlib.suppress(ValueError):
             agent_ref = agent_reference(agent_ref)
-    if otel not in (False, True, "sink", "otlp"):
-        raise ValueError(f"otel must be False, True, 'sink' or 'otlp', not {otel!r}")
-    if otel:
-        if runner_python is None:  # another interpreter checks its own packages when its Runner starts
-            from lightrail.agent.runner import _require_otel
-
-            _require_otel()  # here, not once per child process
-        runner_kwargs["otel"] = "otlp" if otel == "otlp" else True
+    if otel:  # another interpreter checks its own packages when its Runner starts
+        runner_kwargs["otel"] = otel_option(otel, check_installed=runner_python is None)
     ctx = multiprocessing.get_context("spawn")
     run_kwargs = {"max_rollouts": max_rollouts, "idle_exit_s": idle_exit_s}
     args = (store_url, agent_ref, concurrency, token, runner_kwargs, run_kwargs, log_level)
