@@ -97,17 +97,23 @@ class LeaseReaper:
         self._expire = expire
         self._changed = Pulse()
         self._task: asyncio.Task[None] | None = None
+        self._sleeping_until: float | None = None  # the deadline the reaper waits for (None: none, or computing)
 
     def ensure_running(self) -> None:
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run(), name="lightrail-lease-reaper")
 
-    def reschedule(self) -> None:
+    def reschedule(self, deadline: float | None = None) -> None:
+        """Re-read the earliest deadline now; given the ``deadline`` that changed, only if it is earlier than the
+        one the reaper already sleeps until (a new lease's deadline rarely is: it saves a query per lease)."""
+        if deadline is not None and self._sleeping_until is not None and deadline >= self._sleeping_until:
+            return
         self._changed.fire()
 
     async def _run(self) -> None:
         while True:
             armed = self._changed.arm()  # before reading the deadline: a reschedule during the read is not lost
+            self._sleeping_until = None
             try:
                 deadline = self._next_deadline()
                 if inspect.isawaitable(deadline):
@@ -119,6 +125,7 @@ class LeaseReaper:
                 log.exception("lease reaper failed; retrying in %.1f s", _REAPER_RETRY_S)
                 await asyncio.sleep(_REAPER_RETRY_S)
                 continue
+            self._sleeping_until = deadline
             await self._changed.wait(None if deadline is None else deadline - time.time(), armed)
 
     async def close(self) -> None:

@@ -50,7 +50,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from lightrail.store._lifecycle import LeaseReaper, Pulse, expired_status, rollout_status_after
+from lightrail.store._lifecycle import LeaseReaper, Pulse, attempt_deadline, expired_status, rollout_status_after
 from lightrail.store.base import ConflictError, NotFoundError, StaleAttemptError, StoreUnavailableError
 from lightrail.store.sqlite import SchemaVersionError
 from lightrail.types import (
@@ -189,8 +189,9 @@ WITH next AS (
     INSERT INTO attempts (attempt_id, rollout_id, idx, worker_id, status, started_at, lease_expires_at, deadline)
     SELECT $1, r.rollout_id, r.attempts, $2, 'running', $3, $3 + r.lease_s, LEAST($3 + r.lease_s, $3 + r.timeout_s)
     FROM r
+    RETURNING deadline
 )
-SELECT {_ROLLOUT_COLUMNS}, (SELECT count(*) FROM pg_notify('{CHANNEL}', 'deadline')) FROM r
+SELECT {_ROLLOUT_COLUMNS}, (SELECT count(*) FROM pg_notify('{CHANNEL}', 'deadline:' || (SELECT deadline FROM a))) FROM r
 """
 
 _HEARTBEAT = f"""
@@ -212,18 +213,22 @@ FROM attempts a JOIN rollouts r ON r.rollout_id = a.rollout_id
 WHERE a.deadline <= $1 ORDER BY a.attempt_id FOR UPDATE OF a, r SKIP LOCKED
 """
 _END_ATTEMPT = (
-    "UPDATE attempts SET status = $2, ended_at = $3, reward = $4, error = $5, deadline = NULL WHERE attempt_id = $1"
+    "UPDATE attempts SET status = $2, ended_at = $3, reward = $4, error = $5, deadline = NULL "
+    "WHERE attempt_id = $1 AND status = 'running' RETURNING rollout_id"
 )
+# The rollout moves only if the attempt was still running (the statement is atomic): an attempt ended meanwhile
+# by another server changes nothing and returns no row.
 _END_AND_REQUEUE = f"""
 WITH a AS ({_END_ATTEMPT})
-UPDATE rollouts SET status = 'queued', queue_key = nextval('retry_keys') WHERE rollout_id = $6
-RETURNING pg_notify('{CHANNEL}', 'queued')
+UPDATE rollouts SET status = 'queued', queue_key = nextval('retry_keys') FROM a WHERE rollouts.rollout_id = a.rollout_id
+RETURNING (SELECT count(*) FROM pg_notify('{CHANNEL}', 'queued'))
 """
 _END_AND_CLOSE = f"""
 WITH a AS ({_END_ATTEMPT})
-UPDATE rollouts SET status = $7, ended_at = $3, reward = $4 WHERE rollout_id = $6
-RETURNING pg_notify('{CHANNEL}', 'ended')
+UPDATE rollouts SET status = $6, ended_at = $3, reward = $4 FROM a WHERE rollouts.rollout_id = a.rollout_id
+RETURNING (SELECT count(*) FROM pg_notify('{CHANNEL}', 'ended'))
 """
+_READ_ATTEMPT = _LOCK_ATTEMPT.replace(" FOR UPDATE OF a, r", "")
 
 # Validate the whole batch and insert it in one statement: a batch with a bad span inserts nothing, and the first
 # bad span (in batch order) is reported.
@@ -252,6 +257,7 @@ _ROLLOUT_STATUS = {s.value: s for s in RolloutStatus}
 _ATTEMPT_STATUS = {s.value: s for s in AttemptStatus}
 _TERMINAL_ROLLOUT = [s.value for s in RolloutStatus if s.terminal]
 _QUEUED = RolloutStatus.QUEUED
+_RACED = object()  # _end_attempt: the attempt was no longer running
 
 _encode = msgspec.json.Encoder().encode
 _decode_task = msgspec.json.Decoder(Task).decode
@@ -367,8 +373,8 @@ class PostgresStore:
             self._queued.fire()
         elif payload == "ended":
             self._ended.fire()
-        elif payload == "deadline":
-            self._reaper.reschedule()
+        elif payload.startswith("deadline:"):  # a lease taken by any server: wake the reaper if it is earlier
+            self._reaper.reschedule(float(payload[9:]))
 
     def _on_listener_lost(self, conn: Any) -> None:
         if self._closed or (self._relisten is not None and not self._relisten.done()):
@@ -509,7 +515,8 @@ class PostgresStore:
         if not rows:
             return None
         rollout = self._to_rollout(rows[0])
-        self._reaper.reschedule()
+        lease_expires_at = now + rollout.policy.lease_s
+        self._reaper.reschedule(attempt_deadline(now, lease_expires_at, rollout.policy))
         return Lease(
             rollout=rollout,
             attempt=Attempt(
@@ -519,7 +526,7 @@ class PostgresStore:
                 worker_id=worker_id,
                 status=AttemptStatus.RUNNING,
                 started_at=now,
-                lease_expires_at=now + rollout.policy.lease_s,
+                lease_expires_at=lease_expires_at,
             ),
         )
 
@@ -546,7 +553,17 @@ class PostgresStore:
     ) -> Attempt:
         """End a running attempt and move its rollout (requeued when the policy retries this outcome)."""
 
-        async def work(conn: Any) -> tuple[Attempt, RolloutStatus | None]:
+        async def optimistic(conn: Any) -> tuple[Attempt, RolloutStatus | None] | None:
+            # The common case in two statements and no transaction: read, decide, then one conditional write that
+            # applies only if the attempt is still running (nothing else about it changes while it runs).
+            row = await conn.fetchrow(_READ_ATTEMPT, attempt_id)
+            if row is None or row[4] != "running" or status is AttemptStatus.LOST:
+                return None  # the locked path below reports it
+            attempt = _to_attempt(row)
+            moved = await self._end_attempt(conn, row, attempt, status, time.time(), reward=reward, error=error)
+            return None if moved is _RACED else (attempt, moved)
+
+        async def locked(conn: Any) -> tuple[Attempt, RolloutStatus | None]:
             row = await conn.fetchrow(_LOCK_ATTEMPT, attempt_id)
             if row is None:
                 raise NotFoundError(f"unknown attempt {attempt_id!r}")
@@ -560,38 +577,43 @@ class PostgresStore:
             if status is AttemptStatus.LOST:
                 raise ConflictError("only the store marks an attempt 'lost' (when its lease expires)")
             moved = await self._end_attempt(conn, row, attempt, status, time.time(), reward=reward, error=error)
+            assert moved is not _RACED  # the rows are locked
             return attempt, moved
 
-        attempt, moved = await self._run(work, transaction=True)
+        done = await self._run(optimistic)
+        attempt, moved = done if done is not None else await self._run(locked, transaction=True)
         self._fire(moved)
         return attempt
 
     async def _end_attempt(
         self,
         conn: Any,
-        locked: Any,
+        row: Any,
         attempt: Attempt,
         status: AttemptStatus,
         now: float,
         *,
         reward: float | None = None,
         error: ErrorInfo | None = None,
-    ) -> RolloutStatus | None:
-        """End ``attempt`` (updated in place; its row and its rollout's row are locked by the caller's
-        transaction, ``locked`` is that row). Returns where the rollout went, or None if it was already terminal."""
+    ) -> Any:
+        """End the running ``attempt`` (updated in place) as read in ``row`` (with its rollout's status, attempts
+        and policy). Returns where the rollout went, None if it was already terminal, or `_RACED` if the attempt
+        had stopped running since ``row`` was read (then nothing was written)."""
         check_attempt_transition(attempt.status, status)
-        attempt.status, attempt.ended_at, attempt.reward, attempt.error = status, now, reward, error
         args = (attempt.attempt_id, status.value, now, reward, None if error is None else _encode(error))
-        old = _ROLLOUT_STATUS[locked["rollout_status"]]
+        old = _ROLLOUT_STATUS[row["rollout_status"]]
         if old.terminal:  # e.g. cancelled while this attempt ran
-            await conn.execute(_END_ATTEMPT, *args)
-            return None
-        after = rollout_status_after(status, locked["started"], self._policy(locked["policy"]))
-        check_rollout_transition(old, after)
-        if after is _QUEUED:  # a retry goes to the front of the queue: its task's group is waiting for it
-            await conn.execute(_END_AND_REQUEUE, *args, attempt.rollout_id)
+            after, written = None, await conn.fetch(_END_ATTEMPT, *args)
         else:
-            await conn.execute(_END_AND_CLOSE, *args, attempt.rollout_id, after.value)
+            after = rollout_status_after(status, row["started"], self._policy(row["policy"]))
+            check_rollout_transition(old, after)
+            if after is _QUEUED:  # a retry goes to the front of the queue: its task's group is waiting for it
+                written = await conn.fetch(_END_AND_REQUEUE, *args)
+            else:
+                written = await conn.fetch(_END_AND_CLOSE, *args, after.value)
+        if not written:
+            return _RACED
+        attempt.status, attempt.ended_at, attempt.reward, attempt.error = status, now, reward, error
         return after
 
     def _fire(self, *moved: RolloutStatus | None) -> None:
