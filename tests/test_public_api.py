@@ -58,7 +58,7 @@ import json, sys, time
 t0 = time.perf_counter()
 import lightrail
 elapsed = time.perf_counter() - t0
-heavy = sorted({m.split(".")[0] for m in sys.modules} & {"torch", "transformers", "opentelemetry"})
+heavy = sorted({m.split(".")[0] for m in sys.modules} & {"torch", "transformers", "opentelemetry", "asyncpg", "psycopg"})
 print(json.dumps({"elapsed": elapsed, "heavy": heavy}))
 """
 

@@ -43,7 +43,7 @@ class StoreServer:
         env = dict(os.environ, LIGHTRAIL_TOKEN=TOKEN, PYTHONPATH=str(REPO))
         cmd = [sys.executable, "-m", "lightrail.cli", "store", "serve", "--db", db, "--port", str(self.port)]
         self.proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while True:
             with contextlib.suppress(httpx.TransportError):
                 if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
