@@ -76,6 +76,12 @@ class GatewaySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The base URL runners are given (published in the rollouts' resources). Default: the bound address, or
     this machine's host name when bound to a wildcard address (0.0.0.0 / ::)."""
 
+    def __post_init__(self) -> None:
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"gateway port must be 0 (any free one) to 65535, not {self.port}")
+        if self.advertise_url is not None:
+            _advertised(self.advertise_url)  # a typo fails when the config is read, not when training starts
+
 
 class GatewayServer:
     """Serve `create_gateway_app(backend, store, token=token, **app_options)` on ``host:port`` (0: any free one).

@@ -51,6 +51,7 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def _train(args: argparse.Namespace) -> int:
     from lightrail.trainer.config import ConfigError, load_config, train
+    from lightrail.trainer.trainer import redact_url
 
     overrides = list(args.overrides)
     for key, value in (("grpo.steps", args.steps), ("model", args.model), ("out_dir", args.out)):
@@ -71,7 +72,7 @@ def _train(args: argparse.Namespace) -> int:
         f"held-out success: {shown(report['val_before'])} -> {shown(report['val_after'])} "
         f"in {report['train_minutes']:.1f} min of training\n"
         f"reward curve: {report['reward_curve']}\ncheckpoint:   {report['checkpoint']}\n"
-        f"metrics:      {report['metrics']}\nstore:        {result.store_path}"
+        f"metrics:      {report['metrics']}\nstore:        {redact_url(result.store)}"
     )
     return 0
 

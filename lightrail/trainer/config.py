@@ -7,7 +7,10 @@ A config names the agent and its data by import reference, the model, how runner
     data: examples.sql_agent.data:splits           # callable(**data_args) -> (train_tasks, val_tasks)
     data_args: {seed: 0}
     model: tiny                                    # tiny | small | smollm2 | a local model directory
-    trainer: {n_runners: 2, concurrency: 8, otel: true}
+    store: runs/sql/store.db                       # or postgresql://host/db, or http://store-host:4747
+    trainer: {n_runners: 2, concurrency: 8, otel: true}   # n_runners: 0 = only runners started elsewhere
+    # trainer: {runners: {ray: {address: auto, n: 8, k: 4}}}   # runners as Ray actors
+    gateway: {host: 0.0.0.0, port: 8900, advertise_url: http://trainer-host:8900/v1}   # for remote runners
     grpo:                                          # keyword arguments of lightrail.algorithms.GRPO
       steps: 20
       agents: [write_query, rewrite_query]         # train only these agents' calls (agents_pattern: a regex)
@@ -35,6 +38,9 @@ from typing import Any
 
 import msgspec
 
+from lightrail.agent.ray import RaySettings
+from lightrail.gateway.server import GatewaySettings
+
 __all__ = ["ConfigError", "RunnerSettings", "TrainConfig", "TrainResult", "load_config", "train"]
 
 
@@ -42,15 +48,30 @@ class ConfigError(ValueError):
     """A configuration that cannot run, with the offending field's path in the message."""
 
 
-class RunnerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """How rollouts run: runner processes, rollouts per runner, OpenTelemetry, and the runners' interpreter."""
+class RunnerKinds(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Runners beyond the trainer's own processes."""
 
-    n_runners: int = 2
+    ray: RaySettings | None = None
+    """Runners as actors on a Ray cluster (needs ``lightrail[ray]``)."""
+
+
+class RunnerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """How rollouts run: runner processes, rollouts per runner, OpenTelemetry, the runners' interpreter, Ray
+    actors, and where the trainer's store server listens for runners on other machines."""
+
+    n_runners: int | None = None
+    """Runner processes on this machine (default 2, or 0 when Ray runners are configured). 0 without Ray: only
+    runners started elsewhere (``lightrail runner --store URL --agent REF``) serve the run."""
     concurrency: int = 8
     otel: bool = False
     """Export the agent framework's OpenTelemetry spans (agent names, tools) with each rollout."""
     runner_python: str | None = None
     """Run the runners under another Python (an environment where the agent's framework is installed)."""
+    runners: RunnerKinds = msgspec.field(default_factory=RunnerKinds)
+    store_host: str = "127.0.0.1"
+    """Where the trainer's own store server binds (``0.0.0.0`` to let other machines in; needs $LIGHTRAIL_TOKEN)."""
+    store_port: int = 0
+    """Its port (0: any free one)."""
 
 
 class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -64,9 +85,13 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     out_dir: str | None = None
     """Where checkpoints, metrics, plots and the store go (default ``runs/<name>``)."""
     store: str | None = None
-    """SQLite file of the run's rollouts and spans (default ``<out_dir>/store.db``)."""
+    """Where the run's rollouts and spans live: a SQLite file (default ``<out_dir>/store.db``), a PostgreSQL URL
+    (``postgresql://user@host/db``; the trainer serves it), or a running store server (``http://host:4747``, its
+    token in $LIGHTRAIL_TOKEN)."""
     seed: int = 0
     trainer: RunnerSettings = msgspec.field(default_factory=RunnerSettings)
+    gateway: GatewaySettings = msgspec.field(default_factory=GatewaySettings)
+    """Where the training gateway listens and the URL runners are given (set both for runners on other hosts)."""
     grpo: dict[str, Any] = msgspec.field(default_factory=dict)
 
     @property
@@ -74,18 +99,19 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         return Path(self.out_dir or Path("runs") / self.name)
 
     @property
-    def store_path(self) -> Path:
-        return Path(self.store) if self.store else self.run_dir / "store.db"
+    def store_location(self) -> str:
+        """The store as the trainer opens it: the configured URL or path, else the run's SQLite file."""
+        return self.store or str(self.run_dir / "store.db")
 
 
 @dataclass(frozen=True)
 class TrainResult:
     """What a run produced: the `GRPO` report (``val_before``, ``val_after``, ``checkpoint``, ``reward_curve``...),
-    the run directory, and the SQLite store holding every rollout and span."""
+    the run directory, and the store holding every rollout and span (a SQLite path or a URL)."""
 
     report: dict[str, Any]
     out_dir: Path
-    store_path: Path
+    store: str
 
 
 def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
@@ -159,7 +185,7 @@ def _grpo_kwargs(config: TrainConfig) -> dict[str, Any]:
     from lightrail.algorithms.loop import GRPO
 
     options = dict(config.grpo)
-    kwargs: dict[str, Any] = {"seed": config.seed, "out_dir": config.run_dir}
+    kwargs: dict[str, Any] = {"seed": config.seed, "out_dir": config.run_dir, "gateway": config.gateway}
     try:
         names, pattern = options.pop("agents", None), options.pop("agents_pattern", None)
         if names is not None or pattern is not None:
@@ -203,7 +229,7 @@ def _grpo_kwargs(config: TrainConfig) -> dict[str, Any]:
             raise
         raise ConfigError(f"grpo: {exc}") from None
     parameters = inspect.signature(GRPO).parameters
-    accepted = set(parameters) - {"model"}
+    accepted = set(parameters) - {"model", "gateway"}  # the gateway has a section of its own
     unknown = sorted(set(options) - accepted)
     if unknown:
         raise ConfigError(f"grpo: unknown setting(s) {unknown}; GRPO accepts {sorted(accepted)}")
@@ -268,17 +294,21 @@ def train(config: TrainConfig) -> TrainResult:
     config.run_dir.mkdir(parents=True, exist_ok=True)
     model = _build_model(config, config.data.partition(":")[0])
     grpo = GRPO(model, **_grpo_kwargs(config))
+    runners = config.trainer
     runner_options: dict[str, Any] = {}
-    if config.trainer.otel:
+    if runners.otel:
         runner_options["otel"] = True
-    if config.trainer.runner_python:
-        runner_options["runner_python"] = config.trainer.runner_python
+    if runners.runner_python:
+        runner_options["runner_python"] = runners.runner_python
     trainer = Trainer(
-        n_runners=config.trainer.n_runners,
-        concurrency=config.trainer.concurrency,
-        store=config.store_path,
+        n_runners=runners.n_runners,
+        concurrency=runners.concurrency,
+        store=config.store_location,
         algorithm=grpo,
+        ray=runners.runners.ray,
+        store_host=runners.store_host,
+        store_port=runners.store_port,
         **runner_options,
     )
     trainer.fit(config.agent, train_tasks, val_tasks)  # by reference: spawned runners import it themselves
-    return TrainResult(report=grpo.report, out_dir=config.run_dir, store_path=config.store_path)
+    return TrainResult(report=grpo.report, out_dir=config.run_dir, store=config.store_location)

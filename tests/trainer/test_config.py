@@ -45,7 +45,7 @@ def _write(tmp_path, text: str):
 
 def test_config_maps_every_section_onto_grpo(tmp_path):
     config = load_config(_write(tmp_path, CONFIG), [f"out_dir={tmp_path / 'run'}", "grpo.config.kl_coef=0.05"])
-    assert config.run_dir == tmp_path / "run" and config.store_path == tmp_path / "run" / "store.db"
+    assert config.run_dir == tmp_path / "run" and config.store_location == str(tmp_path / "run" / "store.db")
     from lightrail.trainer.config import _grpo_kwargs
 
     kwargs = _grpo_kwargs(config)
@@ -53,6 +53,29 @@ def test_config_maps_every_section_onto_grpo(tmp_path):
     assert (kwargs["tool_rewards"].success, kwargs["tool_rewards"].error) == (0.2, -0.2)
     assert kwargs["agents"]("anything") and not kwargs["agents"](None)
     assert (kwargs["config"].lr, kwargs["config"].kl_coef) == (1e-3, 0.05)
+
+
+def test_scale_out_sections_reach_the_trainer_and_the_gateway(tmp_path):
+    """Runners elsewhere: no local runner processes, Ray actors, a reachable store server, an advertised gateway."""
+    overrides = [
+        "trainer.n_runners=0",
+        "trainer.runners.ray={address: auto, n: 8, k: 4, resources: {num_cpus: 1}}",
+        "trainer.store_host=0.0.0.0",
+        "trainer.store_port=4747",
+        "store=postgresql://lightrail@db-host/runs",
+        "gateway={host: 0.0.0.0, port: 8900, advertise_url: 'http://trainer-host:8900'}",
+    ]
+    config = load_config(_write(tmp_path, CONFIG), overrides)
+    assert config.trainer.n_runners == 0 and config.trainer.runners.ray.n == 8
+    assert config.trainer.runners.ray.resources == {"num_cpus": 1}
+    assert (config.trainer.store_host, config.trainer.store_port) == ("0.0.0.0", 4747)
+    assert config.store_location == "postgresql://lightrail@db-host/runs"
+    from lightrail.trainer.config import _grpo_kwargs
+
+    gateway = _grpo_kwargs(config)["gateway"]
+    assert (gateway.host, gateway.port, gateway.advertise_url) == ("0.0.0.0", 8900, "http://trainer-host:8900")
+    with pytest.raises(ConfigError, match="gateway"):  # it has a section of its own, not a grpo setting
+        load_config(_write(tmp_path, CONFIG), ["grpo.gateway={host: 0.0.0.0}"])
 
 
 @pytest.mark.parametrize(
@@ -71,6 +94,12 @@ def test_config_maps_every_section_onto_grpo(tmp_path):
         ("grpo.tool_rewards={success: big}", "grpo.tool_rewards.success"),
         ("grpo.tool_rewards={is_error: x}", "grpo.tool_rewards: unknown setting(s) ['is_error']"),
         ("steps", "expected dotted.path=value"),
+        ("gateway.advertise_ur=http://h:1/v1", "advertise_ur"),
+        ("gateway.advertise_url=trainer-host:8900", "gateway: advertise_url must be an http(s) URL"),
+        ("gateway.port=70000", "gateway port must be"),
+        ("trainer.runners.slurm={n: 2}", "slurm"),
+        ("trainer.runners.ray={n: 0}", "ray: n and k must be >= 1"),
+        ("trainer.runners.ray={adress: auto}", "adress"),
     ],
 )
 def test_bad_config_is_rejected_with_the_field_path(tmp_path, override, message):
@@ -93,7 +122,7 @@ def test_train_runs_a_small_config_end_to_end(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "held-out success:" in out and "checkpoint:" in out
     report = load_config(path, [f"out_dir={tmp_path / 'run'}"])
-    with sqlite3.connect(report.store_path) as db:
+    with sqlite3.connect(report.store_location) as db:
         modes = dict(db.execute("SELECT mode, count(*) FROM rollouts GROUP BY mode").fetchall())
     assert modes == {"train": 4, "val": 8}  # 2 tasks x 2 samples; 4 val tasks before and after
     assert (tmp_path / "run" / "reward_curve.png").exists()
