@@ -186,6 +186,24 @@ class PostgresServer:
             raise RuntimeError(f"psql failed: {done.stderr.strip()}")
         return done.stdout.strip()
 
+    def cpu_s(self) -> float:
+        """CPU seconds the cluster has used so far: the postmaster with its exited children, plus live backends
+        (Linux /proc)."""
+        postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
+        tick = os.sysconf("SC_CLK_TCK")
+        total = 0.0
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:  # exited meanwhile
+                continue
+            pid, ppid = int(stat.parent.name), int(fields[1])
+            if pid == postmaster:
+                total += sum(int(f) for f in fields[11:15]) / tick  # utime, stime, cutime, cstime
+            elif ppid == postmaster:
+                total += (int(fields[11]) + int(fields[12])) / tick
+        return total
+
     def stop(self) -> None:
         try:
             if self.data.exists():
