@@ -147,3 +147,20 @@ async def test_resources_no_node_offers_and_an_agent_that_does_not_import_fail_a
     with pytest.raises(RuntimeError, match="failed to start: ModuleNotFoundError: No module named 'no_such_module'"):
         await asyncio.to_thread(start_ray_runners, server.url, "no_such_module:agent", **start)
     assert not ray.is_initialized()
+
+
+def test_a_trainer_runs_its_rollouts_on_ray_actors_only(cluster, tmp_path, monkeypatch):
+    """``Trainer(ray=RaySettings(...))`` (``trainer: {runners: {ray: ...}}`` in a config): no runner process of its
+    own, every rollout served by the actors, which the trainer stops with its session."""
+    import ray
+
+    from lightrail import Trainer
+
+    monkeypatch.syspath_prepend(str(HERE))  # the trainer checks that the agent imports before it starts
+    settings = RaySettings(address=cluster.address, n=2, k=3, runtime_env=RUNTIME_ENV)
+    trainer = Trainer(ray=settings, runs_dir=tmp_path / "runs", grace_s=1.0)
+    assert trainer.n_runners == 0
+    report = trainer.dev(AGENT, [{"sleep": 0.2} for _ in range(12)])
+    assert report.counts.get(RolloutStatus.SUCCEEDED) == 12
+    assert {row.reward for row in report.rows} == {1.0}
+    assert not ray.is_initialized()  # the session stopped its actors and closed the connection it opened
