@@ -107,8 +107,13 @@ class GRPOConfig:
     fine-tuning in bfloat16 keeps no float32 master copy, so prefer LoRA or float32 for small learning rates."""
     seed: int = 0
     """Seeds the adapter initialisation (without touching the global RNG)."""
+    ranks: int = 1
+    """Data-parallel ranks of the update (`lightrail.algorithms.distributed.DistributedPolicyUpdater`): the trainer
+    process is rank 0 and starts ``ranks - 1`` worker processes; each runs the step on its share of the rows."""
 
     def __post_init__(self) -> None:
+        if self.ranks < 1:
+            raise ValueError(f"ranks must be >= 1, not {self.ranks}")
         if not 0 <= self.clip_low < 1 or self.clip_high < 0:
             raise ValueError("need 0 <= clip_low < 1 and clip_high >= 0")
         if self.loss_norm not in ("token", "sequence", "rollout"):
@@ -219,10 +224,17 @@ class PolicyUpdater:
     configured device and dtype and, with LoRA, wrapped by peft in place).
     """
 
+    data_parallel = False
+    """True for updaters whose step spans several ranks (`DistributedPolicyUpdater`)."""
+
     def __init__(self, model: Any, config: GRPOConfig | None = None) -> None:
         from transformers import AutoModelForCausalLM
 
         self.config = config = config or GRPOConfig()
+        if config.ranks > 1 and not self.data_parallel:
+            raise ValueError(
+                f"GRPOConfig(ranks={config.ranks}) needs lightrail.algorithms.distributed.DistributedPolicyUpdater"
+            )
         configure_threads()
         self.device = self._resolve_device(config.device)
         self.dtype = self._resolve_dtype(config.dtype, self.device)
@@ -255,6 +267,9 @@ class PolicyUpdater:
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup > 0 else 1.0
         )
         self._softcap = getattr(model.config, "final_logit_softcapping", None)
+
+    def close(self) -> None:
+        """Release the update's processes: none here (see `DistributedPolicyUpdater.close`); safe to call twice."""
 
     # -- set-up ---------------------------------------------------------------------------------------------------
 
@@ -296,9 +311,9 @@ class PolicyUpdater:
 
     # -- scoring --------------------------------------------------------------------------------------------------
 
-    def _prepare(self, rows: Sequence[TrainingRow], *, skip_zero_advantage: bool) -> list[_MicroBatch]:
-        """Micro-batches of the rows that need a forward pass, carrying their slices of the step's loss weights
-        (which are computed over all rows, skipped ones included)."""
+    def _row_weights(self, rows: Sequence[TrainingRow]) -> list[torch.Tensor]:
+        """The step's loss normalisation weights (computed over all ``rows``), one slice per row in ``loss_mask``
+        order. A data-parallel step computes them over the whole step and hands each rank its rows' slices."""
         cfg = self.config
         positions = [[t for t, m in enumerate(r.loss_mask) if m] for r in rows]
         if cfg.loss_norm == "token":
@@ -312,13 +327,32 @@ class PolicyUpdater:
         offsets = [0]
         for p in positions:
             offsets.append(offsets[-1] + len(p))
+        return [weights[offsets[i] : offsets[i + 1]] for i in range(len(rows))]
 
-        skip = skip_zero_advantage and not cfg.kl_coef
-        active = [
+    def _active_rows(self, rows: Sequence[TrainingRow], *, skip_zero_advantage: bool) -> list[int]:
+        """Indices of the rows that need a forward pass: rows with response tokens, less (``skip_zero_advantage``,
+        no KL term) rows whose response advantages are all zero, as they contribute exactly zero gradient."""
+        skip = skip_zero_advantage and not self.config.kl_coef
+        return [
             i
-            for i, (r, p) in enumerate(zip(rows, positions, strict=True))
-            if p and not (skip and all(r.advantages[t] == 0 for t in p))
+            for i, r in enumerate(rows)
+            if any(r.loss_mask) and not (skip and all(r.advantages[t] == 0 for t, m in enumerate(r.loss_mask) if m))
         ]
+
+    def _prepare(
+        self,
+        rows: Sequence[TrainingRow],
+        *,
+        skip_zero_advantage: bool,
+        weights: Sequence[torch.Tensor] | None = None,
+    ) -> list[_MicroBatch]:
+        """Micro-batches of the rows that need a forward pass, carrying their slices of the step's loss weights
+        (computed over all rows, skipped ones included; ``weights`` gives them when ``rows`` are a shard of a larger
+        step)."""
+        cfg = self.config
+        positions = [[t for t, m in enumerate(r.loss_mask) if m] for r in rows]
+        row_weights = self._row_weights(rows) if weights is None else weights
+        active = self._active_rows(rows, skip_zero_advantage=skip_zero_advantage)
         batches = []
         for group in pack_micro_batches([len(rows[i].input_ids) for i in active], cfg.micro_batch_tokens):
             idx = [active[g] for g in group]
@@ -332,7 +366,7 @@ class PolicyUpdater:
                 targets += [r.input_ids[t] for t in positions[i]]
                 old += [r.old_logprobs[t] for t in positions[i]]
                 adv += [r.advantages[t] for t in positions[i]]
-                w.append(weights[offsets[i] : offsets[i + 1]])
+                w.append(row_weights[i])
             batches.append(
                 _MicroBatch(
                     input_ids=ids.to(self.device),
@@ -416,13 +450,38 @@ class PolicyUpdater:
         the gradient was not finite).
         """
         t0 = time.perf_counter()
-        cfg = self.config
         n_stale = 0
-        if current_version is not None and cfg.max_staleness is not None:
-            rows, n_stale = drop_stale_rows(rows, current_version, cfg.max_staleness)
+        if current_version is not None and self.config.max_staleness is not None:
+            rows, n_stale = drop_stale_rows(rows, current_version, self.config.max_staleness)
         _validate(rows)
+        metrics = self._step_on(rows, objective=objective)
+        seconds = time.perf_counter() - t0
+        metrics.update(
+            tokens_per_s=metrics["tokens"] / seconds if seconds > 0 else 0.0,
+            rows=float(len(rows)),
+            rows_stale_dropped=float(n_stale),
+            rows_zero_adv_skipped=float(len(rows) - metrics.pop("rows_run")),
+            seconds=seconds,
+        )
+        return metrics
+
+    def _step_on(
+        self,
+        rows: Sequence[TrainingRow],
+        *,
+        objective: Literal["grpo", "sft"],
+        weights: Sequence[torch.Tensor] | None = None,
+    ) -> dict[str, float]:
+        """Accumulate the gradient of ``rows`` and take the optimizer step; the metrics of `step` without the
+        per-step timing and row counts (``rows_run``: rows run through the model).
+
+        Under data parallelism ``rows`` are this rank's shard and ``weights`` their slices of the step's loss
+        weights; `_reduce_step` sums gradients and statistics over the ranks before the gradient is clipped.
+        """
+        cfg = self.config
         supervised = objective == "sft"
-        batches = self._prepare(rows, skip_zero_advantage=cfg.skip_zero_advantage_rows and not supervised)
+        skip_zero = cfg.skip_zero_advantage_rows and not supervised
+        batches = self._prepare(rows, skip_zero_advantage=skip_zero, weights=weights)
         lr = self.scheduler.get_last_lr()[0]
 
         self.model.train()
@@ -457,12 +516,16 @@ class PolicyUpdater:
             tokens += mb.tokens
 
         params = list(self._trainable.values())
-        if batches:
+        local = [*sums.values(), ent_sum, n_tok, tokens, len(batches), sum(len(mb.rows) for mb in batches)]
+        totals, ratio_max = self._reduce_step(params, torch.tensor(local, dtype=torch.float64), ratio_max)
+        (*summed, ent_sum, n_tok, tokens, n_batches, rows_run) = totals.tolist()
+        sums = dict(zip(sums, summed, strict=True))
+        if n_batches:
             max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
         else:
             grad_norm = 0.0
-        skipped = not batches or not math.isfinite(grad_norm)
+        skipped = not n_batches or not math.isfinite(grad_norm)
         if skipped:
             # Nothing to learn from, or one bad batch (overflow, a corrupt row): it must not poison the weights or
             # Adam's moments, and it is not counted as a step.
@@ -471,7 +534,6 @@ class PolicyUpdater:
             self.optimizer.step()
             self.scheduler.step()
             self.steps += 1
-        seconds = time.perf_counter() - t0
         denom = max(n_tok, 1)
         metrics = {k: v / denom for k, v in sums.items() if k != "loss"}
         metrics.update(
@@ -482,16 +544,19 @@ class PolicyUpdater:
             lr=lr,
             tokens=float(tokens),
             response_tokens=float(n_tok),
-            tokens_per_s=tokens / seconds if seconds > 0 else 0.0,
-            rows=float(len(rows)),
-            rows_stale_dropped=float(n_stale),
-            rows_zero_adv_skipped=float(len(rows) - sum(len(mb.rows) for mb in batches)),
-            micro_batches=float(len(batches)),
-            seconds=seconds,
+            micro_batches=float(n_batches),
             step=float(self.steps),
             skipped=float(skipped),
+            rows_run=float(rows_run),
         )
         return metrics
+
+    def _reduce_step(
+        self, params: list[torch.Tensor], stats: torch.Tensor, ratio_max: float
+    ) -> tuple[torch.Tensor, float]:
+        """Combine this process's accumulated gradients (in ``params``' ``.grad``) and step statistics (float64
+        sums) with the other ranks'; one process has nothing to combine. See `DistributedPolicyUpdater`."""
+        return stats, ratio_max
 
     # -- serving --------------------------------------------------------------------------------------------------
 
