@@ -15,6 +15,7 @@ _COMMANDS = [
     "lightrail.store.cli",  # store serve
     "lightrail.gateway.cli",  # gateway serve
     "lightrail.engine.cli",  # models list|prepare
+    "lightrail.algorithms.cli",  # export
 ]
 
 

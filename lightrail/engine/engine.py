@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import os
 import secrets
@@ -199,6 +200,9 @@ class Engine:
     ) -> Engine:
         """Load a model directory (see `lightrail.engine.models.prepare_model`) onto ``device``.
 
+        A peft LoRA adapter folder (``adapter_config.json``, e.g. from ``lightrail export`` without ``--merge``) is
+        served as its base model (``base_model_name_or_path``) with the adapter merged in.
+
         ``device`` defaults to the first CUDA GPU when there is one, else the CPU; ``dtype`` defaults to float32 on
         CPU and bfloat16 on a GPU that supports it. Other keyword arguments go to `Engine`.
         """
@@ -211,7 +215,7 @@ class Engine:
         elif isinstance(dtype, str):
             dtype = getattr(torch, dtype)
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+        model = _load_causal_lm(Path(path), dtype).to(device)
         kwargs.setdefault("name", Path(path).name)
         return cls(model, tokenizer, **kwargs)
 
@@ -646,6 +650,21 @@ class Engine:
         return Generation(
             model=self.name, prompt_ids=list(req.prompt_ids), choices=choices, policy_version=req.policy_version
         )
+
+
+def _load_causal_lm(path: Path, dtype: Any) -> Any:
+    if (path / "config.json").is_file() or not (path / "adapter_config.json").is_file():
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    base = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    if not base or not (Path(base) / "config.json").is_file():
+        raise FileNotFoundError(
+            f"adapter {path} names base model {base!r}, which is not a local model directory: put the base model "
+            "there (or fix base_model_name_or_path in its adapter_config.json), or export with --merge"
+        )
+    from peft import PeftModel
+
+    # Merged once at load: the engine then serves (and swaps weights of) a plain model under the base's names.
+    return PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=dtype), path).merge_and_unload()
 
 
 async def _run_on(loop: asyncio.AbstractEventLoop, coro: Any) -> Any:

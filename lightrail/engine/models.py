@@ -399,7 +399,8 @@ def list_models() -> list[ModelInfo]:
 def prepare_model(name_or_path: str | os.PathLike, *, force: bool = False) -> Path:
     """Return a directory loadable with ``from_pretrained``, building or converting the model if needed.
 
-    Accepts a registry name (``tiny``, ``small``, ``smollm2``) or a local Hugging Face model directory.
+    Accepts a registry name (``tiny``, ``small``, ``smollm2``), a local Hugging Face model directory or a peft
+    adapter directory (served by `Engine.from_pretrained` as its base model with the adapter merged in).
     """
     name = str(name_or_path)
     registry = _registry()
@@ -411,8 +412,9 @@ def prepare_model(name_or_path: str | os.PathLike, *, force: bool = False) -> Pa
             return path
         return build_tiny_model(path, size=name)
     path = Path(name).expanduser()
-    if (path / "config.json").is_file():
+    if (path / "config.json").is_file() or (path / "adapter_config.json").is_file():
         return path
     raise FileNotFoundError(
-        f"{name!r} is neither a known model ({', '.join(registry)}) nor a directory with a config.json"
+        f"{name!r} is neither a known model ({', '.join(registry)}) nor a directory with a config.json "
+        "(a model) or an adapter_config.json (a LoRA adapter)"
     )
