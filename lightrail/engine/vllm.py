@@ -70,9 +70,10 @@ class VLLMRollouts:
     ``url``: attach to a running ``vllm serve`` (started with ``--logprobs-mode processed_logprobs`` and, for LoRA,
     ``--enable-lora --max-lora-rank R`` with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``; for full weights with
     ``VLLM_SERVER_DEV_MODE=1``), serving ``model`` as ``served_name``. Without it, `start` runs one on a free
-    loopback port with ``python`` (default ``$LIGHTRAIL_VLLM_PYTHON``, else this interpreter) and the flags above,
-    followed by ``args`` (``["--dtype", "float32"]``, ``["--tensor-parallel-size", "2"]``...; ``env`` adds
-    environment variables). ``lora_rank`` is the trained adapter's rank (None: full weights are synced).
+    loopback port with ``python`` (default ``$LIGHTRAIL_VLLM_PYTHON``, else this interpreter) and the flags above
+    plus ``--enable-auto-tool-choice --tool-call-parser hermes`` (agents' tool calls), followed by ``args``
+    (``["--dtype", "float32"]``, ``["--tensor-parallel-size", "2"]``...; a flag given there replaces the default
+    one; ``env`` adds environment variables). ``lora_rank`` is the trained adapter's rank (None: full weights are synced).
 
         >>> rollouts = VLLMRollouts("runs/model", served_name="policy", workdir="runs/x/vllm", lora_rank=16)  # doctest: +SKIP
         >>> await rollouts.start(); gateway = GatewayServer(rollouts.backend, store)                           # doctest: +SKIP
@@ -161,7 +162,10 @@ class VLLMRollouts:
             await self._sync_full(updater, version, started)
 
     async def close(self) -> None:
-        """Stop the server if it was started here; close connections."""
+        """Stop the server if it was started here (else unload this run's adapter from it); close connections."""
+        if self._proc is None and self._backend is not None and self._backend.current != self.served_name:
+            with contextlib.suppress(Exception):  # best effort: the server may be gone
+                await self._post("/v1/unload_lora_adapter", {"lora_name": self._backend.current})
         if self._backend is not None:
             await self._backend.aclose()
             self._backend = None
@@ -182,7 +186,14 @@ class VLLMRollouts:
         name = f"{self.served_name}-v{version}"
         path = self.workdir / "adapters" / name
         await asyncio.to_thread(write_lora_adapter, updater, path)
-        await self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
+        load = {"lora_name": name, "lora_path": str(path)}
+        try:
+            await self._post("/v1/load_lora_adapter", load)
+        except _AlreadyLoaded:
+            # Left by an earlier run on an attached server. Unloaded and loaded again (a fresh adapter id) rather
+            # than ``load_inplace``, which keeps the id and so the prefix-cache blocks of the old weights.
+            await self._post("/v1/unload_lora_adapter", {"lora_name": name})
+            await self._post("/v1/load_lora_adapter", load)
         previous = backend.route(name, version)
         self.last_sync_s = time.monotonic() - started
         if previous != self.served_name and previous != name:
@@ -210,6 +221,8 @@ class VLLMRollouts:
         payload = msgspec.json.encode(body) if body is not None else b""
         status, content = await self._control.request("POST", path, payload)
         if status != 200:
+            if status == 400 and b"has already been loaded" in content:
+                raise _AlreadyLoaded(content.decode(errors="replace"))
             hint = ""
             if status == 404 and path in ("/collective_rpc", "/reset_prefix_cache"):
                 hint = " (full-weight sync needs the server started with VLLM_SERVER_DEV_MODE=1)"
@@ -228,6 +241,8 @@ class VLLMRollouts:
             ("--model", self.model), ("--served-model-name", self.served_name),
             ("--host", "127.0.0.1"), ("--port", str(port)),
             ("--logprobs-mode", "processed_logprobs"),
+            # agents call tools; lightrail's models (and the embedded engine) speak Hermes <tool_call> markup
+            ("--enable-auto-tool-choice",), ("--tool-call-parser", "hermes"),
         ]  # fmt: skip
         env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
         if self.lora_rank is not None:
@@ -274,6 +289,10 @@ class VLLMRollouts:
         if not self.log_path.exists():
             return ""
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+
+
+class _AlreadyLoaded(RuntimeError):
+    """vLLM already serves an adapter under the name being loaded."""
 
 
 def write_lora_adapter(updater: Any, path: str | os.PathLike) -> Path:

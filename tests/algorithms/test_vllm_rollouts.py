@@ -208,6 +208,19 @@ def test_inflight_requests_survive_lora_syncs_and_old_adapters_unload_after_them
                     served = {m["id"] for m in msgspec.json.decode(content)["data"]}
                     assert served == {"policy", f"policy-v{version}"}, served
                 await client.close()
+            # a second run attaching to the same server: its name for version 2 is taken (unloaded and loaded
+            # afresh), and closing unloads its adapter from the server it does not own
+            attached = VLLMRollouts(model_dir, served_name="policy", workdir=tmp_path / "attached", url=rollouts.url)
+            await attached.start()
+            await attached.sync(updater, 2)
+            request = ChatRequest(
+                model="policy", messages=[{"role": "user", "content": "hi"}], sampling=SamplingParams()
+            )
+            reply = await attached.backend.chat(request)
+            assert (reply.model, reply.policy_version) == ("policy-v2", 2)
+            await attached.close()
+            status, content = await rollouts._control.request("GET", "/v1/models")
+            assert {m["id"] for m in msgspec.json.decode(content)["data"]} == {"policy"}
         finally:
             await rollouts.close()
             await store.close()
