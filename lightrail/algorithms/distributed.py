@@ -1,0 +1,512 @@
+"""Data-parallel policy updates: one GRPO/SFT step computed by N ranks, each on its share of the rows.
+
+`DistributedPolicyUpdater` is a `PolicyUpdater` (same ``step``, ``token_logprobs``, ``state_dict_for_serving``,
+``save``, ``load``) whose step spans ``N`` processes joined by ``torch.distributed``: gloo on CPU, NCCL on CUDA (the
+backend follows ``GRPOConfig.device``). Every rank holds a full replica of the policy and of AdamW's state.
+
+How a step is computed, and why it equals the one-process step:
+
+1. Rank 0 holds the step's rows. It drops stale rows and validates them (bad input fails here, before any other
+   rank is involved), computes the step's loss normalisation weights over *all* rows (`loss_norm` is global: a
+   token-mean divides by the step's token count, a rollout-mean counts rollouts whose rows sit on different ranks
+   once), and shards the rows that need a forward pass over the ranks (`shard_by_tokens`: longest first onto the
+   least-loaded rank, deterministic).
+2. Each rank receives its rows with their slices of the global weights (``scatter_object_list`` on a gloo control
+   group), packs them into micro-batches and accumulates gradients exactly as one process does. Because the weights
+   are global, the per-rank losses add up to the step's loss.
+3. The accumulated gradients are summed over the ranks with an explicit ``all_reduce`` (flattened into buckets of
+   ``bucket_mb``) after the last micro-batch, with the step's statistics (loss sums, token counts, micro-batches;
+   ``ratio_max`` by MAX). Summing, not averaging: the 1/N of DDP would be wrong here, since the normalisation is
+   already global. A parameter gets a gradient only if some rank produced one, as in one process (AdamW treats a
+   missing gradient and a zero one differently). Every rank then clips the same global gradient norm and takes
+   the same AdamW step, so the replicas stay bitwise identical (an all-reduce hands every rank the same bits).
+   The N-rank gradient equals the 1-rank gradient up to float summation order (tested: 2 ranks vs 1 within 1e-5
+   on weights, gradients and Adam moments over two steps, full fine-tuning and LoRA).
+
+Why not ``DistributedDataParallel``: DDP reduces during each backward and averages; with gradient accumulation it
+needs ``no_sync`` on all but the last micro-batch (so it overlaps only that one's communication), a rank with no
+rows this step (fewer rows than ranks, or every row of a shard skipped) would have to run a dummy forward to join the
+reduction, and the average must be undone. One reduction after accumulation is exact, handles empty shards, and
+costs one pass over the gradient (measured in ``bench/_model_plane_ddp.py``).
+
+Rank 0 alone serves weights (`state_dict_for_serving`), scores rows (`token_logprobs`) and writes checkpoints
+(`save`): every replica is the same. `load` runs on every rank from the same directory (a shared filesystem across
+machines) and then checks that the replicas agree (`replica_fingerprints`).
+
+Two ways to run it:
+
+* **Ranks started by the trainer** (``GRPOConfig(ranks=N)``; ``grpo.config.ranks: N`` in a ``lightrail train``
+  config). The constructing process is rank 0; it spawns ``N - 1`` worker processes (``multiprocessing`` spawn,
+  gloo/NCCL over 127.0.0.1 with a free port) that build the same model and wait for commands. `GRPO` uses it with no
+  other change. Workers stop with the trainer (`lightrail._lifeline`; a closed connection to rank 0 also ends
+  them) and are shut down cleanly by `close`.
+* **torchrun** (``torchrun --nproc-per-node N train.py``): every rank constructs the updater (the process group is
+  set up from torchrun's environment); rank 0 drives, the others call `serve`::
+
+      upd = DistributedPolicyUpdater(model_dir, GRPOConfig(lora=LoraSettings(r=16)))
+      if upd.rank == 0:
+          for rows in batches:
+              upd.step(rows)
+          upd.save("runs/ckpt")
+          upd.close()          # releases the other ranks' serve()
+      else:
+          upd.serve()          # runs rank 0's steps on this rank's shards until rank 0 closes
+
+Failures: collectives on the compute group time out after ``timeout_s`` (a hung rank); a rank that dies closes its
+connections, which fails the collective at once. Either way rank 0 raises `RankFailedError` naming each worker's
+state (exit code, signal, or its traceback), and the updater refuses further work: `close` it and resume from the
+last checkpoint. Followers wait for commands on a separate gloo group without a practical timeout, so a long
+rollout phase between steps is fine.
+
+FSDP (models that do not fit one device) plugs into the same seams, not implemented: wrap the decoder layers with
+``torch.distributed.fsdp.fully_shard`` after the model is built and before the optimizer; `_reduce_step` then reduces
+only the statistics (FSDP reduce-scatters gradients during backward: ``set_requires_gradient_sync(False)`` on all
+micro-batches but the last, ``set_gradient_divide_factor(1.0)`` to sum, and an empty shard must run a zero-weighted
+forward because the reduce-scatter is collective); ``clip_grad_norm_`` over DTensors already computes the global
+norm; `state_dict_for_serving`, `token_logprobs` and `save` become commands every rank runs (a full state dict
+gathered to rank 0 with ``get_model_state_dict(full_state_dict=True, cpu_offload=True)``, optimizer shards saved
+per rank with torch.distributed.checkpoint).
+
+Concurrency model: one process per rank, one thread driving each rank's updater; rank 0's methods are called by one
+caller at a time (`GRPO` calls them from a worker thread, sequentially). Not thread-safe. One updater per process:
+it uses the default ``torch.distributed`` process group (created and destroyed by the updater unless one exists).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import logging
+import multiprocessing
+import os
+import signal
+import time
+import traceback
+from collections.abc import Iterator, Sequence
+from datetime import timedelta
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+
+from lightrail._lifeline import exit_with_parent
+from lightrail.algorithms.grpo import GRPOConfig, PolicyUpdater
+from lightrail.engine.engine import THREADS_ENV
+from lightrail.types import TrainingRow
+
+__all__ = ["DistributedPolicyUpdater", "RankFailedError", "shard_by_tokens"]
+
+log = logging.getLogger(__name__)
+
+#: Followers wait this long for rank 0's next command (rollouts run between steps); a dead rank 0 ends it sooner.
+_CONTROL_TIMEOUT = timedelta(days=7)
+_JOINED = "lightrail/joined"
+#: How long spawned workers may take to start (import torch, connect); a worker that dies meanwhile fails at once.
+_START_TIMEOUT = timedelta(minutes=5)
+
+
+class RankFailedError(RuntimeError):
+    """A data-parallel collective failed: a rank died, raised, or hung past ``timeout_s``. The message names each
+    worker's state; the updater cannot continue (close it, resume from the last checkpoint)."""
+
+
+def shard_by_tokens(lengths: Sequence[int], ranks: int) -> list[list[int]]:
+    """Assign row indices to ``ranks`` shards with balanced token counts: longest row first onto the rank with the
+    fewest tokens so far (ties: the lower rank; equal lengths keep their order). Deterministic; each shard's
+    indices are returned in increasing order.
+
+        >>> shard_by_tokens([5, 9, 3, 9, 1], 2)
+        [[1, 2, 4], [0, 3]]
+    """
+    if ranks < 1:
+        raise ValueError(f"ranks must be >= 1, not {ranks}")
+    loads = [0] * ranks
+    shards: list[list[int]] = [[] for _ in range(ranks)]
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        r = min(range(ranks), key=lambda r: loads[r])
+        shards[r].append(i)
+        loads[r] += lengths[i]
+    return [sorted(s) for s in shards]
+
+
+@dataclasses.dataclass
+class _Worker:
+    rank: int
+    process: Any  # multiprocessing.Process
+    errors: Any  # receiving end of a one-way pipe: the worker's traceback if it fails
+
+    def status(self) -> str:
+        """One line (plus the worker's traceback, if it sent one) saying how this rank is doing."""
+        error = None
+        with contextlib.suppress(EOFError, OSError):
+            if self.errors.poll():
+                error = self.errors.recv()
+        code = self.process.exitcode
+        if error:
+            state = f"failed:\n{error.rstrip()}"
+        elif code is None:
+            state = "still running (hung, or waiting on another rank)"
+        elif code < 0:
+            state = f"killed by {signal.Signals(-code).name}"
+        else:
+            state = f"exited with code {code}"
+        return f"rank {self.rank} (pid {self.process.pid}) {state}"
+
+
+class DistributedPolicyUpdater(PolicyUpdater):
+    """A `PolicyUpdater` whose step runs on ``config.ranks`` data-parallel ranks (see the module docstring).
+
+        >>> upd = DistributedPolicyUpdater("path/to/model", GRPOConfig(ranks=2))   # doctest: +SKIP
+        >>> upd.step(rows)["loss"]           # rows sharded over 2 processes, gradients summed
+        >>> engine_weights = upd.state_dict_for_serving()
+        >>> upd.close()                      # stops the worker rank
+
+    Under ``torchrun`` (or with a default process group already initialised) the ranks are the group's; otherwise
+    this process becomes rank 0 and starts ``config.ranks - 1`` workers. ``timeout_s`` bounds every collective of a
+    step (a rank that hangs longer is reported as failed); ``bucket_mb`` sizes the flattened gradient all-reduces.
+    ``model`` is a local model directory (each rank loads it) or a model instance (sent to the workers serialised).
+    """
+
+    data_parallel = True
+
+    def __init__(
+        self, model: Any, config: GRPOConfig | None = None, *, timeout_s: float = 600.0, bucket_mb: float = 64.0
+    ) -> None:
+        config = config or GRPOConfig()
+        device = PolicyUpdater._resolve_device(config.device)
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        self.timeout_s = timeout_s
+        self._bucket_bytes = int(bucket_mb * 2**20)
+        self._workers: list[_Worker] = []
+        self._owns_group = False
+        self._failed: str | None = None
+        self._closed = False
+        try:
+            if not dist.is_initialized():
+                if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun (or any env:// launcher)
+                    world = int(os.environ["WORLD_SIZE"])
+                    if config.ranks not in (1, world):
+                        raise ValueError(f"GRPOConfig(ranks={config.ranks}) but the launcher started {world} ranks")
+                    if device.type == "cuda":
+                        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+                    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+                else:
+                    if config.ranks < 2:
+                        raise ValueError("a DistributedPolicyUpdater outside torchrun needs GRPOConfig(ranks >= 2)")
+                    self._start_workers(model, config, backend)
+                self._owns_group = True
+            self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+            self._local_rank = int(os.environ.get("LOCAL_RANK", self.rank))
+            # Commands travel on their own gloo group: followers may wait a whole rollout phase for the next one,
+            # while the step's collectives keep the short ``timeout_s``.
+            self._control = dist.new_group(backend="gloo", timeout=_CONTROL_TIMEOUT)
+            config = dataclasses.replace(config, ranks=self.world_size)
+            super().__init__(model, config)
+            with self._collective("start"):  # every replica starts from rank 0's weights, as DDP does
+                for p in self._trainable.values():
+                    dist.broadcast(p.data, src=0)
+        except BaseException:
+            self._shutdown(graceful=False)
+            raise
+
+    def _resolve_device(self, name: str) -> torch.device:  # type: ignore[override]
+        device = PolicyUpdater._resolve_device(name)
+        return torch.device("cuda", self._local_rank) if device.type == "cuda" else device
+
+    # -- starting workers -----------------------------------------------------------------------------------------
+
+    def _start_workers(self, model: Any, config: GRPOConfig, backend: str) -> None:
+        world = config.ranks
+        # Port 0: the OS picks a free port, no race with other processes; the workers are told which.
+        store = dist.TCPStore("127.0.0.1", 0, world, True, timeout=_START_TIMEOUT, wait_for_workers=False)
+        if isinstance(model, str | os.PathLike):
+            spec: str | bytes = str(model)
+        else:  # serialised now, before this rank's updater takes the instance over (LoRA wraps it in place)
+            buffer = io.BytesIO()
+            torch.save(model, buffer)
+            spec = buffer.getvalue()
+        ctx = multiprocessing.get_context("spawn")
+        for rank in range(1, world):
+            errors, errors_in = ctx.Pipe(duplex=False)
+            process = ctx.Process(
+                target=_worker_main,
+                args=(rank, world, store.port, backend, spec, config, self.timeout_s, self._bucket_bytes, errors_in),
+                name=f"lightrail-update-rank-{rank}",
+                daemon=True,
+            )
+            process.start()
+            errors_in.close()  # the worker holds the only writing end: its death reads as EOF here
+            self._workers.append(_Worker(rank, process, errors))
+        # Wait for every worker to reach the rendezvous while watching that they live: a worker that fails to start
+        # is reported at once instead of after the rendezvous timeout.
+        deadline = time.monotonic() + _START_TIMEOUT.total_seconds()
+        while store.add(_JOINED, 0) < world - 1:
+            dead = [w for w in self._workers if w.process.exitcode is not None]
+            if dead or time.monotonic() > deadline:
+                what = "started" if dead else f"joined within {_START_TIMEOUT.total_seconds():.0f} s"
+                raise RankFailedError(f"data-parallel ranks not {what}: " + "; ".join(self._statuses()))
+            time.sleep(0.02)
+        dist.init_process_group(
+            backend, store=store, rank=0, world_size=world, timeout=timedelta(seconds=self.timeout_s)
+        )
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """Process ids of the worker ranks this updater started (empty under torchrun)."""
+        return [w.process.pid for w in self._workers]
+
+    # -- driving (rank 0) -------------------------------------------------------------------------------------
+
+    def step(
+        self,
+        rows: Sequence[TrainingRow],
+        *,
+        current_version: int | None = None,
+        objective: Literal["grpo", "sft"] = "grpo",
+    ) -> dict[str, float]:
+        """`PolicyUpdater.step` on every rank, each on its share of ``rows`` (rank 0 only; metrics are global)."""
+        self._check_driver("step")
+        return super().step(rows, current_version=current_version, objective=objective)
+
+    def _step_on(
+        self,
+        rows: Sequence[TrainingRow],
+        *,
+        objective: Literal["grpo", "sft"],
+        weights: Sequence[torch.Tensor] | None = None,
+    ) -> dict[str, float]:
+        if weights is not None:  # a shard: this rank's part of a step
+            return super()._step_on(rows, objective=objective, weights=weights)
+        skip_zero = self.config.skip_zero_advantage_rows and objective != "sft"
+        all_weights = self._row_weights(rows)
+        active = self._active_rows(rows, skip_zero_advantage=skip_zero)
+        shards = shard_by_tokens([len(rows[i].input_ids) for i in active], self.world_size)
+        payloads = [
+            ([rows[active[j]] for j in shard], [all_weights[active[j]] for j in shard], objective) for shard in shards
+        ]
+        with self._collective("step"):
+            own_rows, own_weights, _ = self._command("step", payloads)
+            return super()._step_on(own_rows, objective=objective, weights=own_weights)
+
+    def load(self, directory: str | os.PathLike) -> None:
+        """`PolicyUpdater.load` on every rank from ``directory`` (which every rank must be able to read), then a
+        check that the replicas agree."""
+        self._check_driver("load")
+        super().load(directory)  # rank 0 first: a bad checkpoint fails here, with the other ranks untouched
+        with self._collective("load"):
+            self._command("load", [str(directory)] * self.world_size)
+            fingerprints = self._gather_fingerprints()
+        if any(f != fingerprints[0] for f in fingerprints):
+            self._failed = "load"
+            raise RankFailedError(
+                f"ranks loaded different states from {directory} (fingerprints {fingerprints}): every rank must read "
+                "the same checkpoint (a shared filesystem across machines)"
+            )
+
+    def replica_fingerprints(self) -> list[tuple[float, ...]]:
+        """Per rank: ``(steps, sum of trainable weights, sum of their squares, sum of AdamW's state)``, in float64.
+        Replicas in step are equal bit for bit, so these are equal; a diverged rank shows here."""
+        self._check_driver("replica_fingerprints")
+        with self._collective("fingerprint"):
+            self._command("fingerprint", [None] * self.world_size)
+            return self._gather_fingerprints()
+
+    def close(self) -> None:
+        """Stop the worker ranks (or release torchrun's followers from `serve`) and leave the process group.
+        Idempotent; a failed updater's workers are terminated."""
+        self._shutdown(graceful=True)
+
+    def __enter__(self) -> DistributedPolicyUpdater:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- following (ranks > 0) ----------------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        """Run rank 0's commands on this rank until rank 0 closes (ranks > 0; spawned workers run this)."""
+        if self.rank == 0:
+            raise RuntimeError("rank 0 drives the update (step, load, close); the other ranks call serve()")
+        while True:
+            received: list[Any] = [None]
+            dist.scatter_object_list(received, None, src=0, group=self._control)
+            op, arg = received[0]
+            if op == "close":
+                break
+            if op == "step":
+                rows, weights, objective = arg
+                super()._step_on(rows, objective=objective, weights=weights)
+            elif op == "load":
+                PolicyUpdater.load(self, arg)
+                self._gather_fingerprints()
+            elif op == "fingerprint":
+                self._gather_fingerprints()
+            else:
+                raise RuntimeError(f"unknown command {op!r} from rank 0")
+        self._shutdown(graceful=True)
+
+    # -- collectives --------------------------------------------------------------------------------------------
+
+    def _command(self, op: str, args: list[Any]) -> Any:
+        """Send each rank its argument of ``op``; returns rank 0's own."""
+        dead = [w for w in self._workers if w.process.exitcode is not None]
+        if dead:
+            raise RankFailedError("; ".join(w.status() for w in dead))
+        received: list[Any] = [None]
+        dist.scatter_object_list(received, [(op, a) for a in args], src=0, group=self._control)
+        return received[0][1]
+
+    def _reduce_step(
+        self, params: list[torch.Tensor], stats: torch.Tensor, ratio_max: float
+    ) -> tuple[torch.Tensor, float]:
+        has_grad = torch.tensor([p.grad is not None for p in params], dtype=torch.float64)
+        packed = torch.cat([stats, has_grad]).to(self.device)
+        dist.all_reduce(packed)
+        peak = torch.tensor([ratio_max], dtype=torch.float64, device=self.device)
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        packed = packed.cpu()
+        grads = []
+        for p, n in zip(params, packed[len(stats) :].tolist(), strict=True):
+            if n:  # some rank has a gradient for p: every rank joins the sum (zeros where it had none)
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                grads.append(p.grad)
+        self._all_reduce_sum(grads)
+        return packed[: len(stats)], float(peak)
+
+    def _all_reduce_sum(self, tensors: list[torch.Tensor]) -> None:
+        """Sum ``tensors`` over the ranks in place, flattened into buckets of at most ``bucket_mb`` (per dtype)."""
+        bucket: list[torch.Tensor] = []
+        size = 0
+        for t in [*tensors, None]:
+            if bucket and (t is None or t.dtype != bucket[0].dtype or size + t.nbytes > self._bucket_bytes):
+                if len(bucket) == 1:
+                    dist.all_reduce(bucket[0])
+                else:
+                    flat = torch.cat([b.reshape(-1) for b in bucket])
+                    dist.all_reduce(flat)
+                    offset = 0
+                    for b in bucket:
+                        b.copy_(flat[offset : offset + b.numel()].view_as(b))
+                        offset += b.numel()
+                bucket, size = [], 0
+            if t is not None:
+                bucket.append(t)
+                size += t.nbytes
+
+    def _gather_fingerprints(self) -> list[tuple[float, ...]]:
+        mine = self._fingerprint()
+        out: list[Any] = [None] * self.world_size if self.rank == 0 else []
+        dist.gather_object(mine, out if self.rank == 0 else None, dst=0, group=self._control)
+        return out
+
+    def _fingerprint(self) -> tuple[float, ...]:
+        with torch.no_grad():
+            params = list(self._trainable.values())
+            total = sum(float(p.double().sum()) for p in params)
+            squares = sum(float(p.double().square().sum()) for p in params)
+            moments = sum(
+                float(v.double().sum())
+                for state in self.optimizer.state.values()
+                for v in state.values()
+                if isinstance(v, torch.Tensor)
+            )
+        return (float(self.steps), total, squares, moments)
+
+    # -- failures and shutdown ------------------------------------------------------------------------------------
+
+    def _check_driver(self, what: str) -> None:
+        if self.rank != 0:
+            raise RuntimeError(f"{what}() is rank 0's: rank {self.rank} follows it by calling serve()")
+        if self._closed:
+            raise RuntimeError("this DistributedPolicyUpdater is closed")
+        if self._failed is not None:
+            raise RankFailedError(
+                f"a data-parallel {self._failed} failed earlier: close() this updater and resume from a checkpoint"
+            )
+
+    @contextlib.contextmanager
+    def _collective(self, what: str) -> Iterator[None]:
+        """Run collectives; any failure leaves the replicas in unknown states, so it fails the updater for good."""
+        try:
+            yield
+        except RankFailedError:
+            self._failed = what
+            raise
+        except Exception as exc:
+            self._failed = what
+            if self.world_size == 1 or not self._workers:  # torchrun: the launcher reports the other ranks
+                raise RankFailedError(f"data-parallel {what} failed on rank {self.rank}: {exc}") from exc
+            # Give a rank that crashed a moment to report its traceback before naming everyone's state.
+            deadline = time.monotonic() + 5.0
+            while time.monotonic() < deadline and not any(w.process.exitcode is not None for w in self._workers):
+                time.sleep(0.05)
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise RankFailedError(
+                f"data-parallel {what} failed on rank 0 ({first}); " + "; ".join(self._statuses())
+            ) from exc
+
+    def _statuses(self) -> list[str]:
+        return [w.status() for w in self._workers]
+
+    def _shutdown(self, *, graceful: bool) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if (
+            graceful
+            and self._failed is None
+            and getattr(self, "rank", None) == 0
+            and dist.is_initialized()
+            and hasattr(self, "_control")
+        ):
+            with contextlib.suppress(Exception):
+                self._command("close", [None] * self.world_size)
+        for w in self._workers:
+            w.process.join(timeout=10.0 if graceful and self._failed is None else 0.5)
+            if w.process.exitcode is None:
+                w.process.kill()  # SIGKILL also ends a stopped (SIGSTOP) or wedged process
+                w.process.join(timeout=5.0)
+            w.errors.close()
+        if self._owns_group and dist.is_initialized():
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
+
+
+def _worker_main(
+    rank: int,
+    world: int,
+    port: int,
+    backend: str,
+    model: str | bytes,
+    config: GRPOConfig,
+    timeout_s: float,
+    bucket_bytes: int,
+    errors: Any,
+) -> None:
+    """Entry point of a worker rank started by `DistributedPolicyUpdater`: join, build the replica, serve."""
+    exit_with_parent(grace_s=5.0)
+    try:
+        if backend == "gloo" and not os.environ.get(THREADS_ENV):
+            # The ranks share the machine's cores (rank 0 keeps the trainer's own setting).
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        store = dist.TCPStore("127.0.0.1", port, world, False, timeout=_START_TIMEOUT)
+        store.add(_JOINED, 1)
+        timeout = timedelta(seconds=timeout_s)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+        if isinstance(model, bytes):
+            model = torch.load(io.BytesIO(model), weights_only=False)
+        updater = DistributedPolicyUpdater(model, config, timeout_s=timeout_s, bucket_mb=bucket_bytes / 2**20)
+        updater.serve()
+    except BaseException:
+        with contextlib.suppress(OSError):
+            errors.send(traceback.format_exc())
+        raise SystemExit(1) from None
+    finally:
+        if dist.is_initialized():
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
