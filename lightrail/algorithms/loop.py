@@ -170,7 +170,10 @@ class GRPO:
             lora_rank=config.lora.r if config.lora else None, engine_options=self.engine_options, vllm=self.vllm,
         )  # fmt: skip
         await self._rollouts.start()
-        self._updater = await asyncio.to_thread(PolicyUpdater, str(self.model), config)
+        updater: type[PolicyUpdater] = PolicyUpdater
+        if config.ranks > 1:  # data-parallel update: this process is rank 0, the other ranks are worker processes
+            from lightrail.algorithms.distributed import DistributedPolicyUpdater as updater
+        self._updater = await asyncio.to_thread(updater, str(self.model), config)
         checkpoint = self._latest_checkpoint() if self.resume else None
         if checkpoint is not None:
             await asyncio.to_thread(self._updater.load, checkpoint)
@@ -239,6 +242,8 @@ class GRPO:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+        if self._updater is not None:
+            await asyncio.to_thread(self._updater.close)
 
     # -- steps -----------------------------------------------------------------------------------------------
 
