@@ -75,8 +75,11 @@ class Pulse:
             return
         if timeout_s <= 0:
             return
+        # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancellation that lands in the same loop
+        # iteration as the fire, and the cancelled waiter (a closing store's reaper) would sleep on.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await event.wait()
 
 
 class LeaseReaper:
@@ -98,9 +101,11 @@ class LeaseReaper:
         self._changed = Pulse()
         self._task: asyncio.Task[None] | None = None
         self._sleeping_until: float | None = None  # the deadline the reaper waits for (None: none, or computing)
+        self._closed = False
 
     def ensure_running(self) -> None:
         if self._task is None or self._task.done():
+            self._closed = False  # a store may be used again after close (a new event loop in tests, notebooks)
             self._task = asyncio.get_running_loop().create_task(self._run(), name="lightrail-lease-reaper")
 
     def reschedule(self, deadline: float | None = None) -> None:
@@ -111,7 +116,7 @@ class LeaseReaper:
         self._changed.fire()
 
     async def _run(self) -> None:
-        while True:
+        while not self._closed:
             armed = self._changed.arm()  # before reading the deadline: a reschedule during the read is not lost
             self._sleeping_until = None
             try:
@@ -129,6 +134,8 @@ class LeaseReaper:
             await self._changed.wait(None if deadline is None else deadline - time.time(), armed)
 
     async def close(self) -> None:
+        self._closed = True  # ends the loop even if a cancellation is swallowed by a library below us
+        self._changed.fire()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, RuntimeError):
