@@ -155,3 +155,29 @@ def test_ctrl_c_stops_a_training_run_and_its_processes(tmp_path):
         assert [pid for pid in children if os.path.exists(f"/proc/{pid}")] == []
     finally:
         proc.kill()
+
+
+@pytest.mark.parametrize("path", sorted(ROOT.glob("examples/*/config.gpu.yaml")), ids=lambda p: p.parent.name)
+def test_gpu_configs_are_valid_and_say_what_they_run(path):
+    """The GPU configs cannot run here (no GPU), so every field is checked: a stale key would only show on a GPU box."""
+    config = load_config(path)
+    from lightrail.trainer.config import _grpo_kwargs
+
+    kwargs = _grpo_kwargs(config)
+    assert kwargs["rollout_engine"] == "vllm" and kwargs["vllm"]["python"] == ".venv-vllm/bin/python"
+    settings = kwargs["config"]
+    assert (settings.device, settings.dtype, settings.ranks) == ("cuda", "bfloat16", 3)
+    assert config.model.startswith("models/") and config.trainer.otel
+    variant = "grpo.config.lora=null" if settings.lora else "grpo.config.lora={r: 32, alpha: 64}"
+    assert variant in path.read_text().replace('"', "")  # each file documents the other variant with this override
+    other = _grpo_kwargs(load_config(path, [variant]))["config"]
+    assert (other.lora is None) != (settings.lora is None)
+
+
+def test_the_gpu_configs_cover_the_three_agents_and_models():
+    models = {p.parent.name: load_config(p).model for p in ROOT.glob("examples/*/config.gpu.yaml")}
+    assert models == {
+        "calc_agent": "models/Llama-3.2-3B-Instruct",
+        "rag_agent": "models/Llama-3.2-3B-Instruct",
+        "sql_agent": "models/Qwen2.5-Coder-1.5B-Instruct",
+    }
