@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -107,6 +108,30 @@ def python_loop_ms() -> float:
 def machine_facts() -> dict:
     """What a reader on another machine needs next to a figure: cores, the 1-minute load, the loop's speed."""
     return {"cores": os.cpu_count(), "load_1m": round(os.getloadavg()[0], 2), "python_loop_ms": python_loop_ms()}
+
+
+def run_parts(doc: str, parts: dict[str, str], targets: Callable[[dict], dict[str, bool]]) -> None:
+    """The main of a benchmark made of parts (modules with ``measure(quick) -> dict``): ``--quick``, ``--only NAME``;
+    progress on stderr, one JSON object last on stdout with the machine's facts, each part's time and the targets."""
+    import argparse
+    import importlib
+    import json
+
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="smaller workloads")
+    parser.add_argument("--only", choices=sorted(parts), action="append", help="run only this part (repeatable)")
+    args = parser.parse_args()
+    out: dict = {"quick": args.quick, **machine_facts()}
+    log(f"machine: {out}")
+    started = time.monotonic()
+    for name in args.only or parts:
+        t0 = time.monotonic()
+        log(f"-- {name}")
+        out.update(importlib.import_module(parts[name]).measure(args.quick))
+        out[f"{name}_bench_s"] = round(time.monotonic() - t0, 1)
+    out["bench_s"] = round(time.monotonic() - started, 1)
+    out["targets_met"] = targets(out)
+    print(json.dumps(out))
 
 
 def machine_busy_s() -> float:

@@ -19,16 +19,12 @@ object as the last line of stdout (progress on stderr):
 
 from __future__ import annotations
 
-import argparse
-import importlib
-import json
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._util import log, machine_facts  # noqa: E402
+from bench._util import run_parts  # noqa: E402
 
 PARTS = {"pg": "bench._scale_pg", "ray": "bench._scale_ray", "remote": "bench._scale_remote"}
 
@@ -47,25 +43,5 @@ def targets(out: dict) -> dict[str, bool]:
     return met
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="smaller workloads (< 3 minutes in all)")
-    parser.add_argument("--only", choices=sorted(PARTS), action="append", help="run only this part (repeatable)")
-    args = parser.parse_args()
-    out: dict = {"quick": args.quick, **machine_facts()}
-    log(f"machine: {out}")
-    started = time.monotonic()
-    for name in args.only or PARTS:
-        t0 = time.monotonic()
-        log(f"-- {name}")
-        out.update(importlib.import_module(PARTS[name]).measure(args.quick))
-        out[f"{name}_bench_s"] = round(time.monotonic() - t0, 1)
-    out["bench_s"] = round(time.monotonic() - started, 1)
-    if "pg_http_spans_per_s_c8" in out:
-        out["pg_over_sqlite_c8"] = round(out["pg_http_spans_per_s_c8"] / out["sqlite_http_spans_per_s_c8"], 2)
-    out["targets_met"] = targets(out)
-    print(json.dumps(out))
-
-
 if __name__ == "__main__":
-    main()
+    run_parts(__doc__, PARTS, targets)
