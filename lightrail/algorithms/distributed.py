@@ -81,6 +81,8 @@ import logging
 import multiprocessing
 import os
 import signal
+import socket
+import threading
 import time
 import traceback
 from collections.abc import Iterator, Sequence
@@ -117,7 +119,7 @@ def shard_by_tokens(lengths: Sequence[int], ranks: int) -> list[list[int]]:
     indices are returned in increasing order.
 
         >>> shard_by_tokens([5, 9, 3, 9, 1], 2)
-        [[1, 2, 4], [0, 3]]
+        [[0, 1], [2, 3, 4]]
     """
     if ranks < 1:
         raise ValueError(f"ranks must be >= 1, not {ranks}")
@@ -158,9 +160,9 @@ class DistributedPolicyUpdater(PolicyUpdater):
     """A `PolicyUpdater` whose step runs on ``config.ranks`` data-parallel ranks (see the module docstring).
 
         >>> upd = DistributedPolicyUpdater("path/to/model", GRPOConfig(ranks=2))   # doctest: +SKIP
-        >>> upd.step(rows)["loss"]           # rows sharded over 2 processes, gradients summed
-        >>> engine_weights = upd.state_dict_for_serving()
-        >>> upd.close()                      # stops the worker rank
+        >>> upd.step(rows)["loss"]     # rows sharded over 2 processes    # doctest: +SKIP
+        >>> weights = upd.state_dict_for_serving()                         # doctest: +SKIP
+        >>> upd.close()                # stops the worker rank            # doctest: +SKIP
 
     Under ``torchrun`` (or with a default process group already initialised) the ranks are the group's; otherwise
     this process becomes rank 0 and starts ``config.ranks - 1`` workers. ``timeout_s`` bounds every collective of a
@@ -204,6 +206,8 @@ class DistributedPolicyUpdater(PolicyUpdater):
             config = dataclasses.replace(config, ranks=self.world_size)
             super().__init__(model, config)
             with self._collective("start"):  # every replica starts from rank 0's weights, as DDP does
+                # Ranks build their replicas at their own pace: wait for all (bounded) before the timed collectives.
+                _bounded(lambda: dist.barrier(group=self._control), _START_TIMEOUT.total_seconds(), "ranks not ready")
                 for p in self._trainable.values():
                     dist.broadcast(p.data, src=0)
         except BaseException:
@@ -218,8 +222,16 @@ class DistributedPolicyUpdater(PolicyUpdater):
 
     def _start_workers(self, model: Any, config: GRPOConfig, backend: str) -> None:
         world = config.ranks
-        # Port 0: the OS picks a free port, no race with other processes; the workers are told which.
-        store = dist.TCPStore("127.0.0.1", 0, world, True, timeout=_START_TIMEOUT, wait_for_workers=False)
+        # The rendezvous store listens on a socket bound here to 127.0.0.1 (TCPStore alone listens on every
+        # interface) at a port the OS picks (no race with other processes); the workers are told which.
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(128)
+        port = listener.getsockname()[1]
+        store = dist.TCPStore(
+            "127.0.0.1", port, world, True, timeout=_START_TIMEOUT, wait_for_workers=False,
+            master_listen_fd=listener.detach(),
+        )  # fmt: skip
         if isinstance(model, str | os.PathLike):
             spec: str | bytes = str(model)
         else:  # serialised now, before this rank's updater takes the instance over (LoRA wraps it in place)
@@ -231,7 +243,7 @@ class DistributedPolicyUpdater(PolicyUpdater):
             errors, errors_in = ctx.Pipe(duplex=False)
             process = ctx.Process(
                 target=_worker_main,
-                args=(rank, world, store.port, backend, spec, config, self.timeout_s, self._bucket_bytes, errors_in),
+                args=(rank, world, port, backend, spec, config, self.timeout_s, self._bucket_bytes, errors_in),
                 name=f"lightrail-update-rank-{rank}",
                 daemon=True,
             )
@@ -355,7 +367,11 @@ class DistributedPolicyUpdater(PolicyUpdater):
         if dead:
             raise RankFailedError("; ".join(w.status() for w in dead))
         received: list[Any] = [None]
-        dist.scatter_object_list(received, [(op, a) for a in args], src=0, group=self._control)
+        _bounded(
+            lambda: dist.scatter_object_list(received, [(op, a) for a in args], src=0, group=self._control),
+            self.timeout_s,
+            f"the other ranks did not take the {op!r} command",
+        )
         return received[0][1]
 
     def _reduce_step(
@@ -473,6 +489,31 @@ class DistributedPolicyUpdater(PolicyUpdater):
         if self._owns_group and dist.is_initialized():
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
+
+
+def _bounded(call: Any, timeout_s: float, what: str) -> None:
+    """Run a control-group collective, giving up after ``timeout_s``.
+
+    gloo hands a message over only once the receiver has posted its receive, and the control group waits for days
+    (followers idle through rollouts), so a hung rank would block the caller as long. The call runs in a helper
+    thread instead; a hung rank's end (`DistributedPolicyUpdater.close` kills it) later releases that thread.
+    """
+    failure: list[BaseException] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:
+            failure.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="lightrail-update-control", daemon=True).start()
+    if not done.wait(timeout_s):
+        raise TimeoutError(f"{what} within {timeout_s:.0f} s")
+    if failure:
+        raise failure[0]
 
 
 def _worker_main(
