@@ -64,7 +64,8 @@ async def _stored(url: str) -> tuple[dict[str, tuple], list[str]]:
         rollouts = await client.query_rollouts()
         attempts = {r.rollout_id: (r, await client.query_attempts(r.rollout_id)) for r in rollouts}
         latest = await client.get_resources()
-        endpoints = [(await client.get_resources(v)).items["llm"].endpoint for v in range(1, latest.version + 1)]
+        versions = range(1, latest.version + 1) if latest is not None else ()
+        endpoints = [(await client.get_resources(v)).items["llm"].endpoint for v in versions]
         return attempts, endpoints
     finally:
         await client.close()
@@ -202,3 +203,28 @@ def test_a_runner_on_another_host_trains_through_the_advertised_urls(tmp_path, m
     assert grpo.report["steps"] == 1
     assert all(r.status is RolloutStatus.SUCCEEDED for r, _ in rollouts.values())
     assert {a.worker_id for _, attempts in rollouts.values() for a in attempts} == {"remote"}
+
+
+def test_a_run_on_postgresql_is_served_through_another_store_server(tmp_path, monkeypatch, postgres_url):
+    """``store: postgresql://...``: the trainer serves the database with its own store server; a runner started by
+    hand reaches the same run through a second store server in front of the same database."""
+    monkeypatch.syspath_prepend(str(AGENTS.parent / "agent"))
+    second = StoreServerProcess(postgres_url, token=TOKEN)
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "lightrail.cli", "runner", "--store", second.url, "--agent", "sample_agents:sleeper"]
+        + ["-k", "4", "--worker-id", "via-second-server"],
+        env={**os.environ, "PYTHONPATH": str(AGENTS.parent / "agent"), "LIGHTRAIL_TOKEN": TOKEN},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        trainer = Trainer(n_runners=0, store=postgres_url, token=TOKEN, runs_dir=tmp_path)
+        report = trainer.dev("sample_agents:sleeper", [{"sleep": 0.05} for _ in range(8)], timeout_s=120)
+        rollouts, _ = asyncio.run(_stored(second.url))
+    finally:
+        runner.kill()
+        runner.wait(10)
+        second.stop()
+    assert report.counts.get(RolloutStatus.SUCCEEDED) == 8 and report.store.startswith("postgresql://")
+    assert len(rollouts) == 8  # the trainer's server and the second one serve one database
+    assert {a.worker_id for _, attempts in rollouts.values() for a in attempts} == {"via-second-server"}
