@@ -200,7 +200,7 @@ async def _measure(quick: bool) -> dict[str, Any]:
     if not VLLM_PYTHON.exists():
         raise SystemExit(f"no vLLM interpreter at {VLLM_PYTHON} (set LIGHTRAIL_VLLM_PYTHON)")
     model = str(prepare_model("smollm2"))
-    n_syncs, steps = (4, 2) if quick else (8, 4)
+    n_syncs, steps = (4, 1) if quick else (8, 4)
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-vllm-") as tmp:
         root = Path(tmp)
@@ -248,7 +248,7 @@ def measure(quick: bool) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="4 LoRA syncs, 2 GRPO steps per engine (~6 min)")
+    parser.add_argument("--quick", action="store_true", help="4 LoRA syncs, 1 GRPO step per engine")
     args = parser.parse_args()
     t0 = time.monotonic()
     out = measure(args.quick)
