@@ -62,7 +62,7 @@ async def _sync_bench(model: str, workdir: Path, *, lora: bool, n_syncs: int) ->
     import openai
 
     from lightrail.algorithms import GRPOConfig, LoraSettings, PolicyUpdater
-    from lightrail.engine.vllm import VLLMRollouts
+    from lightrail.algorithms.vllm_rollouts import VLLMRollouts
     from lightrail.gateway.server import GatewayServer
     from lightrail.store import MemoryStore
     from lightrail.types import ChatRequest, SamplingParams

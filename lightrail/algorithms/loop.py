@@ -76,7 +76,7 @@ class GRPO:
 
     ``rollout_engine="vllm"`` samples from vLLM instead of the embedded engine: ``vllm={"python": ...}`` starts
     ``vllm serve`` with that interpreter, ``vllm={"url": ...}`` attaches to a running one (options: see
-    `lightrail.engine.vllm.VLLMRollouts`); with a LoRA config the adapter is synced, otherwise the full weights.
+    `lightrail.algorithms.vllm_rollouts.VLLMRollouts`); with a LoRA config the adapter is synced, otherwise the full weights.
 
         >>> grpo = GRPO("runs/warm", config=GRPOConfig(lr=5e-4), steps=60)                # doctest: +SKIP
         >>> Trainer(n_runners=2, concurrency=8, algorithm=grpo).fit(agent, train, val)  # doctest: +SKIP
@@ -138,7 +138,7 @@ class GRPO:
         self.rollout_engine = rollout_engine
         self.vllm = dict(vllm or {})
         if rollout_engine == "vllm":
-            from lightrail.engine.vllm import check_vllm_sampling
+            from lightrail.algorithms.vllm_rollouts import check_vllm_sampling
 
             check_vllm_sampling(self.sampling)
         self.report: dict[str, Any] = {}

@@ -2,7 +2,7 @@
 
 * ``"embedded"`` (`EmbeddedRollouts`): the in-process transformers `lightrail.engine.Engine`; weights are copied in
   place after each update (the default; nothing else to run).
-* ``"vllm"`` (`lightrail.engine.vllm.VLLMRollouts`): a ``vllm serve`` process, LoRA adapters or full weights synced
+* ``"vllm"`` (`lightrail.algorithms.vllm_rollouts.VLLMRollouts`): a ``vllm serve`` process, LoRA adapters or full weights synced
   after each update.
 
 The loop only sees the protocol: start it, hand its `backend` to the gateway, read `policy_version`, `sync` the
@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["ROLLOUT_ENGINES", "EmbeddedRollouts", "RolloutEngine", "make_rollout_engine"]
+__all__ = ["ROLLOUT_ENGINES", "EmbeddedRollouts", "RolloutEngine", "check_vllm_options", "make_rollout_engine"]
 
 ROLLOUT_ENGINES = ("embedded", "vllm")
 
@@ -101,12 +101,9 @@ def make_rollout_engine(
     if kind == "embedded":
         return EmbeddedRollouts(model, **(engine_options or {}))
     if kind == "vllm":
-        from lightrail.engine.vllm import VLLMRollouts
+        from lightrail.algorithms.vllm_rollouts import VLLMRollouts
 
-        options = dict(vllm or {})
-        unknown = sorted(set(options) - _VLLM_OPTIONS)
-        if unknown:
-            raise ValueError(f"unknown vllm option(s) {unknown}; expected some of {sorted(_VLLM_OPTIONS)}")
+        options = check_vllm_options(vllm)
         options.setdefault("workdir", Path(out_dir) / "vllm")
         return VLLMRollouts(model, served_name=served_name, lora_rank=lora_rank, **options)
     raise ValueError(f"rollout_engine must be one of {ROLLOUT_ENGINES}, not {kind!r}")
@@ -115,3 +112,13 @@ def make_rollout_engine(
 _VLLM_OPTIONS = frozenset(
     {"python", "url", "args", "env", "api_key", "startup_timeout_s", "request_timeout_s", "workdir"}
 )
+
+
+def check_vllm_options(options: dict[str, Any] | None) -> dict[str, Any]:
+    """``options`` as `VLLMRollouts` keyword arguments; an unknown name is a ValueError naming the accepted ones (a
+    config's typo fails when the config is read, not after the model is built)."""
+    options = dict(options or {})
+    unknown = sorted(set(options) - _VLLM_OPTIONS)
+    if unknown:
+        raise ValueError(f"unknown vllm option(s) {unknown}; expected some of {sorted(_VLLM_OPTIONS)}")
+    return options

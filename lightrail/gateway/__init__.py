@@ -15,7 +15,7 @@ path attributes each call to its attempt.
 from __future__ import annotations
 
 from lightrail.gateway.app import create_gateway_app
-from lightrail.gateway.backends import Backend, OpenAIUpstream, UpstreamError
+from lightrail.gateway.backends import Backend, OpenAIUpstream, UpstreamError, VersionedUpstream
 from lightrail.gateway.fake import ScriptedBackend, ScriptedReply
 from lightrail.gateway.server import GatewayServer, GatewaySettings
 
@@ -27,5 +27,6 @@ __all__ = [
     "ScriptedBackend",
     "ScriptedReply",
     "UpstreamError",
+    "VersionedUpstream",
     "create_gateway_app",
 ]

@@ -235,6 +235,16 @@ def _grpo_kwargs(config: TrainConfig) -> dict[str, Any]:
         raise ConfigError(f"grpo: unknown setting(s) {unknown}; GRPO accepts {sorted(accepted)}")
     for key, value in options.items():
         kwargs[key] = _checked(f"grpo.{key}", value, parameters[key].annotation)
+    from lightrail.algorithms.rollout_engines import ROLLOUT_ENGINES, check_vllm_options
+
+    if kwargs.get("rollout_engine", ROLLOUT_ENGINES[0]) not in ROLLOUT_ENGINES:
+        raise ConfigError(
+            f"grpo.rollout_engine: expected one of {list(ROLLOUT_ENGINES)}, got {kwargs['rollout_engine']!r}"
+        )
+    try:
+        check_vllm_options(kwargs.get("vllm"))
+    except ValueError as exc:
+        raise ConfigError(f"grpo.vllm: {exc}") from None
     return kwargs
 
 

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from lightrail.algorithms import GRPO, GRPOConfig, LoraSettings, PolicyUpdater
 from lightrail.algorithms.rollout_engines import EmbeddedRollouts, make_rollout_engine
-from lightrail.engine.vllm import VLLMRollouts, write_lora_adapter, write_serving_weights
+from lightrail.algorithms.vllm_rollouts import VLLMRollouts, write_lora_adapter, write_serving_weights
 from lightrail.gateway import ScriptedBackend
 from lightrail.gateway.server import GatewayServer
 from lightrail.store import MemoryStore

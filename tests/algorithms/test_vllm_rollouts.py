@@ -26,7 +26,7 @@ import torch
 
 from lightrail import MemoryStore, Trainer
 from lightrail.algorithms import GRPO, GRPOConfig, LoraSettings, PolicyUpdater
-from lightrail.engine.vllm import VLLMRollouts
+from lightrail.algorithms.vllm_rollouts import VLLMRollouts
 from lightrail.gateway.server import GatewayServer
 from lightrail.store import SQLiteStore
 from lightrail.types import Attr, ChatRequest, SamplingParams, TrainingRow

@@ -100,6 +100,8 @@ def test_scale_out_sections_reach_the_trainer_and_the_gateway(tmp_path):
         ("trainer.runners.slurm={n: 2}", "slurm"),
         ("trainer.runners.ray={n: 0}", "ray: n and k must be >= 1"),
         ("trainer.runners.ray={adress: auto}", "adress"),
+        ("grpo.vllm={pyhton: x}", "grpo.vllm: unknown vllm option(s) ['pyhton']"),
+        ("grpo.rollout_engine=sglang", "rollout_engine"),
     ],
 )
 def test_bad_config_is_rejected_with_the_field_path(tmp_path, override, message):
