@@ -281,7 +281,7 @@ def test_train_with_the_config(tmp_path, tools):
     result = train(config)
     assert result.report["steps"] == 1
 
-    rollouts, spans_of = _spans_by_rollout(result.store_path)
+    rollouts, spans_of = _spans_by_rollout(result.store)
     assert len(rollouts) == 2 * 2 + 2 * 2  # one step of 2 tasks x 2 samples, validation before and after
     solver_calls_trained = 0
     trained = AgentFilter([SOLVER])

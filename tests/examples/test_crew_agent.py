@@ -218,7 +218,7 @@ async def test_train_config_links_every_call_to_its_crew_agent_and_trains_only_t
     assert (step["rollouts"], step["excluded"]) == (4, 0)
 
     selected = AgentFilter(config.grpo["agents"])
-    store = SQLiteStore(str(result.store_path))
+    store = SQLiteStore(str(result.store))
     try:
         rollouts = await store.query_rollouts()
         assert len(rollouts) == 4 + 2 * 2  # 2 tasks x 2 samples; 2 held-out tasks before and after the step

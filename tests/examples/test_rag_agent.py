@@ -294,7 +294,7 @@ def test_lightrail_train_with_the_tiny_model_trains_only_the_researcher(tmp_path
     assert result.report["steps"] == 1
 
     async def read():
-        store = SQLiteStore(result.store_path)
+        store = SQLiteStore(result.store)
         try:
             rollouts = await store.query_rollouts()
             return [(r, await store.query_spans(r.rollout_id)) for r in rollouts]

@@ -399,7 +399,7 @@ async def test_train_config_names_every_call_by_its_node_and_trains_only_writer_
     assert (step["rollouts"], step["excluded"]) == (4, 0)
 
     selected = AgentFilter(config.grpo["agents"])
-    store = SQLiteStore(str(result.store_path))
+    store = SQLiteStore(str(result.store))
     try:
         rollouts = await store.query_rollouts()
         assert len(rollouts) == 4 + 2 * 2  # 2 tasks x 2 samples; 2 held-out tasks before and after the step
