@@ -79,3 +79,21 @@ def test_agent_facing_imports_stay_light():
         subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     )
     assert result["heavy"] == []
+
+
+def test_the_command_line_parser_stays_light():
+    """Every ``lightrail`` command (``store serve``, ``runner``) builds the whole parser first: a command module
+    that imports torch would cost every store server and runner seconds of start-up (it did: 0.4 s -> 5 s)."""
+    probe = PROBE.replace("import lightrail\n", "import lightrail.cli\nlightrail.cli.build_parser()\n")
+    result = json.loads(
+        subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    )
+    assert result["heavy"] == []
+
+
+def test_algorithms_exports_load_on_first_use():
+    import lightrail.algorithms as algorithms
+
+    assert sorted(algorithms._EXPORTS) == sorted(algorithms.__all__)
+    for name in algorithms.__all__:
+        assert getattr(algorithms, name).__name__ == name or name == "LossNorm"

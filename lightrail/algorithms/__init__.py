@@ -2,17 +2,31 @@
 
 GRPO (this package, today): `GRPO` is the training loop (an `Algorithm` for `Trainer.fit`); `PolicyUpdater`
 runs the PPO-clipped policy update (or SFT) over `lightrail.types.TrainingRow`s built by `lightrail.adapters`, on
-a full model or a LoRA adapter, and hands merged weights to the engine.
+a full model or a LoRA adapter, and hands merged weights to the engine (`DistributedPolicyUpdater`: on N ranks).
 `policy_loss` / `loss_weights` are the loss as pure torch functions.
 
-Importing this package imports torch (and the engine package, for the one place that decides torch threads).
+Names load on first use: importing the package (as every ``lightrail`` command does for ``lightrail export``'s
+parser) must not import torch; touching `PolicyUpdater`, `GRPO`, ... does.
 """
 
 from __future__ import annotations
 
-from lightrail.algorithms._loss import LossNorm, loss_weights, policy_loss, token_entropy
-from lightrail.algorithms.grpo import GRPOConfig, LoraSettings, PolicyUpdater, drop_stale_rows, pack_micro_batches
-from lightrail.algorithms.loop import GRPO
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# public name -> module that defines it (tests/test_public_api.py checks it against __all__)
+_EXPORTS: dict[str, str] = {
+    "GRPO": "lightrail.algorithms.loop",
+    "GRPOConfig": "lightrail.algorithms.grpo",
+    "LoraSettings": "lightrail.algorithms.grpo",
+    "LossNorm": "lightrail.algorithms._loss",
+    "PolicyUpdater": "lightrail.algorithms.grpo",
+    "drop_stale_rows": "lightrail.algorithms.grpo",
+    "loss_weights": "lightrail.algorithms._loss",
+    "pack_micro_batches": "lightrail.algorithms.grpo",
+    "policy_loss": "lightrail.algorithms._loss",
+    "token_entropy": "lightrail.algorithms._loss",
+}
 
 __all__ = [
     "GRPO",
@@ -26,3 +40,22 @@ __all__ = [
     "policy_loss",
     "token_entropy",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lightrail.algorithms' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
+
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from lightrail.algorithms._loss import LossNorm, loss_weights, policy_loss, token_entropy
+    from lightrail.algorithms.grpo import GRPOConfig, LoraSettings, PolicyUpdater, drop_stale_rows, pack_micro_batches
+    from lightrail.algorithms.loop import GRPO
