@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import sys
 import time
 from pathlib import Path
@@ -27,28 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._util import log  # noqa: E402
-
-
-def _rows(n: int, vocab: int, seed: int = 0) -> list:
-    from lightrail.types import TrainingRow
-
-    rng = random.Random(seed)
-    rows = []
-    for i in range(n):
-        prompt, response = rng.randint(60, 120), rng.randint(20, 40)
-        mask = [0] * prompt + [1] * response
-        adv = 1.0 if i % 2 else -1.0
-        rows.append(
-            TrainingRow(
-                input_ids=[rng.randrange(vocab) for _ in mask],
-                loss_mask=mask,
-                old_logprobs=[0.0] * len(mask),
-                advantages=[adv * m for m in mask],
-                rollout_id=f"ro-{i // 2}",
-                group_id=f"g-{i // 8}",
-            )
-        )
-    return rows
+from bench.update import build_rows  # noqa: E402
 
 
 def measure(quick: bool) -> dict:
@@ -68,7 +46,7 @@ def measure(quick: bool) -> dict:
         model = prepare_model("smollm2")
         n_rows, lr = 17, 1e-5
     vocab = AutoConfig.from_pretrained(model).vocab_size
-    rows = _rows(n_rows, vocab)
+    rows = build_rows(n_rows, vocab, rows_per_rollout=2)  # rollouts of 2 rows: the loss norm spans ranks
     config = GRPOConfig(lr=lr, micro_batch_tokens=2048, compute_entropy=False)
     cores = os.cpu_count() or 1
     threads_before = torch.get_num_threads()

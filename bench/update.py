@@ -56,7 +56,9 @@ def build_model(vocab: int) -> LlamaForCausalLM:
     return LlamaForCausalLM(config)
 
 
-def build_rows(n: int, vocab: int, seed: int = 0) -> list[TrainingRow]:
+def build_rows(n: int, vocab: int, seed: int = 0, rows_per_rollout: int = 1) -> list[TrainingRow]:
+    """``n`` random rows of 80-160 tokens (20-40 trained), alternating advantages +1/-1, ``rows_per_rollout``
+    consecutive rows per rollout (a rollout-mean loss then weighs them together), groups of 8."""
     rng = random.Random(seed)
     rows = []
     for i in range(n):
@@ -69,7 +71,7 @@ def build_rows(n: int, vocab: int, seed: int = 0) -> list[TrainingRow]:
                 loss_mask=mask,
                 old_logprobs=[0.0] * len(mask),
                 advantages=[adv * m for m in mask],
-                rollout_id=f"ro-{i}",
+                rollout_id=f"ro-{i // rows_per_rollout}",
                 group_id=f"g-{i // 8}",
             )
         )
