@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 from lightrail.store import MemoryStore
 from lightrail.tracing import SpanBatcher, attempt_context, emit_event
@@ -125,12 +126,17 @@ async def test_backpressure_blocks_threads_and_the_runner_until_the_store_catche
                 emitted += 1
 
     thread = asyncio.ensure_future(asyncio.to_thread(work))
-    await asyncio.sleep(0.2)  # unblocked, the thread would emit all 100 spans in well under a millisecond
-    assert 20 <= emitted < 100  # it waits for room instead of queueing without bound
-    capacity = asyncio.ensure_future(batcher.wait_capacity())
-    await asyncio.sleep(0.01)
-    assert not capacity.done()  # the runner would not lease new work now
-    store.gate.set()
+    try:
+        deadline = time.monotonic() + 30  # a loaded machine may start the thread late: wait for it, not a fixed time
+        while emitted < 20 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)  # unblocked, the thread would emit the rest in well under a millisecond
+        assert 20 <= emitted < 100  # it waits for room instead of queueing without bound
+        capacity = asyncio.ensure_future(batcher.wait_capacity())
+        await asyncio.sleep(0.01)
+        assert not capacity.done()  # the runner would not lease new work now
+    finally:
+        store.gate.set()  # a failed check must not leave the thread blocked forever (the loop could never close)
     await thread
     await capacity
     await batcher.flush()
