@@ -127,17 +127,17 @@ async def test_backpressure_blocks_threads_and_the_runner_until_the_store_catche
 
     thread = asyncio.ensure_future(asyncio.to_thread(work))
     try:
-        deadline = time.monotonic() + 30  # a loaded machine may start the thread late: wait for it, not a fixed time
-        while emitted < 20 and time.monotonic() < deadline:
+        deadline = time.monotonic() + 30  # a loaded machine may run the thread late: wait for the full queue
+        while batcher.pending < batcher.max_pending and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.2)  # unblocked, the thread would emit the rest in well under a millisecond
         assert 20 <= emitted < 100  # it waits for room instead of queueing without bound
         capacity = asyncio.ensure_future(batcher.wait_capacity())
         await asyncio.sleep(0.01)
         assert not capacity.done()  # the runner would not lease new work now
-    finally:
-        store.gate.set()  # a failed check must not leave the thread blocked forever (the loop could never close)
-    await thread
+    finally:  # a failed check must not leave the thread blocked: the test's loop could never close
+        store.gate.set()
+        await thread
     await capacity
     await batcher.flush()
     assert len(await store.query_spans(lease.rollout.rollout_id)) == 100
