@@ -14,6 +14,7 @@ from lightrail.store import MemoryStore
 
 STORE_KINDS = ["memory", "sqlite", "http", "postgres", "http-postgres"]
 
+
 @pytest.fixture(params=STORE_KINDS)
 async def store(request, tmp_path):
     kind = request.param
