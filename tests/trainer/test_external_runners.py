@@ -29,7 +29,7 @@ from lightrail.algorithms import GRPOConfig
 from lightrail.algorithms.loop import GRPO
 from lightrail.engine.models import build_tiny_model
 from lightrail.gateway import GatewaySettings
-from lightrail.store import StoreClient
+from lightrail.store import StoreClient, SyncStoreClient
 from lightrail.trainer import StoreServerProcess
 from lightrail.types import AttemptStatus, RetryPolicy, RolloutStatus
 
@@ -95,12 +95,17 @@ def test_training_run_with_external_runners_only(tmp_path, monkeypatch):
     late: list[subprocess.Popen] = []
 
     def kill_first_then_join_late() -> None:
-        """Once training rollouts are under way, SIGKILL runner A mid-rollout, then start runner B."""
+        """Once training rollouts are under way, SIGKILL runner A while it holds leases, then start runner B."""
         metrics = tmp_path / "run" / "metrics.jsonl"
         deadline = time.monotonic() + 300
         while not metrics.exists() and time.monotonic() < deadline:  # the first validation is done
             time.sleep(0.05)
-        time.sleep(0.3)  # step 1's rollouts are leased and running
+        watch = SyncStoreClient(server.url, token=TOKEN)  # a test-side watch: kill A mid-rollout, not between
+        try:
+            while time.monotonic() < deadline and len(watch.query_rollouts(status=[RolloutStatus.RUNNING])) < 2:
+                time.sleep(0.005)
+        finally:
+            watch.close()
         first.send_signal(signal.SIGKILL)
         time.sleep(0.5)
         late.append(start_runner(server.url, "runner-b", tmp_path / "b"))
