@@ -385,6 +385,14 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     seed: int | None = None
     logprobs: bool = True
     """Backends return sampled-token logprobs whenever they can; the gateway always asks (training needs them)."""
+    top_logprobs: int = 0
+    """Also report this many most likely alternatives per generated token (`Choice.top_logprobs`)."""
+    presence_penalty: float = 0.0
+    """Subtracted once from the logit of every token already generated in this choice (OpenAI's meaning)."""
+    frequency_penalty: float = 0.0
+    """Subtracted from a token's logit once per time it was already generated in this choice."""
+    logit_bias: dict[int, float] = msgspec.field(default_factory=dict)
+    """Added to the logits of these token ids before sampling (-100 bans a token, +100 forces it)."""
 
 
 class ChatRequest(msgspec.Struct, kw_only=True):
@@ -394,6 +402,12 @@ class ChatRequest(msgspec.Struct, kw_only=True):
     messages: list[dict[str, JSON]]
     tools: list[dict[str, JSON]] | None = None
     tool_choice: JSON = None
+    response_format: JSON = None
+    """OpenAI's ``response_format``: None or ``{"type": "text"}`` (free text), ``{"type": "json_object"}``, or
+    ``{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}``. Backends enforce it (the embedded
+    engine by constrained decoding) or pass it on (an upstream)."""
+    parallel_tool_calls: bool | None = None
+    """False: at most one tool call per choice. None: the backend's default (several allowed)."""
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
 
 
@@ -427,6 +441,9 @@ class Choice(msgspec.Struct, kw_only=True):
     logprobs: list[float] | None = None
     finish_reason: Literal["stop", "length", "tool_calls"] = "stop"
     tool_calls: list[ToolCall] = msgspec.field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    """When asked for (`SamplingParams.top_logprobs`): per generated token, the most likely ``(token id,
+    logprob)`` pairs, most likely first, under the same distribution as ``logprobs``."""
 
 
 class Generation(msgspec.Struct, kw_only=True):
@@ -439,6 +456,10 @@ class Generation(msgspec.Struct, kw_only=True):
     choices: list[Choice]
     policy_version: int | None = None
     """Version of the weights that produced this generation."""
+    logprobs_processed: list[str] = msgspec.field(default_factory=list)
+    """What shaped the distribution the reported logprobs come from beyond temperature, e.g. ``["json_schema",
+    "logit_bias"]``: the logprobs are those of the distribution actually sampled from (after masking and
+    penalties), not the model's raw one. Empty: the model's distribution at the request's temperature."""
 
 
 class BackendError(Exception):
@@ -474,7 +495,7 @@ class Attr:
     RESPONSE = "lightrail.response"
     """The response body as the agent received it."""
     ENDPOINT = "lightrail.endpoint"
-    """``chat.completions`` or ``completions``."""
+    """``chat.completions``, ``completions``, ``responses`` (OpenAI Responses API) or ``messages`` (Anthropic)."""
     PROMPT_IDS = "lightrail.prompt_ids"
     CHOICES = "lightrail.choices"
     """One dict per choice: ``token_ids``, ``logprobs``, ``finish_reason``."""
@@ -484,6 +505,13 @@ class Attr:
     """The ``id`` of the completion the agent received; rewards link to calls through it."""
     LATENCY_MS = "lightrail.latency_ms"
     STREAM = "lightrail.stream"
+    LOGPROBS_PROCESSED = "lightrail.logprobs_processed"
+    """`Generation.logprobs_processed`: set when the recorded logprobs are of a masked or penalized distribution."""
+    DIALECT_REQUEST = "lightrail.dialect.request"
+    """For the Responses and Anthropic Messages routes: the body as the agent sent it (``REQUEST`` then holds the
+    equivalent chat-completions request, full history included, which adapters read)."""
+    DIALECT_RESPONSE = "lightrail.dialect.response"
+    """For those routes: the body the agent received (``RESPONSE`` holds the chat-completions equivalent)."""
     MODEL = "gen_ai.request.model"
     RESPONSE_MODEL = "gen_ai.response.model"
     AGENT_NAME = "gen_ai.agent.name"

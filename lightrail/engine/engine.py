@@ -571,13 +571,26 @@ class Engine:
             self._sample_into(batch, out.logits[:, -1, :])
 
     def _sample_into(self, batch: _Batch, logits: torch.Tensor) -> None:
-        tokens, logprobs = sample(logits.float(), batch.temps, batch.top_ps, [r.generator for r in batch.rows])
+        logits = logits.float()
+        self._apply_penalties(batch, logits)  # presence/frequency penalties, logit_bias (in place)
+        self._apply_constraints(batch, logits)  # grammar masks of constrained rows (in place)
+        tokens, logprobs = sample(logits, batch.temps, batch.top_ps, [r.generator for r in batch.rows])
+        self._advance_constraints(batch, tokens)
         batch.next_input = tokens
         for row, token, logprob in zip(batch.rows, tokens.tolist(), logprobs.tolist(), strict=True):
             row.out_ids.append(token)
             row.out_logprobs.append(logprob)
             self.stats["generated_tokens"] += 1
             self._check_finished(row, token)
+
+    def _apply_penalties(self, batch: _Batch, logits: torch.Tensor) -> None:
+        """Presence/frequency penalties and logit_bias of each row, applied to ``logits`` in place."""
+
+    def _apply_constraints(self, batch: _Batch, logits: torch.Tensor) -> None:
+        """Mask the logits of constrained rows (structured outputs, forced tool calls) in place."""
+
+    def _advance_constraints(self, batch: _Batch, tokens: torch.Tensor) -> None:
+        """Feed each constrained row's sampled token to its grammar matcher."""
 
     def _check_finished(self, row: _Row, token: int) -> None:
         # Stop strings need the tokenizer and are checked on the event loop (`_after_step`).

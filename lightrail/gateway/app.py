@@ -43,24 +43,19 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from lightrail.gateway.backends import Backend, UpstreamError
-from lightrail.gateway.openai_api import (
-    InvalidRequest,
-    chat_response,
-    completion_response,
-    decode_json,
-    error_body,
-    new_response_id,
-    parse_chat,
-    parse_completion,
-)
-from lightrail.gateway.sse import CHUNK_CHARS, chat_stream, completion_stream
+from lightrail.gateway.dialect import Dialect, Exchange
+from lightrail.gateway.openai_api import CHAT, COMPLETIONS, InvalidRequest, decode_json, new_response_id
+from lightrail.gateway.sse import CHUNK_CHARS
 from lightrail.store.base import NotFoundError, Store
 from lightrail.tracing import SpanBatcher
-from lightrail.types import Attr, BackendError, Span, SpanStatus, StatusCode, next_seq
+from lightrail.types import Attr, BackendError, ChatRequest, Span, SpanStatus, StatusCode, next_seq
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "create_gateway_app", "parse_traceparent"]
 
 log = logging.getLogger(__name__)
+
+DIALECTS: tuple[Dialect, ...] = (CHAT, COMPLETIONS)
+"""The APIs served, each at ``/v1<path>`` and under the per-attempt prefix."""
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 """Largest request body accepted (413 above): long agent transcripts fit, runaway clients do not."""
@@ -74,8 +69,20 @@ def _json(obj: Any, status: int = 200) -> Response:
     return Response(_encode(obj), status_code=status, media_type=_JSON)
 
 
-def _error(status: int, message: str, *, type: str = "invalid_request_error", param=None, code=None) -> Response:
-    return _json(error_body(message, type=type, param=param, code=code), status)
+def _error(
+    status: int,
+    message: str,
+    *,
+    type: str = "invalid_request_error",
+    param=None,
+    code=None,
+    dialect: Dialect = CHAT,
+) -> Response:
+    return _json(dialect.error_body(message, type=type, param=param, code=code, status=status), status)
+
+
+def _refusal(exc: InvalidRequest, dialect: Dialect = CHAT) -> Response:
+    return _error(exc.status, exc.message, type=exc.type, param=exc.param, code=exc.code, dialect=dialect)
 
 
 class _Gateway:
@@ -101,22 +108,26 @@ class _Gateway:
 
     # -- attribution ----------------------------------------------------------------------------------------
 
-    async def attempt_error(self, rollout_id: str, attempt_id: str) -> Response | None:
-        """None if the attempt exists (cached after the first positive answer), else the error response."""
+    async def attempt_error(self, rollout_id: str, attempt_id: str) -> InvalidRequest | None:
+        """None if the attempt exists (cached after the first positive answer), else the error to answer."""
         key = (rollout_id, attempt_id)
         if key in self._known_attempts:
             return None
         try:
             attempts = await self.store.query_attempts(rollout_id)
         except NotFoundError:
-            return _error(404, f"Unknown rollout {rollout_id!r}.", param="rollout_id", code="rollout_not_found")
+            return InvalidRequest(
+                f"Unknown rollout {rollout_id!r}.", status=404, param="rollout_id", code="rollout_not_found"
+            )
         except Exception as exc:
             log.warning("store unavailable while checking attempt %s: %r", attempt_id, exc)
-            return _error(503, "The store is unavailable; try again.", type="server_error", code="store_unavailable")
+            return InvalidRequest(
+                "The store is unavailable; try again.", status=503, type="server_error", code="store_unavailable"
+            )
         if not any(a.attempt_id == attempt_id for a in attempts):
-            return _error(
-                404,
+            return InvalidRequest(
                 f"Rollout {rollout_id!r} has no attempt {attempt_id!r}.",
+                status=404,
                 param="attempt_id",
                 code="attempt_not_found",
             )
@@ -137,25 +148,23 @@ class _Gateway:
     async def routed_models(self, request: Request) -> Response:
         params = request.path_params
         error = await self.attempt_error(params["rollout_id"], params["attempt_id"])
-        return error or await self.models(request)
+        return _refusal(error) if error else await self.models(request)
 
-    async def chat(self, request: Request) -> Response:
-        return await self.serve(request, "chat.completions", None)
+    def handlers(self, dialect: Dialect) -> tuple[Any, Any]:
+        """The unrouted (served, not recorded) and routed (recorded) handlers of one dialect."""
 
-    async def completions(self, request: Request) -> Response:
-        return await self.serve(request, "completions", None)
+        async def served(request: Request) -> Response:
+            return await self.serve(request, dialect, None)
 
-    async def routed_chat(self, request: Request) -> Response:
-        return await self.routed(request, "chat.completions")
+        async def routed(request: Request) -> Response:
+            params = request.path_params
+            rollout_id, attempt_id = params["rollout_id"], params["attempt_id"]
+            error = await self.attempt_error(rollout_id, attempt_id)
+            if error is not None:
+                return _refusal(error, dialect)
+            return await self.serve(request, dialect, (rollout_id, attempt_id))
 
-    async def routed_completions(self, request: Request) -> Response:
-        return await self.routed(request, "completions")
-
-    async def routed(self, request: Request, endpoint: str) -> Response:
-        params = request.path_params
-        rollout_id, attempt_id = params["rollout_id"], params["attempt_id"]
-        error = await self.attempt_error(rollout_id, attempt_id)
-        return error or await self.serve(request, endpoint, (rollout_id, attempt_id))
+        return served, routed
 
     async def read_body(self, request: Request) -> bytes:
         limit = self.max_body_bytes
@@ -172,61 +181,47 @@ class _Gateway:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    async def serve(self, request: Request, endpoint: str, attempt: tuple[str, str] | None) -> Response:
+    async def serve(self, request: Request, dialect: Dialect, attempt: tuple[str, str] | None) -> Response:
         """Validate, call the backend, answer; record a span when ``attempt`` is given."""
         start = time.time()
         seq = next_seq() if attempt else 0
         data: dict[str, Any] | None = None
-        body: Any = None
+        exchange: Exchange | None = None
         generation = None
         response: dict[str, Any] | None = None
         failure: str | None = None
         try:
             data = decode_json(await self.read_body(request))
-            chat = endpoint == "chat.completions"
-            if chat:
-                body, backend_request = parse_chat(data)
+            exchange = dialect.exchange(data)
+            backend_request = exchange.request
+            if isinstance(backend_request, ChatRequest):
                 generation = await self.backend.chat(backend_request)
             else:
-                body, backend_request = parse_completion(data)
                 generation = await self.backend.complete(backend_request)
-            build, stream = (chat_response, chat_stream) if chat else (completion_response, completion_stream)
-            response = build(
-                generation,
-                response_id=new_response_id("chatcmpl" if chat else "cmpl"),
-                logprobs=bool(body.logprobs) if chat else body.logprobs is not None,
-                token_ids=bool(body.return_token_ids),
-            )
-            if body.stream:
-                options = body.stream_options
-                payload = stream(
-                    response,
-                    generation.choices,
-                    logprobs=bool(body.logprobs) if chat else body.logprobs is not None,
-                    include_usage=bool(options and options.include_usage),
-                    token_ids=bool(body.return_token_ids),
-                    chunk_chars=self.stream_chunk_chars,
-                )
+            response = exchange.respond(generation, new_response_id(exchange.id_prefix))
+            exchange.answered(response)
+            if exchange.stream:
+                payload = exchange.events(response, generation, self.stream_chunk_chars)
                 http = Response(payload, media_type="text/event-stream", headers=_SSE_HEADERS)
             else:
                 http = Response(_encode(response), media_type=_JSON)
         except InvalidRequest as exc:
             failure = exc.message
-            http = _error(exc.status, exc.message, param=exc.param, code=exc.code)
+            http = _refusal(exc, dialect)
         except BackendError as exc:
             failure = exc.message
-            http = _error(exc.status, exc.message, param=exc.param, code=exc.code)
+            http = _error(exc.status, exc.message, param=exc.param, code=exc.code, dialect=dialect)
         except UpstreamError as exc:
             failure = str(exc)
             log.warning("upstream failed: %s", exc)
-            http = _error(UpstreamError.status, str(exc), type="server_error", code="upstream_error")
+            http = _error(UpstreamError.status, str(exc), type="server_error", code="upstream_error", dialect=dialect)
         except Exception as exc:
             failure = f"{type(exc).__name__}: {exc}"
-            log.exception("backend failed on %s", endpoint)
-            http = _error(500, "The model backend failed; see the gateway's log.", type="server_error")
+            log.exception("backend failed on %s", dialect.path)
+            http = _error(500, "The model backend failed; see the gateway's log.", type="server_error", dialect=dialect)
         if attempt is not None:
             await self.recorder.wait_capacity()  # backpressure: agents slow down to the store's pace
-            span = _call_span(attempt, seq, endpoint, start, data, body, generation, response, failure)
+            span = _call_span(attempt, seq, dialect, start, data, exchange, generation, response, failure)
             parent = parse_traceparent(request.headers.get("traceparent"))
             if parent is not None:  # the caller's span (a framework's LLM span, the runner's rollout span)
                 span.trace_id, span.parent_id = parent
@@ -273,22 +268,25 @@ def _too_large(limit: int) -> InvalidRequest:
 def _call_span(
     attempt: tuple[str, str],
     seq: int,
-    endpoint: str,
+    dialect: Dialect,
     start: float,
     data: dict[str, Any] | None,
-    body: Any,
+    exchange: Exchange | None,
     generation: Any,
     response: dict[str, Any] | None,
     failure: str | None,
 ) -> Span:
     end = time.time()
     attributes: dict[str, Any] = {
-        Attr.ENDPOINT: endpoint,
-        Attr.REQUEST: data,
+        Attr.ENDPOINT: dialect.endpoint,
         Attr.LATENCY_MS: (end - start) * 1000.0,
-        Attr.STREAM: bool(body is not None and body.stream),
+        Attr.STREAM: bool(exchange is not None and exchange.stream),
         Attr.MODEL: data.get("model") if isinstance(data, dict) else None,
     }
+    if exchange is not None and data is not None:
+        attributes.update(exchange.recorded(data, response))
+    else:  # refused before it was understood: the body as sent
+        attributes[Attr.REQUEST] = data
     if generation is not None:
         choices = generation.choices
         attributes[Attr.PROMPT_IDS] = generation.prompt_ids
@@ -300,10 +298,11 @@ def _call_span(
         )
         attributes[Attr.POLICY_VERSION] = generation.policy_version
         attributes[Attr.RESPONSE_MODEL] = generation.model
+        if generation.logprobs_processed:
+            attributes[Attr.LOGPROBS_PROCESSED] = list(generation.logprobs_processed)
     else:
         attributes[Attr.TOKEN_IDS_AVAILABLE] = False
     if response is not None:
-        attributes[Attr.RESPONSE] = response
         attributes[Attr.RESPONSE_ID] = response["id"]
     status = SpanStatus(code=StatusCode.OK) if failure is None else SpanStatus(code=StatusCode.ERROR, message=failure)
     return Span(
@@ -386,13 +385,13 @@ def create_gateway_app(
     prefix = "/rollouts/{rollout_id}/attempts/{attempt_id}"
     routes = [
         Route("/health", gateway.health, methods=["GET"]),
-        Route("/v1/chat/completions", gateway.chat, methods=["POST"]),
-        Route("/v1/completions", gateway.completions, methods=["POST"]),
         Route("/v1/models", gateway.models, methods=["GET"]),
-        Route(prefix + "/v1/chat/completions", gateway.routed_chat, methods=["POST"]),
-        Route(prefix + "/v1/completions", gateway.routed_completions, methods=["POST"]),
         Route(prefix + "/v1/models", gateway.routed_models, methods=["GET"]),
     ]
+    for dialect in DIALECTS:
+        served, routed = gateway.handlers(dialect)
+        routes.append(Route("/v1" + dialect.path, served, methods=["POST"]))
+        routes.append(Route(prefix + "/v1" + dialect.path, routed, methods=["POST"]))
     middleware = [Middleware(BearerAuth, token=token)] if token else []
     app = Starlette(
         routes=routes,

@@ -28,9 +28,12 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from lightrail.gateway.dialect import Dialect, Exchange
 from lightrail.types import ChatRequest, Choice, CompletionRequest, Generation, SamplingParams
 
 __all__ = [
+    "CHAT",
+    "COMPLETIONS",
     "ChatCompletionBody",
     "CompletionBody",
     "InvalidRequest",
@@ -49,16 +52,30 @@ MAX_N = 128
 class InvalidRequest(Exception):
     """A request the gateway refuses before it reaches a backend; becomes an OpenAI-style error body."""
 
-    def __init__(self, message: str, *, param: str | None = None, status: int = 400, code: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        status: int = 400,
+        code: str | None = None,
+        type: str = "invalid_request_error",
+    ):
         super().__init__(message)
         self.message = message
         self.param = param
         self.status = status
         self.code = code
+        self.type = type
 
 
 def error_body(
-    message: str, *, type: str = "invalid_request_error", param: str | None = None, code: str | None = None
+    message: str,
+    *,
+    type: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | None = None,
+    status: int | None = None,
 ) -> dict[str, JSON]:
     """OpenAI's error envelope: ``{"error": {"message", "type", "param", "code"}}``."""
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
@@ -277,8 +294,9 @@ def parse_completion(data: dict[str, JSON]) -> tuple[CompletionBody, CompletionR
 
 
 def new_response_id(prefix: str) -> str:
-    """``chatcmpl-...`` / ``cmpl-...``: 24 random hex digits, unique enough to link rewards to calls."""
-    return f"{prefix}-{os.urandom(12).hex()}"
+    """``chatcmpl-...`` / ``resp_...``: the prefix and 24 random hex digits, unique enough to link rewards to
+    calls."""
+    return f"{prefix}{os.urandom(12).hex()}"
 
 
 def usage_of(generation: Generation) -> dict[str, int]:
@@ -384,3 +402,73 @@ def completion_response(
 
 
 Endpoint = Literal["chat.completions", "completions"]
+
+
+# -- dialects -------------------------------------------------------------------------------------------------
+
+
+class ChatExchange(Exchange):
+    """``POST /v1/chat/completions``."""
+
+    endpoint = "chat.completions"
+    id_prefix = "chatcmpl-"
+
+    def __init__(self, data: dict[str, JSON]) -> None:
+        self.body, self.request = parse_chat(data)
+        self.stream = bool(self.body.stream)
+
+    def respond(self, generation: Generation, response_id: str) -> dict[str, JSON]:
+        body = self.body
+        return chat_response(
+            generation, response_id=response_id, logprobs=bool(body.logprobs), token_ids=bool(body.return_token_ids)
+        )
+
+    def events(self, response: dict[str, JSON], generation: Generation, chunk_chars: int) -> bytes:
+        from lightrail.gateway.sse import chat_stream  # sse imports this module's logprob helpers
+
+        body = self.body
+        return chat_stream(
+            response,
+            generation.choices,
+            logprobs=bool(body.logprobs),
+            include_usage=bool(body.stream_options and body.stream_options.include_usage),
+            token_ids=bool(body.return_token_ids),
+            chunk_chars=chunk_chars,
+        )
+
+
+class CompletionExchange(Exchange):
+    """``POST /v1/completions`` (legacy text completions)."""
+
+    endpoint = "completions"
+    id_prefix = "cmpl-"
+
+    def __init__(self, data: dict[str, JSON]) -> None:
+        self.body, self.request = parse_completion(data)
+        self.stream = bool(self.body.stream)
+
+    def respond(self, generation: Generation, response_id: str) -> dict[str, JSON]:
+        body = self.body
+        return completion_response(
+            generation,
+            response_id=response_id,
+            logprobs=body.logprobs is not None,
+            token_ids=bool(body.return_token_ids),
+        )
+
+    def events(self, response: dict[str, JSON], generation: Generation, chunk_chars: int) -> bytes:
+        from lightrail.gateway.sse import completion_stream
+
+        body = self.body
+        return completion_stream(
+            response,
+            generation.choices,
+            logprobs=body.logprobs is not None,
+            include_usage=bool(body.stream_options and body.stream_options.include_usage),
+            token_ids=bool(body.return_token_ids),
+            chunk_chars=chunk_chars,
+        )
+
+
+CHAT = Dialect("/chat/completions", ChatExchange, error_body)
+COMPLETIONS = Dialect("/completions", CompletionExchange, error_body)
