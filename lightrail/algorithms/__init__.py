@@ -1,7 +1,7 @@
 """Learning algorithms that turn recorded rollouts into a better policy.
 
-GRPO (this package, today): `GRPO` is the training loop (an `Algorithm` for `Trainer.fit`); `PolicyUpdater`
-runs the PPO-clipped policy update (or SFT) over `lightrail.types.TrainingRow`s built by `lightrail.adapters`, on
+GRPO: `GRPO` (`grpo.py`) is the training loop (an `Algorithm` for `Trainer.fit`); `PolicyUpdater`
+runs the PPO-clipped policy update (`updater.py`; or SFT) over `lightrail.types.TrainingRow`s built by `lightrail.adapters`, on
 a full model or a LoRA adapter, and hands merged weights to the engine (`DistributedPolicyUpdater`: on N ranks).
 `policy_loss` / `loss_weights` are the loss as pure torch functions.
 
@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 # public name -> module that defines it (tests/test_public_api.py checks it against __all__)
 _EXPORTS: dict[str, str] = {
-    "GRPO": "lightrail.algorithms.loop",
-    "GRPOConfig": "lightrail.algorithms.grpo",
-    "LoraSettings": "lightrail.algorithms.grpo",
+    "GRPO": "lightrail.algorithms.grpo",
+    "GRPOConfig": "lightrail.algorithms.updater",
+    "LoraSettings": "lightrail.algorithms.updater",
     "LossNorm": "lightrail.algorithms._loss",
-    "PolicyUpdater": "lightrail.algorithms.grpo",
-    "drop_stale_rows": "lightrail.algorithms.grpo",
+    "PolicyUpdater": "lightrail.algorithms.updater",
+    "drop_stale_rows": "lightrail.algorithms.updater",
     "loss_weights": "lightrail.algorithms._loss",
-    "pack_micro_batches": "lightrail.algorithms.grpo",
+    "pack_micro_batches": "lightrail.algorithms.updater",
     "policy_loss": "lightrail.algorithms._loss",
     "token_entropy": "lightrail.algorithms._loss",
 }
@@ -57,5 +57,11 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from lightrail.algorithms._loss import LossNorm, loss_weights, policy_loss, token_entropy
-    from lightrail.algorithms.grpo import GRPOConfig, LoraSettings, PolicyUpdater, drop_stale_rows, pack_micro_batches
-    from lightrail.algorithms.loop import GRPO
+    from lightrail.algorithms.grpo import GRPO
+    from lightrail.algorithms.updater import (
+        GRPOConfig,
+        LoraSettings,
+        PolicyUpdater,
+        drop_stale_rows,
+        pack_micro_batches,
+    )

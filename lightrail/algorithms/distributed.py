@@ -93,7 +93,7 @@ import torch
 import torch.distributed as dist
 
 from lightrail._lifeline import exit_with_parent
-from lightrail.algorithms.grpo import GRPOConfig, PolicyUpdater
+from lightrail.algorithms.updater import GRPOConfig, PolicyUpdater
 from lightrail.engine.engine import THREADS_ENV
 from lightrail.types import TrainingRow
 

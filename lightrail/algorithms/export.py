@@ -152,7 +152,7 @@ def export_checkpoint(
             _copy_tensors(dict(model.named_parameters()), tensors, checkpoint)
             model.save_pretrained(tmp)
         else:
-            from lightrail.algorithms.grpo import PolicyUpdater
+            from lightrail.algorithms.updater import PolicyUpdater
 
             peft_model = PolicyUpdater._wrap_lora(model, config.lora, config.seed)
             _copy_tensors({n: p for n, p in peft_model.named_parameters() if p.requires_grad}, tensors, checkpoint)
@@ -177,7 +177,7 @@ def export_checkpoint(
 
 
 def _read_meta(checkpoint: Path) -> dict[str, Any]:
-    from lightrail.algorithms.grpo import CHECKPOINT_FORMAT
+    from lightrail.algorithms.updater import CHECKPOINT_FORMAT
 
     try:
         meta = json.loads((checkpoint / "updater.json").read_text())
@@ -192,7 +192,7 @@ def _read_meta(checkpoint: Path) -> dict[str, Any]:
 
 
 def _read_config(checkpoint: Path, meta: dict[str, Any]) -> Any:
-    from lightrail.algorithms.grpo import GRPOConfig
+    from lightrail.algorithms.updater import GRPOConfig
 
     try:
         return GRPOConfig.from_json(meta["config"])

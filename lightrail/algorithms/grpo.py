@@ -1,678 +1,444 @@
-"""The GRPO policy update: `TrainingRow`s in, one optimizer step out, merged weights back to the engine.
+"""`GRPO`: the reinforcement-learning `Algorithm` — rollouts through the real loop, group advantages, policy
+updates, new weights served, repeat.
 
-Data flow: an adapter turns a batch of finished rollouts into `TrainingRow`s (token ids, loss mask, the sampler's
-logprobs, per-token advantages); `PolicyUpdater.step` runs one optimizer step of the PPO-clipped loss of
-`lightrail.algorithms._loss` over all of them; `PolicyUpdater.state_dict_for_serving` hands the new weights to
-``Engine.update_weights``; `PolicyUpdater.save` / `PolicyUpdater.load` make training resumable.
+One step::
 
-How a step is computed (and why):
+    tasks ──run_rollouts(n samples each)──► runners ──► gateway ──► rollout engine (current weights)
+      spans of each rollout's final attempt ──build_episode──► select_trainable ──group_advantages──► to_rows
+      PolicyUpdater.step (GRPO loss, in a worker thread) ──RolloutEngine.sync──► (policy version + 1)
+      ──► publish a new resources version ──► next step
 
-* Rows are sorted by length and packed into micro-batches of at most ``micro_batch_tokens`` padded tokens, right-
-  padded. Right padding with causal attention needs no attention mask: a real token only attends to earlier
-  positions, which are all real, and position ids 0..T-1 are already right. Leaving the mask out keeps SDPA on
-  its fused causal path.
-* Only the hidden states that predict a response token go through the LM head (``[N, H] -> [N, V]`` with N the
-  masked tokens), so the full ``[B, T, V]`` logits are never built; logprobs are ``z[a] - logsumexp(z)``, which
-  saves the ``[N, V]`` log-softmax output that autograd would otherwise keep.
-* The loss normalisation weights are computed once for the whole step (`loss_weights`), so the micro-batch losses
-  add up to the step loss exactly and gradient accumulation equals one big batch (tested to 1e-6).
-* Rows whose response advantages are all zero contribute exactly zero gradient when ``kl_coef == 0``; they still
-  count in the normalisation but are not run through the model (``skip_zero_advantage_rows``; GRPO groups where
-  every sample got the same reward are common).
+The rollout engine (`lightrail.algorithms.rollout_engines`) is the embedded `Engine` in this process (default) or a
+``vllm serve`` process (``rollout_engine="vllm"``, LoRA or full weights synced after each update); the gateway runs
+inside the trainer process and records, on every call, the policy version that answered it. Runners are separate
+processes that reach the gateway over HTTP, exactly as a user's agent on another machine would. Steps are
+synchronous (collect, then update), so every sample is on-policy; rows older than ``max_staleness`` versions would
+be dropped and counted.
 
-Concurrency model: not thread-safe; one caller drives an updater. `state_dict_for_serving` returns tensors that may
-alias the live weights: copy them (the engine does) before the next `step`.
+Concurrency model: coroutines on the trainer's event loop; the engine's forward passes and the policy update each
+run in their own worker thread, so the loop keeps serving HTTP while either computes.
+
+Outputs under ``out_dir``: ``metrics.jsonl`` (one line per step and per validation), TensorBoard events in
+``tb/``, ``reward_curve.png`` at the end, checkpoints in ``checkpoints/step-N`` (updater + loop state; `GRPO` with
+``resume=True`` continues from the newest one), and ``report.json``.
 """
 
 from __future__ import annotations
 
-import copy
+import asyncio
 import dataclasses
 import json
 import math
-import os
+import random
+import secrets
+import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
-import torch
-from safetensors.torch import load_file, save_file
+import msgspec
 
-from lightrail.algorithms._loss import LossNorm, loss_weights, policy_loss, token_entropy
-from lightrail.algorithms.checkpoint import atomic_directory, capture_rng_state, restore_rng_state
-from lightrail.engine import configure_threads
-from lightrail.types import TrainingRow
+from lightrail.adapters import (
+    AgentFilter,
+    CreditAssignment,
+    PerTurn,
+    ToolRewardRule,
+    build_episode,
+    group_advantages,
+    select_trainable,
+    to_rows,
+)
+from lightrail.types import LLM, Rollout, RolloutStatus, Span, Task
 
-__all__ = [
-    "GRPOConfig",
-    "LoraSettings",
-    "PolicyUpdater",
-    "drop_stale_rows",
-    "pack_micro_batches",
-]
+if TYPE_CHECKING:
+    from lightrail.algorithms.updater import GRPOConfig
+    from lightrail.gateway.server import GatewaySettings
+    from lightrail.trainer.algorithm import TrainerContext
 
-#: Every linear projection of a Llama-style decoder layer (attention and MLP); the LM head and embeddings stay frozen.
-LLAMA_LINEAR_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+__all__ = ["GRPO"]
 
-CHECKPOINT_FORMAT = 1
-
-
-@dataclass(frozen=True)
-class LoraSettings:
-    """LoRA adapter shape (passed to ``peft.LoraConfig``). ``W' = W + (alpha / r) * B @ A``, B initialised to 0."""
-
-    r: int = 16
-    alpha: int = 32
-    dropout: float = 0.0
-    """Dropout on the adapter input; > 0 makes the PPO ratio noisy (the sampler ran without it)."""
-    target_modules: tuple[str, ...] = LLAMA_LINEAR_PROJECTIONS
+_LOOP_STATE = "loop_state.json"
 
 
-@dataclass(frozen=True)
-class GRPOConfig:
-    """Hyper-parameters of the policy update. Defaults suit the tiny CPU models (lr from models-data.md: 5e-4
-    trained a 6 M-parameter Llama, 2e-3 collapsed it); use ~1e-6 for full fine-tuning of billion-parameter models.
+class GRPO:
+    """Group Relative Policy Optimization over real agent rollouts.
+
+    ``model`` is a local Hugging Face directory (see `lightrail.engine.models.prepare_model`). Each step samples
+    ``tasks_per_step`` training tasks and runs ``n_samples`` rollouts of each (a GRPO group), with the engine
+    sampling by ``sampling`` (OpenAI parameters handed to the agent through its `LLM` resource). Validation runs
+    every val task once with ``val_sampling`` (greedy by default) before training, every ``val_every`` steps and
+    at the end; a rollout counts as a success when its reward is at least ``success_threshold``.
+
+    The gateway binds 127.0.0.1 by default; ``gateway=GatewaySettings(host="0.0.0.0", port=8900,
+    advertise_url="http://trainer-host:8900/v1")`` serves runners on other machines (the advertised URL is what
+    the published `LLM` resource carries; the gateway always has a random token, published with it).
+
+    ``rollout_engine="vllm"`` samples from vLLM instead of the embedded engine: ``vllm={"python": ...}`` starts
+    ``vllm serve`` with that interpreter, ``vllm={"url": ...}`` attaches to a running one (options: see
+    `lightrail.algorithms.vllm_rollouts.VLLMRollouts`); with a LoRA config the adapter is synced, otherwise the full weights.
+
+        >>> grpo = GRPO("runs/warm", config=GRPOConfig(lr=5e-4), steps=60)                # doctest: +SKIP
+        >>> Trainer(n_runners=2, concurrency=8, algorithm=grpo).fit(agent, train, val)  # doctest: +SKIP
+        >>> grpo.report["val_after"]                                                      # doctest: +SKIP
     """
 
-    lr: float = 5e-4
-    betas: tuple[float, float] = (0.9, 0.999)
-    weight_decay: float = 0.0
-    """Decoupled (AdamW) decay, applied to matrices only -- never to norms' gains or biases."""
-    max_grad_norm: float | None = 1.0
-    warmup_steps: int = 0
-    """Linear learning-rate warm-up over this many optimizer steps, constant afterwards."""
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    """``clip_high > clip_low`` is DAPO's "clip-higher"."""
-    kl_coef: float = 0.0
-    """beta of the k3 KL penalty to the frozen reference (the base model); 0 switches it off and costs nothing."""
-    loss_norm: LossNorm = "token"
-    temperature: float = 1.0
-    """The sampling temperature; logits are divided by it so new logprobs match the engine's (which reports
-    logprobs of the temperature-scaled distribution)."""
-    micro_batch_tokens: int = 4096
-    """Budget of one micro-batch in padded tokens (rows x longest row); a longer row runs alone."""
-    max_staleness: int | None = None
-    """With ``step(rows, current_version=v)``: drop rows sampled by a policy older than ``v - max_staleness``."""
-    skip_zero_advantage_rows: bool = True
-    compute_entropy: bool = True
-    """Entropy of the new policy on response tokens: one extra softmax over the ``[N, V]`` logits, no backward."""
-    lora: LoraSettings | None = None
-    """None = full fine-tuning."""
-    device: Literal["cpu", "cuda", "auto"] = "cpu"
-    dtype: Literal["float32", "bfloat16", "float16", "float64"] | None = None
-    """Weights' dtype; None = float32 on CPU, bfloat16 on CUDA. LoRA adapters stay float32 (peft's default); full
-    fine-tuning in bfloat16 keeps no float32 master copy, so prefer LoRA or float32 for small learning rates."""
-    seed: int = 0
-    """Seeds the adapter initialisation (without touching the global RNG)."""
-    ranks: int = 1
-    """Data-parallel ranks of the update (`lightrail.algorithms.distributed.DistributedPolicyUpdater`): the trainer
-    process is rank 0 and starts ``ranks - 1`` worker processes; each runs the step on its share of the rows."""
-
-    def __post_init__(self) -> None:
-        if self.ranks < 1:
-            raise ValueError(f"ranks must be >= 1, not {self.ranks}")
-        if not 0 <= self.clip_low < 1 or self.clip_high < 0:
-            raise ValueError("need 0 <= clip_low < 1 and clip_high >= 0")
-        if self.loss_norm not in ("token", "sequence", "rollout"):
-            raise ValueError(f"loss_norm must be token, sequence or rollout, not {self.loss_norm!r}")
-        if self.micro_batch_tokens < 1 or self.temperature <= 0:
-            raise ValueError("micro_batch_tokens and temperature must be positive")
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> GRPOConfig:
-        data = dict(data)
-        data["betas"] = tuple(data["betas"])
-        if data.get("lora") is not None:
-            lora = dict(data["lora"])
-            lora["target_modules"] = tuple(lora["target_modules"])
-            data["lora"] = LoraSettings(**lora)
-        return cls(**data)
-
-
-def drop_stale_rows(
-    rows: Sequence[TrainingRow], current_version: int, max_staleness: int
-) -> tuple[list[TrainingRow], int]:
-    """Keep rows with ``policy_version >= current_version - max_staleness``; returns ``(kept, n_dropped)``.
-
-    A row whose ``policy_version`` is None (the backend did not report one) is kept: its age is unknown, not old.
-    ``max_staleness = 0`` is strictly on-policy.
-    """
-    oldest = current_version - max_staleness
-    kept = [r for r in rows if r.policy_version is None or r.policy_version >= oldest]
-    return kept, len(rows) - len(kept)
-
-
-def pack_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
-    """Group row indices into micro-batches whose padded size (rows x longest row) stays within ``token_budget``.
-
-    Rows are taken longest first (stable, so equal lengths keep their order), which keeps padding small; a row
-    longer than the budget forms a micro-batch of its own.
-
-        >>> pack_micro_batches([5, 9, 3, 9], 20)
-        [[1, 3], [0, 2]]
-    """
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    batches: list[list[int]] = []
-    for i in order:
-        # Longest first: the first row of a batch is its longest, so the padded size is rows x that length.
-        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= token_budget:
-            batches[-1].append(i)
-        else:
-            batches.append([i])
-    return batches
-
-
-def _nll_loss(logp: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Negative log-likelihood of the selected tokens with the step's normalisation weights (the SFT objective),
-    with the same stats keys as `policy_loss` (ratios are 1 by definition)."""
-    loss = -(weights.to(device=logp.device, dtype=logp.dtype) * logp).sum()
-    n = logp.numel()
-    zero, one = logp.new_zeros(()), logp.new_ones(())
-    stats = {
-        "pg_loss": -logp.detach().sum() / max(n, 1),
-        "kl_ref": zero,
-        "clip_frac": zero,
-        "approx_kl": zero,
-        "ratio_mean": one,
-        "ratio_max": one,
-        "tokens": torch.tensor(n),
-    }
-    return loss, stats
-
-
-@dataclass
-class _MicroBatch:
-    """Right-padded token ids plus the flat list of response tokens to score (one entry per masked token)."""
-
-    input_ids: torch.Tensor  # [B, T] long
-    source: torch.Tensor  # [N] long: flat index b * T + (t - 1) of the hidden state that predicts token (b, t)
-    targets: torch.Tensor  # [N] long
-    old_logp: torch.Tensor  # [N] float64 (as recorded; cast to the compute dtype in the loss)
-    advantages: torch.Tensor  # [N] float64
-    weights: torch.Tensor  # [N] float64, slice of the step's loss weights
-    tokens: int  # real (unpadded) tokens in the micro-batch
-    rows: list[int] = field(default_factory=list)
-
-
-def _validate(rows: Sequence[TrainingRow]) -> None:
-    for i, r in enumerate(rows):
-        n = len(r.input_ids)
-        if not (len(r.loss_mask) == len(r.old_logprobs) == len(r.advantages) == n):
-            raise ValueError(
-                f"row {i} (rollout {r.rollout_id!r}): input_ids, loss_mask, old_logprobs and advantages must have "
-                f"the same length, got {n}, {len(r.loss_mask)}, {len(r.old_logprobs)}, {len(r.advantages)}"
-            )
-        if n and r.loss_mask[0]:
-            raise ValueError(f"row {i} (rollout {r.rollout_id!r}): token 0 has no context and cannot be trained")
-
-
-class PolicyUpdater:
-    """Owns the trainable policy (full model or LoRA adapter), its AdamW optimizer and the GRPO step.
-
-        >>> upd = PolicyUpdater("path/to/model", GRPOConfig(lora=LoraSettings(r=8)))   # doctest: +SKIP
-        >>> metrics = upd.step(rows)                     # one optimizer step over every row
-        >>> await engine.update_weights(upd.state_dict_for_serving(), version=upd.steps + 1)
-        >>> upd.save("runs/ckpt")                         # ... later: upd.load("runs/ckpt")
-
-    ``model`` is a local Hugging Face directory or a causal LM instance; an instance is taken over (moved to the
-    configured device and dtype and, with LoRA, wrapped by peft in place).
-    """
-
-    data_parallel = False
-    """True for updaters whose step spans several ranks (`DistributedPolicyUpdater`)."""
-
-    def __init__(self, model: Any, config: GRPOConfig | None = None) -> None:
-        from transformers import AutoModelForCausalLM
-
-        self.config = config = config or GRPOConfig()
-        if config.ranks > 1 and not self.data_parallel:
-            raise ValueError(
-                f"GRPOConfig(ranks={config.ranks}) needs lightrail.algorithms.distributed.DistributedPolicyUpdater"
-            )
-        configure_threads()
-        self.device = self._resolve_device(config.device)
-        self.dtype = self._resolve_dtype(config.dtype, self.device)
-        if isinstance(model, str | os.PathLike):
-            model = AutoModelForCausalLM.from_pretrained(model, dtype=self.dtype)
-        model = model.to(device=self.device, dtype=self.dtype)
-        self.reference: Any = None
-        if config.lora is not None:
-            model = self._wrap_lora(model, config.lora, config.seed)
-        else:
-            model.requires_grad_(True)
-            if config.kl_coef:
-                # Full fine-tuning has no adapter to switch off, so the KL reference is a frozen copy of the start.
-                self.reference = copy.deepcopy(model).eval().requires_grad_(False)
-        self.model = model
-        self.steps = 0
-        self._trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
-        decay = [p for p in self._trainable.values() if p.ndim >= 2]
-        no_decay = [p for p in self._trainable.values() if p.ndim < 2]
-        self.optimizer = torch.optim.AdamW(
-            [
-                {"params": decay, "weight_decay": config.weight_decay},
-                {"params": no_decay, "weight_decay": 0.0},
-            ],
-            lr=config.lr,
-            betas=config.betas,
-        )
-        warmup = config.warmup_steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup > 0 else 1.0
-        )
-        self._softcap = getattr(model.config, "final_logit_softcapping", None)
-
-    def close(self) -> None:
-        """Release the update's processes: none here (see `DistributedPolicyUpdater.close`); safe to call twice."""
-
-    # -- set-up ---------------------------------------------------------------------------------------------------
-
-    @staticmethod
-    def _resolve_device(name: str) -> torch.device:
-        if name == "auto":
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        if name == "cuda" and not torch.cuda.is_available():
-            raise RuntimeError("device='cuda' was requested but torch sees no CUDA device")
-        return torch.device(name)
-
-    @staticmethod
-    def _resolve_dtype(name: str | None, device: torch.device) -> torch.dtype:
-        if name is None:
-            return torch.bfloat16 if device.type == "cuda" else torch.float32
-        return getattr(torch, name)
-
-    @staticmethod
-    def _wrap_lora(model: Any, lora: LoraSettings, seed: int) -> Any:
-        from peft import LoraConfig, get_peft_model
-
-        peft_config = LoraConfig(
-            r=lora.r,
-            lora_alpha=lora.alpha,
-            lora_dropout=lora.dropout,
-            target_modules=list(lora.target_modules),
-            bias="none",
-            task_type="CAUSAL_LM",
-        )
-        # The adapter's A matrices are random: seed them locally so the same config gives the same adapter
-        # without resetting the caller's global RNG.
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            return get_peft_model(model, peft_config)
-
-    @property
-    def is_lora(self) -> bool:
-        return self.config.lora is not None
-
-    # -- scoring --------------------------------------------------------------------------------------------------
-
-    def _row_weights(self, rows: Sequence[TrainingRow]) -> list[torch.Tensor]:
-        """The step's loss normalisation weights (computed over all ``rows``), one slice per row in ``loss_mask``
-        order. A data-parallel step computes them over the whole step and hands each rank its rows' slices."""
-        cfg = self.config
-        positions = [[t for t, m in enumerate(r.loss_mask) if m] for r in rows]
-        if cfg.loss_norm == "token":
-            weights = loss_weights(None, sum(len(p) for p in positions))
-        else:
-            # A row without a rollout id is its own rollout.
-            keys = [r.rollout_id or i for i, r in enumerate(rows)] if cfg.loss_norm == "rollout" else range(len(rows))
-            segment: dict[Any, int] = {}
-            ids = [segment.setdefault(keys[i], len(segment)) for i, p in enumerate(positions) for _ in p]
-            weights = loss_weights(torch.tensor(ids, dtype=torch.long))
-        offsets = [0]
-        for p in positions:
-            offsets.append(offsets[-1] + len(p))
-        return [weights[offsets[i] : offsets[i + 1]] for i in range(len(rows))]
-
-    def _active_rows(self, rows: Sequence[TrainingRow], *, skip_zero_advantage: bool) -> list[int]:
-        """Indices of the rows that need a forward pass: rows with response tokens, less (``skip_zero_advantage``,
-        no KL term) rows whose response advantages are all zero, as they contribute exactly zero gradient."""
-        skip = skip_zero_advantage and not self.config.kl_coef
-        return [
-            i
-            for i, r in enumerate(rows)
-            if any(r.loss_mask) and not (skip and all(r.advantages[t] == 0 for t, m in enumerate(r.loss_mask) if m))
-        ]
-
-    def _prepare(
+    def __init__(
         self,
-        rows: Sequence[TrainingRow],
+        model: str | Path,
         *,
-        skip_zero_advantage: bool,
-        weights: Sequence[torch.Tensor] | None = None,
-    ) -> list[_MicroBatch]:
-        """Micro-batches of the rows that need a forward pass, carrying their slices of the step's loss weights
-        (computed over all rows, skipped ones included; ``weights`` gives them when ``rows`` are a shard of a larger
-        step)."""
-        cfg = self.config
-        positions = [[t for t, m in enumerate(r.loss_mask) if m] for r in rows]
-        row_weights = self._row_weights(rows) if weights is None else weights
-        active = self._active_rows(rows, skip_zero_advantage=skip_zero_advantage)
-        batches = []
-        for group in pack_micro_batches([len(rows[i].input_ids) for i in active], cfg.micro_batch_tokens):
-            idx = [active[g] for g in group]
-            width = len(rows[idx[0]].input_ids)
-            ids = torch.zeros(len(idx), width, dtype=torch.long)
-            source, targets, old, adv, w = [], [], [], [], []
-            for b, i in enumerate(idx):
-                r = rows[i]
-                ids[b, : len(r.input_ids)] = torch.tensor(r.input_ids, dtype=torch.long)
-                source += [b * width + t - 1 for t in positions[i]]
-                targets += [r.input_ids[t] for t in positions[i]]
-                old += [r.old_logprobs[t] for t in positions[i]]
-                adv += [r.advantages[t] for t in positions[i]]
-                w.append(row_weights[i])
-            batches.append(
-                _MicroBatch(
-                    input_ids=ids.to(self.device),
-                    source=torch.tensor(source, dtype=torch.long, device=self.device),
-                    targets=torch.tensor(targets, dtype=torch.long, device=self.device),
-                    old_logp=torch.tensor(old, dtype=torch.float64, device=self.device),
-                    advantages=torch.tensor(adv, dtype=torch.float64, device=self.device),
-                    weights=torch.cat(w).to(self.device),
-                    tokens=sum(len(rows[i].input_ids) for i in idx),
-                    rows=idx,
-                )
-            )
-        return batches
+        config: GRPOConfig | None = None,
+        steps: int = 50,
+        tasks_per_step: int = 8,
+        n_samples: int = 8,
+        sampling: dict[str, Any] | None = None,
+        val_sampling: dict[str, Any] | None = None,
+        val_every: int = 10,
+        credit: CreditAssignment | None = None,
+        tool_rewards: ToolRewardRule | None = None,
+        agents: AgentFilter | None = None,
+        merge_calls: bool = False,
+        success_threshold: float = 1.0,
+        out_dir: str | Path = "runs/grpo",
+        checkpoint_every: int = 10,
+        resume: bool = False,
+        served_name: str = "policy",
+        seed: int = 0,
+        engine_options: dict[str, Any] | None = None,
+        gateway: GatewaySettings | None = None,
+        rollout_engine: str = "embedded",
+        vllm: dict[str, Any] | None = None,
+    ) -> None:
+        from lightrail.algorithms.rollout_engines import ROLLOUT_ENGINES
 
-    def _token_logp(
-        self, model: Any, mb: _MicroBatch, *, entropy: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logprobs (float32) of the micro-batch's response tokens under ``model``, and optionally their entropy."""
-        hidden = model.get_decoder()(input_ids=mb.input_ids, use_cache=False).last_hidden_state
-        hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, mb.source)
-        logits = model.get_output_embeddings()(hidden)
-        # Softmax statistics in at least fp32 (bf16 logsumexp over a 50k vocabulary loses the ratio's precision).
-        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-        if self._softcap:
-            logits = torch.tanh(logits / self._softcap) * self._softcap
-        if self.config.temperature != 1.0:
-            logits = logits / self.config.temperature
-        lse = torch.logsumexp(logits, dim=-1)
-        logp = logits.gather(-1, mb.targets[:, None]).squeeze(-1) - lse
-        ent = token_entropy(logits.detach(), lse.detach()) if entropy else None
-        return logp, ent
+        if steps < 0 or tasks_per_step < 1 or n_samples < 1:
+            raise ValueError("steps must be >= 0, tasks_per_step and n_samples >= 1")
+        if rollout_engine not in ROLLOUT_ENGINES:
+            raise ValueError(f"rollout_engine must be one of {ROLLOUT_ENGINES}, not {rollout_engine!r}")
+        self.model = Path(model)
+        self.config = config
+        self.steps = steps
+        self.tasks_per_step = tasks_per_step
+        self.n_samples = n_samples
+        self.sampling = {"temperature": 1.0, "max_tokens": 64, **(sampling or {})}
+        self.val_sampling = {"temperature": 0.0, "max_tokens": 64, **(val_sampling or {})}
+        self.val_every = val_every
+        self.credit = credit or PerTurn()
+        self.tool_rewards = tool_rewards
+        self.agents = agents
+        self.merge_calls = merge_calls
+        self.success_threshold = success_threshold
+        self.out_dir = Path(out_dir)
+        self.checkpoint_every = checkpoint_every
+        self.resume = resume
+        self.served_name = served_name
+        self.seed = seed
+        self.engine_options = engine_options or {}
+        self.gateway = gateway
+        self.rollout_engine = rollout_engine
+        self.vllm = dict(vllm or {})
+        if rollout_engine == "vllm":
+            from lightrail.algorithms.vllm_rollouts import check_vllm_sampling
 
-    def _reference_logp(self, mb: _MicroBatch) -> torch.Tensor:
-        with torch.no_grad():
-            if self.is_lora:
-                # The base model *is* the adapter-free model: no second copy of the weights.
-                with self.model.disable_adapter():
-                    return self._token_logp(self.model, mb)[0]
-            return self._token_logp(self.reference, mb)[0]
+            check_vllm_sampling(self.sampling)
+        self.report: dict[str, Any] = {}
+        self.step = 0
+        self._rng = random.Random(seed)
+        self._order: list[int] = []
+        self._history: list[dict[str, Any]] = []
+        self._rollouts: Any = None
+        self._updater: Any = None
+        self._gateway: Any = None
+        self._llm: LLM | None = None
+        self._tb: Any = None
 
-    def token_logprobs(self, rows: Sequence[TrainingRow]) -> list[list[float]]:
-        """The current policy's logprob of every response token of each row (``loss_mask`` order), no gradient.
+    # -- Algorithm protocol ------------------------------------------------------------------------------------
 
-        Useful to check that the engine's logprobs match the trainer's (they should, up to numerics, right after a
-        weight sync) and for on-policy tests.
-        """
-        _validate(rows)
-        batches = self._prepare(rows, skip_zero_advantage=False)
-        out: list[list[float]] = [[] for _ in rows]
-        with torch.no_grad():
-            for mb in batches:
-                logp = self._token_logp(self.model, mb)[0].tolist()
-                k = 0
-                for i in mb.rows:
-                    n = sum(1 for m in rows[i].loss_mask if m)
-                    out[i] = logp[k : k + n]
-                    k += n
-        return out
+    async def setup(self, ctx: TrainerContext) -> None:
+        """Start the rollout engine and load the updater, resume from the newest checkpoint if asked, start the
+        gateway and publish the policy's endpoint."""
+        from lightrail.algorithms.rollout_engines import make_rollout_engine
+        from lightrail.algorithms.updater import GRPOConfig, PolicyUpdater
 
-    # -- the update -----------------------------------------------------------------------------------------------
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        config = self.config or GRPOConfig()
+        if "temperature" in self.sampling and self.sampling["temperature"] > 0:
+            # The engine reports logprobs of the temperature-scaled distribution; the ratio must use the same one.
+            config = dataclasses.replace(config, temperature=float(self.sampling["temperature"]))
+        self._rollouts = make_rollout_engine(
+            self.rollout_engine, self.model, served_name=self.served_name, out_dir=self.out_dir,
+            lora_rank=config.lora.r if config.lora else None, engine_options=self.engine_options, vllm=self.vllm,
+        )  # fmt: skip
+        await self._rollouts.start()
+        updater: type[PolicyUpdater] = PolicyUpdater
+        if config.ranks > 1:  # data-parallel update: this process is rank 0, the other ranks are worker processes
+            from lightrail.algorithms.distributed import DistributedPolicyUpdater as updater
+        self._updater = await asyncio.to_thread(updater, str(self.model), config)
+        checkpoint = self._latest_checkpoint() if self.resume else None
+        if checkpoint is not None:
+            await asyncio.to_thread(self._updater.load, checkpoint)
+            state = json.loads((checkpoint / _LOOP_STATE).read_text())
+            self.step, self._order, self._history = state["step"], state["order"], state["history"]
+            self._rng.setstate(_rng_state(state["rng"]))
+            await self._rollouts.sync(self._updater, state["policy_version"])
+        from lightrail.gateway.server import GatewayServer, GatewaySettings
 
-    def step(
-        self,
-        rows: Sequence[TrainingRow],
-        *,
-        current_version: int | None = None,
-        objective: Literal["grpo", "sft"] = "grpo",
-    ) -> dict[str, float]:
-        """One optimizer step over all ``rows`` (gradient accumulation over micro-batches); returns metrics.
-
-        ``objective="sft"`` trains the same rows by maximum likelihood instead (``loss = -sum_t w_t * logp_t``,
-        same packing and normalisation; advantages and old logprobs are ignored): supervised warm starts and
-        fine-tuning on the best traces share the optimizer, checkpoints and serving path with RL.
-
-        With ``current_version`` and ``config.max_staleness`` set, stale rows are dropped first (`drop_stale_rows`).
-        Metrics: ``loss``, ``pg_loss``, ``kl_ref``, ``clip_frac``, ``approx_kl``, ``entropy``, ``ratio_mean``,
-        ``ratio_max`` (token means over the response tokens that were run), ``grad_norm`` (before clipping), ``lr``,
-        ``tokens`` (input tokens run through the model, padding excluded), ``response_tokens``, ``tokens_per_s``,
-        ``rows``, ``rows_stale_dropped``, ``rows_zero_adv_skipped``, ``micro_batches``, ``seconds``, ``step``
-        (optimizer steps taken so far), ``skipped`` (1 when no update was made: no row left anything to learn from, or
-        the gradient was not finite).
-        """
-        t0 = time.perf_counter()
-        n_stale = 0
-        if current_version is not None and self.config.max_staleness is not None:
-            rows, n_stale = drop_stale_rows(rows, current_version, self.config.max_staleness)
-        _validate(rows)
-        metrics = self._step_on(rows, objective=objective)
-        seconds = time.perf_counter() - t0
-        metrics.update(
-            tokens_per_s=metrics["tokens"] / seconds if seconds > 0 else 0.0,
-            rows=float(len(rows)),
-            rows_stale_dropped=float(n_stale),
-            rows_zero_adv_skipped=float(len(rows) - metrics.pop("rows_run")),
-            seconds=seconds,
+        where = self.gateway or GatewaySettings()
+        self._gateway = await GatewayServer(
+            self._rollouts.backend, ctx.store, token=secrets.token_urlsafe(16),
+            host=where.host, port=where.port, advertise_url=where.advertise_url,
+        ).start()  # fmt: skip
+        self._llm = LLM(
+            endpoint=self._gateway.url, model=self.served_name, sampling=self.sampling, api_key=self._gateway.token
         )
-        return metrics
+        self._tb = _tensorboard(self.out_dir / "tb")
 
-    def _step_on(
-        self,
-        rows: Sequence[TrainingRow],
-        *,
-        objective: Literal["grpo", "sft"],
-        weights: Sequence[torch.Tensor] | None = None,
-    ) -> dict[str, float]:
-        """Accumulate the gradient of ``rows`` and take the optimizer step; the metrics of `step` without the
-        per-step timing and row counts (``rows_run``: rows run through the model).
+    async def run(self, ctx: TrainerContext) -> None:
+        """Validate, train for ``steps`` steps (validating every ``val_every``), validate again, write the report."""
+        if not ctx.train_tasks:
+            raise ValueError("GRPO needs training tasks")
+        started = time.monotonic()
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        Under data parallelism ``rows`` are this rank's shard and ``weights`` their slices of the step's loss
-        weights; `_reduce_step` sums gradients and statistics over the ranks before the gradient is clipped.
-        """
-        cfg = self.config
-        supervised = objective == "sft"
-        skip_zero = cfg.skip_zero_advantage_rows and not supervised
-        batches = self._prepare(rows, skip_zero_advantage=skip_zero, weights=weights)
-        lr = self.scheduler.get_last_lr()[0]
-
-        self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        sums = {"loss": 0.0, "pg_loss": 0.0, "kl_ref": 0.0, "clip_frac": 0.0, "approx_kl": 0.0, "ratio_mean": 0.0}
-        ent_sum, n_tok, ratio_max, tokens = 0.0, 0, 0.0, 0
-        for mb in batches:
-            ref = self._reference_logp(mb) if cfg.kl_coef and not supervised else None
-            logp, ent = self._token_logp(self.model, mb, entropy=cfg.compute_entropy)
-            if supervised:
-                loss, stats = _nll_loss(logp, mb.weights)
-            else:
-                loss, stats = policy_loss(
-                    logp,
-                    mb.old_logp,
-                    mb.advantages,
-                    weights=mb.weights,
-                    clip_low=cfg.clip_low,
-                    clip_high=cfg.clip_high,
-                    ref_logp=ref,
-                    kl_coef=cfg.kl_coef,
-                )
-            loss.backward()
-            n = int(stats["tokens"])
-            sums["loss"] += float(loss.detach())
-            for k in ("pg_loss", "kl_ref", "clip_frac", "approx_kl", "ratio_mean"):
-                sums[k] += float(stats[k]) * n
-            ratio_max = max(ratio_max, float(stats["ratio_max"]))
-            if ent is not None:
-                ent_sum += float(ent.sum())
-            n_tok += n
-            tokens += mb.tokens
-
-        params = list(self._trainable.values())
-        local = [*sums.values(), ent_sum, n_tok, tokens, len(batches), sum(len(mb.rows) for mb in batches)]
-        totals, ratio_max = self._reduce_step(params, torch.tensor(local, dtype=torch.float64), ratio_max)
-        (*summed, ent_sum, n_tok, tokens, n_batches, rows_run) = totals.tolist()
-        sums = dict(zip(sums, summed, strict=True))
-        if n_batches:
-            max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-        else:
-            grad_norm = 0.0
-        skipped = not n_batches or not math.isfinite(grad_norm)
-        if skipped:
-            # Nothing to learn from, or one bad batch (overflow, a corrupt row): it must not poison the weights or
-            # Adam's moments, and it is not counted as a step.
-            self.optimizer.zero_grad(set_to_none=True)
-        else:
-            self.optimizer.step()
-            self.scheduler.step()
-            self.steps += 1
-        denom = max(n_tok, 1)
-        metrics = {k: v / denom for k, v in sums.items() if k != "loss"}
-        metrics.update(
-            loss=sums["loss"],
-            entropy=ent_sum / denom if cfg.compute_entropy else math.nan,
-            ratio_max=ratio_max,
-            grad_norm=grad_norm,
-            lr=lr,
-            tokens=float(tokens),
-            response_tokens=float(n_tok),
-            micro_batches=float(n_batches),
-            step=float(self.steps),
-            skipped=float(skipped),
-            rows_run=float(rows_run),
-        )
-        return metrics
-
-    def _reduce_step(
-        self, params: list[torch.Tensor], stats: torch.Tensor, ratio_max: float
-    ) -> tuple[torch.Tensor, float]:
-        """Combine this process's accumulated gradients (in ``params``' ``.grad``) and step statistics (float64
-        sums) with the other ranks'; one process has nothing to combine. See `DistributedPolicyUpdater`."""
-        return stats, ratio_max
-
-    # -- serving --------------------------------------------------------------------------------------------------
-
-    def state_dict_for_serving(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-        """The policy's weights under the base model's own names, ready for ``Engine.update_weights``.
-
-        With LoRA: ``W + (alpha / r) * B @ A`` for every adapted layer, computed as new tensors (the training model
-        keeps its separate base and adapter weights); other tensors alias the live weights. ``dtype`` casts floats.
-        """
-        with torch.no_grad():
-            if not self.is_lora:
-                state = {k: v.detach() for k, v in self.model.state_dict().items()}
-            else:
-                state = self._merged_lora_state()
-            if dtype is not None:
-                state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
-        return state
-
-    def _merged_lora_state(self) -> dict[str, torch.Tensor]:
-        from peft.tuners.lora import LoraLayer
-
-        base = self.model.get_base_model()
-        state: dict[str, torch.Tensor] = {}
-        for key, value in base.state_dict().items():
-            if ".lora_" in key:
-                continue
-            state[key.replace(".base_layer.", ".")] = value.detach()
-        for name, module in base.named_modules():
-            if not isinstance(module, LoraLayer) or module.merged:
-                continue
-            weight = module.get_base_layer().weight
-            merged = weight.detach().clone()
-            for adapter in module.active_adapters:
-                if adapter in module.lora_A:
-                    merged += module.get_delta_weight(adapter).to(merged.dtype)
-            state[f"{name}.weight"] = merged
-        return state
-
-    # -- checkpoints ----------------------------------------------------------------------------------------------
-
-    def save(self, directory: str | os.PathLike) -> Path:
-        """Write a resumable checkpoint to ``directory`` atomically; returns its path.
-
-        Contents: ``updater.json`` (config, step, the base model: see `base_model_metadata`),
-        ``trainable.safetensors`` (the adapter, or the full model),
-        ``reference.safetensors`` (full fine-tuning with a KL term: the frozen start point), ``trainer_state.pt``
-        (optimizer, scheduler, RNG states). A LoRA checkpoint needs the same base model to load.
-        """
-        with atomic_directory(directory) as tmp:
-            meta = {
-                "format": CHECKPOINT_FORMAT,
-                "steps": self.steps,
-                "config": self.config.to_json(),
-                "base_model": self.base_model_metadata(),
-            }
-            (tmp / "updater.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-            save_file(
-                {n: p.detach().contiguous().cpu() for n, p in self._trainable.items()}, tmp / "trainable.safetensors"
-            )
-            if self.reference is not None:
-                ref = {n: p.detach().contiguous().cpu() for n, p in self.reference.named_parameters()}
-                save_file(ref, tmp / "reference.safetensors")
-            torch.save(
-                {
-                    "optimizer": self.optimizer.state_dict(),
-                    "scheduler": self.scheduler.state_dict(),
-                    "rng": capture_rng_state(),
-                },
-                tmp / "trainer_state.pt",
-            )
-        return Path(directory)
-
-    def base_model_metadata(self) -> dict[str, Any]:
-        """What `lightrail.algorithms.export` needs to rebuild the policy from a checkpoint: the base model's
-        directory (absolute; None when the model was not loaded from a local directory), its config and the dtype
-        the weights were trained in. `load` ignores it, so older checkpoints without it still resume."""
-        base = self.model.get_base_model() if self.is_lora else self.model
-        name = str(getattr(base.config, "_name_or_path", "") or "")
-        path = Path(name).resolve() if name and Path(name).is_dir() else None
-        return {
-            "path": str(path) if path is not None else None,
-            "name_or_path": name or None,
-            "dtype": str(self.dtype).removeprefix("torch."),
-            "config": json.loads(base.config.to_json_string()),
+        val_before = self._last_val() if self.step else await self._validate(ctx)
+        with Progress(
+            TextColumn("[bold]GRPO[/bold]"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[status]}"),
+            transient=False,
+        ) as progress:
+            bar = progress.add_task("steps", total=self.steps, completed=self.step, status="")
+            while self.step < self.steps:
+                metrics = await self._train_step(ctx)
+                status = f"reward {metrics['reward_mean']:.3f}  success {metrics['success_rate']:.0%}"
+                if self.val_every and self.step % self.val_every == 0 and self.step < self.steps:
+                    val = await self._validate(ctx)
+                    status += f"  val {val:.0%}" if val is not None else ""
+                if self.checkpoint_every and self.step % self.checkpoint_every == 0:
+                    await self._checkpoint()
+                progress.update(bar, completed=self.step, status=status)
+        val_after = await self._validate(ctx)
+        checkpoint = await self._checkpoint()
+        self.report = {
+            "val_before": val_before,
+            "val_after": val_after,
+            "steps": self.step,
+            "train_minutes": (time.monotonic() - started) / 60,
+            "checkpoint": str(checkpoint),
+            "reward_curve": str(_plot(self._history, self.out_dir / "reward_curve.png")),
+            "metrics": str(self.out_dir / "metrics.jsonl"),
         }
+        (self.out_dir / "report.json").write_text(json.dumps(self.report, indent=2))
 
-    def load(self, directory: str | os.PathLike) -> None:
-        """Restore a checkpoint written by `save` into this updater (built with the same model and config shape).
+    async def close(self) -> None:
+        if self._gateway is not None:
+            await self._gateway.stop()
+            self._gateway = None
+        if self._rollouts is not None:
+            await self._rollouts.close()
+            self._rollouts = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+        if self._updater is not None:
+            await asyncio.to_thread(self._updater.close)
 
-        After loading, the next `step` on the same rows gives the same loss and weights as it would have without the
-        interruption (tested bitwise on CPU).
-        """
-        path = Path(directory)
-        meta = json.loads((path / "updater.json").read_text())
-        if meta.get("format") != CHECKPOINT_FORMAT:
-            raise ValueError(f"{path}: unknown checkpoint format {meta.get('format')!r}")
-        saved = GRPOConfig.from_json(meta["config"])
-        if saved.lora != self.config.lora:
-            raise ValueError(
-                f"{path}: checkpoint was trained with lora={saved.lora}, this updater has {self.config.lora}"
-            )
-        self._copy_into(self._trainable, load_file(path / "trainable.safetensors"), path)
-        if self.reference is not None:
-            self._copy_into(dict(self.reference.named_parameters()), load_file(path / "reference.safetensors"), path)
-        # CPU first: torch.set_rng_state wants a CPU tensor; the optimizer moves its state to the params' device.
-        state = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=True)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        restore_rng_state(state["rng"])
-        self.steps = int(meta["steps"])
+    # -- steps -----------------------------------------------------------------------------------------------
 
-    @staticmethod
-    def _copy_into(params: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor], path: Path) -> None:
-        if set(tensors) != set(params):
-            diff = sorted(set(tensors) ^ set(params))[:5]
-            raise ValueError(f"{path}: checkpoint tensors do not match this model's (e.g. {diff})")
-        with torch.no_grad():
-            for name, value in tensors.items():
-                params[name].copy_(value)
+    async def _train_step(self, ctx: TrainerContext) -> dict[str, Any]:
+        t0 = time.monotonic()
+        version = await ctx.publish({"llm": self._llm})
+        tasks = self._next_tasks(ctx.train_tasks)
+        rollouts = await ctx.run_rollouts(
+            tasks, mode="train", n_samples=self.n_samples, resources_version=version.version
+        )
+        t_rollouts = time.monotonic() - t0
+        episodes = {
+            r.rollout_id: build_episode(s, tool_rewards_rule=self.tool_rewards)
+            for r, s in await self._spans(ctx, rollouts)
+        }
+        trainable, excluded = select_trainable(rollouts, episodes)
+        transitions, groups = group_advantages(
+            ((r, episodes[r.rollout_id]) for r in trainable), self.credit, agents=self.agents
+        )
+        rows, drift = to_rows(transitions, merge=self.merge_calls)
+        update = await asyncio.to_thread(self._updater.step, rows, current_version=self._rollouts.policy_version)
+        t_update = time.monotonic() - t0 - t_rollouts
+        if not update["skipped"]:
+            await self._rollouts.sync(self._updater, self._rollouts.policy_version + 1)
+        self.step += 1
+        rewards = [r.reward if r.reward is not None else 0.0 for r in trainable]
+        advantages = [t.advantage for t in transitions if t.advantage is not None]
+        metrics = {
+            "kind": "train",
+            "step": self.step,
+            "policy_version": self._rollouts.policy_version,
+            "reward_mean": statistics.fmean(rewards) if rewards else 0.0,
+            "success_rate": _success(trainable, self.success_threshold),
+            "rollouts": len(rollouts),
+            "excluded": excluded.total,
+            **{f"excluded_{reason}": n for reason, n in excluded.counts.items()},
+            "zero_std_groups": groups.zero_std_groups,
+            "transitions": len(transitions),
+            "drift_breaks": sum(d.breaks for d in drift),
+            "adv_mean": statistics.fmean(advantages) if advantages else 0.0,
+            "adv_std": statistics.pstdev(advantages) if len(advantages) > 1 else 0.0,
+            "adv_abs_max": max((abs(a) for a in advantages), default=0.0),
+            "loss": update["loss"],
+            "kl": update["approx_kl"],
+            "kl_ref": update["kl_ref"],
+            "entropy": update["entropy"],
+            "clip_frac": update["clip_frac"],
+            "grad_norm": update["grad_norm"],
+            "update_tokens_per_s": update["tokens_per_s"],
+            "dropped_stale": update["rows_stale_dropped"],
+            "skipped": bool(update["skipped"]),
+            "rollout_s": t_rollouts,
+            "update_s": t_update,
+            "step_s": time.monotonic() - t0,
+        }
+        self._record(metrics)
+        return metrics
+
+    async def _validate(self, ctx: TrainerContext) -> float | None:
+        if not ctx.val_tasks:
+            return None
+        llm = msgspec.structs.replace(self._llm, sampling=self.val_sampling)  # same endpoint, greedy by default
+        version = await ctx.publish({"llm": llm})
+        rollouts = await ctx.run_rollouts(ctx.val_tasks, mode="val", resources_version=version.version)
+        finished = [
+            r for r in rollouts if r.status in (RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.TIMEOUT)
+        ]
+        success = _success(finished, self.success_threshold)
+        self._record(
+            {
+                "kind": "val",
+                "step": self.step,
+                "policy_version": self._rollouts.policy_version,
+                "val_success": success,
+                "val_rollouts": len(rollouts),
+                "val_infra_excluded": len(rollouts) - len(finished),
+            }
+        )
+        return success
+
+    async def _spans(self, ctx: TrainerContext, rollouts: Sequence[Rollout]) -> list[tuple[Rollout, list[Span]]]:
+        """Spans of each rollout's last attempt (earlier attempts were lost or failed in the infrastructure)."""
+        limit = asyncio.Semaphore(16)
+
+        async def one(rollout: Rollout) -> tuple[Rollout, list[Span]]:
+            async with limit:
+                attempts = await ctx.store.query_attempts(rollout.rollout_id)
+                if not attempts:
+                    return rollout, []
+                return rollout, await ctx.store.query_spans(rollout.rollout_id, attempts[-1].attempt_id)
+
+        return list(await asyncio.gather(*(one(r) for r in rollouts)))
+
+    def _next_tasks(self, tasks: Sequence[Task]) -> list[Task]:
+        """The next ``tasks_per_step`` tasks of a seeded shuffle, reshuffled each epoch (resumable: the order and the
+        RNG are checkpointed)."""
+        picked = []
+        while len(picked) < min(self.tasks_per_step, len(tasks)):
+            if not self._order:
+                self._order = list(range(len(tasks)))
+                self._rng.shuffle(self._order)
+            picked.append(tasks[self._order.pop()])
+        return picked
+
+    # -- records ---------------------------------------------------------------------------------------------
+
+    def _record(self, metrics: dict[str, Any]) -> None:
+        self._history.append(metrics)
+        with (self.out_dir / "metrics.jsonl").open("a") as f:
+            f.write(json.dumps(metrics) + "\n")
+        if self._tb is not None:
+            prefix = metrics["kind"]
+            for key, value in metrics.items():
+                if isinstance(value, int | float) and key not in ("step", "kind") and math.isfinite(value):
+                    self._tb.add_scalar(f"{prefix}/{key}", value, metrics["step"])
+            self._tb.flush()
+
+    def _last_val(self) -> float | None:
+        vals = [m["val_success"] for m in self._history if m["kind"] == "val"]
+        return vals[0] if vals else None
+
+    async def _checkpoint(self) -> Path:
+        path = self.out_dir / "checkpoints" / f"step-{self.step}"
+        await asyncio.to_thread(self._updater.save, path)
+        state = {
+            "step": self.step,
+            "order": self._order,
+            "rng": _jsonable_rng(self._rng.getstate()),
+            "history": self._history,
+            "policy_version": self._rollouts.policy_version,
+        }
+        (path / _LOOP_STATE).write_text(json.dumps(state))
+        return path
+
+    def _latest_checkpoint(self) -> Path | None:
+        root = self.out_dir / "checkpoints"
+        found = [p for p in root.glob("step-*") if (p / _LOOP_STATE).exists()] if root.exists() else []
+        return max(found, key=lambda p: int(p.name.split("-")[1]), default=None)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _success(rollouts: Sequence[Rollout], threshold: float) -> float:
+    if not rollouts:
+        return 0.0
+    return sum(1 for r in rollouts if r.reward is not None and r.reward >= threshold) / len(rollouts)
+
+
+def _jsonable_rng(state: tuple) -> list:
+    version, internal, gauss = state
+    return [version, list(internal), gauss]
+
+
+def _rng_state(data: list) -> tuple:
+    version, internal, gauss = data
+    return (version, tuple(internal), gauss)
+
+
+def _tensorboard(path: Path) -> Any:
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # tensorboard not installed: metrics.jsonl still has everything
+        return None
+    return SummaryWriter(str(path))
+
+
+def _plot(history: list[dict[str, Any]], path: Path) -> Path:
+    """Reward and success per training step, with validation success on top: the curve people look at."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    train = [m for m in history if m["kind"] == "train"]
+    val = [m for m in history if m["kind"] == "val"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if train:
+        ax.plot([m["step"] for m in train], [m["reward_mean"] for m in train], label="train reward (mean)", alpha=0.6)
+        if any(m["success_rate"] != m["reward_mean"] for m in train):  # same curve when reward is 0/1
+            ax.plot([m["step"] for m in train], [m["success_rate"] for m in train], label="train success", alpha=0.6)
+    if val:
+        ax.plot(
+            [m["step"] for m in val],
+            [m["val_success"] for m in val],
+            "o-",
+            label="held-out success (greedy)",
+            linewidth=2,
+        )
+    ax.set_xlabel("GRPO step")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    ax.set_title("lightrail GRPO")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

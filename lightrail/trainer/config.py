@@ -181,8 +181,8 @@ def _grpo_kwargs(config: TrainConfig) -> dict[str, Any]:
     """The config's ``grpo`` section as `GRPO` keyword arguments (names checked against its signature)."""
     from lightrail.adapters import AgentFilter, ToolRewardRule
     from lightrail.adapters.credit import credit_by_name
-    from lightrail.algorithms.grpo import GRPOConfig, LoraSettings
-    from lightrail.algorithms.loop import GRPO
+    from lightrail.algorithms.grpo import GRPO
+    from lightrail.algorithms.updater import GRPOConfig, LoraSettings
 
     options = dict(config.grpo)
     kwargs: dict[str, Any] = {"seed": config.seed, "out_dir": config.run_dir, "gateway": config.gateway}
@@ -291,7 +291,7 @@ def _build_model(config: TrainConfig, data_module: str) -> Path:
 
 def train(config: TrainConfig) -> TrainResult:
     """Build or prepare the model, generate the data, and run `GRPO` through `Trainer.fit`."""
-    from lightrail.algorithms.loop import GRPO
+    from lightrail.algorithms.grpo import GRPO
     from lightrail.trainer.trainer import Trainer
 
     splits = _resolve(config.data, "data")

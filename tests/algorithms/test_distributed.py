@@ -200,7 +200,7 @@ def test_torchrun_ranks_update_like_one(model_dir, tmp_path):
 def test_grpo_trains_on_two_ranks(model_dir, tmp_path):
     from examples.calculator.data import make_splits
     from lightrail import MemoryStore, Trainer
-    from lightrail.algorithms.loop import GRPO
+    from lightrail.algorithms.grpo import GRPO
 
     train, val = make_splits(4, 2, seed=1)
     grpo = GRPO(

@@ -7,7 +7,7 @@ import json
 
 from lightrail import MemoryStore, Trainer
 from lightrail.algorithms import GRPOConfig
-from lightrail.algorithms.loop import GRPO
+from lightrail.algorithms.grpo import GRPO
 from lightrail.engine.models import build_tiny_model
 
 AGENT = "loop_agents:parity_agent"

@@ -26,7 +26,7 @@ import pytest
 
 from lightrail import Trainer
 from lightrail.algorithms import GRPOConfig
-from lightrail.algorithms.loop import GRPO
+from lightrail.algorithms.grpo import GRPO
 from lightrail.engine.models import build_tiny_model
 from lightrail.gateway import GatewaySettings
 from lightrail.store import StoreClient, SyncStoreClient

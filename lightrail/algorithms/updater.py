@@ -1,0 +1,678 @@
+"""The GRPO policy update: `TrainingRow`s in, one optimizer step out, merged weights back to the engine.
+
+Data flow: an adapter turns a batch of finished rollouts into `TrainingRow`s (token ids, loss mask, the sampler's
+logprobs, per-token advantages); `PolicyUpdater.step` runs one optimizer step of the PPO-clipped loss of
+`lightrail.algorithms._loss` over all of them; `PolicyUpdater.state_dict_for_serving` hands the new weights to
+``Engine.update_weights``; `PolicyUpdater.save` / `PolicyUpdater.load` make training resumable.
+
+How a step is computed (and why):
+
+* Rows are sorted by length and packed into micro-batches of at most ``micro_batch_tokens`` padded tokens, right-
+  padded. Right padding with causal attention needs no attention mask: a real token only attends to earlier
+  positions, which are all real, and position ids 0..T-1 are already right. Leaving the mask out keeps SDPA on
+  its fused causal path.
+* Only the hidden states that predict a response token go through the LM head (``[N, H] -> [N, V]`` with N the
+  masked tokens), so the full ``[B, T, V]`` logits are never built; logprobs are ``z[a] - logsumexp(z)``, which
+  saves the ``[N, V]`` log-softmax output that autograd would otherwise keep.
+* The loss normalisation weights are computed once for the whole step (`loss_weights`), so the micro-batch losses
+  add up to the step loss exactly and gradient accumulation equals one big batch (tested to 1e-6).
+* Rows whose response advantages are all zero contribute exactly zero gradient when ``kl_coef == 0``; they still
+  count in the normalisation but are not run through the model (``skip_zero_advantage_rows``; GRPO groups where
+  every sample got the same reward are common).
+
+Concurrency model: not thread-safe; one caller drives an updater. `state_dict_for_serving` returns tensors that may
+alias the live weights: copy them (the engine does) before the next `step`.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from lightrail.algorithms._loss import LossNorm, loss_weights, policy_loss, token_entropy
+from lightrail.algorithms.checkpoint import atomic_directory, capture_rng_state, restore_rng_state
+from lightrail.engine import configure_threads
+from lightrail.types import TrainingRow
+
+__all__ = [
+    "GRPOConfig",
+    "LoraSettings",
+    "PolicyUpdater",
+    "drop_stale_rows",
+    "pack_micro_batches",
+]
+
+#: Every linear projection of a Llama-style decoder layer (attention and MLP); the LM head and embeddings stay frozen.
+LLAMA_LINEAR_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+CHECKPOINT_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """LoRA adapter shape (passed to ``peft.LoraConfig``). ``W' = W + (alpha / r) * B @ A``, B initialised to 0."""
+
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    """Dropout on the adapter input; > 0 makes the PPO ratio noisy (the sampler ran without it)."""
+    target_modules: tuple[str, ...] = LLAMA_LINEAR_PROJECTIONS
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    """Hyper-parameters of the policy update. Defaults suit the tiny CPU models (lr from models-data.md: 5e-4
+    trained a 6 M-parameter Llama, 2e-3 collapsed it); use ~1e-6 for full fine-tuning of billion-parameter models.
+    """
+
+    lr: float = 5e-4
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 0.0
+    """Decoupled (AdamW) decay, applied to matrices only -- never to norms' gains or biases."""
+    max_grad_norm: float | None = 1.0
+    warmup_steps: int = 0
+    """Linear learning-rate warm-up over this many optimizer steps, constant afterwards."""
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    """``clip_high > clip_low`` is DAPO's "clip-higher"."""
+    kl_coef: float = 0.0
+    """beta of the k3 KL penalty to the frozen reference (the base model); 0 switches it off and costs nothing."""
+    loss_norm: LossNorm = "token"
+    temperature: float = 1.0
+    """The sampling temperature; logits are divided by it so new logprobs match the engine's (which reports
+    logprobs of the temperature-scaled distribution)."""
+    micro_batch_tokens: int = 4096
+    """Budget of one micro-batch in padded tokens (rows x longest row); a longer row runs alone."""
+    max_staleness: int | None = None
+    """With ``step(rows, current_version=v)``: drop rows sampled by a policy older than ``v - max_staleness``."""
+    skip_zero_advantage_rows: bool = True
+    compute_entropy: bool = True
+    """Entropy of the new policy on response tokens: one extra softmax over the ``[N, V]`` logits, no backward."""
+    lora: LoraSettings | None = None
+    """None = full fine-tuning."""
+    device: Literal["cpu", "cuda", "auto"] = "cpu"
+    dtype: Literal["float32", "bfloat16", "float16", "float64"] | None = None
+    """Weights' dtype; None = float32 on CPU, bfloat16 on CUDA. LoRA adapters stay float32 (peft's default); full
+    fine-tuning in bfloat16 keeps no float32 master copy, so prefer LoRA or float32 for small learning rates."""
+    seed: int = 0
+    """Seeds the adapter initialisation (without touching the global RNG)."""
+    ranks: int = 1
+    """Data-parallel ranks of the update (`lightrail.algorithms.distributed.DistributedPolicyUpdater`): the trainer
+    process is rank 0 and starts ``ranks - 1`` worker processes; each runs the step on its share of the rows."""
+
+    def __post_init__(self) -> None:
+        if self.ranks < 1:
+            raise ValueError(f"ranks must be >= 1, not {self.ranks}")
+        if not 0 <= self.clip_low < 1 or self.clip_high < 0:
+            raise ValueError("need 0 <= clip_low < 1 and clip_high >= 0")
+        if self.loss_norm not in ("token", "sequence", "rollout"):
+            raise ValueError(f"loss_norm must be token, sequence or rollout, not {self.loss_norm!r}")
+        if self.micro_batch_tokens < 1 or self.temperature <= 0:
+            raise ValueError("micro_batch_tokens and temperature must be positive")
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GRPOConfig:
+        data = dict(data)
+        data["betas"] = tuple(data["betas"])
+        if data.get("lora") is not None:
+            lora = dict(data["lora"])
+            lora["target_modules"] = tuple(lora["target_modules"])
+            data["lora"] = LoraSettings(**lora)
+        return cls(**data)
+
+
+def drop_stale_rows(
+    rows: Sequence[TrainingRow], current_version: int, max_staleness: int
+) -> tuple[list[TrainingRow], int]:
+    """Keep rows with ``policy_version >= current_version - max_staleness``; returns ``(kept, n_dropped)``.
+
+    A row whose ``policy_version`` is None (the backend did not report one) is kept: its age is unknown, not old.
+    ``max_staleness = 0`` is strictly on-policy.
+    """
+    oldest = current_version - max_staleness
+    kept = [r for r in rows if r.policy_version is None or r.policy_version >= oldest]
+    return kept, len(rows) - len(kept)
+
+
+def pack_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
+    """Group row indices into micro-batches whose padded size (rows x longest row) stays within ``token_budget``.
+
+    Rows are taken longest first (stable, so equal lengths keep their order), which keeps padding small; a row
+    longer than the budget forms a micro-batch of its own.
+
+        >>> pack_micro_batches([5, 9, 3, 9], 20)
+        [[1, 3], [0, 2]]
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches: list[list[int]] = []
+    for i in order:
+        # Longest first: the first row of a batch is its longest, so the padded size is rows x that length.
+        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= token_budget:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+def _nll_loss(logp: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Negative log-likelihood of the selected tokens with the step's normalisation weights (the SFT objective),
+    with the same stats keys as `policy_loss` (ratios are 1 by definition)."""
+    loss = -(weights.to(device=logp.device, dtype=logp.dtype) * logp).sum()
+    n = logp.numel()
+    zero, one = logp.new_zeros(()), logp.new_ones(())
+    stats = {
+        "pg_loss": -logp.detach().sum() / max(n, 1),
+        "kl_ref": zero,
+        "clip_frac": zero,
+        "approx_kl": zero,
+        "ratio_mean": one,
+        "ratio_max": one,
+        "tokens": torch.tensor(n),
+    }
+    return loss, stats
+
+
+@dataclass
+class _MicroBatch:
+    """Right-padded token ids plus the flat list of response tokens to score (one entry per masked token)."""
+
+    input_ids: torch.Tensor  # [B, T] long
+    source: torch.Tensor  # [N] long: flat index b * T + (t - 1) of the hidden state that predicts token (b, t)
+    targets: torch.Tensor  # [N] long
+    old_logp: torch.Tensor  # [N] float64 (as recorded; cast to the compute dtype in the loss)
+    advantages: torch.Tensor  # [N] float64
+    weights: torch.Tensor  # [N] float64, slice of the step's loss weights
+    tokens: int  # real (unpadded) tokens in the micro-batch
+    rows: list[int] = field(default_factory=list)
+
+
+def _validate(rows: Sequence[TrainingRow]) -> None:
+    for i, r in enumerate(rows):
+        n = len(r.input_ids)
+        if not (len(r.loss_mask) == len(r.old_logprobs) == len(r.advantages) == n):
+            raise ValueError(
+                f"row {i} (rollout {r.rollout_id!r}): input_ids, loss_mask, old_logprobs and advantages must have "
+                f"the same length, got {n}, {len(r.loss_mask)}, {len(r.old_logprobs)}, {len(r.advantages)}"
+            )
+        if n and r.loss_mask[0]:
+            raise ValueError(f"row {i} (rollout {r.rollout_id!r}): token 0 has no context and cannot be trained")
+
+
+class PolicyUpdater:
+    """Owns the trainable policy (full model or LoRA adapter), its AdamW optimizer and the GRPO step.
+
+        >>> upd = PolicyUpdater("path/to/model", GRPOConfig(lora=LoraSettings(r=8)))   # doctest: +SKIP
+        >>> metrics = upd.step(rows)                     # one optimizer step over every row
+        >>> await engine.update_weights(upd.state_dict_for_serving(), version=upd.steps + 1)
+        >>> upd.save("runs/ckpt")                         # ... later: upd.load("runs/ckpt")
+
+    ``model`` is a local Hugging Face directory or a causal LM instance; an instance is taken over (moved to the
+    configured device and dtype and, with LoRA, wrapped by peft in place).
+    """
+
+    data_parallel = False
+    """True for updaters whose step spans several ranks (`DistributedPolicyUpdater`)."""
+
+    def __init__(self, model: Any, config: GRPOConfig | None = None) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.config = config = config or GRPOConfig()
+        if config.ranks > 1 and not self.data_parallel:
+            raise ValueError(
+                f"GRPOConfig(ranks={config.ranks}) needs lightrail.algorithms.distributed.DistributedPolicyUpdater"
+            )
+        configure_threads()
+        self.device = self._resolve_device(config.device)
+        self.dtype = self._resolve_dtype(config.dtype, self.device)
+        if isinstance(model, str | os.PathLike):
+            model = AutoModelForCausalLM.from_pretrained(model, dtype=self.dtype)
+        model = model.to(device=self.device, dtype=self.dtype)
+        self.reference: Any = None
+        if config.lora is not None:
+            model = self._wrap_lora(model, config.lora, config.seed)
+        else:
+            model.requires_grad_(True)
+            if config.kl_coef:
+                # Full fine-tuning has no adapter to switch off, so the KL reference is a frozen copy of the start.
+                self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+        self.model = model
+        self.steps = 0
+        self._trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+        decay = [p for p in self._trainable.values() if p.ndim >= 2]
+        no_decay = [p for p in self._trainable.values() if p.ndim < 2]
+        self.optimizer = torch.optim.AdamW(
+            [
+                {"params": decay, "weight_decay": config.weight_decay},
+                {"params": no_decay, "weight_decay": 0.0},
+            ],
+            lr=config.lr,
+            betas=config.betas,
+        )
+        warmup = config.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup > 0 else 1.0
+        )
+        self._softcap = getattr(model.config, "final_logit_softcapping", None)
+
+    def close(self) -> None:
+        """Release the update's processes: none here (see `DistributedPolicyUpdater.close`); safe to call twice."""
+
+    # -- set-up ---------------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _resolve_device(name: str) -> torch.device:
+        if name == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if name == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError("device='cuda' was requested but torch sees no CUDA device")
+        return torch.device(name)
+
+    @staticmethod
+    def _resolve_dtype(name: str | None, device: torch.device) -> torch.dtype:
+        if name is None:
+            return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return getattr(torch, name)
+
+    @staticmethod
+    def _wrap_lora(model: Any, lora: LoraSettings, seed: int) -> Any:
+        from peft import LoraConfig, get_peft_model
+
+        peft_config = LoraConfig(
+            r=lora.r,
+            lora_alpha=lora.alpha,
+            lora_dropout=lora.dropout,
+            target_modules=list(lora.target_modules),
+            bias="none",
+            task_type="CAUSAL_LM",
+        )
+        # The adapter's A matrices are random: seed them locally so the same config gives the same adapter
+        # without resetting the caller's global RNG.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return get_peft_model(model, peft_config)
+
+    @property
+    def is_lora(self) -> bool:
+        return self.config.lora is not None
+
+    # -- scoring --------------------------------------------------------------------------------------------------
+
+    def _row_weights(self, rows: Sequence[TrainingRow]) -> list[torch.Tensor]:
+        """The step's loss normalisation weights (computed over all ``rows``), one slice per row in ``loss_mask``
+        order. A data-parallel step computes them over the whole step and hands each rank its rows' slices."""
+        cfg = self.config
+        positions = [[t for t, m in enumerate(r.loss_mask) if m] for r in rows]
+        if cfg.loss_norm == "token":
+            weights = loss_weights(None, sum(len(p) for p in positions))
+        else:
+            # A row without a rollout id is its own rollout.
+            keys = [r.rollout_id or i for i, r in enumerate(rows)] if cfg.loss_norm == "rollout" else range(len(rows))
+            segment: dict[Any, int] = {}
+            ids = [segment.setdefault(keys[i], len(segment)) for i, p in enumerate(positions) for _ in p]
+            weights = loss_weights(torch.tensor(ids, dtype=torch.long))
+        offsets = [0]
+        for p in positions:
+            offsets.append(offsets[-1] + len(p))
+        return [weights[offsets[i] : offsets[i + 1]] for i in range(len(rows))]
+
+    def _active_rows(self, rows: Sequence[TrainingRow], *, skip_zero_advantage: bool) -> list[int]:
+        """Indices of the rows that need a forward pass: rows with response tokens, less (``skip_zero_advantage``,
+        no KL term) rows whose response advantages are all zero, as they contribute exactly zero gradient."""
+        skip = skip_zero_advantage and not self.config.kl_coef
+        return [
+            i
+            for i, r in enumerate(rows)
+            if any(r.loss_mask) and not (skip and all(r.advantages[t] == 0 for t, m in enumerate(r.loss_mask) if m))
+        ]
+
+    def _prepare(
+        self,
+        rows: Sequence[TrainingRow],
+        *,
+        skip_zero_advantage: bool,
+        weights: Sequence[torch.Tensor] | None = None,
+    ) -> list[_MicroBatch]:
+        """Micro-batches of the rows that need a forward pass, carrying their slices of the step's loss weights
+        (computed over all rows, skipped ones included; ``weights`` gives them when ``rows`` are a shard of a larger
+        step)."""
+        cfg = self.config
+        positions = [[t for t, m in enumerate(r.loss_mask) if m] for r in rows]
+        row_weights = self._row_weights(rows) if weights is None else weights
+        active = self._active_rows(rows, skip_zero_advantage=skip_zero_advantage)
+        batches = []
+        for group in pack_micro_batches([len(rows[i].input_ids) for i in active], cfg.micro_batch_tokens):
+            idx = [active[g] for g in group]
+            width = len(rows[idx[0]].input_ids)
+            ids = torch.zeros(len(idx), width, dtype=torch.long)
+            source, targets, old, adv, w = [], [], [], [], []
+            for b, i in enumerate(idx):
+                r = rows[i]
+                ids[b, : len(r.input_ids)] = torch.tensor(r.input_ids, dtype=torch.long)
+                source += [b * width + t - 1 for t in positions[i]]
+                targets += [r.input_ids[t] for t in positions[i]]
+                old += [r.old_logprobs[t] for t in positions[i]]
+                adv += [r.advantages[t] for t in positions[i]]
+                w.append(row_weights[i])
+            batches.append(
+                _MicroBatch(
+                    input_ids=ids.to(self.device),
+                    source=torch.tensor(source, dtype=torch.long, device=self.device),
+                    targets=torch.tensor(targets, dtype=torch.long, device=self.device),
+                    old_logp=torch.tensor(old, dtype=torch.float64, device=self.device),
+                    advantages=torch.tensor(adv, dtype=torch.float64, device=self.device),
+                    weights=torch.cat(w).to(self.device),
+                    tokens=sum(len(rows[i].input_ids) for i in idx),
+                    rows=idx,
+                )
+            )
+        return batches
+
+    def _token_logp(
+        self, model: Any, mb: _MicroBatch, *, entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logprobs (float32) of the micro-batch's response tokens under ``model``, and optionally their entropy."""
+        hidden = model.get_decoder()(input_ids=mb.input_ids, use_cache=False).last_hidden_state
+        hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, mb.source)
+        logits = model.get_output_embeddings()(hidden)
+        # Softmax statistics in at least fp32 (bf16 logsumexp over a 50k vocabulary loses the ratio's precision).
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        if self._softcap:
+            logits = torch.tanh(logits / self._softcap) * self._softcap
+        if self.config.temperature != 1.0:
+            logits = logits / self.config.temperature
+        lse = torch.logsumexp(logits, dim=-1)
+        logp = logits.gather(-1, mb.targets[:, None]).squeeze(-1) - lse
+        ent = token_entropy(logits.detach(), lse.detach()) if entropy else None
+        return logp, ent
+
+    def _reference_logp(self, mb: _MicroBatch) -> torch.Tensor:
+        with torch.no_grad():
+            if self.is_lora:
+                # The base model *is* the adapter-free model: no second copy of the weights.
+                with self.model.disable_adapter():
+                    return self._token_logp(self.model, mb)[0]
+            return self._token_logp(self.reference, mb)[0]
+
+    def token_logprobs(self, rows: Sequence[TrainingRow]) -> list[list[float]]:
+        """The current policy's logprob of every response token of each row (``loss_mask`` order), no gradient.
+
+        Useful to check that the engine's logprobs match the trainer's (they should, up to numerics, right after a
+        weight sync) and for on-policy tests.
+        """
+        _validate(rows)
+        batches = self._prepare(rows, skip_zero_advantage=False)
+        out: list[list[float]] = [[] for _ in rows]
+        with torch.no_grad():
+            for mb in batches:
+                logp = self._token_logp(self.model, mb)[0].tolist()
+                k = 0
+                for i in mb.rows:
+                    n = sum(1 for m in rows[i].loss_mask if m)
+                    out[i] = logp[k : k + n]
+                    k += n
+        return out
+
+    # -- the update -----------------------------------------------------------------------------------------------
+
+    def step(
+        self,
+        rows: Sequence[TrainingRow],
+        *,
+        current_version: int | None = None,
+        objective: Literal["grpo", "sft"] = "grpo",
+    ) -> dict[str, float]:
+        """One optimizer step over all ``rows`` (gradient accumulation over micro-batches); returns metrics.
+
+        ``objective="sft"`` trains the same rows by maximum likelihood instead (``loss = -sum_t w_t * logp_t``,
+        same packing and normalisation; advantages and old logprobs are ignored): supervised warm starts and
+        fine-tuning on the best traces share the optimizer, checkpoints and serving path with RL.
+
+        With ``current_version`` and ``config.max_staleness`` set, stale rows are dropped first (`drop_stale_rows`).
+        Metrics: ``loss``, ``pg_loss``, ``kl_ref``, ``clip_frac``, ``approx_kl``, ``entropy``, ``ratio_mean``,
+        ``ratio_max`` (token means over the response tokens that were run), ``grad_norm`` (before clipping), ``lr``,
+        ``tokens`` (input tokens run through the model, padding excluded), ``response_tokens``, ``tokens_per_s``,
+        ``rows``, ``rows_stale_dropped``, ``rows_zero_adv_skipped``, ``micro_batches``, ``seconds``, ``step``
+        (optimizer steps taken so far), ``skipped`` (1 when no update was made: no row left anything to learn from, or
+        the gradient was not finite).
+        """
+        t0 = time.perf_counter()
+        n_stale = 0
+        if current_version is not None and self.config.max_staleness is not None:
+            rows, n_stale = drop_stale_rows(rows, current_version, self.config.max_staleness)
+        _validate(rows)
+        metrics = self._step_on(rows, objective=objective)
+        seconds = time.perf_counter() - t0
+        metrics.update(
+            tokens_per_s=metrics["tokens"] / seconds if seconds > 0 else 0.0,
+            rows=float(len(rows)),
+            rows_stale_dropped=float(n_stale),
+            rows_zero_adv_skipped=float(len(rows) - metrics.pop("rows_run")),
+            seconds=seconds,
+        )
+        return metrics
+
+    def _step_on(
+        self,
+        rows: Sequence[TrainingRow],
+        *,
+        objective: Literal["grpo", "sft"],
+        weights: Sequence[torch.Tensor] | None = None,
+    ) -> dict[str, float]:
+        """Accumulate the gradient of ``rows`` and take the optimizer step; the metrics of `step` without the
+        per-step timing and row counts (``rows_run``: rows run through the model).
+
+        Under data parallelism ``rows`` are this rank's shard and ``weights`` their slices of the step's loss
+        weights; `_reduce_step` sums gradients and statistics over the ranks before the gradient is clipped.
+        """
+        cfg = self.config
+        supervised = objective == "sft"
+        skip_zero = cfg.skip_zero_advantage_rows and not supervised
+        batches = self._prepare(rows, skip_zero_advantage=skip_zero, weights=weights)
+        lr = self.scheduler.get_last_lr()[0]
+
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        sums = {"loss": 0.0, "pg_loss": 0.0, "kl_ref": 0.0, "clip_frac": 0.0, "approx_kl": 0.0, "ratio_mean": 0.0}
+        ent_sum, n_tok, ratio_max, tokens = 0.0, 0, 0.0, 0
+        for mb in batches:
+            ref = self._reference_logp(mb) if cfg.kl_coef and not supervised else None
+            logp, ent = self._token_logp(self.model, mb, entropy=cfg.compute_entropy)
+            if supervised:
+                loss, stats = _nll_loss(logp, mb.weights)
+            else:
+                loss, stats = policy_loss(
+                    logp,
+                    mb.old_logp,
+                    mb.advantages,
+                    weights=mb.weights,
+                    clip_low=cfg.clip_low,
+                    clip_high=cfg.clip_high,
+                    ref_logp=ref,
+                    kl_coef=cfg.kl_coef,
+                )
+            loss.backward()
+            n = int(stats["tokens"])
+            sums["loss"] += float(loss.detach())
+            for k in ("pg_loss", "kl_ref", "clip_frac", "approx_kl", "ratio_mean"):
+                sums[k] += float(stats[k]) * n
+            ratio_max = max(ratio_max, float(stats["ratio_max"]))
+            if ent is not None:
+                ent_sum += float(ent.sum())
+            n_tok += n
+            tokens += mb.tokens
+
+        params = list(self._trainable.values())
+        local = [*sums.values(), ent_sum, n_tok, tokens, len(batches), sum(len(mb.rows) for mb in batches)]
+        totals, ratio_max = self._reduce_step(params, torch.tensor(local, dtype=torch.float64), ratio_max)
+        (*summed, ent_sum, n_tok, tokens, n_batches, rows_run) = totals.tolist()
+        sums = dict(zip(sums, summed, strict=True))
+        if n_batches:
+            max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        else:
+            grad_norm = 0.0
+        skipped = not n_batches or not math.isfinite(grad_norm)
+        if skipped:
+            # Nothing to learn from, or one bad batch (overflow, a corrupt row): it must not poison the weights or
+            # Adam's moments, and it is not counted as a step.
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            self.optimizer.step()
+            self.scheduler.step()
+            self.steps += 1
+        denom = max(n_tok, 1)
+        metrics = {k: v / denom for k, v in sums.items() if k != "loss"}
+        metrics.update(
+            loss=sums["loss"],
+            entropy=ent_sum / denom if cfg.compute_entropy else math.nan,
+            ratio_max=ratio_max,
+            grad_norm=grad_norm,
+            lr=lr,
+            tokens=float(tokens),
+            response_tokens=float(n_tok),
+            micro_batches=float(n_batches),
+            step=float(self.steps),
+            skipped=float(skipped),
+            rows_run=float(rows_run),
+        )
+        return metrics
+
+    def _reduce_step(
+        self, params: list[torch.Tensor], stats: torch.Tensor, ratio_max: float
+    ) -> tuple[torch.Tensor, float]:
+        """Combine this process's accumulated gradients (in ``params``' ``.grad``) and step statistics (float64
+        sums) with the other ranks'; one process has nothing to combine. See `DistributedPolicyUpdater`."""
+        return stats, ratio_max
+
+    # -- serving --------------------------------------------------------------------------------------------------
+
+    def state_dict_for_serving(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+        """The policy's weights under the base model's own names, ready for ``Engine.update_weights``.
+
+        With LoRA: ``W + (alpha / r) * B @ A`` for every adapted layer, computed as new tensors (the training model
+        keeps its separate base and adapter weights); other tensors alias the live weights. ``dtype`` casts floats.
+        """
+        with torch.no_grad():
+            if not self.is_lora:
+                state = {k: v.detach() for k, v in self.model.state_dict().items()}
+            else:
+                state = self._merged_lora_state()
+            if dtype is not None:
+                state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+        return state
+
+    def _merged_lora_state(self) -> dict[str, torch.Tensor]:
+        from peft.tuners.lora import LoraLayer
+
+        base = self.model.get_base_model()
+        state: dict[str, torch.Tensor] = {}
+        for key, value in base.state_dict().items():
+            if ".lora_" in key:
+                continue
+            state[key.replace(".base_layer.", ".")] = value.detach()
+        for name, module in base.named_modules():
+            if not isinstance(module, LoraLayer) or module.merged:
+                continue
+            weight = module.get_base_layer().weight
+            merged = weight.detach().clone()
+            for adapter in module.active_adapters:
+                if adapter in module.lora_A:
+                    merged += module.get_delta_weight(adapter).to(merged.dtype)
+            state[f"{name}.weight"] = merged
+        return state
+
+    # -- checkpoints ----------------------------------------------------------------------------------------------
+
+    def save(self, directory: str | os.PathLike) -> Path:
+        """Write a resumable checkpoint to ``directory`` atomically; returns its path.
+
+        Contents: ``updater.json`` (config, step, the base model: see `base_model_metadata`),
+        ``trainable.safetensors`` (the adapter, or the full model),
+        ``reference.safetensors`` (full fine-tuning with a KL term: the frozen start point), ``trainer_state.pt``
+        (optimizer, scheduler, RNG states). A LoRA checkpoint needs the same base model to load.
+        """
+        with atomic_directory(directory) as tmp:
+            meta = {
+                "format": CHECKPOINT_FORMAT,
+                "steps": self.steps,
+                "config": self.config.to_json(),
+                "base_model": self.base_model_metadata(),
+            }
+            (tmp / "updater.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+            save_file(
+                {n: p.detach().contiguous().cpu() for n, p in self._trainable.items()}, tmp / "trainable.safetensors"
+            )
+            if self.reference is not None:
+                ref = {n: p.detach().contiguous().cpu() for n, p in self.reference.named_parameters()}
+                save_file(ref, tmp / "reference.safetensors")
+            torch.save(
+                {
+                    "optimizer": self.optimizer.state_dict(),
+                    "scheduler": self.scheduler.state_dict(),
+                    "rng": capture_rng_state(),
+                },
+                tmp / "trainer_state.pt",
+            )
+        return Path(directory)
+
+    def base_model_metadata(self) -> dict[str, Any]:
+        """What `lightrail.algorithms.export` needs to rebuild the policy from a checkpoint: the base model's
+        directory (absolute; None when the model was not loaded from a local directory), its config and the dtype
+        the weights were trained in. `load` ignores it, so older checkpoints without it still resume."""
+        base = self.model.get_base_model() if self.is_lora else self.model
+        name = str(getattr(base.config, "_name_or_path", "") or "")
+        path = Path(name).resolve() if name and Path(name).is_dir() else None
+        return {
+            "path": str(path) if path is not None else None,
+            "name_or_path": name or None,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "config": json.loads(base.config.to_json_string()),
+        }
+
+    def load(self, directory: str | os.PathLike) -> None:
+        """Restore a checkpoint written by `save` into this updater (built with the same model and config shape).
+
+        After loading, the next `step` on the same rows gives the same loss and weights as it would have without the
+        interruption (tested bitwise on CPU).
+        """
+        path = Path(directory)
+        meta = json.loads((path / "updater.json").read_text())
+        if meta.get("format") != CHECKPOINT_FORMAT:
+            raise ValueError(f"{path}: unknown checkpoint format {meta.get('format')!r}")
+        saved = GRPOConfig.from_json(meta["config"])
+        if saved.lora != self.config.lora:
+            raise ValueError(
+                f"{path}: checkpoint was trained with lora={saved.lora}, this updater has {self.config.lora}"
+            )
+        self._copy_into(self._trainable, load_file(path / "trainable.safetensors"), path)
+        if self.reference is not None:
+            self._copy_into(dict(self.reference.named_parameters()), load_file(path / "reference.safetensors"), path)
+        # CPU first: torch.set_rng_state wants a CPU tensor; the optimizer moves its state to the params' device.
+        state = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=True)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        restore_rng_state(state["rng"])
+        self.steps = int(meta["steps"])
+
+    @staticmethod
+    def _copy_into(params: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor], path: Path) -> None:
+        if set(tensors) != set(params):
+            diff = sorted(set(tensors) ^ set(params))[:5]
+            raise ValueError(f"{path}: checkpoint tensors do not match this model's (e.g. {diff})")
+        with torch.no_grad():
+            for name, value in tensors.items():
+                params[name].copy_(value)
