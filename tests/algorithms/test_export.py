@@ -9,16 +9,9 @@ training (wrote the base weights, the wrong step, an unmerged adapter) answers d
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,6 +23,8 @@ from lightrail.algorithms.export import EXPORT_INFO, ExportError, export_checkpo
 from lightrail.cli import main as lightrail_main
 from lightrail.engine import Engine, build_tiny_model
 from lightrail.types import ChatRequest, SamplingParams, TrainingRow
+from tests._served import free_port
+from tests._served import served as serve_cmd
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = Path(os.environ.get("LIGHTRAIL_VLLM_PYTHON") or REPO / ".venv-vllm" / "bin" / "python")
@@ -250,58 +245,6 @@ def test_a_missing_base_model_is_reported_and_can_be_given(full_run, tmp_path):
 # -- serving the export ---------------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Served:
-    """An OpenAI-compatible server in a subprocess (own process group, log in a file); ``url`` ends in ``/v1``."""
-
-    def __init__(self, cmd: list[str], port: int, log: Path, env: dict[str, str] | None = None) -> None:
-        self.url, self.log = f"http://127.0.0.1:{port}/v1", log
-        self._log = open(log, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **(env or {})}
-        )
-
-    def wait_healthy(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(self.url.removesuffix("/v1") + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.5)
-        raise RuntimeError(f"server not healthy after {timeout_s:.0f} s:\n{self.log.read_text()[-3000:]}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        self._log.close()
-
-
-@contextlib.contextmanager
-def _served(
-    cmd: list[str], port: int, log: Path, timeout_s: float, env: dict[str, str] | None = None
-) -> Iterator[Served]:
-    server = Served(cmd, port, log, env)
-    try:
-        server.wait_healthy(timeout_s)
-        yield server
-    finally:
-        server.stop()
-
-
 def _answers_over_http(url: str, model: str, prompts: list[str], api_key: str = "none") -> list[str]:
     import openai
 
@@ -337,12 +280,12 @@ def _engine_answers(base: Path, state: dict[str, torch.Tensor] | None, prompts: 
 def test_gateway_serves_the_export_with_the_training_engines_greedy_answers(kind, request, tmp_path):
     run = _trained(request, kind)
     out = export_checkpoint(run.run, tmp_path / "out", merge=kind == "merged")
-    port, token = _free_port(), "t0ken"
+    port, token = free_port(), "t0ken"
     cmd = [
         sys.executable, "-m", "lightrail", "gateway", "serve", "--model", str(out), "--store", str(tmp_path / "s.db"),
         "--port", str(port), "--token", token,
     ]  # fmt: skip
-    with _served(cmd, port, tmp_path / "gateway.log", timeout_s=120) as server:
+    with serve_cmd(cmd, port, tmp_path / "gateway.log", timeout_s=120) as server:
         served = _answers_over_http(server.url, "policy", PROMPTS, api_key=token)
     trained = _engine_answers(run.base, run.served[STEPS], PROMPTS)
     assert served == trained
@@ -355,13 +298,13 @@ def test_vllm_serves_the_merged_export_with_the_training_engines_greedy_answers(
     if not VLLM_PYTHON.exists():
         pytest.skip(f"no vLLM interpreter at {VLLM_PYTHON} (set LIGHTRAIL_VLLM_PYTHON or create .venv-vllm)")
     out = export_checkpoint(lora_run.run, tmp_path / "out", merge=True)
-    port = _free_port()
+    port = free_port()
     cmd = [
         str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(out), "--served-model-name",
         "policy", "--enforce-eager", "--dtype", "float32", "--max-model-len", "512", "--host", "127.0.0.1",
         "--port", str(port),
     ]  # fmt: skip
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    with _served(cmd, port, tmp_path / "vllm.log", timeout_s=600, env=env) as server:
+    with serve_cmd(cmd, port, tmp_path / "vllm.log", timeout_s=600, env=env) as server:
         served = _answers_over_http(server.url, "policy", PROMPTS)
     assert served == _engine_answers(lora_run.base, lora_run.served[STEPS], PROMPTS)
