@@ -444,6 +444,9 @@ class Choice(msgspec.Struct, kw_only=True):
     top_logprobs: list[list[tuple[int, float]]] | None = None
     """When asked for (`SamplingParams.top_logprobs`): per generated token, the most likely ``(token id,
     logprob)`` pairs, most likely first, under the same distribution as ``logprobs``."""
+    stop_sequence: str | None = None
+    """The stop string (of `SamplingParams.stop`) that ended this choice, when one did; None when it ended on an
+    end-of-sequence token, on max_tokens, or the backend cannot tell (Anthropic's ``stop_sequence``)."""
 
 
 class Generation(msgspec.Struct, kw_only=True):

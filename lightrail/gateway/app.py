@@ -42,6 +42,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from lightrail.gateway.anthropic_api import MESSAGES
 from lightrail.gateway.backends import Backend, UpstreamError
 from lightrail.gateway.dialect import Dialect, Exchange
 from lightrail.gateway.openai_api import CHAT, COMPLETIONS, InvalidRequest, decode_json, new_response_id
@@ -54,7 +55,7 @@ __all__ = ["DEFAULT_MAX_BODY_BYTES", "create_gateway_app", "parse_traceparent"]
 
 log = logging.getLogger(__name__)
 
-DIALECTS: tuple[Dialect, ...] = (CHAT, COMPLETIONS)
+DIALECTS: tuple[Dialect, ...] = (CHAT, COMPLETIONS, MESSAGES)
 """The APIs served, each at ``/v1<path>`` and under the per-attempt prefix."""
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -318,25 +319,31 @@ def _call_span(
 
 
 class BearerAuth:
-    """Pure ASGI middleware: require ``Authorization: Bearer <token>`` on every HTTP path but ``open_paths``.
+    """Pure ASGI middleware: require ``Authorization: Bearer <token>`` (or ``x-api-key: <token>``, how Anthropic's
+    clients send their key) on every HTTP path but ``open_paths``.
 
-    A missing or wrong token gets a 401 in OpenAI's error format. The comparison is constant-time.
+    A missing or wrong token gets a 401 in OpenAI's error format. The comparisons are constant-time.
     """
 
     def __init__(self, app: ASGIApp, token: str, *, open_paths: frozenset[str] = frozenset({"/health"})) -> None:
         self.app = app
         self.expected = b"Bearer " + token.encode()
+        self.expected_key = token.encode()
         self.open_paths = open_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] not in self.open_paths:
-            given = b""
+            given = key = b""
             for name, value in scope["headers"]:
                 if name == b"authorization":
                     given = value
-                    break
-            if not hmac.compare_digest(given, self.expected):
-                message = "Missing bearer token." if not given else "Invalid bearer token."
+                elif name == b"x-api-key":
+                    key = value
+            # both compared, always: the time taken does not tell which header was right
+            bearer_ok = hmac.compare_digest(given, self.expected)
+            key_ok = hmac.compare_digest(key, self.expected_key)
+            if not (bearer_ok or key_ok):
+                message = "Missing bearer token." if not (given or key) else "Invalid bearer token."
                 response = _error(401, message, code="invalid_api_key")
                 await response(scope, receive, send)
                 return

@@ -89,6 +89,8 @@ class _ChatChoice(msgspec.Struct):
     finish_reason: str | None = None
     logprobs: _ChatLogprobs | None = None
     token_ids: list[int] | None = None
+    stop_reason: str | int | None = None
+    """vLLM: the stop string (or stop token id) that ended the choice."""
 
 
 class _ChatCompletion(msgspec.Struct):
@@ -187,7 +189,10 @@ class OpenAIUpstream:
             ]
             content = c.logprobs.content if c.logprobs is not None else None
             logprobs = [e.logprob for e in content] if content is not None else None
-            choices.append(_choice(c.message.content or "", c.token_ids, logprobs, c.finish_reason, calls))
+            choice = _choice(c.message.content or "", c.token_ids, logprobs, c.finish_reason, calls)
+            if choice.finish_reason == "stop" and isinstance(c.stop_reason, str):
+                choice.stop_sequence = c.stop_reason
+            choices.append(choice)
         return self._generation(data.model, data.prompt_token_ids, choices)
 
     async def _complete(self, request: CompletionRequest, model: str) -> Generation:

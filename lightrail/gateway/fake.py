@@ -133,10 +133,11 @@ class ScriptedBackend:
             reply = ScriptedReply(text=reply)
         sampling = request.sampling
         text, finish = reply.text, "stop"
+        matched = None
         for stop in sampling.stop:
             cut = text.find(stop)
             if cut >= 0:
-                text = text[:cut]
+                text, matched = text[:cut], stop
         calls: list[ToolCall] = []
         raw = text
         if reply.tool_calls and isinstance(request, ChatRequest):
@@ -148,12 +149,20 @@ class ScriptedBackend:
         if sampling.max_tokens is not None and len(raw.encode()) > sampling.max_tokens:
             # cut mid-way: whatever markup survives is plain text, as a real model's unparsed output would be
             raw = _utf8_prefix(raw, sampling.max_tokens)
-            text, calls, finish = raw, [], "length"
+            text, calls, finish, matched = raw, [], "length", None
         token_ids = self.encode(raw)
         seed = sampling.seed or 0
         # deterministic, plausible-looking logprobs in (-2.0, -0.01]
         logprobs = [-(((t * 2654435761 + p * 40503 + seed) % 199) + 1) / 100.0 for p, t in enumerate(token_ids)]
-        return Choice(text=text, token_ids=token_ids, logprobs=logprobs, finish_reason=finish, tool_calls=calls)
+        stop = matched if finish == "stop" else None
+        return Choice(
+            text=text,
+            token_ids=token_ids,
+            logprobs=logprobs,
+            finish_reason=finish,
+            tool_calls=calls,
+            stop_sequence=stop,
+        )
 
 
 def _utf8_prefix(text: str, max_bytes: int) -> str:

@@ -346,6 +346,7 @@ def chat_response(
         }
         if token_ids:
             out["token_ids"] = choice.token_ids
+            out["stop_reason"] = choice.stop_sequence  # vLLM's field: the stop string that ended the choice
         choices.append(out)
     response: dict[str, JSON] = {
         "id": response_id,
