@@ -61,6 +61,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from lightrail.engine.chat import ChatFormat, parse_tool_calls
+from lightrail.engine.constraints import Constraint, apply_bitmask, build_grammar, grammars_for
 from lightrail.engine.sampling import sample
 from lightrail.types import BackendError, ChatRequest, Choice, CompletionRequest, Generation, SamplingParams
 
@@ -96,6 +97,8 @@ class _Request:
     future: asyncio.Future
     rows: list[_Row] = field(default_factory=list)
     policy_version: int = 0
+    constraint: Constraint | None = None
+    """Structured output / forced tool calls: the grammar every row of this request follows."""
 
 
 @dataclass
@@ -110,10 +113,10 @@ class _Row:
     finish: str | None = None
     stop_cut: int | None = None
     """Number of ids kept when a stop string ended the row."""
-    stop_string: str | None = None
-    """The stop string that ended the row (the earliest in the text)."""
     stop_checked: int = 0
     """How many ids the stop-string check has seen."""
+    matcher: Any = None
+    """`constraints.RowMatcher` of a constrained request's row (created when the row is first sampled)."""
 
 
 @dataclass
@@ -268,7 +271,25 @@ class Engine:
             raise BackendError(f"could not render the chat template: {exc}", param="messages") from exc
         ids = self._tokenizer(text, add_special_tokens=False)["input_ids"]
         parse_tools = bool(tools) and request.tool_choice != "none"
-        return await self._generate(ids, request.sampling, parse_tools)
+        constraint = await self._constraint(request)
+        return await self._generate(ids, request.sampling, parse_tools, constraint)
+
+    async def _constraint(self, request: ChatRequest) -> Constraint | None:
+        """The compiled grammar of a request with ``response_format`` or a forced ``tool_choice``, else None.
+
+        The grammar library is imported, and the tokenizer wrapped for it, on the first such request. Compiling
+        (on a cache miss) runs off the loop; a schema that does not compile is a `BackendError` naming its field."""
+        if request.response_format is None and request.tool_choice in (None, "auto", "none"):
+            return None
+        vocab = int(getattr(self.model.config, "vocab_size", 0) or len(self._tokenizer))
+        grammars = grammars_for(self._tokenizer, vocab, self._eos_ids)
+        grammar = build_grammar(request, grammars.markers)
+        if grammar is None:
+            return None
+        compiled = grammars.cached(grammar)
+        if compiled is None:
+            compiled = await asyncio.to_thread(grammars.compile, grammar)
+        return Constraint(grammar.kind, grammars, compiled)
 
     async def complete(self, request: CompletionRequest) -> Generation:
         """Continue a text prompt (tokenized with the tokenizer's default special tokens, e.g. a BOS)."""
@@ -370,11 +391,14 @@ class Engine:
             )
         return p.max_tokens
 
-    async def _generate(self, prompt_ids: list[int], params: SamplingParams, parse_tools: bool) -> Generation:
+    async def _generate(
+        self, prompt_ids: list[int], params: SamplingParams, parse_tools: bool, constraint: Constraint | None = None
+    ) -> Generation:
         if self._closed:
             raise BackendError("the engine is closed", status=503, code="engine_closed")
         max_new = self._validate(prompt_ids, params)
         req = _Request(list(prompt_ids), params, max_new, parse_tools, asyncio.get_running_loop().create_future())
+        req.constraint = constraint
         self.stats["requests"] += 1
         self._queue.append(req)
         self._wake()
@@ -490,11 +514,10 @@ class Engine:
 
     def _check_stop(self, row: _Row) -> None:
         text = self.decode(row.out_ids)
-        hits = [(text.find(s), s) for s in row.request.params.stop if s in text]
+        hits = [text.find(s) for s in row.request.params.stop if s in text]
         if hits:
-            at, row.stop_string = min(hits, key=lambda hit: hit[0])
             row.finish = "stop"
-            row.stop_cut = self._stop_cut(row.out_ids, text[:at])
+            row.stop_cut = self._stop_cut(row.out_ids, text[: min(hits)])
 
     def _stop_cut(self, ids: list[int], before_stop: str) -> int:
         """Longest prefix of ``ids`` whose decoding is a prefix of ``before_stop`` (see the module docstring)."""
@@ -589,11 +612,49 @@ class Engine:
     def _apply_penalties(self, batch: _Batch, logits: torch.Tensor) -> None:
         """Presence/frequency penalties and logit_bias of each row, applied to ``logits`` in place."""
 
+    # Which rows of the batch are constrained, keyed by the identity of ``batch.rows``: every change of the batch's
+    # rows (prefill, merge, row selection) makes a new list, so between changes the unconstrained path costs one
+    # identity check per step.
+    _constrained_of: list[_Row] | None = None
+    _constrained: list[int] = []  # noqa: RUF012 (replaced, never mutated)
+
+    def _constrained_rows(self, batch: _Batch) -> list[int]:
+        if batch.rows is not self._constrained_of:
+            index = [i for i, row in enumerate(batch.rows) if row.request.constraint is not None]
+            for i in index:
+                row = batch.rows[i]
+                if row.matcher is None:
+                    row.matcher = row.request.constraint.new_row()
+            self._constrained_of, self._constrained = batch.rows, index
+        return self._constrained
+
     def _apply_constraints(self, batch: _Batch, logits: torch.Tensor) -> None:
-        """Mask the logits of constrained rows (structured outputs, forced tool calls) in place."""
+        """Mask the logits of constrained rows (structured outputs, forced tool calls) in place.
+
+        The bitmasks of all constrained rows are computed in one parallel call and applied with one tensor op."""
+        index = self._constrained_rows(batch)
+        if not index:
+            return
+        grammars = batch.rows[index[0]].request.constraint.grammars
+        bitmask = torch.zeros((len(index), (grammars.vocab_size + 31) // 32), dtype=torch.int32)
+        grammars.fill([(k, batch.rows[i].matcher) for k, i in enumerate(index)], bitmask)
+        bitmask = bitmask.to(logits.device)
+        if len(index) == len(batch.rows):
+            apply_bitmask(logits, bitmask)
+            return
+        rows = torch.tensor(index, dtype=torch.long, device=logits.device)
+        sub = logits.index_select(0, rows)
+        apply_bitmask(sub, bitmask)
+        logits.index_copy_(0, rows, sub)
 
     def _advance_constraints(self, batch: _Batch, tokens: torch.Tensor) -> None:
         """Feed each constrained row's sampled token to its grammar matcher."""
+        index = self._constrained
+        if not index or batch.rows is not self._constrained_of:
+            return
+        picked = tokens.tolist() if len(index) == len(batch.rows) else tokens[index].tolist()
+        for i, token in zip(index, picked, strict=True):
+            batch.rows[i].matcher.advance(token)
 
     def _check_finished(self, row: _Row, token: int) -> None:
         # Stop strings need the tokenizer and are checked on the event loop (`_after_step`).
@@ -661,11 +722,14 @@ class Engine:
                     logprobs=list(logprobs) if req.params.logprobs else None,
                     finish_reason=finish,
                     tool_calls=calls,
-                    stop_sequence=row.stop_string if finish == "stop" else None,
                 )
             )
         return Generation(
-            model=self.name, prompt_ids=list(req.prompt_ids), choices=choices, policy_version=req.policy_version
+            model=self.name,
+            prompt_ids=list(req.prompt_ids),
+            choices=choices,
+            policy_version=req.policy_version,
+            logprobs_processed=[req.constraint.kind] if req.constraint is not None else [],
         )
 
 
