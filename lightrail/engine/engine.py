@@ -23,13 +23,21 @@ Concurrency model
 Decoding
 --------
 Left-padded batch with a per-row attention mask and explicit position ids over a `DynamicCache`; each step feeds
-one token per row. Per-row sampling parameters: temperature, top_p, seed (a private ``torch.Generator`` per row),
-stop strings, max_tokens, and ``n`` (a request with ``n > 1`` becomes ``n`` rows).
+one token per row. Per-row sampling parameters: temperature, top_p, seed (a private ``torch.Generator`` per row,
+so a seeded request draws the same tokens whatever else shares the batch), stop strings, max_tokens, ``n`` (a
+request with ``n > 1`` becomes ``n`` rows, each its own choice), presence/frequency penalties and logit_bias
+(`sampling.LogitProcessors`: kept per batch only while some row uses them), structured-output masks, and
+top_logprobs.
 
 Logprobs: the value reported for a sampled token is ``log_softmax(logits / temperature)[token]`` -- the
 temperature-scaled distribution *before* top-p truncation (what PPO-style ratios against a trainer that applies
 the same temperature expect). For greedy rows (temperature 0) it is ``log_softmax(logits)[token]``, the
-untempered model distribution.
+untempered model distribution. ``logits`` are the ones actually sampled from: after the presence/frequency
+penalties (counted over the row's own generated tokens), the logit bias and the grammar mask. When any of those
+applies, `Generation.logprobs_processed` names it (``"presence_penalty"``, ``"frequency_penalty"``,
+``"logit_bias"``, the constraint kind) so a trainer knows the logprobs are not the model's raw distribution.
+``top_logprobs`` are the most likely entries of that same distribution, so the sampled token's logprob equals
+its entry when it is among them.
 
 Token ids and text (the rule that makes ``Choice.token_ids`` decode to exactly the generated text):
 
@@ -62,7 +70,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from lightrail.engine.chat import ChatFormat, parse_tool_calls
 from lightrail.engine.constraints import Constraint, apply_bitmask, build_grammar, grammars_for
-from lightrail.engine.sampling import sample
+from lightrail.engine.sampling import LogitProcessors, draw, tempered_logprobs, top_logprobs
 from lightrail.types import BackendError, ChatRequest, Choice, CompletionRequest, Generation, SamplingParams
 
 __all__ = ["Engine", "configure_threads"]
@@ -110,6 +118,8 @@ class _Row:
     generator: torch.Generator
     out_ids: list[int] = field(default_factory=list)
     out_logprobs: list[float] = field(default_factory=list)
+    out_top: list[list[tuple[int, float]]] = field(default_factory=list)
+    """Per generated token, its ``params.top_logprobs`` most likely (id, logprob) pairs (when asked for)."""
     finish: str | None = None
     stop_cut: int | None = None
     """Number of ids kept when a stop string ended the row."""
@@ -130,6 +140,10 @@ class _Batch:
     next_input: torch.Tensor  # [B] long, last sampled token
     temps: torch.Tensor  # [B] float
     top_ps: torch.Tensor  # [B] float
+    processors: LogitProcessors | None = None
+    """Penalties, logit biases and token counts; None while no row has a penalty or a bias (no cost)."""
+    top_k: list[int] | None = None
+    """``top_logprobs`` per row; None while no row asks for them (no cost)."""
 
 
 class Engine:
@@ -371,6 +385,7 @@ class Engine:
             raise BackendError("stop must be a list of non-empty strings", param="stop")
         if p.seed is not None and not isinstance(p.seed, int):
             raise BackendError(f"seed must be an integer, got {p.seed!r}", param="seed")
+        self._validate_options(p)
         room = self.max_positions - len(prompt_ids)
         if room < 1:
             raise BackendError(
@@ -390,6 +405,38 @@ class Engine:
                 code="context_length_exceeded",
             )
         return p.max_tokens
+
+    def _validate_options(self, p: SamplingParams) -> None:
+        """Check top_logprobs, the penalties and logit_bias (OpenAI's ranges; bias ids inside the vocabulary)."""
+        if not (isinstance(p.top_logprobs, int) and 0 <= p.top_logprobs <= 20):
+            raise BackendError(
+                f"top_logprobs must be an integer in [0, 20], got {p.top_logprobs!r}", param="top_logprobs"
+            )
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(p, name)
+            if not (isinstance(value, int | float) and -2.0 <= value <= 2.0):
+                raise BackendError(f"{name} must be a number in [-2, 2], got {value!r}", param=name)
+        if not isinstance(p.logit_bias, dict):
+            raise BackendError("logit_bias must map token ids to numbers", param="logit_bias")
+        vocab = self._vocab_size()
+        for key, value in p.logit_bias.items():
+            try:
+                token = int(key)
+            except (TypeError, ValueError):
+                token = -1
+            if not 0 <= token < vocab or isinstance(key, bool):
+                raise BackendError(
+                    f"logit_bias key {key!r} is not a token id of this model (0..{vocab - 1})", param="logit_bias"
+                )
+            if not (isinstance(value, int | float) and -100.0 <= value <= 100.0):
+                raise BackendError(f"logit_bias values must be in [-100, 100], got {value!r}", param="logit_bias")
+
+    def _vocab_size(self) -> int:
+        """Width of the model's logits (may exceed the tokenizer's vocabulary: padded embedding matrices)."""
+        head = self.model.get_output_embeddings()
+        if head is not None and getattr(head, "weight", None) is not None:
+            return int(head.weight.shape[0])
+        return int(self.model.config.vocab_size)
 
     async def _generate(
         self, prompt_ids: list[int], params: SamplingParams, parse_tools: bool, constraint: Constraint | None = None
@@ -573,6 +620,12 @@ class Engine:
                 next_input=torch.zeros(len(rows), dtype=torch.long, device=self.device),
                 temps=torch.tensor([float(p.temperature) for p in params], device=self.device),
                 top_ps=torch.tensor([float(p.top_p) for p in params], device=self.device),
+                processors=LogitProcessors.build(
+                    [(p.presence_penalty, p.frequency_penalty, p.logit_bias) for p in params],
+                    out.logits.shape[-1],
+                    self.device,
+                ),
+                top_k=[p.top_logprobs for p in params] if any(p.top_logprobs for p in params) else None,
             )
             self._sample_into(new, out.logits[:, -1, :])
             merged = new if batch is None else _merge(batch, new)
@@ -600,8 +653,16 @@ class Engine:
         logits = logits.float()
         self._apply_penalties(batch, logits)  # presence/frequency penalties, logit_bias (in place)
         self._apply_constraints(batch, logits)  # grammar masks of constrained rows (in place)
-        tokens, logprobs = sample(logits, batch.temps, batch.top_ps, [r.generator for r in batch.rows])
+        # The reported logprobs (and top logprobs) are of the distribution sampled from: after all of the above.
+        logp = tempered_logprobs(logits, batch.temps)
+        tokens = draw(logits, logp, batch.temps, batch.top_ps, [r.generator for r in batch.rows])
+        logprobs = logp.gather(1, tokens[:, None]).flatten()
         self._advance_constraints(batch, tokens)
+        if batch.processors is not None:
+            batch.processors.observe(tokens)
+        if batch.top_k is not None:
+            for row, top in zip(batch.rows, top_logprobs(logp, batch.top_k), strict=True):
+                row.out_top.append(top)
         batch.next_input = tokens
         for row, token, logprob in zip(batch.rows, tokens.tolist(), logprobs.tolist(), strict=True):
             row.out_ids.append(token)
@@ -610,7 +671,10 @@ class Engine:
             self._check_finished(row, token)
 
     def _apply_penalties(self, batch: _Batch, logits: torch.Tensor) -> None:
-        """Presence/frequency penalties and logit_bias of each row, applied to ``logits`` in place."""
+        """Presence/frequency penalties and logit_bias of each row, applied to ``logits`` in place (see
+        `sampling.LogitProcessors`; a batch without such options has none and pays nothing)."""
+        if batch.processors is not None:
+            batch.processors.apply(logits)
 
     # Which rows of the batch are constrained, keyed by the identity of ``batch.rows``: every change of the batch's
     # rows (prefill, merge, row selection) makes a new list, so between changes the unconstrained path costs one
@@ -672,6 +736,11 @@ class Engine:
         batch.next_input = batch.next_input.index_select(0, index)
         batch.temps = batch.temps.index_select(0, index)
         batch.top_ps = batch.top_ps.index_select(0, index)
+        if batch.processors is not None:
+            batch.processors = batch.processors.select(keep)
+        if batch.top_k is not None:
+            top_k = [batch.top_k[i] for i in keep]
+            batch.top_k = top_k if any(top_k) else None
         # Columns that are padding for every remaining row (left-over from a longer, finished row) cost attention
         # time for nothing: cut them.
         used = batch.mask.any(dim=0).nonzero()
@@ -703,9 +772,9 @@ class Engine:
     def _build_generation(self, req: _Request) -> Generation:
         choices = []
         for row in req.rows:
-            ids, logprobs = row.out_ids, row.out_logprobs
+            ids, logprobs, top = row.out_ids, row.out_logprobs, row.out_top
             if row.stop_cut is not None:
-                ids, logprobs = ids[: row.stop_cut], logprobs[: row.stop_cut]
+                ids, logprobs, top = ids[: row.stop_cut], logprobs[: row.stop_cut], top[: row.stop_cut]
             raw = self.decode(ids)
             finish = row.finish if row.finish in ("stop", "length") else "stop"
             content, calls = raw, []
@@ -720,6 +789,7 @@ class Engine:
                     text=content,
                     token_ids=list(ids),
                     logprobs=list(logprobs) if req.params.logprobs else None,
+                    top_logprobs=list(top) if req.params.top_logprobs else None,
                     finish_reason=finish,
                     tool_calls=calls,
                 )
@@ -729,7 +799,7 @@ class Engine:
             prompt_ids=list(req.prompt_ids),
             choices=choices,
             policy_version=req.policy_version,
-            logprobs_processed=[req.constraint.kind] if req.constraint is not None else [],
+            logprobs_processed=([req.constraint.kind] if req.constraint is not None else []) + _processed(req.params),
         )
 
 
@@ -770,6 +840,12 @@ def _tied_keys(model: Any) -> set[str]:
     return tied
 
 
+def _processed(p: SamplingParams) -> list[str]:
+    """The sampling options that shaped a request's distribution beyond temperature (`Generation.logprobs_processed`)."""
+    names = [name for name in ("presence_penalty", "frequency_penalty") if getattr(p, name)]
+    return names + (["logit_bias"] if any(p.logit_bias.values()) else [])
+
+
 def _merge(old: _Batch, new: _Batch) -> _Batch:
     """Concatenate two batches along rows, left-padding the shorter KV cache and mask to a common width."""
     width = max(old.mask.shape[1], new.mask.shape[1])
@@ -793,4 +869,8 @@ def _merge(old: _Batch, new: _Batch) -> _Batch:
         next_input=torch.cat([old.next_input, new.next_input]),
         temps=torch.cat([old.temps, new.temps]),
         top_ps=torch.cat([old.top_ps, new.top_ps]),
+        processors=LogitProcessors.merge(old.processors, len(old.rows), new.processors, len(new.rows)),
+        top_k=None
+        if old.top_k is None and new.top_k is None
+        else (old.top_k or [0] * len(old.rows)) + (new.top_k or [0] * len(new.rows)),
     )
