@@ -9,6 +9,7 @@ a different distribution. The pure tests pin `sampling.LogitProcessors` and `sam
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import Counter
 
 import pytest
@@ -328,3 +329,21 @@ def test_sample_reports_the_processed_distribution():
     procs.apply(logits)
     tokens, logprobs = sample(logits, torch.tensor([1.0]), torch.tensor([1.0]), [torch.Generator().manual_seed(0)])
     assert int(tokens[0]) == 2 and float(logprobs[0]) == pytest.approx(0.0, abs=1e-6)
+
+
+async def test_options_compose_with_structured_outputs(engine, tiny_tokenizer):
+    """Masks come after the bias: a +100 bias cannot force a token the grammar forbids; all shaping is reported."""
+    forced = tiny_tokenizer("hello", add_special_tokens=False)["input_ids"][0]
+    req = ChatRequest(
+        model="tiny",
+        messages=[{"role": "user", "content": "json please"}],
+        response_format={"type": "json_object"},
+        sampling=SamplingParams(max_tokens=8, seed=1, frequency_penalty=0.5, logit_bias={forced: 100}, top_logprobs=3),
+    )
+    gen = await engine.chat(req)
+    (choice,) = gen.choices
+    assert choice.text.startswith("{") and choice.token_ids[0] != forced
+    assert gen.logprobs_processed == ["json_object", "frequency_penalty", "logit_bias"]
+    assert all(math.isfinite(lp) for lp in choice.logprobs)
+    # The forced token is masked out at the first step, whatever its bias: never a finite top entry there.
+    assert all(token != forced or not math.isfinite(lp) for token, lp in choice.top_logprobs[0])
