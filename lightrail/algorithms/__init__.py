@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 # public name -> module that defines it (tests/test_public_api.py checks it against __all__)
 _EXPORTS: dict[str, str] = {
+    "APO": "lightrail.algorithms.apo",
     "GRPO": "lightrail.algorithms.grpo",
     "GRPOConfig": "lightrail.algorithms.updater",
     "LoraSettings": "lightrail.algorithms.updater",
@@ -29,6 +30,7 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = [
+    "APO",
     "GRPO",
     "GRPOConfig",
     "LoraSettings",
@@ -57,6 +59,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from lightrail.algorithms._loss import LossNorm, loss_weights, policy_loss, token_entropy
+    from lightrail.algorithms.apo import APO
     from lightrail.algorithms.grpo import GRPO
     from lightrail.algorithms.updater import (
         GRPOConfig,

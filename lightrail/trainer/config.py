@@ -17,6 +17,8 @@ A config names the agent and its data by import reference, the model, how runner
       credit: per_turn                             # identical | per_turn | discounted (credit_args: {gamma: 0.9})
       tool_rewards: true                           # or ToolRewardRule fields: {success: 0.1, error: -0.1}
       config: {lr: 1.0e-4, kl_coef: 0.05, lora: {r: 8}}   # GRPOConfig fields
+    # algorithm: apo                               # prompt optimization instead: the apo: section, APO's arguments
+    # apo: {prompts: {prompt_template: "Solve it."}, rounds: 3, optimizer: self}   # optimizer: self | LLM fields
 
 Every field is checked before anything starts: a wrong type or an unknown key is reported with its path
 (``grpo.config.lr: Expected `float`, got `str```). ``overrides`` (``--set grpo.steps=1``) change any field by its
@@ -93,6 +95,9 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     gateway: GatewaySettings = msgspec.field(default_factory=GatewaySettings)
     """Where the training gateway listens and the URL runners are given (set both for runners on other hosts)."""
     grpo: dict[str, Any] = msgspec.field(default_factory=dict)
+    algorithm: str = "grpo"
+    """``grpo`` (the ``grpo:`` section) or ``apo`` (prompt optimization: the ``apo:`` section, `APO`'s arguments)."""
+    apo: dict[str, Any] = msgspec.field(default_factory=dict)
 
     @property
     def run_dir(self) -> Path:
@@ -148,7 +153,12 @@ def load_config(path: str | os.PathLike[str], overrides: list[str] | tuple[str, 
         config = msgspec.convert(data, TrainConfig)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"{path}: {_readable(exc)}") from None
-    _grpo_kwargs(config)  # check the GRPO section now, not after the model is built
+    if config.algorithm == "apo":
+        _apo_kwargs(config)
+    elif config.algorithm == "grpo":
+        _grpo_kwargs(config)  # check the GRPO section now, not after the model is built
+    else:
+        raise ConfigError(f"algorithm: expected 'grpo' or 'apo', got {config.algorithm!r}")
     return config
 
 
@@ -248,6 +258,17 @@ def _grpo_kwargs(config: TrainConfig) -> dict[str, Any]:
     return kwargs
 
 
+def _apo_kwargs(config: TrainConfig) -> dict[str, Any]:
+    """The config's ``apo`` section as `APO` keyword arguments (checked by `lightrail.algorithms.apo`)."""
+    from lightrail.algorithms.apo import kwargs_from_config
+
+    try:
+        kwargs = kwargs_from_config(config.apo)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return {"seed": config.seed, "out_dir": config.run_dir, "gateway": config.gateway, **kwargs}
+
+
 def _field(cls: type, name: str) -> dataclasses.Field:
     return {f.name: f for f in dataclasses.fields(cls)}[name]
 
@@ -303,7 +324,13 @@ def train(config: TrainConfig) -> TrainResult:
         raise ConfigError(f"data_args: {config.data}(**{config.data_args}) failed: {exc}") from None
     config.run_dir.mkdir(parents=True, exist_ok=True)
     model = _build_model(config, config.data.partition(":")[0])
-    grpo = GRPO(model, **_grpo_kwargs(config))
+    if config.algorithm == "apo":
+        from lightrail.algorithms.apo import APO
+
+        apo_kwargs = _apo_kwargs(config)
+        grpo: Any = APO(model if "llm" not in apo_kwargs else None, **apo_kwargs)
+    else:
+        grpo = GRPO(model, **_grpo_kwargs(config))
     runners = config.trainer
     runner_options: dict[str, Any] = {}
     if runners.otel:

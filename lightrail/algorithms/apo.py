@@ -1,0 +1,801 @@
+"""`APO`: automatic prompt optimization of an unmodified agent's `PromptTemplate` resources, by beam search over
+prompt candidates evaluated through the real loop (runners → gateway → engine → store).
+
+One round::
+
+    beam (best k so far) ──expand──► children: textual gradients (optimizer LLM: critique, then edit)
+                                                and/or demonstrations (worked examples from successful traces)
+    beam + children ──one resources version each──► all enqueued at once on the round's batch of train tasks
+      ──wait──► score = mean reward per candidate ──► keep the best k ──► next round
+
+* **Candidates.** A candidate is one text per optimized template (``prompts``) plus a list of demonstrations. Each
+  is published as its own resources version (the policy `LLM` and the rendered templates), so a rollout names the
+  exact prompt it ran with. Parents are re-evaluated on each round's batch with their children: scores within a
+  round compare on the same tasks.
+* **Textual gradients** (``optimizer``: any OpenAI-compatible `LLM`, or ``"self"``: the policy model itself). The
+  optimizer reads the parent's prompt and some failed and successful traces of its last evaluation (task, messages,
+  tool calls, results, reward: all read back from the store's spans), writes a critique (``critique.md``), then an
+  edit (``edit.md``). Both prompts are files shipped in ``lightrail/algorithms/apo_prompts/``; ``prompts_dir``
+  points at a folder with the user's own versions (same names, ``{placeholders}`` filled by name). An edit that
+  drops or adds a ``{placeholder}`` of the template is rejected (the agent's `str.format` would break).
+* **Demonstrations** (no optimizer LLM needed). Worked examples are picked from the agent's own successful traces
+  in the store (reward ≥ ``success_threshold``): highest reward first, then diverse (greedy farthest-first on the
+  tasks' words), within ``demo_chars`` characters and ``demo_k`` examples; each child starts from a different
+  example, so children differ. They are rendered as text (``User:`` / ``Assistant:`` with tool calls in the
+  Hermes ``<tool_call>`` markup most tool-calling models emit / ``Tool:`` results) after the instructions of the
+  template named ``demo_template`` (default: the first). In a template with ``{placeholders}`` their braces are
+  escaped, so `PromptTemplate.format` renders them literally. Tasks used as demonstrations by a round's candidates
+  are kept out of its batch (a demonstration of the very task would score the copy, not the prompt).
+* **Budget.** ``max_rollouts`` counts search rollouts (the held-out validations before and after are reported
+  apart, ``val_rollouts``): a round that does not fit is evaluated on fewer tasks, and the search stops when not
+  even one task per candidate fits; the total never exceeds it. ``max_optimizer_calls`` counts critique and edit
+  calls (a gradient child costs two); when it runs out, only demonstration children are proposed.
+* **Records and resume.** Every candidate (its prompts, parent, origin, critique, resources version and score per
+  round) is in ``apo_state.json`` and ``metrics.jsonl`` in ``out_dir``; in the store, each candidate is a resources
+  version and each of its rollouts carries ``metadata`` ``{"apo_run", "apo_round", "apo_candidate",
+  "apo_parent"}``. Rollout and resources ids are derived from the run id, the round and the candidate, so
+  re-running the same config continues: proposals already made are not asked for again (the state is saved after
+  each optimizer call), rollouts already enqueued are not enqueued twice (the store returns them as stored;
+  finished ones are not re-run) and finished rounds are not re-evaluated. The best candidate goes to
+  ``best_prompt.json`` (and one ``best_prompt.<name>.txt`` per template) and is published as the last resources
+  version; ``report.json`` has ``val_before`` / ``val_after`` (held-out success of the seed and the best prompt).
+
+Why not GEPA (``gepa`` 0.1.4 on PyPI, reflective prompt evolution) as the engine of the textual-gradient path:
+its loop (`gepa.core.engine.GEPAEngine.run`) is synchronous and proposes one candidate per iteration (Pareto
+selection → reflect on a minibatch → accept test → full evaluation), calling a blocking ``adapter.evaluate`` for one
+candidate at a time, so the candidates of a round could not be evaluated in parallel as separate resources
+versions; it keeps its own state (a pickled ``GEPAState`` in its ``run_dir``) that would have to agree with the
+store instead of being derived from it; its budget counts metric calls, not rollouts and optimizer calls; and the
+demonstrations path is outside it. Its ideas are used instead: per-example traces with rewards as the reflective
+dataset, and user-editable reflection prompts.
+
+Concurrency model: coroutines on the trainer's event loop; the engine computes in its own worker thread, the
+optimizer is called with the async OpenAI client.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import random
+import re
+import secrets
+import statistics
+import string
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from lightrail.types import LLM, PromptTemplate, Resources, Rollout, RolloutSpec, RolloutStatus, Task
+
+if TYPE_CHECKING:
+    from lightrail.gateway.server import GatewaySettings
+    from lightrail.trainer.algorithm import TrainerContext
+
+__all__ = ["APO", "Candidate", "render_demonstration", "select_demonstrations"]
+
+PROMPTS_DIR = Path(__file__).parent / "apo_prompts"
+_STATE = "apo_state.json"
+_FINISHED = (RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.TIMEOUT)
+DEMO_HEADER = "Worked examples:"
+
+
+@dataclass
+class Candidate:
+    """One point of the search: a text per optimized template and the demonstrations rendered after one of them."""
+
+    id: str
+    parent: str | None
+    round: int
+    origin: str
+    """``seed``, ``gradient`` or ``demos``."""
+    instructions: dict[str, str]
+    demos: list[dict[str, Any]] = field(default_factory=list)
+    """``{"rollout_id", "task_id", "reward", "text"}`` per demonstration."""
+    slot: int = 0
+    """Which child of its parent it is (resume finds proposals already made by (round, parent, origin, slot))."""
+    critique: str | None = None
+    version: int | None = None
+    scores: dict[str, float] = field(default_factory=dict)
+    """Mean reward per round it was evaluated in (keys are round numbers as strings: JSON)."""
+
+
+class APO:
+    """Beam search over prompt candidates for the `PromptTemplate` resources of an agent.
+
+    ``prompts`` maps resource names to the initial templates (an agent taking ``prompt_template`` gets the one
+    template, or the one named so). The policy model is ``model`` (a local model folder, served by the embedded
+    engine behind a recording gateway, like `GRPO`) or ``llm`` (an `LLM` already served by a lightrail gateway that
+    records into the same store). ``optimizer`` is an `LLM` (any OpenAI-compatible endpoint, ``routed=False``) or
+    ``"self"`` for the policy model; None turns textual gradients off.
+
+        >>> apo = APO(model, prompts={"prompt_template": "Solve it."}, rounds=4, max_rollouts=400)  # doctest: +SKIP
+        >>> Trainer(n_runners=2, algorithm=apo).fit(agent, train, val)                           # doctest: +SKIP
+        >>> apo.report["best_prompt"]                                                              # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        model: str | Path | None = None,
+        *,
+        prompts: dict[str, str],
+        llm: LLM | None = None,
+        optimizer: LLM | str | None = None,
+        rounds: int = 3,
+        beam_width: int = 2,
+        gradient_children: int = 1,
+        demo_children: int = 1,
+        batch_size: int = 8,
+        n_samples: int = 1,
+        max_rollouts: int | None = None,
+        max_optimizer_calls: int | None = None,
+        demonstrations: bool = True,
+        demo_k: int = 2,
+        demo_chars: int = 1500,
+        demo_template: str | None = None,
+        trace_examples: int = 4,
+        trace_chars: int = 1500,
+        prompts_dir: str | Path | None = None,
+        sampling: dict[str, Any] | None = None,
+        val_sampling: dict[str, Any] | None = None,
+        optimizer_sampling: dict[str, Any] | None = None,
+        success_threshold: float = 1.0,
+        out_dir: str | Path = "runs/apo",
+        served_name: str = "policy",
+        llm_name: str = "llm",
+        seed: int = 0,
+        engine_options: dict[str, Any] | None = None,
+        gateway: GatewaySettings | None = None,
+    ) -> None:
+        if (model is None) == (llm is None):
+            raise ValueError("give the policy as exactly one of model (a model folder) or llm (a served LLM)")
+        if not prompts:
+            raise ValueError("prompts: name at least one PromptTemplate resource to optimize")
+        if llm_name in prompts:
+            raise ValueError(f"prompts: {llm_name!r} is the policy LLM's resource name")
+        if rounds < 0 or beam_width < 1 or batch_size < 1 or n_samples < 1:
+            raise ValueError("rounds must be >= 0; beam_width, batch_size and n_samples >= 1")
+        if gradient_children < 0 or demo_children < 0 or demo_k < 1:
+            raise ValueError("gradient_children and demo_children must be >= 0, demo_k >= 1")
+        if isinstance(optimizer, str) and optimizer != "self":
+            raise ValueError(f"optimizer must be an LLM, 'self' or None, not {optimizer!r}")
+        if optimizer == "self" and model is None:
+            raise ValueError("optimizer 'self' needs the policy model (model=...)")
+        if demo_template is not None and demo_template not in prompts:
+            raise ValueError(f"demo_template {demo_template!r} is not one of the prompts {sorted(prompts)}")
+        if prompts_dir is not None and not Path(prompts_dir).is_dir():
+            raise ValueError(f"prompts_dir {prompts_dir} is not a folder")
+        self.model = None if model is None else Path(model)
+        self.llm = llm
+        self.prompts = dict(prompts)
+        self.optimizer = optimizer
+        self.rounds = rounds
+        self.beam_width = beam_width
+        self.gradient_children = gradient_children if optimizer is not None else 0
+        self.demo_children = demo_children if demonstrations else 0
+        self.batch_size = batch_size
+        self.n_samples = n_samples
+        self.max_rollouts = max_rollouts
+        self.max_optimizer_calls = max_optimizer_calls
+        self.demo_k = demo_k
+        self.demo_chars = demo_chars
+        self.demo_template = demo_template or next(iter(prompts))
+        self.trace_examples = trace_examples
+        self.trace_chars = trace_chars
+        self.prompts_dir = None if prompts_dir is None else Path(prompts_dir)
+        self.sampling = {"temperature": 0.0, "max_tokens": 128, **(sampling or {})}
+        self.val_sampling = {"temperature": 0.0, "max_tokens": 128, **(val_sampling or {})}
+        self.optimizer_sampling = {"temperature": 0.7, "max_tokens": 512, **(optimizer_sampling or {})}
+        self.success_threshold = success_threshold
+        self.out_dir = Path(out_dir)
+        self.served_name = served_name
+        self.llm_name = llm_name
+        self.seed = seed
+        self.engine_options = engine_options or {}
+        self.gateway = gateway
+        self.report: dict[str, Any] = {}
+        self.candidates: dict[str, Candidate] = {}
+        self.beam: list[str] = []
+        self._state: dict[str, Any] = {}
+        self._engine: Any = None
+        self._gateway: Any = None
+        self._policy: LLM | None = None
+        self._optimizer_llm: LLM | None = None
+        self._client: Any = None
+        self._versions: dict[str, int] = {}  # candidate -> resources version published by this session
+        self._convos: dict[str, list[dict[str, Any]]] = {}  # rollout id -> conversation (read from the store)
+        self._logged: set[str] = set()
+
+    # -- Algorithm protocol ------------------------------------------------------------------------------------
+
+    async def setup(self, ctx: TrainerContext) -> None:
+        """Serve the policy (embedded engine + gateway) unless an `LLM` was given, load the run's state if there is
+        one (resume), and publish the seed prompts."""
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self._load_state()
+        self._state["session"] = self._state.get("session", 0) + 1
+        self._save_state()
+        # a resumed run: rollouts a crashed session left queued or running name its gateway (gone): cancel them
+        active = await ctx.store.query_rollouts(status=[RolloutStatus.QUEUED, RolloutStatus.RUNNING])
+        stale = [x.rollout_id for x in active if x.metadata.get("apo_run") == self._state["run_id"]]
+        if stale:
+            await ctx.store.cancel(stale)
+        if self.model is not None:
+            from lightrail.algorithms.rollout_engines import EmbeddedRollouts
+            from lightrail.gateway.server import GatewayServer, GatewaySettings
+
+            self._engine = EmbeddedRollouts(self.model, **self.engine_options)
+            await self._engine.start()
+            where = self.gateway or GatewaySettings()
+            self._gateway = await GatewayServer(
+                self._engine.backend, ctx.store, token=secrets.token_urlsafe(16),
+                host=where.host, port=where.port, advertise_url=where.advertise_url,
+            ).start()  # fmt: skip
+            self._policy = LLM(
+                endpoint=self._gateway.url, model=self.served_name, sampling=self.sampling, api_key=self._gateway.token
+            )
+        else:
+            self._policy = msgspec.structs.replace(self.llm, sampling={**self.llm.sampling, **self.sampling})
+        if self.optimizer == "self":
+            self._optimizer_llm = LLM(
+                endpoint=self._gateway.bound_url, model=self.served_name, api_key=self._gateway.token,
+                sampling=self.optimizer_sampling, routed=False,
+            )  # fmt: skip
+        elif isinstance(self.optimizer, LLM):
+            self._optimizer_llm = msgspec.structs.replace(
+                self.optimizer, sampling={**self.optimizer_sampling, **self.optimizer.sampling}
+            )
+        if self._optimizer_llm is not None:
+            from openai import AsyncOpenAI
+
+            self._client = AsyncOpenAI(
+                base_url=self._optimizer_llm.base_url(), api_key=self._optimizer_llm.api_key or "none", max_retries=2
+            )
+        await ctx.publish(self._resources(self.candidates["c0"], self.sampling, "seed"))
+
+    async def run(self, ctx: TrainerContext) -> None:
+        """Validate the seed prompt, search for ``rounds`` rounds (or until the budget runs out), validate the best
+        candidate, write ``best_prompt.json`` and ``report.json``."""
+        if not ctx.train_tasks:
+            raise ValueError("APO needs training tasks")
+        started = time.monotonic()
+        val_before = await self._validate(ctx, "c0")
+        while self._state["round"] < self.rounds + 1:  # round 0 scores the seed, rounds 1.. expand the beam
+            if not await self._round(ctx, self._state["round"]):
+                break
+        best = self.candidates[self.beam[0]]
+        val_after = await self._validate(ctx, best.id)
+        published = await ctx.publish(self._resources(best, self.sampling, "best"))
+        prompts = self._render(best)
+        (self.out_dir / "best_prompt.json").write_text(
+            json.dumps({"candidate": best.id, "score": _last_score(best), "prompts": prompts}, indent=2)
+        )
+        for name, text in prompts.items():
+            (self.out_dir / f"best_prompt.{name}.txt").write_text(text)
+        self.report = {
+            "val_before": val_before,
+            "val_after": val_after,
+            "best_candidate": best.id,
+            "best_score": _last_score(best),
+            "best_prompt": prompts,
+            "best_resources_version": published.version,
+            "rounds": self._state["round"],
+            "candidates": len(self.candidates),
+            "rollouts": self._state["rollouts_used"],
+            "val_rollouts": self._state["val_rollouts"],
+            "optimizer_calls": self._state["optimizer_calls"],
+            "minutes": (time.monotonic() - started) / 60,
+            "metrics": str(self.out_dir / "metrics.jsonl"),
+        }
+        (self.out_dir / "report.json").write_text(json.dumps(self.report, indent=2))
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+        if self._gateway is not None:
+            await self._gateway.stop()
+            self._gateway = None
+        if self._engine is not None:
+            await self._engine.close()
+            self._engine = None
+
+    # -- one round -----------------------------------------------------------------------------------------------
+
+    async def _round(self, ctx: TrainerContext, r: int) -> bool:
+        """Propose (round > 0), evaluate every candidate of the round at once, keep the best ``beam_width``.
+        Returns False when the budget does not allow the round."""
+        pending = self._state.get("pending")
+        if pending is None or pending["round"] != r:
+            if r == 0:
+                ids = ["c0"]
+            else:
+                per_task = self.n_samples * (len(self.beam) + 1)
+                if self._rollouts_left() is not None and self._rollouts_left() < per_task:
+                    return False  # not even one task for the beam and one child
+                ids = list(self.beam) + await self._expand(ctx, r)
+                if len(ids) == len(self.beam):
+                    return False  # nothing new to try
+            exclude = {d["task_id"] for i in ids for d in self.candidates[i].demos}
+            size = self.batch_size
+            left = self._rollouts_left()
+            if left is not None:
+                size = min(size, left // (len(ids) * self.n_samples))
+                if size < 1:
+                    return False
+            pending = {"round": r, "candidates": ids, "tasks": self._next_tasks(ctx.train_tasks, size, exclude)}
+            self._state["rollouts_used"] += len(ids) * len(pending["tasks"]) * self.n_samples  # counted when fixed
+            self._state["pending"] = pending
+            self._save_state()
+        ids, tasks = pending["candidates"], pending["tasks"]
+        for cid in ids:  # one resources version per candidate, published by this session (its gateway's URL)
+            if cid not in self._versions:
+                version = (await ctx.publish(self._resources(self.candidates[cid], self.sampling, "search"))).version
+                self._versions[cid] = self.candidates[cid].version = version
+        entries = pending.get("rollouts")
+        if entries is None:
+            entries = [
+                [cid, i, s, self._rollout_id(r, cid, i, s)] for cid in ids for i in tasks for s in range(self.n_samples)
+            ]
+        elif pending.get("session") != self._state["session"]:  # resumed: keep what finished, redo what did not
+            stored = {x.rollout_id: x for x in await ctx.store.query_rollouts(rollout_ids=[e[3] for e in entries])}
+            for e in entries:
+                if e[3] in stored and stored[e[3]].status not in _FINISHED:
+                    e[3] = f"{self._rollout_id(r, e[0], e[1], e[2])}-x{self._state['session']}"
+        pending.update(rollouts=entries, session=self._state["session"])
+        self._save_state()
+        t0 = time.monotonic()
+        specs = [
+            RolloutSpec(
+                task=ctx.train_tasks[i], mode="train", sample_index=s, resources_version=self._versions[cid],
+                policy=ctx.retry, rollout_id=rid, metadata=self._metadata(r, cid),
+            )
+            for cid, i, s, rid in entries
+        ]  # fmt: skip
+        # every candidate of the round at once, then wait for all of them (rollouts already stored are returned
+        # as stored by the store, not run again)
+        await ctx.store.enqueue(specs)
+        rollouts = await ctx.wait_for([s.rollout_id for s in specs])
+        by_candidate: dict[str, list[Rollout]] = {cid: [] for cid in ids}
+        for rollout in rollouts:
+            by_candidate[str(rollout.metadata["apo_candidate"])].append(rollout)
+        for cid, runs in by_candidate.items():
+            self.candidates[cid].scores[str(r)] = _score(runs)
+        ranked = sorted(ids, key=lambda c: (-self.candidates[c].scores[str(r)], _index(c)))
+        self.beam = ranked[: self.beam_width]
+        for cid in ids:
+            c = self.candidates[cid]
+            self._record(
+                f"candidate:{r}:{cid}",
+                {
+                    "kind": "candidate", "round": r, "candidate": cid, "parent": c.parent, "origin": c.origin,
+                    "score": c.scores[str(r)], "rollouts": len(by_candidate[cid]),
+                    "successes": sum(1 for x in by_candidate[cid] if _succeeded(x, self.success_threshold)),
+                    "excluded": sum(1 for x in by_candidate[cid] if x.status not in _FINISHED),
+                    "resources_version": c.version, "kept": cid in self.beam, "demos": len(c.demos),
+                    "prompts": self._render(c),
+                },
+            )  # fmt: skip
+        self._state["round"] = r + 1
+        self._state["pending"] = None
+        self._state["beam"] = self.beam
+        self._state.setdefault("last_rollouts", {})[str(r)] = {
+            cid: [x.rollout_id for x in by_candidate[cid]] for cid in ids
+        }
+        self._save_state()
+        best = self.candidates[self.beam[0]]
+        self._record(
+            f"round:{r}",
+            {
+                "kind": "round", "round": r, "candidates": ids, "beam": self.beam, "best": best.id,
+                "best_score": best.scores[str(r)], "rollouts_used": self._state["rollouts_used"],
+                "optimizer_calls": self._state["optimizer_calls"], "round_s": time.monotonic() - t0,
+            },
+        )  # fmt: skip
+        ctx.log(r, best_score=best.scores[str(r)], candidates=len(ids), rollouts_used=self._state["rollouts_used"])
+        return True
+
+    async def _expand(self, ctx: TrainerContext, r: int) -> list[str]:
+        """Children of every beam member; proposals already made for this round (a resumed run) are reused."""
+        children: list[str] = []
+        seen = {json.dumps(self._render(self.candidates[c]), sort_keys=True) for c in self.beam}
+        pool = await self._demo_pool(ctx) if self.demo_children else []
+        for parent_id in self.beam:
+            parent = self.candidates[parent_id]
+            for slot in range(self.gradient_children):
+                child = self._existing(r, parent_id, "gradient", slot)
+                if child is None:
+                    if not self._optimizer_calls_left(2):
+                        break
+                    child = await self._gradient_child(ctx, parent, r, slot)
+                children += self._unique(child, seen)
+            for slot in range(self.demo_children):
+                child = self._existing(r, parent_id, "demos", slot)
+                if child is None:
+                    child = self._demo_child(parent, r, slot, pool)
+                children += self._unique(child, seen)
+        return children
+
+    def _unique(self, child: Candidate | None, seen: set[str]) -> list[str]:
+        if child is None or child.origin == "rejected":
+            return []
+        key = json.dumps(self._render(child), sort_keys=True)
+        if key in seen:
+            return []
+        seen.add(key)
+        return [child.id]
+
+    def _existing(self, r: int, parent: str, origin: str, slot: int) -> Candidate | None:
+        for c in self.candidates.values():
+            if c.round == r and c.parent == parent and c.slot == slot and c.origin in (origin, f"rejected-{origin}"):
+                return c
+        return None
+
+    def _new_candidate(self, **fields: Any) -> Candidate:
+        candidate = Candidate(id=f"c{len(self.candidates)}", **fields)
+        self.candidates[candidate.id] = candidate
+        self._save_state()
+        return candidate
+
+    # -- textual gradients -------------------------------------------------------------------------------------
+
+    async def _gradient_child(self, ctx: TrainerContext, parent: Candidate, r: int, slot: int) -> Candidate | None:
+        names = list(self.prompts)
+        name = names[(r + slot) % len(names)]
+        traces = await self._traces_for(ctx, parent)
+        values = {"name": name, "prompt": parent.instructions[name], "traces": traces}
+        critique = await self._ask(self._fill("critique.md", values))
+        placeholders = _placeholders(self.prompts[name])
+        values.update(critique=critique, placeholders=", ".join("{" + p + "}" for p in placeholders) or "(none)")
+        edited = _extract_prompt(await self._ask(self._fill("edit.md", values)))
+        instructions = {**parent.instructions, name: edited}
+        ok = bool(edited.strip()) and _placeholders(edited) == placeholders
+        return self._new_candidate(
+            parent=parent.id, round=r, origin="gradient" if ok else "rejected-gradient", slot=slot,
+            instructions=instructions, demos=list(parent.demos), critique=critique,
+        )  # fmt: skip
+
+    async def _ask(self, prompt: str) -> str:
+        self._state["optimizer_calls"] += 1
+        self._save_state()  # counted before the call: a crash never lets the budget be exceeded
+        llm = self._optimizer_llm
+        response = await self._client.chat.completions.create(
+            model=llm.model, messages=[{"role": "user", "content": prompt}], **llm.sampling
+        )
+        return response.choices[0].message.content or ""
+
+    def _fill(self, file: str, values: dict[str, str]) -> str:
+        path = (
+            self.prompts_dir / file if self.prompts_dir and (self.prompts_dir / file).exists() else PROMPTS_DIR / file
+        )
+        template = path.read_text(encoding="utf-8")
+        return re.sub(r"\{(\w+)\}", lambda m: values.get(m.group(1), m.group(0)), template)
+
+    async def _traces_for(self, ctx: TrainerContext, parent: Candidate) -> str:
+        """Up to ``trace_examples`` runs of the parent's last evaluation, failures and successes alternating."""
+        last = max(parent.scores, key=int)
+        ids = self._state["last_rollouts"][last][parent.id]
+        rollouts = await ctx.store.query_rollouts(rollout_ids=ids)
+        failed = [x for x in rollouts if x.status in _FINISHED and not _succeeded(x, self.success_threshold)]
+        good = [x for x in rollouts if _succeeded(x, self.success_threshold)]
+        picked: list[Rollout] = []
+        while len(picked) < self.trace_examples and (failed or good):
+            for group in (failed, good):
+                if group and len(picked) < self.trace_examples:
+                    picked.append(group.pop(0))
+        blocks = []
+        for i, x in enumerate(picked, 1):
+            convo = render_conversation(await self._conversation(ctx, x))[: self.trace_chars]
+            task = json.dumps(x.task.input, ensure_ascii=False)[:500]
+            blocks.append(f"### Run {i} (reward {x.reward if x.reward is not None else 0.0})\nTask: {task}\n{convo}")
+        return "\n\n".join(blocks) or "(no finished runs)"
+
+    # -- demonstrations ---------------------------------------------------------------------------------------
+
+    async def _demo_pool(self, ctx: TrainerContext) -> list[dict[str, Any]]:
+        """Successful rollouts of this run's search so far, rendered as demonstrations."""
+        ids = [
+            rid for per_round in self._state["last_rollouts"].values() for runs in per_round.values() for rid in runs
+        ]
+        pool = []
+        for x in await ctx.store.query_rollouts(rollout_ids=ids):
+            if not _succeeded(x, self.success_threshold):
+                continue
+            convo = await self._conversation(ctx, x)
+            if not convo:
+                continue
+            text = render_demonstration(convo)
+            pool.append({"rollout_id": x.rollout_id, "task_id": x.task.task_id, "reward": x.reward, "text": text})
+        return pool
+
+    def _demo_child(self, parent: Candidate, r: int, slot: int, pool: list[dict[str, Any]]) -> Candidate | None:
+        demos = select_demonstrations(pool, k=self.demo_k, max_chars=self.demo_chars, start=slot + r - 1)
+        if not demos or [d["rollout_id"] for d in demos] == [d["rollout_id"] for d in parent.demos]:
+            return None
+        return self._new_candidate(
+            parent=parent.id, round=r, origin="demos", slot=slot, instructions=dict(parent.instructions), demos=demos
+        )
+
+    async def _conversation(self, ctx: TrainerContext, rollout: Rollout) -> list[dict[str, Any]]:
+        """The last chat call's messages plus its answer, from the spans of the rollout's last attempt."""
+        if rollout.rollout_id not in self._convos:
+            from lightrail.adapters.messages import spans_to_messages
+
+            attempts = await ctx.store.query_attempts(rollout.rollout_id)
+            spans = await ctx.store.query_spans(rollout.rollout_id, attempts[-1].attempt_id) if attempts else []
+            samples = spans_to_messages(spans)
+            self._convos[rollout.rollout_id] = samples[-1].messages if samples else []
+        return self._convos[rollout.rollout_id]
+
+    # -- candidates as resources -------------------------------------------------------------------------------
+
+    def _render(self, candidate: Candidate) -> dict[str, str]:
+        out = dict(candidate.instructions)
+        if candidate.demos:
+            block = (
+                DEMO_HEADER
+                + "\n\n"
+                + "\n\n".join(f"Example {i}:\n{d['text']}" for i, d in enumerate(candidate.demos, 1))
+            )
+            if _placeholders(self.prompts[self.demo_template]):
+                block = block.replace("{", "{{").replace("}", "}}")
+            out[self.demo_template] = out[self.demo_template].rstrip() + "\n\n" + block
+        return out
+
+    def _resources(self, candidate: Candidate, sampling: dict[str, Any], purpose: str) -> Resources:
+        policy = msgspec.structs.replace(self._policy, sampling=sampling)
+        items: dict[str, LLM | PromptTemplate] = {self.llm_name: policy}
+        items.update({name: PromptTemplate(template=text) for name, text in self._render(candidate).items()})
+        digest = hashlib.sha256(json.dumps([purpose, candidate.id], sort_keys=True).encode()).hexdigest()[:12]
+        # the gateway's token changes with each start: a resumed run publishes a new version, never a conflict
+        token = hashlib.sha256((policy.api_key or "").encode()).hexdigest()[:8]
+        return Resources(items=items, resources_id=f"res-apo-{self._state['run_id']}-{digest}-{token}")
+
+    def _rollout_id(self, r: int, cid: str, task_index: int, sample: int) -> str:
+        return f"apo-{self._state['run_id']}-r{r}-{cid}-t{task_index}-s{sample}"
+
+    def _metadata(self, r: int | str, cid: str) -> dict[str, Any]:
+        return {
+            "apo_run": self._state["run_id"], "apo_round": r, "apo_candidate": cid,
+            "apo_parent": self.candidates[cid].parent,
+        }  # fmt: skip
+
+    # -- validation --------------------------------------------------------------------------------------------
+
+    async def _validate(self, ctx: TrainerContext, cid: str) -> float | None:
+        """Held-out success of a candidate (greedy by default); done once per candidate per run."""
+        if not ctx.val_tasks:
+            return None
+        done = self._state["val"].get(cid)
+        if done is not None:
+            return done
+        version = (await ctx.publish(self._resources(self.candidates[cid], self.val_sampling, "val"))).version
+        specs = [
+            RolloutSpec(
+                task=task, mode="val", resources_version=version, policy=ctx.retry,
+                rollout_id=f"apo-{self._state['run_id']}-val-{cid}-t{i}-x{self._state['session']}",
+                metadata=self._metadata("val", cid),
+            )
+            for i, task in enumerate(ctx.val_tasks)
+        ]  # fmt: skip
+        await ctx.store.enqueue(specs)
+        rollouts = await ctx.wait_for([s.rollout_id for s in specs])
+        finished = [x for x in rollouts if x.status in _FINISHED]
+        success = sum(1 for x in finished if _succeeded(x, self.success_threshold)) / max(len(finished), 1)
+        self._state["val"][cid] = success
+        self._state["val_rollouts"] += len(specs)
+        self._save_state()
+        self._record(
+            f"val:{cid}", {"kind": "val", "candidate": cid, "val_success": success, "val_rollouts": len(specs)}
+        )
+        return success
+
+    # -- budget, tasks, state ----------------------------------------------------------------------------------
+
+    def _rollouts_left(self) -> int | None:
+        return None if self.max_rollouts is None else self.max_rollouts - self._state["rollouts_used"]
+
+    def _optimizer_calls_left(self, need: int) -> bool:
+        return self.max_optimizer_calls is None or self._state["optimizer_calls"] + need <= self.max_optimizer_calls
+
+    def _next_tasks(self, tasks: Sequence[Task], size: int, exclude: set[str]) -> list[int]:
+        """Indexes of the next ``size`` tasks of a seeded shuffle (reshuffled each epoch), skipping ``exclude``."""
+        order: list[int] = self._state["order"]
+        picked: list[int] = []
+        tries = 0
+        while len(picked) < min(size, len(tasks)) and tries < 2 * len(tasks) + size:
+            tries += 1
+            if not order:
+                self._state["epoch"] += 1
+                order.extend(range(len(tasks)))
+                random.Random(f"{self.seed}:{self._state['epoch']}").shuffle(order)
+            i = order.pop()
+            if tasks[i].task_id not in exclude and i not in picked:
+                picked.append(i)
+        return picked
+
+    def _load_state(self) -> None:
+        path = self.out_dir / _STATE
+        if path.exists():
+            self._state = json.loads(path.read_text())
+            if self._state.get("prompts") != self.prompts:
+                raise ValueError(
+                    f"{path} is a run over other seed prompts; use another out_dir (or delete it) to start over"
+                )
+            self.candidates = {c["id"]: Candidate(**c) for c in self._state["candidates"]}
+            self.beam = list(self._state["beam"])
+            metrics = self.out_dir / "metrics.jsonl"
+            if metrics.exists():
+                self._logged = {json.loads(line).get("key", "") for line in metrics.read_text().splitlines() if line}
+            return
+        self._state = {
+            "run_id": secrets.token_hex(4), "prompts": self.prompts, "round": 0, "beam": [], "pending": None,
+            "optimizer_calls": 0, "rollouts_used": 0, "val_rollouts": 0, "val": {}, "order": [], "epoch": 0,
+            "last_rollouts": {}, "candidates": [],
+        }  # fmt: skip
+        self.candidates = {}
+        self._new_candidate(parent=None, round=0, origin="seed", instructions=dict(self.prompts))
+
+    def _save_state(self) -> None:
+        self._state["candidates"] = [asdict(c) for c in self.candidates.values()]
+        path = self.out_dir / _STATE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self._state, indent=1))
+        tmp.replace(path)  # atomic: a crash leaves the old state or the new one
+
+    def _record(self, key: str, metrics: dict[str, Any]) -> None:
+        if key in self._logged:  # written before a crash that came before the state was saved
+            return
+        self._logged.add(key)
+        with (self.out_dir / "metrics.jsonl").open("a") as f:
+            f.write(json.dumps({"key": key, **metrics}) + "\n")
+
+
+# -- pure helpers ------------------------------------------------------------------------------------------------
+
+
+def render_conversation(messages: Sequence[dict[str, Any]]) -> str:
+    """A conversation as text (the system prompt left out: it is the prompt being optimized)."""
+    lines = []
+    for m in messages:
+        role = m.get("role")
+        content = m.get("content")
+        if isinstance(content, list):  # content parts
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        content = (content or "").strip()
+        if role == "system":
+            continue
+        if role == "user":
+            lines.append(f"User: {content}")
+        elif role == "assistant":
+            calls = [_render_call(c) for c in m.get("tool_calls") or ()]
+            lines.append("Assistant: " + "\n".join(x for x in [content, *calls] if x))
+        elif role == "tool":
+            lines.append(f"Tool: {content}")
+    return "\n".join(lines)
+
+
+def render_demonstration(messages: Sequence[dict[str, Any]]) -> str:
+    """A successful conversation as a worked example (same rendering as `render_conversation`)."""
+    return render_conversation(messages)
+
+
+def _render_call(call: dict[str, Any]) -> str:
+    fn = call.get("function") or {}
+    args = fn.get("arguments")
+    if isinstance(args, str):
+        with contextlib.suppress(json.JSONDecodeError):  # else shown as the model wrote it
+            args = json.loads(args)
+    body = json.dumps({"name": fn.get("name", ""), "arguments": args}, ensure_ascii=False)
+    return f"<tool_call>\n{body}\n</tool_call>"
+
+
+def select_demonstrations(
+    pool: Sequence[dict[str, Any]], *, k: int, max_chars: int, start: int = 0
+) -> list[dict[str, Any]]:
+    """Pick up to ``k`` demonstrations (one per task) whose texts fit ``max_chars`` together: ranked by reward
+    (higher first), then length (shorter first); the first pick is the ``start``-th of that ranking (so sibling
+    candidates differ), the rest farthest-first by word overlap with those already picked (diversity)."""
+    best: dict[str, dict[str, Any]] = {}
+    for d in pool:  # one per task: its best, shortest run
+        key = d["task_id"]
+        if key not in best or (-d["reward"], len(d["text"])) < (-best[key]["reward"], len(best[key]["text"])):
+            best[key] = d
+    ranked = sorted(best.values(), key=lambda d: (-d["reward"], len(d["text"]), d["rollout_id"]))
+    ranked = [d for d in ranked if len(d["text"]) <= max_chars]
+    if not ranked:
+        return []
+    first = ranked[start % len(ranked)]
+    chosen, used = [first], len(first["text"])
+    words = {d["rollout_id"]: set(re.findall(r"[a-z]+", d["text"].lower())) for d in ranked}
+    while len(chosen) < k:
+        options = [d for d in ranked if d not in chosen and used + len(d["text"]) <= max_chars]
+        if not options:
+            break
+
+        def distance(d: dict[str, Any]) -> float:
+            return min(1 - _jaccard(words[d["rollout_id"]], words[c["rollout_id"]]) for c in chosen)
+
+        pick = max(options, key=lambda d: (distance(d), d["reward"], -len(d["text"])))
+        chosen.append(pick)
+        used += len(pick["text"])
+    return [{k_: d[k_] for k_ in ("rollout_id", "task_id", "reward", "text")} for d in chosen]
+
+
+def _jaccard(a: set[str], b: set[str]) -> float:
+    return len(a & b) / len(a | b) if a or b else 1.0
+
+
+def _placeholders(template: str) -> list[str]:
+    """The ``{field}`` names of a `str.format` template, sorted (escaped ``{{`` braces are not fields)."""
+    try:
+        return sorted({name for _, name, _, _ in string.Formatter().parse(template) if name is not None})
+    except ValueError:  # unbalanced braces: not a valid template
+        return ["<invalid template>"]
+
+
+def _extract_prompt(text: str) -> str:
+    found = re.findall(r"<prompt>(.*?)</prompt>", text, re.DOTALL)
+    if found:
+        return found[-1].strip()
+    return re.sub(r"^\s*<prompt>|</prompt>\s*$", "", text).strip()
+
+
+def _succeeded(rollout: Rollout, threshold: float) -> bool:
+    return rollout.status == RolloutStatus.SUCCEEDED and rollout.reward is not None and rollout.reward >= threshold
+
+
+def _score(rollouts: Sequence[Rollout]) -> float:
+    """Mean reward over the rollouts that ran (infrastructure failures are not the prompt's fault)."""
+    rewards = [r.reward if r.reward is not None else 0.0 for r in rollouts if r.status in _FINISHED]
+    return statistics.fmean(rewards) if rewards else 0.0
+
+
+def _last_score(candidate: Candidate) -> float | None:
+    return candidate.scores[max(candidate.scores, key=int)] if candidate.scores else None
+
+
+def _index(cid: str) -> int:
+    return int(cid[1:])
+
+
+def kwargs_from_config(section: dict[str, Any], where: str = "apo") -> dict[str, Any]:
+    """A config's ``apo:`` section as `APO` keyword arguments, every value checked against the signature; errors
+    are ValueErrors that start with the field's path (``apo.rounds: Expected `int`, got `str```)."""
+    import inspect
+
+    options = dict(section)
+    kwargs: dict[str, Any] = {}
+    for name, routed in (("optimizer", False), ("llm", True)):
+        value = options.pop(name, None)
+        if value is None or (name == "optimizer" and value == "self"):
+            if value is not None:
+                kwargs[name] = value
+            continue
+        if not isinstance(value, dict):
+            raise ValueError(f"{where}.{name}: expected {'self or ' if routed is False else ''}a mapping of LLM fields")
+        try:
+            kwargs[name] = msgspec.convert({"routed": routed, **value}, LLM)
+        except msgspec.ValidationError as exc:
+            raise ValueError(f"{where}.{name}: {exc}") from None
+    parameters = inspect.signature(APO).parameters
+    accepted = set(parameters) - {"model", "gateway", "optimizer", "llm"}
+    unknown = sorted(set(options) - accepted)
+    if unknown:
+        raise ValueError(
+            f"{where}: unknown setting(s) {unknown}; APO accepts {sorted(accepted | {'optimizer', 'llm'})}"
+        )
+    if "prompts" not in options:
+        raise ValueError(f"{where}.prompts: required (resource name -> initial template)")
+    for key, value in options.items():
+        annotation = eval(parameters[key].annotation, {"Path": Path, "Any": Any, "LLM": LLM})  # noqa: S307 - our own signature
+        try:
+            kwargs[key] = msgspec.convert(value, annotation, strict=False)
+        except msgspec.ValidationError as exc:
+            raise ValueError(f"{where}.{key}: {exc}") from None
+    return kwargs
