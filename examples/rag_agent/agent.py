@@ -1,15 +1,18 @@
 """A retrieval workflow built with the OpenAI Agents SDK: the "researcher" looks facts up with a ``search`` tool
 over the country passages and writes notes; the "editor" (no tools) turns the question and those notes into the
 final ``Answer: ...`` line. Both run in one SDK trace. Nothing in it knows about lightrail; it takes the base URL,
-model name, API key and sampling settings of any OpenAI-compatible server.
+model name, API key and sampling settings of any server that speaks the OpenAI Responses API.
 
     python -m examples.rag_agent.agent --base-url http://127.0.0.1:8000/v1 --model tiny \\
         "What currency is used in the country whose capital is Lima?"
 
-The model is called through Chat Completions (`OpenAIChatCompletionsModel`), not the Responses API the SDK
-uses by default, so any OpenAI-compatible server works. The SDK's default trace processor, which uploads every
-run to OpenAI's servers, is removed before each run (`keep_traces_local`); the SDK's tracing itself stays on, so
-an OpenTelemetry instrumentor (OpenInference's) still sees every agent, model call and tool call.
+The model is the SDK's default, `OpenAIResponsesModel` (the Responses API, which lightrail's gateway serves and
+records like chat calls); the client is handed to it with ``OpenAIProvider(openai_client=...)`` in the run config,
+so nothing process-wide changes. A reply cut by ``max_tokens`` is an incomplete response, which the SDK raises as a
+`ModelBehaviorError`: that agent gives no output (the call is still recorded). The SDK's default trace processor,
+which uploads every run to OpenAI's servers, is removed before each run (`keep_traces_local`); the SDK's tracing
+itself stays on, so an OpenTelemetry instrumentor (OpenInference's) still sees every agent, model call and tool
+call.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import asyncio
 import warnings
 from typing import Any
 
-from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool, trace
+from agents import Agent, ModelSettings, OpenAIProvider, RunConfig, Runner, function_tool, trace
 from agents.exceptions import MaxTurnsExceeded, ModelBehaviorError
 from openai import AsyncOpenAI, BadRequestError
 
@@ -36,7 +39,7 @@ EDITOR_INSTRUCTIONS = (
 )
 
 #: One worked example for models that need to be shown the tool once (SmolLM2): two searches, then an answer.
-#: Agents SDK input items (Responses format); the SDK turns them into chat messages with real tool calls. The
+#: Agents SDK input items (Responses format), sent as they are: function calls with their outputs. The
 #: question is from the training split, the tool outputs are exactly what ``search`` returns for those queries.
 ONE_SHOT: list[dict[str, Any]] = [
     {"role": "user", "content": "What currency is used in the country whose capital is Lima?"},
@@ -69,7 +72,9 @@ EDITOR_ONE_SHOT: list[dict[str, Any]] = [
     {"role": "assistant", "content": "Answer: PEN"},
 ]
 
-_SETTINGS = {"temperature", "top_p", "max_tokens", "frequency_penalty", "presence_penalty"}
+#: Sampling parameters the Responses API has (``max_tokens`` is sent as ``max_output_tokens``); any other key goes
+#: into the request body as is, where a server that does not know it refuses it (penalties are chat-only).
+_SETTINGS = {"temperature", "top_p", "max_tokens", "top_logprobs"}
 
 
 def keep_traces_local() -> None:
@@ -100,9 +105,9 @@ def model_settings(sampling: dict[str, Any]) -> ModelSettings:
     return ModelSettings(**known, extra_body=extra or None)
 
 
-def build_agents(client: AsyncOpenAI, model: str, *, k: int = 3, **sampling: Any) -> tuple[Agent, Agent]:
+def build_agents(model: str, *, k: int = 3, **sampling: Any) -> tuple[Agent, Agent]:
     """The researcher (with the ``search`` tool returning the ``k`` best passages) and the editor, both calling
-    ``model`` through ``client`` with Chat Completions."""
+    ``model`` with the SDK's default model (the Responses API) through the run's client (`run_config`)."""
     from examples.rag_agent.retrieval import index
 
     @function_tool
@@ -117,20 +122,26 @@ def build_agents(client: AsyncOpenAI, model: str, *, k: int = 3, **sampling: Any
         found = await asyncio.to_thread(lambda: index().search(query, k))
         return "\n".join(found) if found else "No passages found: search for a country name or a capital."
 
-    llm = OpenAIChatCompletionsModel(model=model, openai_client=client)
     settings = model_settings(sampling)
     researcher = Agent(
-        name=RESEARCHER, instructions=RESEARCHER_INSTRUCTIONS, tools=[search], model=llm, model_settings=settings
+        name=RESEARCHER, instructions=RESEARCHER_INSTRUCTIONS, tools=[search], model=model, model_settings=settings
     )
-    editor = Agent(name=EDITOR, instructions=EDITOR_INSTRUCTIONS, model=llm, model_settings=settings)
+    editor = Agent(name=EDITOR, instructions=EDITOR_INSTRUCTIONS, model=model, model_settings=settings)
     return researcher, editor
 
 
-async def _final_output(agent: Agent, text: str | list[dict[str, Any]], max_turns: int) -> str | None:
+def run_config(client: AsyncOpenAI) -> RunConfig:
+    """Runs whose models (named by the agents) are the SDK's default Responses model over ``client``."""
+    return RunConfig(model_provider=OpenAIProvider(openai_client=client, use_responses=True))
+
+
+async def _final_output(
+    agent: Agent, text: str | list[dict[str, Any]], max_turns: int, config: RunConfig
+) -> str | None:
     """The agent's final text, or None when it gave none: out of turns, a malformed or unknown tool call, or a
     conversation grown past the model's context (the model's doing, like running out of turns)."""
     try:
-        result = await Runner.run(agent, text, max_turns=max_turns)
+        result = await Runner.run(agent, text, max_turns=max_turns, run_config=config)
     except (MaxTurnsExceeded, ModelBehaviorError):
         return None
     except BadRequestError as exc:
@@ -159,11 +170,12 @@ async def answer(
     the model's."""
     keep_traces_local()
     async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
-        researcher, editor = build_agents(client, model, k=k, **sampling)
+        researcher, editor = build_agents(model, k=k, **sampling)
+        config = run_config(client)
         with trace(WORKFLOW_NAME):
-            notes = await _final_output(researcher, _after(examples, question), max_turns)
+            notes = await _final_output(researcher, _after(examples, question), max_turns, config)
             brief = f"Question: {question}\nResearcher's notes: {notes or '(none)'}"
-            return await _final_output(editor, _after(editor_examples, brief), max_turns=1)
+            return await _final_output(editor, _after(editor_examples, brief), 1, config)
 
 
 def _after(examples: list[dict[str, Any]] | None, text: str) -> str | list[dict[str, Any]]:

@@ -46,6 +46,7 @@ from lightrail.gateway.anthropic_api import MESSAGES
 from lightrail.gateway.backends import Backend, UpstreamError
 from lightrail.gateway.dialect import Dialect, Exchange
 from lightrail.gateway.openai_api import CHAT, COMPLETIONS, InvalidRequest, decode_json, new_response_id
+from lightrail.gateway.responses_api import RESPONSES
 from lightrail.gateway.sse import CHUNK_CHARS
 from lightrail.store.base import NotFoundError, Store
 from lightrail.tracing import SpanBatcher
@@ -55,7 +56,7 @@ __all__ = ["DEFAULT_MAX_BODY_BYTES", "create_gateway_app", "parse_traceparent"]
 
 log = logging.getLogger(__name__)
 
-DIALECTS: tuple[Dialect, ...] = (CHAT, COMPLETIONS, MESSAGES)
+DIALECTS: tuple[Dialect, ...] = (CHAT, COMPLETIONS, MESSAGES, RESPONSES)
 """The APIs served, each at ``/v1<path>`` and under the per-attempt prefix."""
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024

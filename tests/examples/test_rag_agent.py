@@ -268,6 +268,9 @@ async def test_agents_with_a_scripted_model_search_twice_and_answer_right(tmp_pa
             assert any(f"uses the currency {task['answers'][0]}" in s.attributes["output.value"] for s in tools)
             episode = build_episode(spans, tool_rewards_rule=ToolRewardRule())
             assert [c.agent_name for c in episode.calls] == ["researcher", "researcher", "researcher", "editor"]
+            # the SDK's default model: every call went through the Responses API
+            calls = [s for s in spans if s.name == Attr.SPAN_LLM_CALL]
+            assert len(calls) == 4 and {s.attributes[Attr.ENDPOINT] for s in calls} == {"responses"}
             # each search result is a +0.1 tool reward for the researcher call that asked for it (config.yaml)
             asked = [c.response_id for c in episode.calls[:2]]
             assert [(r.value, r.response_id) for r in episode.intermediate] == [(0.1, asked[0]), (0.1, asked[1])]
