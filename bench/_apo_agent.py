@@ -1,6 +1,7 @@
-"""The calculator agent of ``examples/calculator`` with its system prompt taken from a `PromptTemplate` resource
-(what `APO` optimizes); the tool, the answer parsing and the reward are the example's. Loaded by path by the
-runners of ``bench/apo.py``."""
+"""The calculator agent of ``examples/calculator`` with its system prompt and its few-shot examples taken from two
+`PromptTemplate` resources (what `APO` optimizes): ``prompt_template`` (text) and ``examples`` (a JSON list of chat
+messages put between the system prompt and the question, like ``solve(examples=...)``). The tool, the answer
+parsing and the reward are the example's. Loaded by path by the runners of ``bench/apo.py``."""
 
 from __future__ import annotations
 
@@ -17,10 +18,11 @@ from lightrail import rollout  # noqa: E402
 
 
 @rollout
-def calculator_prompted(task, llm, prompt_template):
+def calculator_prompted(task, llm, resources):
     client = OpenAI(base_url=llm.endpoint, api_key=llm.api_key or "none", max_retries=0)
     messages = [
-        {"role": "system", "content": prompt_template.template},
+        {"role": "system", "content": resources["prompt_template"].template},
+        *json.loads(resources["examples"].template),
         {"role": "user", "content": task["question"]},
     ]
     for _ in range(3):

@@ -27,6 +27,14 @@ from examples.calculator.data import make_splits  # noqa: E402
 AGENT = str(Path(__file__).resolve().parent / "_apo_agent.py") + ":calculator_prompted"
 
 
+def _bootstrap(out: Path) -> dict | None:
+    for line in (out / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record["kind"] == "bootstrap":
+            return {"rollouts": record["rollouts"], "successes": record["successes"]}
+    return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--optimizer", choices=["none", "self"], default="none")
@@ -35,6 +43,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--n-val", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--bootstrap", type=int, default=64, help="rollouts at temperature 1 to find first successes")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     facts = machine_facts()
@@ -53,7 +62,10 @@ def main() -> None:
     model = prepare_model("smollm2")
     apo = APO(
         model,
-        prompts={"prompt_template": SYSTEM},
+        prompts={"prompt_template": SYSTEM, "examples": "[]"},  # zero-shot: no worked example
+        demo_format="messages",
+        demo_template="examples",
+        bootstrap_rollouts=args.bootstrap,
         optimizer="self" if args.optimizer == "self" else None,
         rounds=rounds,
         beam_width=2,
@@ -81,9 +93,11 @@ def main() -> None:
         "search_rollouts": report["rollouts"],
         "val_rollouts": report["val_rollouts"],
         "optimizer_calls": report["optimizer_calls"],
+        "bootstrap": _bootstrap(out),
         "best_candidate": report["best_candidate"],
         "best_score": report["best_score"],
         "best_prompt": report["best_prompt"]["prompt_template"],
+        "best_examples": len(json.loads(report["best_prompt"]["examples"])),
         "out": str(out),
         **facts,
         "load_1m_end": round(__import__("os").getloadavg()[0], 2),

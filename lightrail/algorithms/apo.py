@@ -24,7 +24,12 @@ One round::
   example, so children differ. They are rendered as text (``User:`` / ``Assistant:`` with tool calls in the
   Hermes ``<tool_call>`` markup most tool-calling models emit / ``Tool:`` results) after the instructions of the
   template named ``demo_template`` (default: the first). In a template with ``{placeholders}`` their braces are
-  escaped, so `PromptTemplate.format` renders them literally. Tasks used as demonstrations by a round's candidates
+  escaped, so `PromptTemplate.format` renders them literally. With ``demo_format="messages"`` the template named
+  ``demo_template`` is instead a JSON list of chat messages (seed: ``"[]"``) that the agent puts between its system
+  prompt and the task (a few-shot slot, like ``examples=`` of the calculator agent); the demonstrations' own
+  messages (user, assistant with ``tool_calls``, ``tool`` results, final answer) are appended to it. Small models
+  follow worked examples given as turns far better than as text: SmolLM2-135M solved 0 of 30 held-out calculator
+  problems with a perfect example as text in the system prompt. Tasks used as demonstrations by a round's candidates
   are kept out of its batch (a demonstration of the very task would score the copy, not the prompt).
 * **Budget.** ``max_rollouts`` counts search rollouts (the held-out validations before and after are reported
   apart, ``val_rollouts``): a round that does not fit is evaluated on fewer tasks, and the search stops when not
@@ -77,7 +82,7 @@ if TYPE_CHECKING:
     from lightrail.gateway.server import GatewaySettings
     from lightrail.trainer.algorithm import TrainerContext
 
-__all__ = ["APO", "Candidate", "render_demonstration", "select_demonstrations"]
+__all__ = ["APO", "Candidate", "demonstration_messages", "render_demonstration", "select_demonstrations"]
 
 PROMPTS_DIR = Path(__file__).parent / "apo_prompts"
 _STATE = "apo_state.json"
@@ -138,6 +143,9 @@ class APO:
         demo_k: int = 2,
         demo_chars: int = 1500,
         demo_template: str | None = None,
+        demo_format: str = "text",
+        bootstrap_rollouts: int = 0,
+        bootstrap_sampling: dict[str, Any] | None = None,
         trace_examples: int = 4,
         trace_chars: int = 1500,
         prompts_dir: str | Path | None = None,
@@ -185,6 +193,20 @@ class APO:
         self.demo_k = demo_k
         self.demo_chars = demo_chars
         self.demo_template = demo_template or next(iter(prompts))
+        if demo_format not in ("text", "messages"):
+            raise ValueError(f"demo_format must be 'text' or 'messages', not {demo_format!r}")
+        self.demo_format = demo_format
+        if demo_format == "messages":
+            try:
+                seed_messages = json.loads(prompts[self.demo_template] or "[]")
+            except json.JSONDecodeError:
+                seed_messages = None
+            if not isinstance(seed_messages, list):
+                raise ValueError(f"demo_format 'messages': prompts[{self.demo_template!r}] must be a JSON list ('[]')")
+            if len(prompts) == 1 and optimizer is not None:
+                raise ValueError("demo_format 'messages' with an optimizer needs another template to edit")
+        self.bootstrap_rollouts = bootstrap_rollouts if demonstrations else 0
+        self.bootstrap_sampling = {"temperature": 1.0, **(bootstrap_sampling or {})}
         self.trace_examples = trace_examples
         self.trace_chars = trace_chars
         self.prompts_dir = None if prompts_dir is None else Path(prompts_dir)
@@ -318,6 +340,10 @@ class APO:
                 per_task = self.n_samples * (len(self.beam) + 1)
                 if self._rollouts_left() is not None and self._rollouts_left() < per_task:
                     return False  # not even one task for the beam and one child
+                if self.bootstrap_rollouts and self.demo_children:
+                    await self._bootstrap(ctx)
+                    if self._rollouts_left() is not None and self._rollouts_left() < per_task:
+                        return False
                 ids = list(self.beam) + await self._expand(ctx, r)
                 if len(ids) == len(self.beam):
                     return False  # nothing new to try
@@ -445,7 +471,7 @@ class APO:
     # -- textual gradients -------------------------------------------------------------------------------------
 
     async def _gradient_child(self, ctx: TrainerContext, parent: Candidate, r: int, slot: int) -> Candidate | None:
-        names = list(self.prompts)
+        names = [n for n in self.prompts if not (self.demo_format == "messages" and n == self.demo_template)]
         name = names[(r + slot) % len(names)]
         traces = await self._traces_for(ctx, parent)
         values = {"name": name, "prompt": parent.instructions[name], "traces": traces}
@@ -510,8 +536,58 @@ class APO:
             if not convo:
                 continue
             text = render_demonstration(convo)
-            pool.append({"rollout_id": x.rollout_id, "task_id": x.task.task_id, "reward": x.reward, "text": text})
+            pool.append(
+                {"rollout_id": x.rollout_id, "task_id": x.task.task_id, "reward": x.reward, "text": text,
+                 "messages": demonstration_messages(convo)}
+            )  # fmt: skip
         return pool
+
+    async def _bootstrap(self, ctx: TrainerContext) -> None:
+        """Once per run, when the search has fewer than ``demo_k`` successful traces (a zero-shot prompt a small model
+        rarely solves): up to ``bootstrap_rollouts`` more rollouts of the best candidate on new tasks, sampled with
+        ``bootstrap_sampling`` (hotter: more diverse), counted in the rollout budget. Their successes join the pool
+        of demonstrations; they score nothing."""
+        boot = self._state.get("bootstrap")
+        if boot is None:
+            successes = sum(1 for _ in await self._demo_pool(ctx))
+            left = self._rollouts_left()
+            size = self.bootstrap_rollouts if left is None else min(self.bootstrap_rollouts, left)
+            if successes >= self.demo_k or size < 1:
+                boot = {"candidate": None, "tasks": [], "done": True}
+            else:
+                boot = {
+                    "candidate": self.beam[0],
+                    "tasks": self._next_tasks(ctx.train_tasks, size, set()),
+                    "done": False,
+                }
+                self._state["rollouts_used"] += len(boot["tasks"])
+            self._state["bootstrap"] = boot
+            self._save_state()
+        if boot["done"]:
+            return
+        cid = boot["candidate"]
+        version = (await ctx.publish(self._resources(self.candidates[cid], self._boot_sampling(), "bootstrap"))).version
+        specs = [
+            RolloutSpec(
+                task=ctx.train_tasks[i], mode="train", resources_version=version, policy=ctx.retry,
+                rollout_id=f"apo-{self._state['run_id']}-boot-{cid}-t{i}", metadata=self._metadata("bootstrap", cid),
+            )
+            for i in boot["tasks"]
+        ]  # fmt: skip
+        await ctx.store.enqueue(specs)
+        rollouts = await ctx.wait_for([x.rollout_id for x in specs])
+        boot.update(done=True, rollouts=[x.rollout_id for x in rollouts])
+        self._state["last_rollouts"].setdefault("bootstrap", {})[cid] = boot["rollouts"]
+        self._save_state()
+        found = sum(1 for x in rollouts if _succeeded(x, self.success_threshold))
+        self._record(
+            "bootstrap",
+            {"kind": "bootstrap", "candidate": cid, "rollouts": len(rollouts), "successes": found,
+             "rollouts_used": self._state["rollouts_used"]},
+        )  # fmt: skip
+
+    def _boot_sampling(self) -> dict[str, Any]:
+        return {**self.sampling, **self.bootstrap_sampling}
 
     def _demo_child(self, parent: Candidate, r: int, slot: int, pool: list[dict[str, Any]]) -> Candidate | None:
         demos = select_demonstrations(pool, k=self.demo_k, max_chars=self.demo_chars, start=slot + r - 1)
@@ -536,7 +612,10 @@ class APO:
 
     def _render(self, candidate: Candidate) -> dict[str, str]:
         out = dict(candidate.instructions)
-        if candidate.demos:
+        if candidate.demos and self.demo_format == "messages":
+            seed = json.loads(candidate.instructions[self.demo_template] or "[]")
+            out[self.demo_template] = json.dumps(seed + [m for d in candidate.demos for m in d["messages"]])
+        elif candidate.demos:
             block = (
                 DEMO_HEADER
                 + "\n\n"
@@ -685,6 +764,12 @@ def render_demonstration(messages: Sequence[dict[str, Any]]) -> str:
     return render_conversation(messages)
 
 
+def demonstration_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A successful conversation as chat messages to put before a new task (system messages left out)."""
+    keep = ("role", "content", "tool_calls", "tool_call_id", "name")
+    return [{k: m[k] for k in keep if k in m} for m in messages if m.get("role") != "system"]
+
+
 def _render_call(call: dict[str, Any]) -> str:
     fn = call.get("function") or {}
     args = fn.get("arguments")
@@ -724,7 +809,7 @@ def select_demonstrations(
         pick = max(options, key=lambda d: (distance(d), d["reward"], -len(d["text"])))
         chosen.append(pick)
         used += len(pick["text"])
-    return [{k_: d[k_] for k_ in ("rollout_id", "task_id", "reward", "text")} for d in chosen]
+    return [{k_: d[k_] for k_ in ("rollout_id", "task_id", "reward", "text", "messages") if k_ in d} for d in chosen]
 
 
 def _jaccard(a: set[str], b: set[str]) -> float:

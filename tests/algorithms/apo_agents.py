@@ -3,6 +3,7 @@ gateway per rollout, so every rollout has a trace in the store."""
 
 from __future__ import annotations
 
+import json
 import re
 
 from openai import OpenAI
@@ -36,3 +37,20 @@ def parity_or_examples_agent(task, llm, prompt_template):
     if "Worked examples:" in prompt_template.template:
         return 1.0
     return float(len(reply) % 2)
+
+
+@rollout
+def few_shot_agent(task, llm, resources):
+    """Few-shot examples from the ``examples`` resource (a JSON list of chat messages) before the question. Reward 1
+    with examples; without, the parity of the reply's length, and only when sampled hot (temperature >= 1): the
+    search (cooler) never succeeds from the seed, so only the bootstrap can find demonstrations."""
+    client = OpenAI(base_url=llm.endpoint, api_key=llm.api_key or "none", max_retries=0)
+    examples = json.loads(resources["examples"].template)
+    messages = [{"role": "system", "content": resources["prompt_template"].template}, *examples]
+    reply = client.chat.completions.create(
+        model=llm.model, messages=[*messages, {"role": "user", "content": task["question"]}], **llm.sampling
+    )
+    if examples:
+        return 1.0
+    hot = llm.sampling.get("temperature", 1.0) >= 1.0
+    return float(hot and len(reply.choices[0].message.content or "") % 2)

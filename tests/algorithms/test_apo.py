@@ -241,3 +241,33 @@ def test_config_section(tmp_path):
     path.write_text("agent: a:b\ndata: c:d\nalgorithm: apo\napo: {prompts: {p: hi}, beam: 2}\n")
     with pytest.raises(ConfigError, match=r"apo: unknown setting\(s\) \['beam'\]"):
         load_config(path)
+
+
+def test_demonstrations_as_messages_found_by_bootstrap(tmp_path, tiny_model):
+    train, val = _problems(16, 2)
+    apo = APO(
+        tiny_model, prompts={"prompt_template": SEED, "examples": "[]"}, demo_format="messages",
+        demo_template="examples", rounds=1, beam_width=1, demo_children=1, demo_k=2, batch_size=3,
+        bootstrap_rollouts=16, sampling={"temperature": 0.5, "max_tokens": 6}, val_sampling={"max_tokens": 4},
+        out_dir=tmp_path / "run",
+    )  # fmt: skip
+    _fit(apo, tmp_path / "store.db", "apo_agents:few_shot_agent", train, val)
+
+    lines = _metrics(tmp_path / "run")
+    (boot,) = [m for m in lines if m["kind"] == "bootstrap"]
+    assert boot["rollouts"] == 16 and boot["successes"] >= 1  # round 0 found none (cool sampling): bootstrap ran
+    assert [m["successes"] for m in lines if m["kind"] == "candidate" and m["round"] == 0] == [0]
+    assert apo.report["rollouts"] == 3 + 16 + 2 * 3  # the bootstrap counts in the rollout budget
+    rollouts, _ = _stored(tmp_path / "store.db")
+    by_id = {r.rollout_id: r for r in rollouts}
+    state = json.loads((tmp_path / "run" / "apo_state.json").read_text())
+    (child,) = [c for c in state["candidates"] if c["origin"] == "demos"]
+    assert apo.report["best_candidate"] == child["id"]
+    examples = json.loads(apo.report["best_prompt"]["examples"])
+    assert examples == [m for d in child["demos"] for m in d["messages"]]  # the demos' own turns, in order
+    for demo in child["demos"]:
+        source = by_id[demo["rollout_id"]]
+        assert source.metadata["apo_round"] == "bootstrap" and source.reward == 1.0
+        assert demo["messages"][0] == {"role": "user", "content": source.task.input["question"]}
+        assert demo["messages"][-1]["role"] == "assistant"
+    assert apo.report["best_prompt"]["prompt_template"] == SEED  # the text template is left alone
