@@ -271,3 +271,33 @@ def test_demonstrations_as_messages_found_by_bootstrap(tmp_path, tiny_model):
         assert demo["messages"][0] == {"role": "user", "content": source.task.input["question"]}
         assert demo["messages"][-1]["role"] == "assistant"
     assert apo.report["best_prompt"]["prompt_template"] == SEED  # the text template is left alone
+
+
+class CrashWhileRecording(APO):
+    """Dies in the middle of writing round 1's results: its rollouts are finished in the store, the run folder's
+    state still says the round is pending."""
+
+    def _record(self, key, metrics):
+        super()._record(key, metrics)
+        if key == "candidate:1:c1" and not getattr(self, "crashed", False):
+            self.crashed = True
+            raise RuntimeError("simulated crash")
+
+
+def test_resume_mid_round_reuses_finished_rollouts(tmp_path, tiny_model, optimizer):
+    fake = optimizer([3, 7, 5, 9, 2, 8])
+    train, val = _problems(12, 2)
+    settings = _settings(tmp_path, tiny_model, fake, rounds=1)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        _fit(CrashWhileRecording(**settings), tmp_path / "store.db", "apo_agents:level_agent", train, val)
+    before, _ = _stored(tmp_path / "store.db")
+    resumed = APO(**settings)
+    _fit(resumed, tmp_path / "store.db", "apo_agents:level_agent", train, val)
+    after, attempts = _stored(tmp_path / "store.db")
+    assert (fake.critiques, fake.edits) == (2, 2)  # no proposal asked twice
+    round1 = [r for r in after if r.metadata["apo_round"] == 1]
+    assert {r.rollout_id for r in round1} <= {r.rollout_id for r in before}  # round 1 was not run again
+    assert len(round1) == 3 * 2 and all(len(attempts[r.rollout_id]) == 1 for r in round1)
+    keys = [m["key"] for m in _metrics(tmp_path / "run")]
+    assert len(keys) == len(set(keys)) and "candidate:1:c2" in keys
+    assert resumed.report["best_candidate"] == "c2" and resumed.report["rollouts"] == 2 + 6
