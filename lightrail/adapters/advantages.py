@@ -1,21 +1,47 @@
-"""GRPO group advantages, carried to every trained LLM call through the credit assignment.
+"""Group advantages, carried to every trained LLM call through the credit assignment.
 
-The scheme (one sentence): **normalise the episode outcome within its group, then let the credit assignment
-distribute the normalised outcome plus the raw intermediate rewards over the calls**::
+The scheme (one sentence): **turn each episode's outcome into an outcome advantage z_i with the chosen estimator,
+then let the credit assignment distribute z_i plus the raw intermediate rewards over the calls**::
 
-    z_i   = (R_i − mean_g R) / (std_g R + eps)          # std optional; sample std (n−1), as TRL and verl
+    z_i   = estimator(R, groups)[i]                      # GRPO by default: (R_i − mean_g R) / (std_g R + eps)
     A_i,t = credit(calls_i, z_i, intermediate_i)[t]      # advantage of call t of rollout i
     G_i,t = credit(calls_i, R_i, intermediate_i)[t]      # its raw return, kept in Transition.reward
 
 where g is the rollout's group (the samples of one task, `Task.task_id`) and R_i its final reward.
 
-Why this and not "normalise per-call returns at the same turn position": samples of one task take different
-numbers of turns, and turn 3 of one sample is not the same situation as turn 3 of another, so position-wise
-groups compare unrelated calls and shrink to single samples at late turns (advantage 0). The group mean of the
-outcome is a baseline that does not depend on any call's action, so subtracting it keeps the gradient unbiased
-for every call; with `Identical` credit the formula is exactly GRPO's outcome advantage.
+Outcome estimators (``estimator=``, `ESTIMATORS`; n = size of i's group g, a group of one has no baseline)::
 
-Intermediate rewards are not divided by the group std: they are already per-call deltas on the reward scale
+    grpo                   z_i = (R_i − mean_g R) / (std_g R + eps)    std: sample std (n−1), as TRL and verl;
+                           ``scale_by_std=False`` drops the division. n = 1 → 0.
+                           (Shao et al. 2024, DeepSeekMath, arXiv:2402.03300; verl compute_grpo_outcome_advantage)
+    rloo                   z_i = R_i − mean_{j≠i} R_j = n/(n−1) · (R_i − mean_g R), no std. n = 1 → 0 (verl keeps
+                           R_i there). (Ahmadian et al. 2024, arXiv:2402.14740; verl compute_rloo_outcome_advantage)
+    dr_grpo                z_i = R_i − mean_g R, no std. n = 1 → 0. Its natural loss aggregation is the
+                           constant-length token sum (``loss_agg="seq_mean_token_sum_norm"``, see
+                           `lightrail.algorithms._loss`). (Liu et al. 2025, "Understanding R1-Zero-Like Training:
+                           A Critical Perspective", arXiv:2503.20783; verl ``norm_adv_by_std_in_grpo=False``)
+    reinforce_pp           REINFORCE++ for outcome rewards: no group baseline, the outcomes are whitened over the
+                           whole batch, token-weighted: z_i = (R_i − μ) / sqrt(σ² + 1e-8) with μ = Σ_i n_i R_i / N,
+                           σ² = Σ_i n_i (R_i − μ)² / (N − 1), n_i the trained response tokens of rollout i and
+                           N = Σ_i n_i. This is verl's compute_reinforce_plus_plus_outcome_advantage with γ = 1 and
+                           the reward on the last token (its per-token return is then R_i on every response token,
+                           and masked_whiten over the batch's response tokens gives exactly this); N ≤ 1 → 0.
+                           (Hu 2025, "REINFORCE++", arXiv:2501.03262)
+    reinforce_pp_baseline  REINFORCE++-baseline: R_i − mean_g R (n = 1 → 0; verl keeps R_i), then whitened over
+                           the batch as above. verl compute_reinforce_plus_plus_baseline_outcome_advantage; the
+                           paper's recommended variant when several samples per prompt are drawn.
+
+The estimator replaces only the outcome term z_i; everything below (intermediate rewards, centring, credit) is
+the same for all of them. verl whitens REINFORCE++ returns that include per-token rewards; here intermediate
+rewards stay on their own scale for the reason given next.
+
+Why per-episode outcomes and not "normalise per-call returns at the same turn position": samples of one task take
+different numbers of turns, and turn 3 of one sample is not the same situation as turn 3 of another, so
+position-wise groups compare unrelated calls and shrink to single samples at late turns (advantage 0). The group
+mean of the outcome is a baseline that does not depend on any call's action, so subtracting it keeps the gradient
+unbiased for every call; with `Identical` credit the formula is exactly GRPO's outcome advantage.
+
+Intermediate rewards are not divided by any std (group or batch): they are already per-call deltas on the reward scale
 the user chose (e.g. ±0.1 per tool call), and in a group where every sample has the same outcome (std 0)
 dividing would turn ±0.1 into ±1e5 — there, GRPO's outcome advantage is 0 and the intermediate rewards are the
 only signal left, at their own scale. They are **centred** in the advantage (``center_intermediate``, default
@@ -35,6 +61,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
+from typing import Literal
 
 import msgspec
 
@@ -43,7 +70,32 @@ from lightrail.adapters.credit import CreditAssignment, PerTurn, split_linked
 from lightrail.adapters.transitions import episode_transitions
 from lightrail.types import Rollout, Transition
 
-__all__ = ["GroupReport", "group_advantages", "normalize_group"]
+__all__ = [
+    "ESTIMATORS",
+    "Estimator",
+    "GroupReport",
+    "check_estimator",
+    "group_advantages",
+    "leave_one_out",
+    "normalize_group",
+    "outcome_advantages",
+    "whiten",
+]
+
+Estimator = Literal["grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "dr_grpo"]
+"""An outcome-advantage estimator's name (the module docstring gives each formula)."""
+
+ESTIMATORS: tuple[str, ...] = ("grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "dr_grpo")
+
+WHITEN_EPS = 1e-8
+"""verl's ``masked_whiten`` adds this to the variance (not the std)."""
+
+
+def check_estimator(name: str) -> str:
+    """``name`` if it is one of `ESTIMATORS`, else ValueError naming the choices."""
+    if name not in ESTIMATORS:
+        raise ValueError(f"advantage: expected one of {list(ESTIMATORS)}, got {name!r}")
+    return name
 
 
 def normalize_group(rewards: Sequence[float], *, scale_by_std: bool = True, eps: float = 1e-6) -> list[float]:
@@ -63,6 +115,80 @@ def normalize_group(rewards: Sequence[float], *, scale_by_std: bool = True, eps:
         return centred
     std = math.sqrt(math.fsum(c * c for c in centred) / (n - 1))
     return [c / (std + eps) for c in centred]
+
+
+def leave_one_out(rewards: Sequence[float]) -> list[float]:
+    """RLOO: ``r_i − mean_{j≠i} r_j``, which is ``n / (n − 1) · (r_i − mean)``; a group of one gets 0.
+
+    >>> leave_one_out([1.0, 0.0, 0.0])
+    [1.0, -0.5, -0.5]
+    """
+    n = len(rewards)
+    if n < 2:
+        return [0.0] * n
+    total = math.fsum(rewards)
+    return [r - (total - r) / (n - 1) for r in rewards]
+
+
+def whiten(values: Sequence[float], weights: Sequence[float] | None = None) -> list[float]:
+    """``(v_i − μ) / sqrt(σ² + 1e-8)`` over the whole batch, each value counted ``weights[i]`` times (its tokens).
+
+    μ and the Bessel-corrected σ² are taken over the N = Σ weights tokens, as verl's ``masked_whiten`` does over a
+    batch's response tokens; N ≤ 1 leaves nothing to compare with: all 0. Without weights every value counts once.
+
+    >>> [round(z, 6) for z in whiten([1.0, 0.0], [3, 1])]    # μ = 0.75, σ² = (3·0.0625 + 0.5625) / 3 = 0.25
+    [0.5, -1.5]
+    """
+    w = [1.0] * len(values) if weights is None else [float(x) for x in weights]
+    if len(w) != len(values):
+        raise ValueError(f"need one weight per value: {len(values)} values, {len(w)} weights")
+    n = math.fsum(w)
+    if n <= 1:
+        return [0.0] * len(values)
+    mean = math.fsum(wi * v for wi, v in zip(w, values, strict=True)) / n
+    var = math.fsum(wi * (v - mean) ** 2 for wi, v in zip(w, values, strict=True)) / (n - 1)
+    scale = 1.0 / math.sqrt(var + WHITEN_EPS)
+    return [(v - mean) * scale for v in values]
+
+
+def outcome_advantages(
+    groups: Sequence[Sequence[float]],
+    estimator: str = "grpo",
+    *,
+    scale_by_std: bool = True,
+    eps: float = 1e-6,
+    tokens: Sequence[Sequence[float]] | None = None,
+) -> list[list[float]]:
+    """The outcome advantages z of every rollout, by group (same shape as ``groups``), for ``estimator``.
+
+    ``scale_by_std`` and ``eps`` are GRPO's (std division on or off, and its epsilon); ``tokens`` (same shape)
+    are the trained response tokens of each rollout, the weights of the REINFORCE++ batch whitening (default 1
+    each: every rollout counts once). See the module docstring for the formulas.
+
+    >>> outcome_advantages([[1.0, 0.0], [2.0]], "dr_grpo")
+    [[0.5, -0.5], [0.0]]
+    """
+    check_estimator(estimator)
+    if estimator == "grpo":
+        return [normalize_group(g, scale_by_std=scale_by_std, eps=eps) for g in groups]
+    if estimator == "dr_grpo":
+        return [normalize_group(g, scale_by_std=False) for g in groups]
+    if estimator == "rloo":
+        return [leave_one_out(g) for g in groups]
+    # REINFORCE++: whiten over the batch, with (baseline) or without a group-mean baseline first.
+    centred = (
+        [normalize_group(g, scale_by_std=False) for g in groups]
+        if estimator == "reinforce_pp_baseline"
+        else [list(g) for g in groups]
+    )
+    flat = [v for g in centred for v in g]
+    weights = None if tokens is None else [w for ts in tokens for w in ts]
+    white = whiten(flat, weights)
+    out, k = [], 0
+    for g in centred:
+        out.append(white[k : k + len(g)])
+        k += len(g)
+    return out
 
 
 class GroupReport(msgspec.Struct, kw_only=True):
@@ -87,14 +213,17 @@ def group_advantages(
     eps: float = 1e-6,
     missing_reward: float = 0.0,
     center_intermediate: bool = True,
+    estimator: str = "grpo",
 ) -> tuple[list[Transition], GroupReport]:
-    """Transitions of trainable ``(rollout, episode)`` pairs with GRPO advantages (see the module docstring).
+    """Transitions of trainable ``(rollout, episode)`` pairs with group advantages (see the module docstring).
 
     Pass only trainable rollouts (`select_trainable`): whatever is passed is trained. A rollout's outcome is
     its episode's final reward, else `Rollout.reward`, else ``missing_reward`` (counted) — a policy failure that
-    reported nothing. Transitions come out grouped by task, in input order within a group; each carries its
-    task id as ``metadata["group_id"]`` (it becomes `TrainingRow.group_id`).
+    reported nothing. ``estimator`` (`ESTIMATORS`) turns the outcomes into outcome advantages; ``scale_by_std``
+    and ``eps`` apply to ``grpo``. Transitions come out grouped by task, in input order within a group; each
+    carries its task id as ``metadata["group_id"]`` (it becomes `TrainingRow.group_id`).
     """
+    check_estimator(estimator)
     groups: dict[str, list[tuple[Rollout, Episode, float]]] = {}
     report = GroupReport()
     for rollout, episode in items:
@@ -104,15 +233,20 @@ def group_advantages(
             report.defaulted_rewards += 1
         groups.setdefault(rollout.task.task_id, []).append((rollout, episode, outcome))
         report.rollouts += 1
+    outcomes = [[m[2] for m in members] for members in groups.values()]
+    tokens = None
+    if estimator.startswith("reinforce_pp"):  # batch whitening weighs each rollout by its trained tokens
+        tokens = [[_trained_tokens(m[1], agents) for m in members] for members in groups.values()]
+    normalised_groups = outcome_advantages(outcomes, estimator, scale_by_std=scale_by_std, eps=eps, tokens=tokens)
     out: list[Transition] = []
-    for group_id, members in groups.items():
+    for (group_id, members), group_outcomes, normalised in zip(
+        groups.items(), outcomes, normalised_groups, strict=True
+    ):
         report.groups += 1
-        outcomes = [m[2] for m in members]
         if len(members) == 1:
             report.singleton_groups += 1
-        elif max(outcomes) == min(outcomes):
+        elif max(group_outcomes) == min(group_outcomes):
             report.zero_std_groups += 1
-        normalised = normalize_group(outcomes, scale_by_std=scale_by_std, eps=eps)
         linked = [split_linked(m[1].calls, m[1].intermediate)[0] for m in members]
         mean_inter = math.fsum(math.fsum(r.value for r in rs) for rs in linked) / len(members)
         for (_, episode, outcome), z, rs in zip(members, normalised, linked, strict=True):
@@ -125,3 +259,15 @@ def group_advantages(
             advantages = credit(calls, z, inter)
             out.extend(episode_transitions(episode, returns, advantages, agents=agents, group_id=group_id))
     return out, report
+
+
+def _trained_tokens(episode: Episode, agents: Callable[[str | None], bool] | None) -> int:
+    """Response tokens of ``episode`` that become training tokens (the calls `episode_transitions` keeps)."""
+    n = 0
+    for call in episode.calls:
+        if call.prompt_ids is None or (agents is not None and not agents(call.agent_name)):
+            continue
+        for choice in call.choices:
+            ids = choice.get("token_ids")
+            n += len(ids) if ids is not None else 0
+    return n

@@ -15,10 +15,19 @@ Per-token loss::
     kl_t   = exp(ref_t - logp_t) - (ref_t - logp_t) - 1              (k3 estimator of KL(pi_theta || pi_ref), >= 0)
     l_t    = pg_t + beta * kl_t
 
-Batch loss ``L = sum_t w_t * l_t`` with normalisation weights ``w_t`` that sum to 1 over the step's tokens
-(`loss_weights`): token-mean ``w_t = 1 / N`` or segment-mean ``w_t = 1 / (S * n_seg(t))`` (mean over tokens within
-each row or rollout, then mean over the S segments). Because ``w_t`` is computed once for the whole optimizer step,
-the loss of a step is a plain *sum* over its micro-batches, so gradient accumulation is exact.
+Batch loss ``L = sum_t w_t * l_t`` with normalisation weights ``w_t`` (`loss_weights`, `LossNorm`; N tokens in
+the step, S segments = rows or rollouts, ``n_s`` tokens in segment s)::
+
+    token               w_t = 1 / N                    verl "token-mean"
+    sequence / rollout  w_t = 1 / (S * n_seg(t))       verl "seq-mean-token-mean" (a sequence = a row here)
+    sequence_sum_norm   w_t = 1 / (S * L)              verl "seq-mean-token-sum-norm", Dr. GRPO
+
+The first two sum to 1. The last is Dr. GRPO's aggregation (Liu et al. 2025, "Understanding R1-Zero-Like
+Training", arXiv:2503.20783: the per-response ``1/|o_i|`` is replaced by a constant L, MAX_TOKENS, the generation
+budget): each row's token *sum* divided by the same constant, then the mean over rows, so a token weighs the same
+in a long response as in a short one. verl computes ``sum(seq_losses) / L`` per micro-batch and scales it by
+``micro / mini-batch`` rows, which is this. Because ``w_t`` is computed once for the whole optimizer step, the loss
+of a step is a plain *sum* over its micro-batches, so gradient accumulation is exact.
 
 ``eps_high > eps_low`` is "clip-higher" (DAPO): it lets low-probability tokens with positive advantage grow faster
 and keeps entropy from collapsing.
@@ -30,31 +39,65 @@ from typing import Literal
 
 import torch
 
-__all__ = ["LossNorm", "loss_weights", "policy_loss", "token_entropy"]
+__all__ = ["LOSS_AGG", "LOSS_NORMS", "LossNorm", "loss_weights", "policy_loss", "resolve_loss_norm", "token_entropy"]
 
-LossNorm = Literal["token", "sequence", "rollout"]
+LossNorm = Literal["token", "sequence", "rollout", "sequence_sum_norm"]
 """How the step's loss is normalised: ``token`` = mean over all masked tokens of the step; ``sequence`` = mean over
 tokens within each row, then mean over rows; ``rollout`` = the same with all rows of one rollout pooled, so every
-rollout weighs the same however many rows (LLM calls) it produced."""
+rollout weighs the same however many rows (LLM calls) it produced; ``sequence_sum_norm`` = each row's token sum
+divided by a constant L (``GRPOConfig.loss_norm_tokens``), then mean over rows (Dr. GRPO)."""
+
+LOSS_NORMS: tuple[str, ...] = ("token", "sequence", "rollout", "sequence_sum_norm")
+
+LOSS_AGG: dict[str, LossNorm] = {
+    "token_mean": "token",
+    "seq_mean_token_mean": "sequence",
+    "seq_mean_token_sum_norm": "sequence_sum_norm",
+}
+"""verl's ``loss_agg_mode`` names (with ``_`` for ``-``) and the `LossNorm` each one is."""
 
 
-def loss_weights(segment_ids: torch.Tensor | None, n_tokens: int | None = None) -> torch.Tensor:
-    """Normalisation weights ``w_t`` for the flat list of a step's masked tokens; they sum to 1.
+def resolve_loss_norm(name: str) -> LossNorm:
+    """The `LossNorm` of ``name``: one of `LOSS_NORMS` or a verl name of `LOSS_AGG`; ValueError otherwise.
+
+    >>> resolve_loss_norm("seq_mean_token_sum_norm")
+    'sequence_sum_norm'
+    """
+    if name in LOSS_AGG:
+        return LOSS_AGG[name]
+    if name in LOSS_NORMS:
+        return name  # type: ignore[return-value]
+    raise ValueError(f"loss_agg: expected one of {[*LOSS_AGG, *LOSS_NORMS]}, got {name!r}")
+
+
+def loss_weights(
+    segment_ids: torch.Tensor | None, n_tokens: int | None = None, *, sum_norm: float | None = None
+) -> torch.Tensor:
+    """Normalisation weights ``w_t`` for the flat list of a step's masked tokens.
 
     ``segment_ids`` (1-D, integer) names the segment (row or rollout) each token belongs to; then
-    ``w_t = 1 / (S * n_{seg(t)})`` with S the number of distinct segments. ``None`` means token-mean over
-    ``n_tokens`` tokens: ``w_t = 1 / N``.
+    ``w_t = 1 / (S * n_{seg(t)})`` with S the number of distinct segments (they sum to 1), or with ``sum_norm = L``
+    ``w_t = 1 / (S * L)`` (Dr. GRPO's constant normaliser). ``None`` means token-mean over ``n_tokens`` tokens:
+    ``w_t = 1 / N``.
 
         >>> loss_weights(torch.tensor([0, 0, 0, 1]))   # row 0 has 3 tokens, row 1 has 1
-        tensor([0.1667, 0.1667, 0.1667, 0.5000])
+        tensor([0.1667, 0.1667, 0.1667, 0.5000], dtype=torch.float64)
+        >>> loss_weights(torch.tensor([0, 0, 0, 1]), sum_norm=4)   # 2 rows, L = 4: 1 / 8 each
+        tensor([0.1250, 0.1250, 0.1250, 0.1250], dtype=torch.float64)
     """
     if segment_ids is None:
+        if sum_norm is not None:
+            raise ValueError("sum_norm needs segment_ids (the mean is over segments)")
         if n_tokens is None:
             raise ValueError("give segment_ids or n_tokens")
         return torch.full((n_tokens,), 1.0 / max(n_tokens, 1), dtype=torch.float64)
     if segment_ids.numel() == 0:
         return torch.zeros(0, dtype=torch.float64)
     _, inverse, counts = torch.unique(segment_ids, return_inverse=True, return_counts=True)
+    if sum_norm is not None:
+        if not sum_norm > 0:
+            raise ValueError(f"sum_norm must be positive, not {sum_norm!r}")
+        return torch.full((segment_ids.numel(),), 1.0 / (counts.numel() * float(sum_norm)), dtype=torch.float64)
     # float64: the weights of a step with ~1e5 tokens are ~1e-5 each; summing them in fp32 would drift.
     return 1.0 / (counts.numel() * counts[inverse].to(torch.float64))
 

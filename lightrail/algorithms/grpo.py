@@ -70,6 +70,15 @@ class GRPO:
     every val task once with ``val_sampling`` (greedy by default) before training, every ``val_every`` steps and
     at the end; a rollout counts as a success when its reward is at least ``success_threshold``.
 
+    ``advantage`` picks the outcome-advantage estimator (`lightrail.adapters.advantages.ESTIMATORS`: ``grpo``
+    (default), ``rloo``, ``dr_grpo``, ``reinforce_pp``, ``reinforce_pp_baseline``; formulas and sources in that
+    module) and ``loss_agg`` the loss aggregation (``token_mean``, ``seq_mean_token_mean``,
+    ``seq_mean_token_sum_norm``, or a `LossNorm` name such as ``rollout``). ``loss_agg=None`` means: a
+    ``config.loss_norm`` other than the default ``token`` if one was set, else the estimator's natural aggregation
+    (``seq_mean_token_sum_norm`` for ``dr_grpo``, with L = the sampling ``max_tokens`` unless
+    ``config.loss_norm_tokens`` says otherwise; ``token_mean`` for the others). A ``loss_agg`` that contradicts a
+    non-default ``config.loss_norm`` is an error.
+
     The gateway binds 127.0.0.1 by default; ``gateway=GatewaySettings(host="0.0.0.0", port=8900,
     advertise_url="http://trainer-host:8900/v1")`` serves runners on other machines (the advertised URL is what
     the published `LLM` resource carries; the gateway always has a random token, published with it).
@@ -94,6 +103,8 @@ class GRPO:
         sampling: dict[str, Any] | None = None,
         val_sampling: dict[str, Any] | None = None,
         val_every: int = 10,
+        advantage: str = "grpo",
+        loss_agg: str | None = None,
         credit: CreditAssignment | None = None,
         tool_rewards: ToolRewardRule | None = None,
         agents: AgentFilter | None = None,
@@ -115,6 +126,7 @@ class GRPO:
             raise ValueError("steps must be >= 0, tasks_per_step and n_samples >= 1")
         if rollout_engine not in ROLLOUT_ENGINES:
             raise ValueError(f"rollout_engine must be one of {ROLLOUT_ENGINES}, not {rollout_engine!r}")
+        self.advantage, self.loss_agg = check_estimator_options(advantage, loss_agg, config)
         self.model = Path(model)
         self.config = config
         self.steps = steps
@@ -165,6 +177,7 @@ class GRPO:
         if "temperature" in self.sampling and self.sampling["temperature"] > 0:
             # The engine reports logprobs of the temperature-scaled distribution; the ratio must use the same one.
             config = dataclasses.replace(config, temperature=float(self.sampling["temperature"]))
+        config = self._loss_config(config)
         self._rollouts = make_rollout_engine(
             self.rollout_engine, self.model, served_name=self.served_name, out_dir=self.out_dir,
             lora_rank=config.lora.r if config.lora else None, engine_options=self.engine_options, vllm=self.vllm,
@@ -192,6 +205,19 @@ class GRPO:
             endpoint=self._gateway.url, model=self.served_name, sampling=self.sampling, api_key=self._gateway.token
         )
         self._tb = _tensorboard(self.out_dir / "tb")
+
+    def _loss_config(self, config: GRPOConfig) -> GRPOConfig:
+        """``config`` with the loss aggregation `GRPO`'s ``advantage``/``loss_agg`` resolve to (class docstring)."""
+        norm = resolve_loss_agg(self.advantage, self.loss_agg, config)
+        tokens = config.loss_norm_tokens
+        if norm == "sequence_sum_norm" and tokens is None:
+            tokens = self.sampling.get("max_tokens")
+            if not isinstance(tokens, int) or tokens < 1:
+                raise ValueError(
+                    "loss_agg seq_mean_token_sum_norm divides by a constant length: set sampling max_tokens or "
+                    "config.loss_norm_tokens"
+                )
+        return dataclasses.replace(config, loss_norm=norm, loss_norm_tokens=tokens)
 
     async def run(self, ctx: TrainerContext) -> None:
         """Validate, train for ``steps`` steps (validating every ``val_every``), validate again, write the report."""
@@ -225,6 +251,8 @@ class GRPO:
             "val_before": val_before,
             "val_after": val_after,
             "steps": self.step,
+            "advantage": self.advantage,
+            "loss_norm": self._updater.config.loss_norm,
             "train_minutes": (time.monotonic() - started) / 60,
             "checkpoint": str(checkpoint),
             "reward_curve": str(_plot(self._history, self.out_dir / "reward_curve.png")),
@@ -261,7 +289,7 @@ class GRPO:
         }
         trainable, excluded = select_trainable(rollouts, episodes)
         transitions, groups = group_advantages(
-            ((r, episodes[r.rollout_id]) for r in trainable), self.credit, agents=self.agents
+            ((r, episodes[r.rollout_id]) for r in trainable), self.credit, agents=self.agents, estimator=self.advantage
         )
         rows, drift = to_rows(transitions, merge=self.merge_calls)
         update = await asyncio.to_thread(self._updater.step, rows, current_version=self._rollouts.policy_version)
@@ -385,6 +413,41 @@ class GRPO:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+
+
+def check_estimator_options(
+    advantage: str, loss_agg: str | None, config: GRPOConfig | None = None
+) -> tuple[str, str | None]:
+    """Check `GRPO`'s ``advantage`` and ``loss_agg`` (and that ``loss_agg`` agrees with ``config.loss_norm``);
+    returns them. ValueError names the offending argument (``advantage: expected one of [...]``)."""
+    from lightrail.adapters.advantages import check_estimator
+
+    check_estimator(advantage)
+    if loss_agg is not None:
+        resolve_loss_agg(advantage, loss_agg, config)
+    return advantage, loss_agg
+
+
+def resolve_loss_agg(advantage: str, loss_agg: str | None, config: GRPOConfig | None = None) -> str:
+    """The `LossNorm` a run uses: ``loss_agg`` if given, else a non-default ``config.loss_norm``, else the
+    estimator's natural one (``sequence_sum_norm`` for ``dr_grpo``, ``token`` otherwise)."""
+    from lightrail.algorithms._loss import resolve_loss_norm
+
+    configured = config.loss_norm if config is not None else "token"
+    if loss_agg is not None:
+        norm = resolve_loss_norm(loss_agg)
+        if configured != "token" and configured != norm:
+            raise ValueError(
+                f"loss_agg: {loss_agg!r} contradicts config.loss_norm={configured!r}; set only one of them"
+            )
+        return norm
+    if configured != "token":
+        return configured
+    return NATURAL_LOSS_NORM.get(advantage, "token")
+
+
+NATURAL_LOSS_NORM = {"dr_grpo": "sequence_sum_norm"}
+"""Estimators whose paper defines its own loss aggregation; the others keep token-mean (verl's default)."""
 
 
 def _success(rollouts: Sequence[Rollout], threshold: float) -> float:

@@ -40,7 +40,7 @@ from typing import Any, Literal
 import torch
 from safetensors.torch import load_file, save_file
 
-from lightrail.algorithms._loss import LossNorm, loss_weights, policy_loss, token_entropy
+from lightrail.algorithms._loss import LossNorm, loss_weights, policy_loss, resolve_loss_norm, token_entropy
 from lightrail.algorithms.checkpoint import atomic_directory, capture_rng_state, restore_rng_state
 from lightrail.engine import configure_threads
 from lightrail.types import TrainingRow
@@ -51,6 +51,7 @@ __all__ = [
     "PolicyUpdater",
     "drop_stale_rows",
     "pack_micro_batches",
+    "row_loss_weights",
 ]
 
 #: Every linear projection of a Llama-style decoder layer (attention and MLP); the LM head and embeddings stay frozen.
@@ -89,6 +90,12 @@ class GRPOConfig:
     kl_coef: float = 0.0
     """beta of the k3 KL penalty to the frozen reference (the base model); 0 switches it off and costs nothing."""
     loss_norm: LossNorm = "token"
+    """token | sequence | rollout | sequence_sum_norm (`lightrail.algorithms._loss.LossNorm`). verl's names
+    (``token_mean``, ``seq_mean_token_mean``, ``seq_mean_token_sum_norm``) given in Python are stored as the
+    `LossNorm` they denote; a config names them in ``grpo.loss_agg`` (`GRPO`'s ``loss_agg``)."""
+    loss_norm_tokens: int | None = None
+    """The constant L of ``sequence_sum_norm`` (Dr. GRPO's MAX_TOKENS). `GRPO` sets it to the sampling
+    ``max_tokens`` when it is None; a `PolicyUpdater` stepped with ``sequence_sum_norm`` needs it."""
     temperature: float = 1.0
     """The sampling temperature; logits are divided by it so new logprobs match the engine's (which reports
     logprobs of the temperature-scaled distribution)."""
@@ -116,8 +123,12 @@ class GRPOConfig:
             raise ValueError(f"ranks must be >= 1, not {self.ranks}")
         if not 0 <= self.clip_low < 1 or self.clip_high < 0:
             raise ValueError("need 0 <= clip_low < 1 and clip_high >= 0")
-        if self.loss_norm not in ("token", "sequence", "rollout"):
-            raise ValueError(f"loss_norm must be token, sequence or rollout, not {self.loss_norm!r}")
+        try:
+            object.__setattr__(self, "loss_norm", resolve_loss_norm(self.loss_norm))
+        except ValueError as exc:
+            raise ValueError(str(exc).replace("loss_agg:", "loss_norm:", 1)) from None
+        if self.loss_norm_tokens is not None and self.loss_norm_tokens < 1:
+            raise ValueError(f"loss_norm_tokens must be >= 1, not {self.loss_norm_tokens}")
         if self.micro_batch_tokens < 1 or self.temperature <= 0:
             raise ValueError("micro_batch_tokens and temperature must be positive")
 
@@ -166,6 +177,30 @@ def pack_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[i
         else:
             batches.append([i])
     return batches
+
+
+def row_loss_weights(
+    rows: Sequence[TrainingRow], loss_norm: LossNorm = "token", loss_norm_tokens: int | None = None
+) -> list[torch.Tensor]:
+    """The loss weights `loss_weights` gives a step of ``rows`` under ``loss_norm``, one slice per row (its response
+    tokens in ``loss_mask`` order). ``sequence_sum_norm`` divides by ``loss_norm_tokens`` (required)."""
+    loss_norm = resolve_loss_norm(loss_norm)
+    positions = [[t for t, m in enumerate(r.loss_mask) if m] for r in rows]
+    if loss_norm == "token":
+        weights = loss_weights(None, sum(len(p) for p in positions))
+    else:
+        if loss_norm == "sequence_sum_norm" and loss_norm_tokens is None:
+            raise ValueError("loss_norm='sequence_sum_norm' needs loss_norm_tokens (the constant length L)")
+        # A row without a rollout id is its own rollout.
+        keys = [r.rollout_id or i for i, r in enumerate(rows)] if loss_norm == "rollout" else range(len(rows))
+        segment: dict[Any, int] = {}
+        ids = [segment.setdefault(keys[i], len(segment)) for i, p in enumerate(positions) for _ in p]
+        sum_norm = loss_norm_tokens if loss_norm == "sequence_sum_norm" else None
+        weights = loss_weights(torch.tensor(ids, dtype=torch.long), sum_norm=sum_norm)
+    offsets = [0]
+    for p in positions:
+        offsets.append(offsets[-1] + len(p))
+    return [weights[offsets[i] : offsets[i + 1]] for i in range(len(rows))]
 
 
 def _nll_loss(logp: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -314,20 +349,7 @@ class PolicyUpdater:
     def _row_weights(self, rows: Sequence[TrainingRow]) -> list[torch.Tensor]:
         """The step's loss normalisation weights (computed over all ``rows``), one slice per row in ``loss_mask``
         order. A data-parallel step computes them over the whole step and hands each rank its rows' slices."""
-        cfg = self.config
-        positions = [[t for t, m in enumerate(r.loss_mask) if m] for r in rows]
-        if cfg.loss_norm == "token":
-            weights = loss_weights(None, sum(len(p) for p in positions))
-        else:
-            # A row without a rollout id is its own rollout.
-            keys = [r.rollout_id or i for i, r in enumerate(rows)] if cfg.loss_norm == "rollout" else range(len(rows))
-            segment: dict[Any, int] = {}
-            ids = [segment.setdefault(keys[i], len(segment)) for i, p in enumerate(positions) for _ in p]
-            weights = loss_weights(torch.tensor(ids, dtype=torch.long))
-        offsets = [0]
-        for p in positions:
-            offsets.append(offsets[-1] + len(p))
-        return [weights[offsets[i] : offsets[i + 1]] for i in range(len(rows))]
+        return row_loss_weights(rows, self.config.loss_norm, self.config.loss_norm_tokens)
 
     def _active_rows(self, rows: Sequence[TrainingRow], *, skip_zero_advantage: bool) -> list[int]:
         """Indices of the rows that need a forward pass: rows with response tokens, less (``skip_zero_advantage``,
