@@ -15,6 +15,8 @@ A config names the agent and its data by import reference, the model, how runner
       steps: 20
       agents: [write_query, rewrite_query]         # train only these agents' calls (agents_pattern: a regex)
       credit: per_turn                             # identical | per_turn | discounted (credit_args: {gamma: 0.9})
+      advantage: grpo                              # grpo | rloo | dr_grpo | reinforce_pp | reinforce_pp_baseline
+      # loss_agg: token_mean                       # | seq_mean_token_mean | seq_mean_token_sum_norm (dr_grpo's)
       tool_rewards: true                           # or ToolRewardRule fields: {success: 0.1, error: -0.1}
       config: {lr: 1.0e-4, kl_coef: 0.05, lora: {r: 8}}   # GRPOConfig fields
     # algorithm: apo                               # prompt optimization instead: the apo: section, APO's arguments
@@ -245,6 +247,12 @@ def _grpo_kwargs(config: TrainConfig) -> dict[str, Any]:
         raise ConfigError(f"grpo: unknown setting(s) {unknown}; GRPO accepts {sorted(accepted)}")
     for key, value in options.items():
         kwargs[key] = _checked(f"grpo.{key}", value, parameters[key].annotation)
+    from lightrail.algorithms.grpo import check_estimator_options
+
+    try:  # advantage: grpo | rloo | reinforce_pp | reinforce_pp_baseline | dr_grpo; loss_agg: token_mean | ...
+        check_estimator_options(kwargs.get("advantage", "grpo"), kwargs.get("loss_agg"), kwargs.get("config"))
+    except ValueError as exc:
+        raise ConfigError(f"grpo.{exc}") from None
     from lightrail.algorithms.rollout_engines import ROLLOUT_ENGINES, check_vllm_options
 
     if kwargs.get("rollout_engine", ROLLOUT_ENGINES[0]) not in ROLLOUT_ENGINES:
