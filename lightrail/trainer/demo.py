@@ -1,4 +1,7 @@
-"""``lightrail demo``: train the bundled calculator agent on this machine's CPU (see examples/calculator/demo.py)."""
+"""``lightrail demo``: train the bundled calculator agent on this machine's CPU (`lightrail.demos.calculator.demo`).
+
+Everything it runs ships in the package: it never imports the repository's ``examples/``.
+"""
 
 from __future__ import annotations
 
@@ -33,11 +36,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def _demo(args: argparse.Namespace) -> int:
     try:
-        from examples.calculator.demo import DemoSettings, run_demo
+        from lightrail.demos.calculator.demo import DemoSettings, run_demo
+        from lightrail.demos.calculator.train import calculator_agent  # noqa: F401 - the agent needs openai
     except ModuleNotFoundError as exc:
         raise SystemExit(
-            f"lightrail demo needs the repository's examples/ (not importable: {exc}); run it from a checkout "
-            "installed with `pip install -e .[train]` (scripts/demo does this)"
+            f"lightrail demo needs the training and agent dependencies ({exc}): pip install 'lightrail[train,openai]'"
         ) from None
     settings = DemoSettings.choose(
         args.model,
