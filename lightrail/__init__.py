@@ -41,12 +41,15 @@ _EXPORTS: dict[str, str] = {
     "Runner": "lightrail.agent",
     "Trainer": "lightrail.trainer",
     "Algorithm": "lightrail.trainer",
+    # algorithms (their heavy dependencies load when one runs, not on import)
+    "GRPO": "lightrail.algorithms.grpo",
 }
 
 __all__ = [
     "Algorithm",
     "Attempt",
     "AttemptStatus",
+    "GRPO",
     "LLM",
     "LitAgent",
     "MemoryStore",
@@ -87,6 +90,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from lightrail.agent import LitAgent, Runner, rollout
+    from lightrail.algorithms.grpo import GRPO
     from lightrail.store import MemoryStore, SQLiteStore, Store, StoreClient, open_store
     from lightrail.tracing import emit_event, emit_reward
     from lightrail.trainer import Algorithm, Trainer

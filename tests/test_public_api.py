@@ -12,6 +12,7 @@ PUBLIC = [
     "Algorithm",
     "Attempt",
     "AttemptStatus",
+    "GRPO",
     "LLM",
     "LitAgent",
     "MemoryStore",
@@ -42,8 +43,12 @@ def test_all_is_pinned():
 
 
 def test_every_public_name_resolves():
+    assert sorted(lightrail._EXPORTS) == sorted(set(lightrail.__all__) - {"__version__"})
     for name in lightrail.__all__:
         assert getattr(lightrail, name) is not None, name
+    from lightrail.algorithms.grpo import GRPO
+
+    assert lightrail.GRPO is GRPO
     from lightrail.agent import LitAgent, Runner, rollout
     from lightrail.tracing import emit_event, emit_reward
     from lightrail.trainer import Algorithm, Trainer
@@ -75,6 +80,15 @@ def test_agent_facing_imports_stay_light():
     probe = PROBE.replace(
         "import lightrail\n", "import lightrail\nfrom lightrail import Runner, emit_reward, rollout\n"
     )
+    result = json.loads(
+        subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    )
+    assert result["heavy"] == []
+
+
+def test_algorithm_names_stay_light():
+    """``from lightrail import GRPO`` names the algorithm; torch loads when it runs (``setup``), not on import."""
+    probe = PROBE.replace("import lightrail\n", "import lightrail\nfrom lightrail import GRPO\n")
     result = json.loads(
         subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     )
