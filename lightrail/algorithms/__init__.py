@@ -1,5 +1,8 @@
 """Learning algorithms that turn recorded rollouts into a better policy.
 
+SFT: `SFT` (`sft.py`) fine-tunes on the best recorded traces (rejection sampling from a store, `TraceFilter`; or
+distillation from a teacher LLM); `Chain` runs algorithms one after another (SFT, then GRPO).
+
 GRPO: `GRPO` (`grpo.py`) is the training loop (an `Algorithm` for `Trainer.fit`); `PolicyUpdater`
 runs the PPO-clipped policy update (`updater.py`; or SFT) over `lightrail.types.TrainingRow`s built by `lightrail.adapters`, on
 a full model or a LoRA adapter, and hands merged weights to the engine (`DistributedPolicyUpdater`: on N ranks).
@@ -17,11 +20,14 @@ from typing import TYPE_CHECKING, Any
 # public name -> module that defines it (tests/test_public_api.py checks it against __all__)
 _EXPORTS: dict[str, str] = {
     "APO": "lightrail.algorithms.apo",
+    "Chain": "lightrail.algorithms.chain",
     "GRPO": "lightrail.algorithms.grpo",
     "GRPOConfig": "lightrail.algorithms.updater",
     "LoraSettings": "lightrail.algorithms.updater",
     "LossNorm": "lightrail.algorithms._loss",
     "PolicyUpdater": "lightrail.algorithms.updater",
+    "SFT": "lightrail.algorithms.sft",
+    "TraceFilter": "lightrail.algorithms.rejection",
     "drop_stale_rows": "lightrail.algorithms.updater",
     "loss_weights": "lightrail.algorithms._loss",
     "pack_micro_batches": "lightrail.algorithms.updater",
@@ -31,11 +37,14 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = [
     "APO",
+    "Chain",
     "GRPO",
     "GRPOConfig",
     "LoraSettings",
     "LossNorm",
     "PolicyUpdater",
+    "SFT",
+    "TraceFilter",
     "drop_stale_rows",
     "loss_weights",
     "pack_micro_batches",
@@ -60,7 +69,10 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from lightrail.algorithms._loss import LossNorm, loss_weights, policy_loss, token_entropy
     from lightrail.algorithms.apo import APO
+    from lightrail.algorithms.chain import Chain
     from lightrail.algorithms.grpo import GRPO
+    from lightrail.algorithms.rejection import TraceFilter
+    from lightrail.algorithms.sft import SFT
     from lightrail.algorithms.updater import (
         GRPOConfig,
         LoraSettings,

@@ -1,20 +1,71 @@
-"""Supervised rows from chat conversations: the data side of SFT (warm starts, fine-tuning on the best traces).
+"""Supervised fine-tuning from traces: `SFT`, the algorithm, and the rows it trains on.
 
-A conversation (OpenAI messages, optionally with tools) becomes one `TrainingRow` per assistant turn: the prompt is
-what the engine would condition on at that point (the same `ChatFormat` rendering and tokenization the engine
-uses), the target is what the model should generate (`ChatFormat.assistant_text`) followed by EOS. Training on them
-is `PolicyUpdater.step(rows, objective="sft")`. Pure functions of a tokenizer; no I/O.
+`SFT` is an `Algorithm` for `Trainer.fit` with two sources of data:
+
+* **Rejection sampling** (no ``teacher``): finished rollouts already in a store (this run's, or another run's via
+  ``traces=TraceFilter(store=...)``, narrowed by time window, task metadata and mode), the best of them by reward
+  (`lightrail.algorithms.rejection`: a threshold and/or best-of-n per task).
+* **Distillation** (``teacher=LLM(...)``, any OpenAI-compatible endpoint): the agent runs on the training tasks
+  through the runners with the teacher as its model, behind a recording gateway (`OpenAIUpstream`), and the
+  successful rollouts are kept the same way.
+
+Either way, each kept rollout's last attempt's spans become one `ChatSample` per LLM call (`episode_messages`);
+only the calls of the trained agents (``agents``, an `AgentFilter`, as in `GRPO`) are kept, and `call_rows` turns
+them into `TrainingRow`s whose loss covers only those calls' assistant turns (tool calls rendered as the engine
+parses them: `ChatFormat.assistant_text`). **The recorded messages, not the recorded token ids, are the data**: a
+teacher's tokens are re-rendered with the student's chat template and re-tokenized by the student's tokenizer,
+so any teacher works (another vocabulary, a hosted API that returns no ids). `PolicyUpdater.step(rows,
+objective="sft")` then trains the student (full or LoRA) for ``steps`` optimizer steps of ``batch_size`` rows.
+
+One run::
+
+    teacher rollouts (distillation) or stored rollouts ──TraceFilter──► candidates ──keep_best──► kept
+      kept ──spans──► episode_messages ──AgentFilter──► call_rows ──► PolicyUpdater.step(objective="sft") × steps
+      ──► merged weights served by an embedded engine ──► held-out validation ──► <out_dir>/model (HF folder)
+
+Outputs under ``out_dir``: ``traces.json`` (the kept rollout ids and what was dropped, so a resumed run trains on
+the same data without calling the teacher again), ``metrics.jsonl`` (one ``data`` line, a ``train`` line per step
+with the loss, ``val`` lines), ``checkpoints/step-N`` (updater + loop state, as `GRPO`'s; ``resume=True``
+continues from the newest), ``model/`` (the trained policy as a Hugging Face folder: a `GRPO` stage chained after
+this one starts from it) and ``report.json``.
+
+Concurrency model: coroutines on the trainer's event loop; optimizer steps, model loading and saving run in
+worker threads; the gateways and the validation engine serve on the loop meanwhile.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
+import random
+import secrets
+import statistics
+import time
 from collections.abc import Iterable, Sequence
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from lightrail.adapters import AgentFilter, ChatSample, Exclusions, build_episode, episode_messages
+from lightrail.algorithms.rejection import TraceFilter, keep_best
 from lightrail.engine.chat import ChatFormat
-from lightrail.types import TrainingRow
+from lightrail.types import LLM, Rollout, RolloutStatus, Span, TrainingRow
 
-__all__ = ["conversation_rows"]
+if TYPE_CHECKING:
+    from lightrail.algorithms.updater import GRPOConfig
+    from lightrail.gateway.server import GatewaySettings
+    from lightrail.trainer.algorithm import TrainerContext
+
+__all__ = ["SFT", "call_rows", "conversation_rows"]
+
+_LOOP_STATE = "loop_state.json"
+_TRACES = "traces.json"
+
+# One trained turn: the messages before it, the assistant message to learn, the tools offered, the row's owner.
+_Turn = tuple[Sequence[dict[str, Any]], dict[str, Any], list[dict[str, Any]] | None, str]
+
+
+# -- rows ----------------------------------------------------------------------------------------------------------
 
 
 def conversation_rows(
@@ -33,32 +84,77 @@ def conversation_rows(
     the model sees a multi-turn run and costs each prompt token once; otherwise a new row starts. Rows longer than
     ``max_len`` tokens are dropped (a model cannot attend past its positions).
     """
+    turns = [
+        [(conversation[:i], m, tools, f"sft-{c}") for i, m in enumerate(conversation) if m.get("role") == "assistant"]
+        for c, conversation in enumerate(conversations)
+    ]
+    return _rows(tokenizer, turns, max_len=max_len, merge=merge, dropped=None)
+
+
+def call_rows(
+    tokenizer: Any,
+    samples: Iterable[ChatSample],
+    *,
+    max_len: int | None = None,
+    merge: bool = True,
+    dropped: Exclusions | None = None,
+) -> list[TrainingRow]:
+    """Rows that teach the answer of each recorded chat call (``sample.messages[-1]``) and nothing else: the
+    request's messages, earlier assistant turns included, are masked context.
+
+    Samples are grouped by rollout and agent, in turn order; with ``merge`` consecutive calls of one agent share a
+    row when the later prompt extends the row so far (one agent's multi-turn loop), while another agent's calls
+    never join it. Rows carry their rollout id. Rows longer than ``max_len`` are dropped and counted in
+    ``dropped`` as ``too_long`` (by rollout id).
+    """
+    groups: dict[tuple[str, str | None], list[ChatSample]] = {}
+    for sample in samples:
+        groups.setdefault((sample.rollout_id, sample.agent_name), []).append(sample)
+    turns = [
+        [(s.messages[:-1], s.messages[-1], s.tools, s.rollout_id) for s in sorted(group, key=lambda s: s.turn)]
+        for group in groups.values()
+    ]
+    return _rows(tokenizer, turns, max_len=max_len, merge=merge, dropped=dropped)
+
+
+def _rows(
+    tokenizer: Any, groups: Iterable[list[_Turn]], *, max_len: int | None, merge: bool, dropped: Exclusions | None
+) -> list[TrainingRow]:
     chat = ChatFormat(tokenizer)
     eos = tokenizer.eos_token_id
     rows: list[TrainingRow] = []
-    for c, conversation in enumerate(conversations):
+    for turns in groups:
         ids: list[int] = []
         mask: list[int] = []
-        for i, message in enumerate(conversation):
-            if message.get("role") != "assistant":
-                continue
-            prompt = tokenizer(chat.render(list(conversation[:i]), tools), add_special_tokens=False).input_ids
+        owner = ""
+        for history, message, tools, key in turns:
+            prompt = tokenizer(chat.render(list(history), tools), add_special_tokens=False).input_ids
             target = tokenizer(chat.assistant_text(message), add_special_tokens=False).input_ids + [eos]
             if merge and ids and prompt[: len(ids)] == ids:
                 context = prompt[len(ids) :]
             else:
-                _append_row(rows, ids, mask, c, max_len)
+                _append_row(rows, ids, mask, owner, max_len, dropped)
                 ids, mask, context = [], [], prompt
+            owner = key
             ids += context + target
             mask += [0] * len(context) + [1] * len(target)
-        _append_row(rows, ids, mask, c, max_len)
+        _append_row(rows, ids, mask, owner, max_len, dropped)
     return rows
 
 
 def _append_row(
-    rows: list[TrainingRow], ids: list[int], mask: list[int], conversation: int, max_len: int | None
+    rows: list[TrainingRow],
+    ids: list[int],
+    mask: list[int],
+    owner: str,
+    max_len: int | None,
+    dropped: Exclusions | None,
 ) -> None:
-    if not ids or (max_len is not None and len(ids) > max_len):
+    if not ids:
+        return
+    if max_len is not None and len(ids) > max_len:
+        if dropped is not None:
+            dropped.add("too_long", owner)
         return
     rows.append(
         TrainingRow(
@@ -66,7 +162,463 @@ def _append_row(
             loss_mask=mask,
             old_logprobs=[0.0] * len(ids),
             advantages=[float(m) for m in mask],
-            rollout_id=f"sft-{conversation}",
-            group_id=f"sft-{conversation}",
+            rollout_id=owner,
+            group_id=owner,
         )
     )
+
+
+# -- the algorithm -------------------------------------------------------------------------------------------------
+
+
+class SFT:
+    """Supervised fine-tuning on the best recorded traces: rejection sampling from a store, or distillation from a
+    teacher `LLM` run through the runners (see the module docstring).
+
+    ``model`` is a local Hugging Face directory (the student). Kept rollouts: reward at least ``min_reward`` (None:
+    any), at most ``best_of`` per task (None: all). With a ``teacher``, each training task is run ``n_samples``
+    times with it (``tasks`` limits how many training tasks; None: all); without one, ``traces`` says which stored
+    rollouts are candidates. ``agents`` picks the trained agents' calls (None: every call). ``config`` sets the
+    optimizer and LoRA (its GRPO-only fields are unused; ``kl_coef`` must be 0). Training is ``steps`` optimizer
+    steps of ``batch_size`` rows drawn without replacement (reshuffled each epoch). Held-out tasks are run with
+    the student at the end (and every ``val_every`` steps; before training with ``validate_before``), greedy
+    by default (``val_sampling``).
+
+        >>> teacher = LLM(endpoint="http://teacher:8000/v1", model="big", sampling={"temperature": 0.7})  # doctest: +SKIP
+        >>> sft = SFT("runs/base", teacher=teacher, n_samples=4, best_of=1, steps=300)                   # doctest: +SKIP
+        >>> Trainer(n_runners=2, algorithm=sft).fit(agent, train, val); sft.report["val_after"]          # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        teacher: LLM | None = None,
+        traces: TraceFilter | None = None,
+        n_samples: int = 1,
+        tasks: int | None = None,
+        min_reward: float | None = 1.0,
+        best_of: int | None = None,
+        agents: AgentFilter | None = None,
+        config: GRPOConfig | None = None,
+        steps: int = 100,
+        batch_size: int = 32,
+        max_len: int | None = None,
+        merge_calls: bool = True,
+        val_sampling: dict[str, Any] | None = None,
+        val_every: int = 0,
+        validate_before: bool = False,
+        success_threshold: float = 1.0,
+        out_dir: str | Path = "runs/sft",
+        checkpoint_every: int = 50,
+        resume: bool = False,
+        served_name: str = "policy",
+        seed: int = 0,
+        engine_options: dict[str, Any] | None = None,
+        gateway: GatewaySettings | None = None,
+    ) -> None:
+        if teacher is not None and traces is not None:
+            raise ValueError("give a teacher (distillation) or traces (rejection sampling from a store), not both")
+        if steps < 0 or batch_size < 1 or n_samples < 1 or (tasks is not None and tasks < 1):
+            raise ValueError("steps must be >= 0; batch_size, n_samples and tasks >= 1")
+        if best_of is not None and best_of < 1:
+            raise ValueError(f"best_of must be >= 1, not {best_of}")
+        if config is not None and config.kl_coef:
+            raise ValueError("SFT has no KL term: leave config.kl_coef at 0")
+        self.model = Path(model)
+        self.teacher = teacher
+        self.traces = traces if traces is not None or teacher is not None else TraceFilter()
+        self.n_samples = n_samples
+        self.tasks = tasks
+        self.min_reward = min_reward
+        self.best_of = best_of
+        self.agents = agents
+        self.config = config
+        self.steps = steps
+        self.batch_size = batch_size
+        self.max_len = max_len
+        self.merge_calls = merge_calls
+        self.val_sampling = {"temperature": 0.0, "max_tokens": 64, **(val_sampling or {})}
+        self.val_every = val_every
+        self.validate_before = validate_before
+        self.success_threshold = success_threshold
+        self.out_dir = Path(out_dir)
+        self.checkpoint_every = checkpoint_every
+        self.resume = resume
+        self.served_name = served_name
+        self.seed = seed
+        self.engine_options = engine_options or {}
+        self.gateway = gateway
+        self.report: dict[str, Any] = {}
+        self.step = 0
+        self._rng = random.Random(seed)
+        self._order: list[int] = []
+        self._history: list[dict[str, Any]] = []
+        self._rows: list[TrainingRow] = []
+        self._updater: Any = None
+        self._tokenizer: Any = None
+        self._source: Any = None
+        self._owned_source = False
+        self._teacher_gateway: Any = None
+        self._engine: Any = None
+        self._student_gateway: Any = None
+
+    @property
+    def output_model(self) -> Path:
+        """Where the trained policy is written as a Hugging Face folder (a chained `GRPO` stage's ``model``)."""
+        return self.out_dir / "model"
+
+    # -- Algorithm protocol ------------------------------------------------------------------------------------
+
+    async def setup(self, ctx: TrainerContext) -> None:
+        """Load the student's updater and tokenizer (from the newest checkpoint with ``resume``), open the traces'
+        store, and start the recording gateway in front of the teacher."""
+        from transformers import AutoTokenizer
+
+        from lightrail.algorithms.updater import GRPOConfig, PolicyUpdater
+
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        config = self.config or GRPOConfig()
+        self._tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(self.model))
+        self._updater = await asyncio.to_thread(PolicyUpdater, str(self.model), config)
+        checkpoint = self._latest_checkpoint() if self.resume else None
+        if checkpoint is not None:
+            await asyncio.to_thread(self._updater.load, checkpoint)
+            state = json.loads((checkpoint / _LOOP_STATE).read_text())
+            self.step, self._order, self._history = state["step"], state["order"], state["history"]
+            self._rng.setstate(_rng_state(state["rng"]))
+            # what was recorded after the checkpoint is redone: the file holds each step once
+            lines = "".join(json.dumps(m) + "\n" for m in self._history)
+            (self.out_dir / "metrics.jsonl").write_text(lines)
+        elif (self.out_dir / "metrics.jsonl").exists():
+            (self.out_dir / "metrics.jsonl").unlink()  # a fresh run: metrics of an earlier one would mix in
+        self._source = ctx.store
+        if self.traces is not None and self.traces.store is not None:
+            from lightrail.store import open_store
+
+            self._source = open_store(self.traces.store, token=os.environ.get("LIGHTRAIL_TOKEN"))
+            self._owned_source = True
+        if self.teacher is not None:
+            from lightrail.gateway.backends import OpenAIUpstream
+            from lightrail.gateway.server import GatewayServer, GatewaySettings
+
+            upstream = OpenAIUpstream(
+                self.teacher.base_url(),
+                api_key=self.teacher.api_key,
+                model=self.teacher.model,
+                request_token_ids=False,  # the messages are the data; hosted APIs reject vLLM's extension
+            )
+            where = self.gateway or GatewaySettings()
+            self._teacher_gateway = await GatewayServer(
+                upstream, ctx.store, token=secrets.token_urlsafe(16),
+                host=where.host, port=where.port, advertise_url=where.advertise_url,
+            ).start()  # fmt: skip
+
+    async def run(self, ctx: TrainerContext) -> None:
+        """Collect (or reload) the kept traces, train ``steps`` steps, validate, write the model and the report."""
+        started = time.monotonic()
+        data = await self._data(ctx)
+        collect_s = time.monotonic() - started
+        if not self._rows and self.step < self.steps:
+            raise RuntimeError(f"SFT kept no training rows (dropped: {data['dropped']}); nothing to learn from")
+        val_before = None
+        if self.validate_before and not self.step:
+            val_before = await self._validate(ctx)
+        elif self.validate_before:
+            val_before = next((m["val_success"] for m in self._history if m["kind"] == "val"), None)
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        t_train = time.monotonic()
+        with Progress(
+            TextColumn("[bold]SFT[/bold]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("{task.fields[status]}"), transient=False,
+        ) as progress:  # fmt: skip
+            bar = progress.add_task("steps", total=self.steps, completed=self.step, status="")
+            while self.step < self.steps:
+                metrics = await self._train_step()
+                status = f"nll {metrics['loss']:.3f}"
+                if self.val_every and self.step % self.val_every == 0 and self.step < self.steps:
+                    val = await self._validate(ctx)
+                    status += f"  val {val:.0%}" if val is not None else ""
+                if self.checkpoint_every and self.step % self.checkpoint_every == 0:
+                    await self._checkpoint()
+                progress.update(bar, completed=self.step, status=status)
+        train_s = time.monotonic() - t_train
+        checkpoint = await self._checkpoint()
+        model = await asyncio.to_thread(self._export, self.output_model)
+        val_after = await self._validate(ctx)
+        losses = [m["loss"] for m in self._history if m["kind"] == "train"]
+        self.report = {
+            "val_before": val_before,
+            "val_after": val_after,
+            "steps": self.step,
+            "rows": len(self._rows),
+            "kept_rollouts": data["kept_rollouts"],
+            "dropped": data["dropped"],
+            "loss_first": losses[0] if losses else None,
+            "loss_last": statistics.fmean(losses[-5:]) if losses else None,
+            "collect_minutes": collect_s / 60,
+            "train_minutes": train_s / 60,
+            "minutes": (time.monotonic() - started) / 60,
+            "checkpoint": str(checkpoint),
+            "model": str(model),
+            "metrics": str(self.out_dir / "metrics.jsonl"),
+        }
+        (self.out_dir / "report.json").write_text(json.dumps(self.report, indent=2))
+
+    async def close(self) -> None:
+        for server in (self._teacher_gateway, self._student_gateway):
+            if server is not None:
+                await server.stop()
+        self._teacher_gateway = self._student_gateway = None
+        if self._engine is not None:
+            await self._engine.close()
+            self._engine = None
+        if self._owned_source and self._source is not None:
+            await self._source.close()
+        self._source = None
+        if self._updater is not None:
+            await asyncio.to_thread(self._updater.close)
+
+    # -- data ------------------------------------------------------------------------------------------------
+
+    async def _data(self, ctx: TrainerContext) -> dict[str, Any]:
+        """The kept rollouts' rows; ``traces.json`` pins which rollouts they are, so a resumed run reloads the same
+        ones instead of sampling (or calling the teacher) again."""
+        pinned = self.out_dir / _TRACES
+        source = self._source if self.teacher is None else ctx.store
+        if self.resume and pinned.exists():
+            data = json.loads(pinned.read_text())
+            kept = await source.query_rollouts(rollout_ids=data["rollout_ids"]) if data["rollout_ids"] else []
+            order = {rid: i for i, rid in enumerate(data["rollout_ids"])}
+            kept.sort(key=lambda r: order[r.rollout_id])
+            self._rows, _ = await self._rows_of(source, kept, Exclusions())
+            return data
+        t0 = time.monotonic()
+        if self.teacher is not None:
+            rollouts = await self._teacher_rollouts(ctx)
+            candidates, dropped = TraceFilter().apply(rollouts)
+        else:
+            rollouts = await source.query_rollouts()  # all of them: what is left out is counted by reason
+            rollouts.sort(key=lambda r: (r.created_at, r.rollout_id))
+            assert self.traces is not None
+            candidates, dropped = self.traces.apply(rollouts)
+        kept = keep_best(candidates, min_reward=self.min_reward, best_of=self.best_of, dropped=dropped)
+        self._rows, calls = await self._rows_of(source, kept, dropped)
+        trained = {r.rollout_id for r in self._rows}
+        data = {
+            "source": "teacher" if self.teacher is not None else (self.traces.store if self.traces else None),
+            "rollout_ids": [r.rollout_id for r in kept if r.rollout_id in trained],
+            "kept_rollouts": len(trained),
+            "dropped": dict(sorted(dropped.counts.items())),
+        }
+        pinned.write_text(json.dumps(data))
+        rewards = [r.reward for r in rollouts if r.reward is not None]
+        self._record(
+            {
+                "kind": "data",
+                "step": self.step,
+                "rollouts": len(rollouts),
+                "reward_mean": statistics.fmean(rewards) if rewards else 0.0,
+                "candidates": len(candidates),
+                "kept_rollouts": len(trained),
+                "dropped": dropped.total,
+                **{f"dropped_{reason}": n for reason, n in sorted(dropped.counts.items())},
+                **calls,
+                "rows": len(self._rows),
+                "response_tokens": sum(sum(r.loss_mask) for r in self._rows),
+                "collect_s": time.monotonic() - t0,
+            }
+        )
+        return data
+
+    async def _teacher_rollouts(self, ctx: TrainerContext) -> list[Rollout]:
+        assert self.teacher is not None and self._teacher_gateway is not None
+        llm = LLM(
+            endpoint=self._teacher_gateway.url,
+            model=self.teacher.model,
+            sampling=dict(self.teacher.sampling),
+            api_key=self._teacher_gateway.token,
+        )
+        version = await ctx.publish({"llm": llm})
+        tasks = list(ctx.train_tasks)
+        if not tasks:
+            raise ValueError("distillation needs training tasks")
+        if self.tasks is not None and self.tasks < len(tasks):
+            tasks = random.Random(self.seed).sample(tasks, self.tasks)
+        return await ctx.run_rollouts(tasks, mode="train", n_samples=self.n_samples, resources_version=version.version)
+
+    async def _rows_of(
+        self, source: Any, kept: Sequence[Rollout], dropped: Exclusions
+    ) -> tuple[list[TrainingRow], dict[str, int]]:
+        """Rows of the trained agents' calls of each kept rollout (its last attempt); rollouts that end up with no
+        row are counted in ``dropped`` (``no_spans``, ``no_llm_calls``, ``no_trained_calls``, ``too_long``)."""
+        spans = await _last_attempt_spans(source, kept)
+        samples: list[ChatSample] = []
+        calls = {"calls": 0, "calls_trained": 0, "calls_other_agents": 0}
+        for rollout, rollout_spans in zip(kept, spans, strict=True):
+            if not rollout_spans:
+                dropped.add("no_spans", rollout.rollout_id)
+                continue
+            chat = [s for s in episode_messages(build_episode(rollout_spans)) if s.choice == 0]
+            ours = [s for s in chat if self.agents is None or self.agents(s.agent_name)]
+            calls["calls"] += len(chat)
+            calls["calls_trained"] += len(ours)
+            calls["calls_other_agents"] += len(chat) - len(ours)
+            if not chat:
+                dropped.add("no_llm_calls", rollout.rollout_id)
+            elif not ours:
+                dropped.add("no_trained_calls", rollout.rollout_id)
+            samples += ours
+        tokenizer = self._tokenizer
+        rows = await asyncio.to_thread(
+            call_rows, tokenizer, samples, max_len=self.max_len, merge=self.merge_calls, dropped=dropped
+        )
+        return rows, calls
+
+    # -- training --------------------------------------------------------------------------------------------
+
+    async def _train_step(self) -> dict[str, Any]:
+        t0 = time.monotonic()
+        batch = [self._rows[i] for i in self._next_batch()]
+        update = await asyncio.to_thread(self._updater.step, batch, objective="sft")
+        self.step += 1
+        metrics = {
+            "kind": "train",
+            "step": self.step,
+            "epoch": self.step * self.batch_size / max(len(self._rows), 1),
+            "loss": update["pg_loss"],  # mean negative log-likelihood per trained token
+            "grad_norm": update["grad_norm"],
+            "lr": update["lr"],
+            "rows": len(batch),
+            "tokens": update["tokens"],
+            "response_tokens": update["response_tokens"],
+            "skipped": bool(update["skipped"]),
+            "step_s": time.monotonic() - t0,
+        }
+        self._record(metrics)
+        return metrics
+
+    def _next_batch(self) -> list[int]:
+        """The next ``batch_size`` row indices of a seeded shuffle, reshuffled each epoch (checkpointed)."""
+        picked: list[int] = []
+        while len(picked) < min(self.batch_size, len(self._rows)):
+            if not self._order:
+                self._order = list(range(len(self._rows)))
+                self._rng.shuffle(self._order)
+            picked.append(self._order.pop())
+        return picked
+
+    def _export(self, path: Path) -> Path:
+        """The current policy as a Hugging Face folder (LoRA merged into the base), with the student's tokenizer."""
+        import shutil
+
+        from transformers import AutoModelForCausalLM
+
+        tmp = path.with_name(path.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        if self._updater.is_lora:
+            model = AutoModelForCausalLM.from_pretrained(str(self.model), dtype=self._updater.dtype)
+            model.load_state_dict(self._updater.state_dict_for_serving())
+        else:
+            model = self._updater.model
+        model.save_pretrained(tmp)
+        self._tokenizer.save_pretrained(tmp)
+        shutil.rmtree(path, ignore_errors=True)
+        tmp.rename(path)
+        return path
+
+    # -- validation ------------------------------------------------------------------------------------------
+
+    async def _validate(self, ctx: TrainerContext) -> float | None:
+        """Held-out success of the student's current weights (served by an embedded engine behind a gateway)."""
+        if not ctx.val_tasks:
+            return None
+        await self._serve_student(ctx)
+        await self._engine.sync(self._updater, self._engine.policy_version + 1)
+        llm = LLM(
+            endpoint=self._student_gateway.url,
+            model=self.served_name,
+            sampling=self.val_sampling,
+            api_key=self._student_gateway.token,
+        )
+        version = await ctx.publish({"llm": llm})
+        rollouts = await ctx.run_rollouts(ctx.val_tasks, mode="val", resources_version=version.version)
+        finished = [
+            r for r in rollouts if r.status in (RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.TIMEOUT)
+        ]
+        wins = sum(1 for r in finished if r.reward is not None and r.reward >= self.success_threshold)
+        success = wins / len(finished) if finished else 0.0
+        self._record(
+            {
+                "kind": "val",
+                "step": self.step,
+                "val_success": success,
+                "val_rollouts": len(rollouts),
+                "val_infra_excluded": len(rollouts) - len(finished),
+            }
+        )
+        return success
+
+    async def _serve_student(self, ctx: TrainerContext) -> None:
+        if self._engine is not None:
+            return
+        from lightrail.algorithms.rollout_engines import EmbeddedRollouts
+        from lightrail.gateway.server import GatewayServer, GatewaySettings
+
+        self._engine = EmbeddedRollouts(self.model, **self.engine_options)
+        await self._engine.start()
+        where = self.gateway or GatewaySettings()
+        port = 0 if self._teacher_gateway is not None else where.port  # the teacher's gateway holds a fixed port
+        self._student_gateway = await GatewayServer(
+            self._engine.backend, ctx.store, token=secrets.token_urlsafe(16), host=where.host, port=port,
+            advertise_url=where.advertise_url if port == where.port else None,
+        ).start()  # fmt: skip
+
+    # -- records ---------------------------------------------------------------------------------------------
+
+    def _record(self, metrics: dict[str, Any]) -> None:
+        self._history.append(metrics)
+        with (self.out_dir / "metrics.jsonl").open("a") as f:
+            f.write(json.dumps(metrics) + "\n")
+
+    async def _checkpoint(self) -> Path:
+        path = self.out_dir / "checkpoints" / f"step-{self.step}"
+        await asyncio.to_thread(self._updater.save, path)
+        state = {
+            "step": self.step,
+            "order": self._order,
+            "rng": _jsonable_rng(self._rng.getstate()),
+            "history": self._history,
+        }
+        (path / _LOOP_STATE).write_text(json.dumps(state))
+        return path
+
+    def _latest_checkpoint(self) -> Path | None:
+        root = self.out_dir / "checkpoints"
+        found = [p for p in root.glob("step-*") if (p / _LOOP_STATE).exists()] if root.exists() else []
+        return max(found, key=lambda p: int(p.name.split("-")[1]), default=None)
+
+
+async def _last_attempt_spans(store: Any, rollouts: Sequence[Rollout]) -> list[list[Span]]:
+    """Spans of each rollout's last attempt (earlier attempts were lost or failed in the infrastructure)."""
+    limit = asyncio.Semaphore(16)
+
+    async def one(rollout: Rollout) -> list[Span]:
+        async with limit:
+            attempts = await store.query_attempts(rollout.rollout_id)
+            if not attempts:
+                return []
+            return await store.query_spans(rollout.rollout_id, attempts[-1].attempt_id)
+
+    return list(await asyncio.gather(*(one(r) for r in rollouts)))
+
+
+def _jsonable_rng(state: tuple) -> list:
+    version, internal, gauss = state
+    return [version, list(internal), gauss]
+
+
+def _rng_state(data: list) -> tuple:
+    version, internal, gauss = data
+    return (version, tuple(internal), gauss)

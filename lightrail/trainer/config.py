@@ -21,6 +21,14 @@ A config names the agent and its data by import reference, the model, how runner
       config: {lr: 1.0e-4, kl_coef: 0.05, lora: {r: 8}}   # GRPOConfig fields
     # algorithm: apo                               # prompt optimization instead: the apo: section, APO's arguments
     # apo: {prompts: {prompt_template: "Solve it."}, rounds: 3, optimizer: self}   # optimizer: self | LLM fields
+    # algorithm: [sft, grpo]                       # SFT first, then GRPO from the SFT stage's weights
+    # sft:                                         # keyword arguments of lightrail.algorithms.SFT
+    #   teacher: {endpoint: http://teacher:8000/v1, model: big, api_key_env: TEACHER_KEY}   # distillation
+    #   traces: {store: runs/old/store.db, since: 1.7e9, task_metadata: {level: easy}}    # or: rejection sampling
+    #   min_reward: 1.0                            # keep rollouts rewarded at least this; best_of: 1 per task
+    #   steps: 300
+    #   batch_size: 32
+    #   config: {lr: 1.0e-3, lora: {r: 8}}         # GRPOConfig fields (optimizer, LoRA)
 
 Every field is checked before anything starts: a wrong type or an unknown key is reported with its path
 (``grpo.config.lr: Expected `float`, got `str```). ``overrides`` (``--set grpo.steps=1``) change any field by its
@@ -97,9 +105,12 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     gateway: GatewaySettings = msgspec.field(default_factory=GatewaySettings)
     """Where the training gateway listens and the URL runners are given (set both for runners on other hosts)."""
     grpo: dict[str, Any] = msgspec.field(default_factory=dict)
-    algorithm: str = "grpo"
-    """``grpo`` (the ``grpo:`` section) or ``apo`` (prompt optimization: the ``apo:`` section, `APO`'s arguments)."""
+    algorithm: str | list[str] = "grpo"
+    """``grpo`` (the ``grpo:`` section), ``apo`` (prompt optimization: the ``apo:`` section, `APO`'s arguments),
+    ``sft`` (the ``sft:`` section, `SFT`'s arguments), or the chain ``[sft, grpo]`` (GRPO starts from SFT's weights;
+    their outputs go to ``<out_dir>/sft`` and ``<out_dir>/grpo``)."""
     apo: dict[str, Any] = msgspec.field(default_factory=dict)
+    sft: dict[str, Any] = msgspec.field(default_factory=dict)
 
     @property
     def run_dir(self) -> Path:
@@ -159,8 +170,16 @@ def load_config(path: str | os.PathLike[str], overrides: list[str] | tuple[str, 
         _apo_kwargs(config)
     elif config.algorithm == "grpo":
         _grpo_kwargs(config)  # check the GRPO section now, not after the model is built
+    elif config.algorithm == "sft" or config.algorithm == list(_CHAIN):
+        _sft_kwargs(config)
+        if config.algorithm == list(_CHAIN):
+            _grpo_kwargs(config)
+    elif isinstance(config.algorithm, list):
+        raise ConfigError(
+            f"algorithm: the one chain is {list(_CHAIN)} (GRPO from SFT's weights), got {config.algorithm}"
+        )
     else:
-        raise ConfigError(f"algorithm: expected 'grpo' or 'apo', got {config.algorithm!r}")
+        raise ConfigError(f"algorithm: expected 'grpo', 'apo', 'sft' or {list(_CHAIN)}, got {config.algorithm!r}")
     return config
 
 
@@ -277,6 +296,85 @@ def _apo_kwargs(config: TrainConfig) -> dict[str, Any]:
     return {"seed": config.seed, "out_dir": config.run_dir, "gateway": config.gateway, **kwargs}
 
 
+_CHAIN = ("sft", "grpo")
+
+
+def _sft_kwargs(config: TrainConfig) -> dict[str, Any]:
+    """The config's ``sft`` section as `SFT` keyword arguments: ``teacher`` (`LLM` fields, ``api_key_env`` names the
+    variable holding its key), ``traces`` (`TraceFilter` fields), ``agents``/``agents_pattern``, ``config``
+    (`GRPOConfig` fields), the rest checked against `SFT`'s signature."""
+    from lightrail.adapters import AgentFilter
+    from lightrail.algorithms.rejection import TraceFilter
+    from lightrail.algorithms.sft import SFT
+    from lightrail.types import LLM
+
+    options = dict(config.sft)
+    out_dir = config.run_dir / "sft" if isinstance(config.algorithm, list) else config.run_dir
+    kwargs: dict[str, Any] = {"seed": config.seed, "out_dir": out_dir, "gateway": config.gateway}
+    teacher = options.pop("teacher", None)
+    if teacher is not None:
+        if not isinstance(teacher, dict):
+            raise ConfigError(f"sft.teacher: expected a mapping of LLM fields, got {teacher!r}")
+        teacher = dict(teacher)
+        key_env = teacher.pop("api_key_env", None)
+        fields = set(LLM.__struct_fields__) - {"routed"}
+        unknown = sorted(set(teacher) - fields)
+        if unknown:
+            raise ConfigError(
+                f"sft.teacher: unknown setting(s) {unknown}; accepted: {sorted(fields | {'api_key_env'})}"
+            )
+        if key_env is not None:
+            if not isinstance(key_env, str) or key_env not in os.environ:
+                raise ConfigError(f"sft.teacher.api_key_env: ${key_env} is not set")
+            teacher["api_key"] = os.environ[key_env]
+        try:
+            kwargs["teacher"] = msgspec.convert({**teacher, "routed": False}, LLM)
+        except msgspec.ValidationError as exc:
+            raise ConfigError(f"sft.teacher.{_readable(exc)}") from None
+    traces = options.pop("traces", None)
+    if traces is not None:
+        if teacher is not None:
+            raise ConfigError("sft: give teacher (distillation) or traces (rejection sampling), not both")
+        try:
+            kwargs["traces"] = msgspec.convert(traces, TraceFilter)
+        except msgspec.ValidationError as exc:
+            raise ConfigError(f"sft.traces.{_readable(exc)}") from None
+    names, pattern = options.pop("agents", None), options.pop("agents_pattern", None)
+    if names is not None or pattern is not None:
+        kwargs["agents"] = AgentFilter([names] if isinstance(names, str) else names or (), pattern)
+    update = options.pop("config", None)
+    if update is not None:
+        from lightrail.algorithms.updater import GRPOConfig, LoraSettings
+
+        update = dict(update)
+        lora = update.pop("lora", None)
+        _no_unknown("sft.config", update, GRPOConfig)
+        try:
+            settings = msgspec.convert(update, GRPOConfig)
+            if lora:
+                if lora is not True:
+                    _no_unknown("sft.config.lora", lora, LoraSettings)
+                settings = dataclasses.replace(
+                    settings, lora=LoraSettings() if lora is True else msgspec.convert(lora, LoraSettings)
+                )
+        except msgspec.ValidationError as exc:
+            raise ConfigError(f"sft.config.{_readable(exc)}") from None
+        except ValueError as exc:
+            raise ConfigError(f"sft.config: {exc}") from None
+        if settings.kl_coef:
+            raise ConfigError("sft.config.kl_coef: SFT has no KL term (leave it at 0)")
+        kwargs["config"] = settings
+    parameters = inspect.signature(SFT).parameters
+    accepted = set(parameters) - {"model", "gateway", "teacher", "traces", "agents", "config", "out_dir"}
+    unknown = sorted(set(options) - accepted)
+    if unknown:
+        extra = {"teacher", "traces", "agents", "agents_pattern", "config"}
+        raise ConfigError(f"sft: unknown setting(s) {unknown}; SFT accepts {sorted(accepted | extra)}")
+    for key, value in options.items():
+        kwargs[key] = _checked(f"sft.{key}", value, parameters[key].annotation)
+    return kwargs
+
+
 def _field(cls: type, name: str) -> dataclasses.Field:
     return {f.name: f for f in dataclasses.fields(cls)}[name]
 
@@ -337,6 +435,16 @@ def train(config: TrainConfig) -> TrainResult:
 
         apo_kwargs = _apo_kwargs(config)
         grpo: Any = APO(model if "llm" not in apo_kwargs else None, **apo_kwargs)
+    elif config.algorithm == "sft":
+        from lightrail.algorithms.sft import SFT
+
+        grpo = SFT(model, **_sft_kwargs(config))
+    elif config.algorithm == list(_CHAIN):
+        from lightrail.algorithms.chain import Chain
+        from lightrail.algorithms.sft import SFT
+
+        sft = SFT(model, **_sft_kwargs(config))
+        grpo = Chain([sft, GRPO(sft.output_model, **{**_grpo_kwargs(config), "out_dir": config.run_dir / "grpo"})])
     else:
         grpo = GRPO(model, **_grpo_kwargs(config))
     runners = config.trainer

@@ -1,0 +1,60 @@
+"""`Chain`: algorithms run one after another in one `Trainer` session (same store, same runners).
+
+The usual chain is a supervised warm start then reinforcement learning: ``Chain([sft, GRPO(sft.output_model)])``
+(`lightrail train` builds it from ``algorithm: [sft, grpo]``). A stage that produces weights writes them where the
+next stage's ``model`` points (`SFT.output_model`); each stage is set up only when the previous one has finished,
+so it loads what its predecessor wrote.
+
+Concurrency model: the stages' ``setup``/``run``/``close`` run in order on the trainer's event loop; a stage is
+closed before the next is set up, so gateway ports and engine memory are released in between.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lightrail.trainer.algorithm import Algorithm, TrainerContext
+
+__all__ = ["Chain"]
+
+
+class Chain:
+    """Run ``stages`` (`Algorithm`s) in order; ``names`` label their reports (default: the class names, lowercase).
+
+    ``report`` is the last stage's report, plus ``stages`` (every stage's report by name) and ``val_before`` from
+    the first stage that measured one, so before/after spans the whole chain.
+
+        >>> sft = SFT("runs/base", teacher=teacher, out_dir="runs/x/sft")                       # doctest: +SKIP
+        >>> chain = Chain([sft, GRPO(sft.output_model, out_dir="runs/x/grpo")])                  # doctest: +SKIP
+        >>> Trainer(algorithm=chain).fit(agent, train, val); chain.report["stages"]["sft"]      # doctest: +SKIP
+    """
+
+    def __init__(self, stages: Sequence[Algorithm], names: Sequence[str] | None = None) -> None:
+        if not stages:
+            raise ValueError("a chain needs at least one stage")
+        names = list(names) if names is not None else [type(s).__name__.lower() for s in stages]
+        if len(names) != len(stages) or len(set(names)) != len(names):
+            raise ValueError(f"need one distinct name per stage, got {names}")
+        self.stages = list(stages)
+        self.names = names
+        self.report: dict[str, Any] = {}
+
+    async def setup(self, ctx: TrainerContext) -> None:
+        """Nothing: each stage is set up when its turn comes (it may load what the previous stage wrote)."""
+
+    async def run(self, ctx: TrainerContext) -> None:
+        reports: dict[str, Any] = {}
+        for name, stage in zip(self.names, self.stages, strict=True):
+            try:
+                await stage.setup(ctx)
+                await stage.run(ctx)
+            finally:
+                await stage.close()
+            reports[name] = dict(getattr(stage, "report", {}) or {})
+        before = next((r["val_before"] for r in reports.values() if r.get("val_before") is not None), None)
+        self.report = {**reports[self.names[-1]], "val_before": before, "stages": reports}
+
+    async def close(self) -> None:
+        """Nothing: every stage was closed when it finished (or failed)."""

@@ -1,0 +1,335 @@
+"""`SFT` from traces: rejection sampling picks exactly the rows it should from a hand-built store (multi-agent
+episodes, known rewards), distillation from the scripted teacher trains a tiny student end to end through the
+gateway and runners, and ``algorithm: [sft, grpo]`` runs from one config."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import textwrap
+
+import pytest
+
+from lightrail import MemoryStore, Trainer
+from lightrail.adapters import AgentFilter
+from lightrail.algorithms import SFT, GRPOConfig, TraceFilter
+from lightrail.algorithms.sft import call_rows, conversation_rows
+from lightrail.engine.chat import ChatFormat
+from lightrail.store.sqlite import SQLiteStore
+from lightrail.trainer.algorithm import TrainerContext
+from lightrail.types import AttemptStatus, Attr, RetryPolicy, RolloutSpec, Span, Task
+
+AGENT = "examples.calculator.train:calculator_agent"
+TOOLS = [{"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}]
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from rich.console import Console
+
+    from examples.calculator.data import make_splits
+    from examples.calculator.demo import DemoSettings, build_model
+
+    train, _ = make_splits(60, 0, seed=3)
+    settings = DemoSettings(model="tiny", out=tmp_path_factory.mktemp("model"))
+    return build_model(settings, train, Console(quiet=True))  # its tokenizer knows the task's words
+
+
+# -- a hand-built store: two agents per episode, known rewards ------------------------------------------------------
+
+
+def _call(rid: str, aid: str, seq: int, agent: str, messages: list[dict], answer: dict) -> Span:
+    response = {"id": f"resp-{rid}-{seq}", "choices": [{"index": 0, "message": answer, "finish_reason": "stop"}]}
+    return Span(
+        rollout_id=rid,
+        attempt_id=aid,
+        seq=seq,
+        name=Attr.SPAN_LLM_CALL,
+        attributes={
+            Attr.REQUEST: {"model": "m", "messages": messages, "tools": TOOLS},
+            Attr.RESPONSE: response,
+            Attr.ENDPOINT: "chat.completions",
+            Attr.RESPONSE_ID: response["id"],
+            Attr.TOKEN_IDS_AVAILABLE: False,  # a teacher's calls: the messages are the data
+            Attr.AGENT_NAME: agent,
+        },
+    )
+
+
+def conversation(rid: str) -> tuple[list[dict], list[dict]]:
+    """The planner's one call and the solver's two (tool call, then answer), as full conversations."""
+    question = {"role": "user", "content": f"question of {rid}"}
+    plan = [{"role": "system", "content": "Plan."}, question, {"role": "assistant", "content": f"plan for {rid}"}]
+    call = {"id": "c1", "type": "function", "function": {"name": "calculator", "arguments": '{"expression": "1+2"}'}}
+    solve = [
+        {"role": "system", "content": "Solve."},
+        question,
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "3"},
+        {"role": "assistant", "content": f"Answer: {rid}"},
+    ]
+    return plan, solve
+
+
+async def _add_rollout(store, task: Task, reward: float | None, *, mode="train", infra=False) -> str:
+    (rollout,) = await store.enqueue([RolloutSpec(task=task, mode=mode, policy=RetryPolicy(max_attempts=1))])
+    lease = await store.lease("w")
+    rid, aid = rollout.rollout_id, lease.attempt.attempt_id
+    assert lease.rollout.rollout_id == rid
+    plan, solve = conversation(rid)
+    await store.add_spans(
+        [
+            _call(rid, aid, 1, "planner", plan[:2], plan[2]),
+            _call(rid, aid, 2, "solver", solve[:2], solve[2]),
+            _call(rid, aid, 3, "solver", solve[:4], solve[4]),
+        ]
+    )
+    status = AttemptStatus.INFRA_ERROR if infra else AttemptStatus.SUCCEEDED
+    await store.finish(aid, status, reward=None if infra else reward)
+    return rid
+
+
+async def _hand_built_store(path) -> tuple[SQLiteStore, dict[str, list[str]]]:
+    store = SQLiteStore(str(path))
+    tasks = {
+        "a": Task(input="a", task_id="a", metadata={"level": "easy"}),
+        "b": Task(input="b", task_id="b", metadata={"level": "easy"}),
+        "c": Task(input="c", task_id="c", metadata={"level": "hard"}),
+    }
+    ids: dict[str, list[str]] = {}
+    for name, rewards in (("a", [1.0, 0.5, 1.0]), ("b", [0.0, 0.7, 0.2]), ("c", [1.0, 1.0, 0.9])):
+        ids[name] = [await _add_rollout(store, tasks[name], r) for r in rewards]
+    ids["infra"] = [await _add_rollout(store, tasks["a"], None, infra=True)]
+    ids["val"] = [await _add_rollout(store, tasks["a"], 1.0, mode="val")]
+    return store, ids
+
+
+def _select(tiny_model, tmp_path, store, **options) -> SFT:
+    """Run `SFT` with no training steps: it selects, builds its rows and writes traces.json and metrics.jsonl."""
+    sft = SFT(tiny_model, steps=0, out_dir=tmp_path / "sft", checkpoint_every=0, **options)
+
+    async def go():
+        ctx = TrainerContext(store=store, train_tasks=[])
+        await sft.setup(ctx)
+        try:
+            await sft.run(ctx)
+        finally:
+            await sft.close()
+
+    asyncio.run(go())
+    return sft
+
+
+def test_rejection_sampling_keeps_best_of_n_per_task_and_only_the_trained_agents_calls(tiny_model, tmp_path):
+    store, ids = asyncio.run(_hand_built_store(tmp_path / "store.db"))
+    sft = _select(
+        tiny_model, tmp_path, store,
+        traces=TraceFilter(task_metadata={"level": "easy"}), min_reward=None, best_of=1,
+        agents=AgentFilter(["solver"]),
+    )  # fmt: skip
+    # best of each easy task: a's first 1.0 (the tie goes to the earlier rollout), b's 0.7; c is "hard"
+    kept = [ids["a"][0], ids["b"][1]]
+    traces = json.loads((tmp_path / "sft" / "traces.json").read_text())
+    assert traces["rollout_ids"] == kept
+    assert traces["dropped"] == {"infra_error": 1, "not_best_of_n": 4, "task_metadata": 3, "validation": 1}
+    # one row per kept rollout: the solver's two turns merged, the planner's call nowhere
+    tokenizer = sft._tokenizer
+    expected = conversation_rows(tokenizer, [conversation(rid)[1] for rid in kept], tools=TOOLS)
+    assert [(r.input_ids, r.loss_mask) for r in sft._rows] == [(r.input_ids, r.loss_mask) for r in expected]
+    assert [r.rollout_id for r in sft._rows] == kept
+    trained = [tokenizer.decode([t for t, m in zip(r.input_ids, r.loss_mask, strict=True) if m]) for r in sft._rows]
+    assert all("plan for" not in text and "Plan." not in text for text in trained)
+    assert all(f"Answer: {rid}" in text for rid, text in zip(kept, trained, strict=True))
+    data = [json.loads(line) for line in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()][0]
+    assert data["kind"] == "data" and data["kept_rollouts"] == 2 and data["rows"] == 2
+    assert (data["calls"], data["calls_trained"], data["calls_other_agents"]) == (6, 4, 2)
+    assert data["dropped_not_best_of_n"] == 4
+
+
+def test_rejection_sampling_threshold_window_and_every_agent(tiny_model, tmp_path):
+    store, ids = asyncio.run(_hand_built_store(tmp_path / "store.db"))
+    c_first = asyncio.run(store.get_rollout(ids["c"][0])).created_at
+    sft = _select(tiny_model, tmp_path, store, traces=TraceFilter(until=c_first), min_reward=0.5, merge_calls=False)
+    assert json.loads((tmp_path / "sft" / "traces.json").read_text())["rollout_ids"] == [*ids["a"], ids["b"][1]]
+    # every agent's calls, one row per call without merging: planner, solver, solver per rollout
+    tokenizer = sft._tokenizer
+    chat = ChatFormat(tokenizer)
+    assert len(sft._rows) == 4 * 3
+    first = sft._rows[0]
+    answer = [t for t, m in zip(first.input_ids, first.loss_mask, strict=True) if m]
+    plan = conversation(ids["a"][0])[0]
+    assert answer == tokenizer(chat.assistant_text(plan[2]), add_special_tokens=False).input_ids + [
+        tokenizer.eos_token_id
+    ]
+    dropped = json.loads((tmp_path / "sft" / "traces.json").read_text())["dropped"]
+    assert dropped == {"below_threshold": 2, "infra_error": 1, "outside_window": 3, "validation": 1}
+
+
+def test_call_rows_drop_too_long_rows_and_say_so(tiny_model):
+    from transformers import AutoTokenizer
+
+    from lightrail.adapters import ChatSample, Exclusions
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    _, solve = conversation("r1")
+    sample = ChatSample(rollout_id="r1", attempt_id="a", turn=0, choice=0, messages=solve, tools=TOOLS)
+    dropped = Exclusions()
+    assert call_rows(tokenizer, [sample], max_len=5, dropped=dropped) == []
+    assert dropped.counts == {"too_long": 1} and dropped.rollout_ids == {"too_long": ["r1"]}
+
+
+# -- distillation, end to end ---------------------------------------------------------------------------------------
+
+
+def _problems():
+    from examples.calculator.data import make_splits
+
+    return make_splits(6, 3, seed=3)
+
+
+def test_distillation_trains_the_student_to_reproduce_the_teacher(tiny_model, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from examples.calculator.teacher_server import TeacherServer
+
+    train, val = _problems()
+    train = train[:3]  # few enough to memorise in a few dozen steps
+    with TeacherServer(train + val) as teacher:
+        settings = dict(
+            teacher=teacher.llm(), n_samples=3, steps=4, batch_size=8, config=GRPOConfig(lr=5e-3),
+            val_sampling={"max_tokens": 48}, out_dir=tmp_path / "sft", checkpoint_every=2,
+        )  # fmt: skip
+        store = MemoryStore()
+        first = SFT(tiny_model, **settings)
+        Trainer(n_runners=1, concurrency=8, store=store, algorithm=first).fit(AGENT, train, val)
+        asked = len(teacher.backend.requests)
+        assert asked >= 2 * len(train)  # every training problem went to the teacher (through SFT's gateway)
+        # resumed from the step-4 checkpoint: same traces (the teacher is not asked again), steps 5..80
+        sft = SFT(tiny_model, **{**settings, "steps": 80, "resume": True})
+        Trainer(n_runners=1, concurrency=8, store=store, algorithm=sft).fit(AGENT, train, val)
+        assert len(teacher.backend.requests) == asked  # validation runs the student, never the teacher
+    lines = [json.loads(line) for line in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()]
+    steps = [m["step"] for m in lines if m["kind"] == "train"]
+    assert steps == list(range(1, 81))
+    data = next(m for m in lines if m["kind"] == "data")
+    assert data["kept_rollouts"] > 0 and data["dropped"] == data.get("dropped_below_threshold", 0)
+    report = sft.report
+    assert report["loss_last"] < 0.5 * report["loss_first"], report
+    # the student answers a training problem's first turn exactly as the teacher's kept traces do
+    traces = json.loads((tmp_path / "sft" / "traces.json").read_text())
+    spans = asyncio.run(store.query_spans(traces["rollout_ids"][0]))
+    from lightrail.adapters import episode_messages
+    from lightrail.adapters.episode import build_episode
+
+    first_call = episode_messages(build_episode(spans))[0]
+    tokenizer = AutoTokenizer.from_pretrained(report["model"])
+    chat = ChatFormat(tokenizer)
+    prompt = tokenizer(chat.render(first_call.messages[:-1], first_call.tools), return_tensors="pt").input_ids
+    model = AutoModelForCausalLM.from_pretrained(report["model"])
+    with torch.no_grad():
+        out = model.generate(prompt, max_new_tokens=48, do_sample=False)
+    target = tokenizer(chat.assistant_text(first_call.messages[-1]), add_special_tokens=False).input_ids
+    generated = out[0, prompt.shape[1] :].tolist()
+    assert generated[: len(target) + 1] == [*target, tokenizer.eos_token_id], tokenizer.decode(generated)
+
+
+# -- sft then grpo from one config ----------------------------------------------------------------------------------
+
+CHAIN = """
+name: chain
+agent: examples.calculator.train:calculator_agent
+data: examples.calculator.data:make_splits
+data_args: {n_train: 6, n_val: 2, seed: 3}
+trainer: {n_runners: 1, concurrency: 8}
+algorithm: [sft, grpo]
+sft:
+  teacher: {endpoint: TEACHER_URL, model: teacher, api_key_env: TEACHER_KEY, sampling: {max_tokens: 200}}
+  n_samples: 2
+  steps: 3
+  batch_size: 8
+  val_sampling: {max_tokens: 32}
+  config: {lr: 1.0e-3}
+grpo:
+  steps: 1
+  tasks_per_step: 2
+  n_samples: 2
+  val_every: 0
+  sampling: {temperature: 1.0, max_tokens: 32}
+  val_sampling: {temperature: 0.0, max_tokens: 32}
+"""
+
+
+def test_config_chains_sft_then_grpo_from_the_sft_weights(tiny_model, tmp_path, monkeypatch):
+    from examples.calculator.teacher_server import TeacherServer
+    from lightrail.trainer.config import load_config, train
+
+    train_tasks, val_tasks = _problems()
+    with TeacherServer(train_tasks + val_tasks) as teacher:
+        monkeypatch.setenv("TEACHER_KEY", teacher.token)
+        path = tmp_path / "chain.yaml"
+        path.write_text(textwrap.dedent(CHAIN).replace("TEACHER_URL", teacher.url))
+        config = load_config(path, [f"out_dir={tmp_path / 'run'}", f"model={tiny_model}"])
+        result = train(config)
+    report = result.report
+    assert set(report["stages"]) == {"sft", "grpo"} and report["steps"] == 1
+    assert report["stages"]["sft"]["steps"] == 3 and report["stages"]["sft"]["val_after"] is not None
+    sft_model = tmp_path / "run" / "sft" / "model"
+    assert report["stages"]["sft"]["model"] == str(sft_model)
+    updater = json.loads((tmp_path / "run" / "grpo" / "checkpoints" / "step-1" / "updater.json").read_text())
+    assert updater["base_model"]["path"] == str(sft_model.resolve())  # GRPO started from the SFT stage's weights
+    assert (tmp_path / "run" / "sft" / "metrics.jsonl").exists() and (
+        tmp_path / "run" / "grpo" / "metrics.jsonl"
+    ).exists()
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("algorithm=[grpo, sft]", "algorithm: the one chain is ['sft', 'grpo']"),
+        ("sft.steps=many", "sft.steps: Expected `int`"),
+        ("sft.teacher={endpoint: http://x/v1, model: t, bogus: 1}", "sft.teacher: unknown setting(s) ['bogus']"),
+        ("sft.traces={since: yesterday}", "sft.traces.since: Expected `float | null`"),
+        ("sft.config={kl_coef: 0.1}", "sft.config.kl_coef: SFT has no KL term"),
+        ("sft.batch=3", "sft: unknown setting(s) ['batch']"),
+    ],
+)
+def test_config_sft_section_errors_name_the_field(tmp_path, override, message):
+    from lightrail.trainer.config import ConfigError, load_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text("agent: a:b\ndata: c:d\nalgorithm: sft\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, [override])
+    assert message in str(err.value)
+
+
+def test_lora_sft_exports_the_merged_policy_it_trained(tiny_model, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from lightrail.algorithms import LoraSettings
+
+    store, _ = asyncio.run(_hand_built_store(tmp_path / "store.db"))
+    sft = SFT(
+        tiny_model, steps=3, batch_size=4, config=GRPOConfig(lr=1e-2, lora=LoraSettings(r=4)),
+        out_dir=tmp_path / "sft", checkpoint_every=0, min_reward=0.5,
+    )  # fmt: skip
+
+    async def go():
+        ctx = TrainerContext(store=store, train_tasks=[])
+        await sft.setup(ctx)
+        try:
+            await sft.run(ctx)
+            return {k: v.clone() for k, v in sft._updater.state_dict_for_serving().items()}
+        finally:
+            await sft.close()
+
+    served = asyncio.run(go())
+    exported = AutoModelForCausalLM.from_pretrained(sft.report["model"]).state_dict()
+    base = AutoModelForCausalLM.from_pretrained(tiny_model).state_dict()
+    assert set(exported) == set(served)
+    assert all(torch.equal(exported[k], served[k]) for k in served)
+    assert any(not torch.equal(exported[k], base[k]) for k in base)  # the adapter moved the weights
+    losses = [json.loads(line) for line in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in losses if m["kind"] == "train"] == [1, 2, 3]
