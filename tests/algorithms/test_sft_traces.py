@@ -14,7 +14,7 @@ from lightrail import MemoryStore, Trainer
 from lightrail.adapters import AgentFilter
 from lightrail.algorithms import SFT, GRPOConfig, TraceFilter
 from lightrail.algorithms.sft import call_rows, conversation_rows
-from lightrail.engine.chat import ChatFormat
+from lightrail.engine.chat import ChatFormat, parse_tool_calls
 from lightrail.store.sqlite import SQLiteStore
 from lightrail.trainer.algorithm import TrainerContext
 from lightrail.types import AttemptStatus, Attr, RetryPolicy, RolloutSpec, Span, Task
@@ -140,6 +140,9 @@ def test_rejection_sampling_keeps_best_of_n_per_task_and_only_the_trained_agents
     trained = [tokenizer.decode([t for t, m in zip(r.input_ids, r.loss_mask, strict=True) if m]) for r in sft._rows]
     assert all("plan for" not in text and "Plan." not in text for text in trained)
     assert all(f"Answer: {rid}" in text for rid, text in zip(kept, trained, strict=True))
+    # the tool call is trained as the text the engine parses back into the same call
+    calls = parse_tool_calls(trained[0].split("Answer:")[0]).tool_calls
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("calculator", {"expression": "1+2"})]
     data = [json.loads(line) for line in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()][0]
     assert data["kind"] == "data" and data["kept_rollouts"] == 2 and data["rows"] == 2
     assert (data["calls"], data["calls_trained"], data["calls_other_agents"]) == (6, 4, 2)
@@ -333,3 +336,39 @@ def test_lora_sft_exports_the_merged_policy_it_trained(tiny_model, tmp_path):
     assert any(not torch.equal(exported[k], base[k]) for k in base)  # the adapter moved the weights
     losses = [json.loads(line) for line in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in losses if m["kind"] == "train"] == [1, 2, 3]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_distilled_student_beats_the_base_and_grpo_continues_from_it(tmp_path, monkeypatch):
+    """The longer variant (the figures are bench/sft.py's): the small model distilled from the teacher's successful
+    traces solves held-out problems the base model cannot, and GRPO chained in the same config trains on from it."""
+    from rich.console import Console
+
+    from examples.calculator.demo import DemoSettings, build_model
+    from examples.calculator.teacher_server import TeacherServer
+    from lightrail.trainer.config import load_config, train
+
+    train_tasks, val_tasks = _problems_for(400, 60)
+    small = build_model(DemoSettings(model="small", out=tmp_path / "small"), train_tasks, Console(quiet=True))
+    with TeacherServer(train_tasks + val_tasks) as teacher:
+        monkeypatch.setenv("TEACHER_KEY", teacher.token)
+        path = tmp_path / "chain.yaml"
+        path.write_text(textwrap.dedent(CHAIN).replace("TEACHER_URL", teacher.url))
+        overrides = [
+            f"out_dir={tmp_path / 'run'}", f"model={small}", "data_args={n_train: 400, n_val: 60, seed: 3}",
+            "trainer={n_runners: 2, concurrency: 8}", "sft.n_samples=1", "sft.steps=200", "sft.batch_size=32",
+            "sft.validate_before=true", "sft.val_sampling={max_tokens: 48}", "sft.config={lr: 1.0e-3, warmup_steps: 10}",
+            "grpo.steps=4", "grpo.tasks_per_step=8", "grpo.n_samples=4",
+            "grpo.sampling={temperature: 1.0, max_tokens: 48}", "grpo.val_sampling={max_tokens: 48}",
+        ]  # fmt: skip
+        report = train(load_config(path, overrides)).report
+    sft = report["stages"]["sft"]
+    assert sft["val_before"] == 0.0 and sft["val_after"] > 0.1, sft
+    assert report["steps"] == 4 and report["val_before"] == 0.0
+
+
+def _problems_for(n_train: int, n_val: int):
+    from examples.calculator.data import make_splits
+
+    return make_splits(n_train, n_val, seed=3)
