@@ -123,6 +123,8 @@ class _Row:
     finish: str | None = None
     stop_cut: int | None = None
     """Number of ids kept when a stop string ended the row."""
+    stop_string: str | None = None
+    """The stop string that ended the row (the earliest in the text)."""
     stop_checked: int = 0
     """How many ids the stop-string check has seen."""
     matcher: Any = None
@@ -561,10 +563,11 @@ class Engine:
 
     def _check_stop(self, row: _Row) -> None:
         text = self.decode(row.out_ids)
-        hits = [text.find(s) for s in row.request.params.stop if s in text]
+        hits = [(text.find(s), s) for s in row.request.params.stop if s in text]
         if hits:
+            at, row.stop_string = min(hits, key=lambda hit: hit[0])
             row.finish = "stop"
-            row.stop_cut = self._stop_cut(row.out_ids, text[: min(hits)])
+            row.stop_cut = self._stop_cut(row.out_ids, text[:at])
 
     def _stop_cut(self, ids: list[int], before_stop: str) -> int:
         """Longest prefix of ``ids`` whose decoding is a prefix of ``before_stop`` (see the module docstring)."""
@@ -792,6 +795,7 @@ class Engine:
                     top_logprobs=list(top) if req.params.top_logprobs else None,
                     finish_reason=finish,
                     tool_calls=calls,
+                    stop_sequence=row.stop_string if finish == "stop" else None,
                 )
             )
         return Generation(
