@@ -43,6 +43,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--n-val", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-demos", action="store_true", help="textual gradients only (with --optimizer self)")
     parser.add_argument("--bootstrap", type=int, default=64, help="rollouts at temperature 1 to find first successes")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -69,6 +70,7 @@ def main() -> None:
         optimizer="self" if args.optimizer == "self" else None,
         rounds=rounds,
         beam_width=2,
+        demonstrations=not args.no_demos,
         demo_children=2,
         gradient_children=1,
         demo_k=2,
@@ -83,6 +85,7 @@ def main() -> None:
     report = apo.report
     result = {
         "optimizer": args.optimizer,
+        "demonstrations": not args.no_demos,
         "val_before": report["val_before"],
         "val_after": report["val_after"],
         "gain": round(report["val_after"] - report["val_before"], 3),

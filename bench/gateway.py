@@ -7,8 +7,10 @@ Set-up (three processes, started with spawn):
   every call is recorded as a span (with token ids and logprobs asked of the upstream);
 * client   -- this process: the real `openai.AsyncOpenAI` client, the same for both arms.
 
-Measured: sequential per-request latency (arms interleaved, p50 and mean), and throughput with 16 concurrent
-client tasks (arms alternated, median of the repetitions). The reference proxy adds ~57 ms per request and
+Measured: sequential per-request latency (arms interleaved, p50 and mean) for chat completions and for the
+Responses API (``client.responses.create``: answered by the upstream itself vs. through the gateway, which
+translates it to chat for the upstream and records it), and chat throughput with 16 concurrent client tasks (arms
+alternated, median of the repetitions). The reference proxy adds ~57 ms per request and
 keeps 7 % of direct throughput (anchor-bench (f)). The throughput ratio is the median over adjacent
 (direct, gateway) run pairs; CPU per request of the gateway and upstream processes comes from /proc.
 
@@ -121,19 +123,28 @@ async def _wait_healthy(url: str) -> None:
     raise RuntimeError(f"{url} did not become healthy")
 
 
-async def _one(client: Any) -> float:
+async def _one(client: Any, api: str = "chat") -> float:
     t0 = time.perf_counter()
+    if api == "responses":
+        answer = await client.responses.create(model="policy", instructions=SYSTEM, input=USER, max_output_tokens=256)
+        elapsed = time.perf_counter() - t0
+        assert answer.output_text == REPLY, answer
+        return elapsed
     response = await client.chat.completions.create(model="policy", messages=MESSAGES, max_tokens=256)
     elapsed = time.perf_counter() - t0
     assert response.choices[0].message.content == REPLY, response
     return elapsed
 
 
+def _api(arm: str) -> str:
+    return "responses" if arm.endswith("_responses") else "chat"
+
+
 async def _sequential(clients: dict[str, Any], k: int) -> dict[str, list[float]]:
     lat: dict[str, list[float]] = {name: [] for name in clients}
-    for _ in range(k):  # interleaved, so drift (thermal, other load) hits both arms alike
+    for _ in range(k):  # interleaved, so drift (thermal, other load) hits all arms alike
         for name, client in clients.items():
-            lat[name].append(await _one(client))
+            lat[name].append(await _one(client, _api(name)))
     return lat
 
 
@@ -180,10 +191,11 @@ async def run_client(urls: dict[str, str], args: argparse.Namespace, pids: dict[
     lat = await _sequential(clients, args.sequential)
     # Throughput: the arms alternate in short runs and each gateway run is compared with the direct run next to
     # it, so the background load of a shared machine affects both sides of each ratio alike.
-    rps: dict[str, list[float]] = {name: [] for name in clients}
-    cpu: dict[str, dict[str, float]] = {arm: dict.fromkeys([*pids, "client"], 0.0) for arm in clients}
+    chat_arms = {name: client for name, client in clients.items() if _api(name) == "chat"}
+    rps: dict[str, list[float]] = {name: [] for name in chat_arms}
+    cpu: dict[str, dict[str, float]] = {arm: dict.fromkeys([*pids, "client"], 0.0) for arm in chat_arms}
     for rep in range(args.reps):
-        for name, client in clients.items():
+        for name, client in chat_arms.items():
             before = {proc: _cpu_s(pid) for proc, pid in pids.items()}
             client_before = time.process_time()
             rps[name].append(await _throughput(client, args.concurrent_requests, args.concurrency))
@@ -204,6 +216,11 @@ async def run_client(urls: dict[str, str], args: argparse.Namespace, pids: dict[
     rps_direct, rps_gateway = statistics.median(rps["direct"]), statistics.median(rps["gateway"])
     return {
         "overhead_p50_ms": round(ms(gateway, 0.5) - ms(direct, 0.5), 3),
+        # the Responses API through the gateway (translated to chat for the upstream, recorded) vs. the same
+        # Responses request answered by the upstream itself
+        "responses_overhead_p50_ms": round(ms(lat["gateway_responses"], 0.5) - ms(lat["direct_responses"], 0.5), 3),
+        "direct_responses_p50_ms": round(ms(lat["direct_responses"], 0.5), 3),
+        "gateway_responses_p50_ms": round(ms(lat["gateway_responses"], 0.5), 3),
         "throughput_ratio_c16": round(statistics.median(ratios), 3),
         "throughput_ratio_c16_runs": [round(r, 3) for r in ratios],
         "gateway_cpu_ms_per_request": round(1000 * cpu["gateway"]["gateway"] / n_requests, 3),
@@ -250,16 +267,19 @@ def main() -> int:
         p.start()
     try:
         rollout_id, attempt_id = results.get(timeout=60)
+        routed = f"http://127.0.0.1:{gw_port}/rollouts/{rollout_id}/attempts/{attempt_id}/v1"
         urls = {
             "direct": upstream_url + "/v1",
-            "gateway": f"http://127.0.0.1:{gw_port}/rollouts/{rollout_id}/attempts/{attempt_id}/v1",
+            "gateway": routed,
+            "direct_responses": upstream_url + "/v1",
+            "gateway_responses": routed,
         }
         log(f"upstream pid {procs[0].pid}, gateway pid {procs[1].pid}, cpus {os.cpu_count()}")
         pids = {"upstream": procs[0].pid, "gateway": procs[1].pid}
         figures = asyncio.run(run_client(urls, args, pids))
         stop.set()
         figures.update(results.get(timeout=60))
-        expected = args.warmup + args.sequential + args.concurrent_requests * args.reps
+        expected = 2 * (args.warmup + args.sequential) + args.concurrent_requests * args.reps
         figures["spans_expected"] = expected
     finally:
         stop.set()
@@ -267,7 +287,10 @@ def main() -> int:
             p.join(30)
             if p.is_alive():
                 p.kill()
-    log(f"overhead p50 {figures['overhead_p50_ms']} ms, throughput ratio {figures['throughput_ratio_c16']}")
+    log(
+        f"overhead p50 {figures['overhead_p50_ms']} ms, responses overhead p50 "
+        f"{figures['responses_overhead_p50_ms']} ms, throughput ratio {figures['throughput_ratio_c16']}"
+    )
     print(json.dumps(figures))
     return 0
 

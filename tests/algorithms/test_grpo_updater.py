@@ -15,11 +15,15 @@ from lightrail.types import TrainingRow
 
 def test_public_surface_is_pinned():
     assert algorithms.__all__ == [
+        "APO",
+        "Chain",
         "GRPO",
         "GRPOConfig",
         "LoraSettings",
         "LossNorm",
         "PolicyUpdater",
+        "SFT",
+        "TraceFilter",
         "drop_stale_rows",
         "loss_weights",
         "pack_micro_batches",
