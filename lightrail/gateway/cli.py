@@ -14,6 +14,8 @@ import os
 import sys
 from typing import Any
 
+from lightrail._net import is_loopback_host
+
 __all__ = ["add_parser"]
 
 log = logging.getLogger("lightrail.gateway")
@@ -31,7 +33,8 @@ def add_parser(subparsers: Any) -> None:
     serve.add_argument(
         "--token",
         default=os.environ.get("LIGHTRAIL_GATEWAY_TOKEN"),
-        help="require 'Authorization: Bearer TOKEN' (default: $LIGHTRAIL_GATEWAY_TOKEN; none if unset)",
+        help="require 'Authorization: Bearer TOKEN' (default: $LIGHTRAIL_GATEWAY_TOKEN; none if unset, which "
+        "is refused for a --host other than this machine)",
     )
     serve.add_argument(
         "--store",
@@ -55,10 +58,22 @@ def add_parser(subparsers: Any) -> None:
     )
     serve.add_argument("--max-body-mb", type=float, default=16.0, help="largest request body (default: 16)")
     serve.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    serve.add_argument(
+        "--insecure-no-token",
+        action="store_true",
+        help="allow binding a non-loopback address without a token (anyone who can reach it can use the model)",
+    )
     serve.set_defaults(handler=_serve)
 
 
 def _serve(args: argparse.Namespace) -> int:
+    if not args.token and not is_loopback_host(args.host) and not args.insecure_no_token:
+        print(
+            f"lightrail gateway serve: refusing to bind {args.host} without a token; pass --token "
+            "(or set LIGHTRAIL_GATEWAY_TOKEN), or --insecure-no-token if the network is trusted.",
+            file=sys.stderr,
+        )
+        return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         import uvloop

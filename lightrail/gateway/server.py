@@ -26,19 +26,14 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from lightrail._net import is_loopback_host
+
 __all__ = ["GatewaySettings", "GatewayServer", "is_loopback_url"]
-
-
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:  # a host name: where it resolves is not known here, so it counts as exposed
-        return host == "localhost"
 
 
 def is_loopback_url(url: str) -> bool:
     """Whether ``url`` points at this machine only (127.0.0.0/8, ::1, localhost): unreachable from another host."""
-    return _is_loopback(urlsplit(url).hostname or "")
+    return is_loopback_host(urlsplit(url).hostname or "")
 
 
 def _wildcard(host: str) -> bool:
@@ -100,7 +95,7 @@ class GatewayServer:
         advertise_url: str | None = None,
         **app_options: Any,
     ) -> None:
-        if token is None and not _is_loopback(host):
+        if token is None and not is_loopback_host(host):
             raise ValueError(f"refusing to serve the gateway on {host} without a token (anyone could use the model)")
         advertised = None if advertise_url is None else _advertised(advertise_url)  # checked before binding
         self.token = token

@@ -7,9 +7,10 @@ uvicorn, SQLite, asyncpg) loads inside the handler.
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
 import sys
+
+from lightrail._net import is_loopback_host
 
 DEFAULT_PORT = 4747
 
@@ -72,17 +73,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     serve.set_defaults(handler=_serve)
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:  # a host name: we cannot know where it resolves, so treat it as exposed
-        return False
-
-
 def _serve(args: argparse.Namespace) -> int:
-    if not args.token and not _is_loopback(args.host) and not args.insecure_no_token:
+    if not args.token and not is_loopback_host(args.host) and not args.insecure_no_token:
         print(
             f"lightrail store serve: refusing to bind {args.host} without a token; pass --token "
             "(or set LIGHTRAIL_TOKEN), or --insecure-no-token if the network is trusted.",

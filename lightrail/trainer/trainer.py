@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from lightrail._net import is_loopback_host
 from lightrail.agent.agent import LitAgent, agent_reference, load_agent
 from lightrail.agent.processes import RUNNER_ENV, RunnerProcesses, run_runners
 from lightrail.store.base import Store
@@ -313,7 +314,7 @@ class Trainer:
                 store = owned_store = StoreClient(url, token=token)
             else:
                 db = self._db_path()
-                if (external or not _is_loopback_host(self.store_host)) and not self.token:
+                if (external or not is_loopback_host(self.store_host)) and not self.token:
                     raise ValueError(
                         "runners started elsewhere need the store's token: pass Trainer(token=...) or set "
                         f"${TOKEN_ENV} (the trainer's store server then uses it)"
@@ -420,12 +421,6 @@ class Trainer:
         if db != "memory:" and "://" not in db.removeprefix("sqlite://"):
             Path(db.removeprefix("sqlite://")).parent.mkdir(parents=True, exist_ok=True)
         return db
-
-
-def _is_loopback_host(host: str) -> bool:
-    from lightrail.gateway.server import is_loopback_url
-
-    return is_loopback_url(f"http://{host}/")
 
 
 def _reachable(url: str) -> str:

@@ -3,6 +3,7 @@ and the socket is released when it stops."""
 
 from __future__ import annotations
 
+import os
 import socket
 
 import httpx
@@ -57,3 +58,24 @@ async def test_a_wildcard_bind_advertises_a_reachable_url():
     advertised = GatewayServer(ScriptedBackend(["hi"]), MemoryStore(), token="t", advertise_url="http://gpu-1:8900")
     assert advertised.url == "http://gpu-1:8900/v1"  # normalized to the OpenAI base URL
     await advertised.stop()  # never started: releases the socket
+
+
+@pytest.mark.parametrize(
+    "command", [["store", "serve", "--db", ":memory:"], ["gateway", "serve", "--store", "x.db", "--fake"]]
+)
+def test_serve_commands_refuse_an_exposed_bind_without_a_token(command, tmp_path):
+    """Both servers anyone might start by hand refuse 0.0.0.0 without a token, saying how to proceed."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("LIGHTRAIL_TOKEN", "LIGHTRAIL_GATEWAY_TOKEN")}
+    done = subprocess.run(
+        [sys.executable, "-m", "lightrail", *command, "--host", "0.0.0.0", "--port", "1"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "refusing to bind 0.0.0.0 without a token" in done.stderr and "--insecure-no-token" in done.stderr
