@@ -76,8 +76,14 @@ class _Message(msgspec.Struct):
     tool_calls: list[_ToolCall] | None = None
 
 
+class _TopLogprob(msgspec.Struct):
+    token: str
+    logprob: float
+
+
 class _TokenLogprob(msgspec.Struct):
     logprob: float | None = None
+    top_logprobs: list[_TopLogprob] | None = None
 
 
 class _ChatLogprobs(msgspec.Struct):
@@ -97,10 +103,13 @@ class _ChatCompletion(msgspec.Struct):
     choices: list[_ChatChoice]
     model: str = ""
     prompt_token_ids: list[int] | None = None
+    logprobs_processed: list[str] | None = None
+    """lightrail's extension (a gateway upstream): what shaped the distribution the logprobs come from."""
 
 
 class _TextLogprobs(msgspec.Struct):
     token_logprobs: list[float | None] | None = None
+    top_logprobs: list[dict[str, float] | None] | None = None
 
 
 class _TextChoice(msgspec.Struct):
@@ -114,6 +123,7 @@ class _TextChoice(msgspec.Struct):
 class _TextCompletion(msgspec.Struct):
     choices: list[_TextChoice]
     model: str = ""
+    logprobs_processed: list[str] | None = None
 
 
 _chat_decoder = msgspec.json.Decoder(_ChatCompletion)
@@ -129,6 +139,13 @@ class OpenAIUpstream:
     `Generation` with ``prompt_ids``/``token_ids`` None: the call is recorded with ``token_ids_available=False``
     and excluded from training, never re-tokenized. Against servers that reject unknown fields (OpenAI's
     own API) pass ``request_token_ids=False``.
+
+    The sampling options an agent set are passed on (``response_format``, ``parallel_tool_calls``, penalties,
+    ``logit_bias``, ``top_logprobs``): the upstream enforces them (vLLM does guided decoding itself) or refuses
+    them, and its 4xx reaches the agent. Alternatives (``top_logprobs``) are asked as token ids (vLLM's
+    ``return_tokens_as_token_ids``). The logprobs are what the upstream reports: vLLM reports the model's raw
+    distribution unless it was started with ``--logprobs-mode processed_logprobs``, so
+    `Generation.logprobs_processed` is empty unless the upstream says (a lightrail gateway upstream does).
 
     ``model`` overrides the model name of every request (agents often hard-code one); ``policy_version`` is
     stamped on every generation (set it when you load new weights into the server).
@@ -178,8 +195,14 @@ class OpenAIUpstream:
             body["tools"] = request.tools
         if request.tool_choice is not None:
             body["tool_choice"] = request.tool_choice
+        if request.parallel_tool_calls is not None:
+            body["parallel_tool_calls"] = request.parallel_tool_calls
+        if request.response_format is not None:
+            body["response_format"] = request.response_format
         self._sampling(body, request.sampling)
         body["logprobs"] = True
+        if request.sampling.top_logprobs:
+            body["top_logprobs"] = request.sampling.top_logprobs
         data: _ChatCompletion = await self._post("/chat/completions", body, _chat_decoder)
         choices = []
         for c in data.choices:
@@ -190,22 +213,32 @@ class OpenAIUpstream:
             content = c.logprobs.content if c.logprobs is not None else None
             logprobs = [e.logprob for e in content] if content is not None else None
             choice = _choice(c.message.content or "", c.token_ids, logprobs, c.finish_reason, calls)
+            if request.sampling.top_logprobs and content is not None:
+                choice.top_logprobs = [[_token_id(t.token, t.logprob) for t in e.top_logprobs or ()] for e in content]
             if choice.finish_reason == "stop" and isinstance(c.stop_reason, str):
                 choice.stop_sequence = c.stop_reason
             choices.append(choice)
-        return self._generation(data.model, data.prompt_token_ids, choices)
+        return self._generation(data.model, data.prompt_token_ids, choices, data.logprobs_processed)
 
     async def _complete(self, request: CompletionRequest, model: str) -> Generation:
         body: dict[str, Any] = {"model": model, "prompt": request.prompt}
         self._sampling(body, request.sampling)
-        body["logprobs"] = 1
+        body["logprobs"] = max(1, request.sampling.top_logprobs)
         data: _TextCompletion = await self._post("/completions", body, _text_decoder)
         choices, prompt_ids = [], None
         for c in data.choices:
             logprobs = c.logprobs.token_logprobs if c.logprobs is not None else None
-            choices.append(_choice(c.text, c.token_ids, logprobs, c.finish_reason, []))
+            choice = _choice(c.text, c.token_ids, logprobs, c.finish_reason, [])
+            tops = c.logprobs.top_logprobs if c.logprobs is not None else None
+            if request.sampling.top_logprobs and tops is not None:
+                # vLLM lists the sampled token too when it is not among the most likely: keep the top k
+                k = request.sampling.top_logprobs
+                choice.top_logprobs = [
+                    sorted((_token_id(t, lp) for t, lp in (top or {}).items()), key=lambda a: -a[1])[:k] for top in tops
+                ]
+            choices.append(choice)
             prompt_ids = prompt_ids or c.prompt_token_ids
-        return self._generation(data.model, prompt_ids, choices)
+        return self._generation(data.model, prompt_ids, choices, data.logprobs_processed)
 
     # -- helpers --------------------------------------------------------------------------------------------
 
@@ -222,6 +255,12 @@ class OpenAIUpstream:
         await self._http.aclose()
 
     def _sampling(self, body: dict[str, Any], s: SamplingParams) -> None:
+        if s.top_logprobs and not self.request_token_ids:
+            raise BackendError(
+                "top_logprobs is not supported by this upstream: its alternatives cannot be named by token id "
+                "(request_token_ids=False)",
+                param="top_logprobs",
+            )
         body["n"] = s.n
         body["temperature"] = s.temperature
         body["top_p"] = s.top_p
@@ -231,8 +270,16 @@ class OpenAIUpstream:
             body["stop"] = s.stop
         if s.seed is not None:
             body["seed"] = s.seed
+        if s.presence_penalty:
+            body["presence_penalty"] = s.presence_penalty
+        if s.frequency_penalty:
+            body["frequency_penalty"] = s.frequency_penalty
+        if s.logit_bias:
+            body["logit_bias"] = {str(token): bias for token, bias in s.logit_bias.items()}
         if self.request_token_ids:
             body["return_token_ids"] = True
+            if s.top_logprobs:
+                body["return_tokens_as_token_ids"] = True
 
     async def _post(self, path: str, body: dict[str, Any], decoder: msgspec.json.Decoder) -> Any:
         try:
@@ -262,11 +309,17 @@ class OpenAIUpstream:
             raise BackendError(str(message or text or f"upstream returned {status}"), status=status)
         raise UpstreamError(f"upstream {self.base_url}{path} returned {status}: {text}")
 
-    def _generation(self, model: str, prompt_ids: list[int] | None, choices: list[Choice]) -> Generation:
+    def _generation(
+        self, model: str, prompt_ids: list[int] | None, choices: list[Choice], processed: list[str] | None
+    ) -> Generation:
         if any(c.token_ids is None for c in choices):
             prompt_ids = None  # ids are all-or-nothing: a call is trainable only with every id
         return Generation(
-            model=model or self.model or "", prompt_ids=prompt_ids, choices=choices, policy_version=self.policy_version
+            model=model or self.model or "",
+            prompt_ids=prompt_ids,
+            choices=choices,
+            policy_version=self.policy_version,
+            logprobs_processed=processed or [],
         )
 
 
@@ -408,6 +461,18 @@ class VersionedUpstream(OpenAIUpstream):
             self._idle.setdefault(name, asyncio.Event()).set()
         if not self._running:
             self._all_idle.set()
+
+
+def _token_id(label: str, logprob: float) -> tuple[int, float]:
+    """``("token_id:42", lp)`` -> ``(42, lp)``: alternatives are only usable as ids (vLLM's
+    ``return_tokens_as_token_ids``); an upstream that names them by text cannot be mapped back."""
+    head, _, tail = label.partition(":")
+    if head != "token_id" or not tail.isdigit():
+        raise UpstreamError(
+            f"the upstream named a top_logprobs token {label!r}, not 'token_id:<id>'; top_logprobs through an "
+            "upstream needs vLLM's return_tokens_as_token_ids (and request_token_ids=True)"
+        )
+    return int(tail), logprob
 
 
 def _choice(

@@ -48,6 +48,10 @@ class ScriptedBackend:
     ``script``: None echoes (the last user message for chat, the prompt for completions); a sequence is
     answered in order, one item per choice, cycling when exhausted; a callable gets the request and returns
     the reply for each choice. A `BackendError` item is raised instead of answered (to test error paths).
+    Options a script cannot honour (penalties, ``logit_bias``) are refused by name; ``top_logprobs`` lists the
+    scripted token first with its fake logprob, then made-up alternatives, each 1 nat less likely; a
+    ``response_format`` is honoured by checking the scripted text against it (a reply that is not such JSON is
+    refused, so a test's script cannot silently break the contract an engine would keep).
     ``delay_s`` simulates generation time (awaited, so it never blocks the event loop).
 
     Concurrency model: single event loop; the script cursor advances atomically between awaits.
@@ -109,7 +113,13 @@ class ScriptedBackend:
             raise BackendError("max_tokens must be at least 1", param="max_tokens")
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
+        for name in ("presence_penalty", "frequency_penalty", "logit_bias"):
+            if getattr(sampling, name):
+                raise BackendError(f"{name} is not supported by the scripted backend (it has no model)", param=name)
         choices = [self._choice(self._next_reply(request, echo), request, i) for i in range(sampling.n)]
+        if isinstance(request, ChatRequest) and request.response_format is not None:
+            for choice in choices:
+                _check_format(choice, request.response_format)
         return Generation(
             model=request.model or self.model,
             prompt_ids=self.encode(prompt),
@@ -155,13 +165,37 @@ class ScriptedBackend:
         # deterministic, plausible-looking logprobs in (-2.0, -0.01]
         logprobs = [-(((t * 2654435761 + p * 40503 + seed) % 199) + 1) / 100.0 for p, t in enumerate(token_ids)]
         stop = matched if finish == "stop" else None
+        k = sampling.top_logprobs
+        top = [[(t + j, lp - j) for j in range(k)] for t, lp in zip(token_ids, logprobs, strict=True)] if k else None
         return Choice(
             text=text,
             token_ids=token_ids,
             logprobs=logprobs,
+            top_logprobs=top,
             finish_reason=finish,
             tool_calls=calls,
             stop_sequence=stop,
+        )
+
+
+def _check_format(choice: Choice, response_format: dict[str, Any]) -> None:
+    """Raise `BackendError` unless a choice's text is the JSON ``response_format`` asks for."""
+    if choice.tool_calls or choice.finish_reason == "length":
+        return  # a tool call answers instead of the text; a cut text cannot be whole JSON (as with an engine)
+    try:
+        value = json.loads(choice.text)
+    except ValueError:
+        value = None
+    problem = None if isinstance(value, dict) else "is not a JSON object"
+    schema = (response_format.get("json_schema") or {}).get("schema")
+    if problem is None and schema is not None:
+        import jsonschema
+
+        error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(value))
+        problem = None if error is None else f"does not match the schema: {error.message}"
+    if problem is not None:
+        raise BackendError(
+            f"response_format: the scripted reply {choice.text[:80]!r} {problem}", param="response_format"
         )
 
 

@@ -6,17 +6,26 @@ converted into the typed request structs below, so a missing or ill-typed field 
 of `lightrail.types`; a backend's `Generation` becomes the response dict the agent receives (and the span
 records).
 
-Fields that OpenAI clients send as hints (``user``, ``metadata``, ``store``, ``parallel_tool_calls``, ...) are
-ignored. Fields that would change what is sampled and that no backend is asked to honour (penalties,
-``logit_bias``, structured ``response_format``, ``echo``/``suffix``/``best_of``) are refused with a 400 when
-set to a non-default value: silently ignoring them would record training data sampled from a different
-distribution than the agent asked for.
+Every option OpenAI documents is either honoured or refused: sampling options (penalties, ``logit_bias``,
+``top_logprobs``, ``response_format``, ``parallel_tool_calls``, ``seed``, ``stop``, ``n``) go to the backend, which
+enforces them (the embedded engine: `lightrail.engine`) or passes them on (an upstream), and a backend that cannot
+honour one refuses it by name (`lightrail.types.BackendError`, a 400). Hints that do not change what is sampled
+(``user``, ``metadata``, ``store``, ``service_tier``, ...) are accepted and not acted on. Options no backend here
+can honour (audio, predicted outputs, web search, reasoning effort, ``echo``/``suffix``/``best_of``) are refused
+with a 400 when set to a non-default value: silently ignoring them would record training data sampled from a
+different distribution than the agent asked for. A field OpenAI does not know is refused as OpenAI refuses it
+("Unrecognized request argument supplied"), except vLLM's ``return_token_ids`` / ``return_tokens_as_token_ids``.
+
+A ``json_schema`` response format is checked to be a valid JSON Schema here (`check_response_format`), so a
+malformed schema is a 400 that says what is wrong before any backend sees it.
 
 Token strings are not part of a `Generation` (backends report ids), so logprob entries name each token as
 ``"token_id:<id>"``, vLLM's ``return_tokens_as_token_ids`` convention.
 
 vLLM extension: a request with ``"return_token_ids": true`` gets ``prompt_token_ids`` and per-choice
-``token_ids`` in the response (vLLM >= 0.10.2 field names), so one gateway can serve as another's upstream.
+``token_ids`` in the response (vLLM >= 0.10.2 field names), so one gateway can serve as another's upstream; such
+a response also carries lightrail's ``logprobs_processed`` (`Generation.logprobs_processed`), so the downstream
+gateway records which distribution the logprobs come from.
 """
 
 from __future__ import annotations
@@ -38,6 +47,8 @@ __all__ = [
     "CompletionBody",
     "InvalidRequest",
     "chat_response",
+    "check_json_schema",
+    "check_response_format",
     "completion_response",
     "error_body",
     "parse_chat",
@@ -92,7 +103,10 @@ _MaxTokens = Annotated[int, msgspec.Meta(ge=1)]
 _Stop = str | Annotated[list[str], msgspec.Meta(max_length=16)] | None
 
 
-class _SamplingFields(msgspec.Struct, kw_only=True):
+_Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
+
+
+class _SamplingFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model: str
     n: _N | None = None
     temperature: _Temperature | None = None
@@ -102,28 +116,47 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     seed: int | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
+    presence_penalty: _Penalty | None = None
+    frequency_penalty: _Penalty | None = None
+    logit_bias: dict[str, Annotated[float, msgspec.Meta(ge=-100.0, le=100.0)]] | None = None
+    user: str | None = None
     return_token_ids: bool | None = None
     """vLLM extension: include ``prompt_token_ids`` / ``token_ids`` in the response."""
-    # Refused unless default (see module docstring); typed so a bad type is still named precisely.
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    return_tokens_as_token_ids: bool | None = None
+    """vLLM extension: name logprob tokens ``token_id:<id>`` (what this gateway always does)."""
 
 
-class ChatCompletionBody(_SamplingFields, kw_only=True):
-    """The fields of a chat-completions request the gateway reads (others are ignored)."""
+class ChatCompletionBody(_SamplingFields, kw_only=True, forbid_unknown_fields=True):
+    """A chat-completions request: every field OpenAI documents (see the module docstring for which are
+    honoured, accepted as hints, or refused)."""
 
     messages: Annotated[list[dict[str, JSON]], msgspec.Meta(min_length=1)]
     tools: list[dict[str, JSON]] | None = None
     tool_choice: str | dict[str, JSON] | None = None
+    parallel_tool_calls: bool | None = None
     max_completion_tokens: _MaxTokens | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=20)] | None = None
     response_format: dict[str, JSON] | None = None
+    # hints: accepted, not acted on
+    metadata: Annotated[dict[str, str], msgspec.Meta(max_length=16)] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    # refused when set (no backend here can honour them); typed so a bad type is still named precisely
+    modalities: list[str] | None = None
+    audio: dict[str, JSON] | None = None
+    prediction: dict[str, JSON] | None = None
+    web_search_options: dict[str, JSON] | None = None
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
+    functions: list[dict[str, JSON]] | None = None
+    function_call: str | dict[str, JSON] | None = None
 
 
-class CompletionBody(_SamplingFields, kw_only=True):
-    """The fields of a (legacy) completions request the gateway reads (others are ignored)."""
+class CompletionBody(_SamplingFields, kw_only=True, forbid_unknown_fields=True):
+    """A (legacy) completions request: every field OpenAI documents."""
 
     prompt: str | Annotated[list[str], msgspec.Meta(min_length=1, max_length=1)]
     logprobs: Annotated[int, msgspec.Meta(ge=0, le=5)] | None = None
@@ -144,7 +177,7 @@ def _param_of(err: msgspec.ValidationError) -> str | None:
     missing = _MISSING.search(text)
     if missing:
         path = f"{path}.{missing.group(1)}" if path else missing.group(1)
-    return path or None
+    return path.replace("[...]", "") or None  # msgspec's "any key of a dict": the dict is the field
 
 
 def decode_json(body: bytes) -> dict[str, JSON]:
@@ -158,27 +191,59 @@ def decode_json(body: bytes) -> dict[str, JSON]:
     return data
 
 
+_UNKNOWN = re.compile(r"Object contains unknown field `([^`]*)`")
+
+
 def _convert(data: dict[str, JSON], type_: type) -> Any:
     try:
         return msgspec.convert(data, type_)
     except msgspec.ValidationError as exc:
+        unknown = _UNKNOWN.search(str(exc))
+        if unknown and " - at `$." not in str(exc):  # a top-level field OpenAI does not know
+            name = unknown.group(1)
+            raise InvalidRequest(f"Unrecognized request argument supplied: {name}", param=name) from None
         param = _param_of(exc)
         message = str(exc).split(" - at ")[0]
         raise InvalidRequest(f"Invalid value for '{param}': {message}" if param else message, param=param) from None
 
 
 def _refuse_unsupported(body: _SamplingFields) -> None:
-    if body.presence_penalty:
-        raise InvalidRequest("presence_penalty is not supported by this gateway.", param="presence_penalty")
-    if body.frequency_penalty:
-        raise InvalidRequest("frequency_penalty is not supported by this gateway.", param="frequency_penalty")
-    if body.logit_bias:
-        raise InvalidRequest("logit_bias is not supported by this gateway.", param="logit_bias")
     if body.stream_options is not None and not body.stream:
         raise InvalidRequest("stream_options is only allowed when stream is true.", param="stream_options")
 
 
-def _sampling(body: _SamplingFields, max_tokens: int | None) -> SamplingParams:
+def _refuse_unservable(body: ChatCompletionBody) -> None:
+    """Options no backend of this gateway can honour: a 400 naming the option when it is set."""
+    if body.modalities is not None and body.modalities != ["text"]:
+        raise InvalidRequest("Only modalities ['text'] are supported by this gateway.", param="modalities")
+    for name in ("audio", "prediction", "web_search_options", "reasoning_effort", "verbosity"):
+        if getattr(body, name) is not None:
+            raise InvalidRequest(f"{name} is not supported by this gateway.", param=name)
+    if body.functions is not None or body.function_call is not None:
+        param = "functions" if body.functions is not None else "function_call"
+        raise InvalidRequest(
+            f"{param} (deprecated) is not supported by this gateway; use tools and tool_choice.", param=param
+        )
+
+
+def _logit_bias(bias: dict[str, float] | None) -> dict[int, float]:
+    """OpenAI's string token-id keys as ints (the backend checks they are in its vocabulary)."""
+    out: dict[int, float] = {}
+    for key, value in (bias or {}).items():
+        try:
+            token = int(key)
+        except ValueError:
+            token = -1
+        if token < 0 or str(token) != key.strip():
+            raise InvalidRequest(
+                f"Invalid value for 'logit_bias': keys must be token ids (non-negative integers), got {key!r}.",
+                param="logit_bias",
+            )
+        out[token] = value
+    return out
+
+
+def _sampling(body: _SamplingFields, max_tokens: int | None, top_logprobs: int = 0) -> SamplingParams:
     stop = body.stop
     return SamplingParams(
         n=body.n or 1,
@@ -187,7 +252,68 @@ def _sampling(body: _SamplingFields, max_tokens: int | None) -> SamplingParams:
         max_tokens=max_tokens,
         stop=[stop] if isinstance(stop, str) else (stop or []),
         seed=body.seed,
+        top_logprobs=top_logprobs,
+        presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
+        logit_bias=_logit_bias(body.logit_bias),
     )
+
+
+_SCHEMA_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+
+def check_json_schema(schema: JSON, *, name: str, param: str) -> None:
+    """Raise `InvalidRequest` (naming ``param`` and where in the schema) unless ``schema`` is a valid JSON
+    Schema: checked against its own metaschema (``$schema``, else draft 2020-12) with ``jsonschema``."""
+    if not isinstance(schema, dict):
+        raise InvalidRequest(
+            f"Invalid schema for response format '{name}': the schema must be a JSON object.", param=param
+        )
+    import jsonschema  # a few ms on first use; only requests with a schema pay it
+
+    try:
+        jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
+        raise InvalidRequest(
+            f"Invalid JSON schema '{name}' in {param}: at {where}: {exc.message}", param=param
+        ) from None
+
+
+def check_response_format(fmt: JSON, param: str = "response_format") -> dict[str, JSON] | None:
+    """Validate OpenAI's chat ``response_format`` (``param`` names it in errors); None for free text.
+
+    ``json_schema`` needs a ``name`` (OpenAI's pattern) and, when a ``schema`` is given, a valid JSON Schema
+    (checked against its metaschema with ``jsonschema``); a ``json_schema`` without a schema means any JSON
+    object, as with ``json_object``."""
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict):
+        raise InvalidRequest(f"Invalid type for '{param}': expected an object.", param=param)
+    kind = fmt.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind != "json_schema":
+        raise InvalidRequest(
+            f"Invalid value for '{param}.type': {kind!r}; expected 'text', 'json_object' or 'json_schema'.",
+            param=f"{param}.type",
+        )
+    spec = fmt.get("json_schema")
+    if not isinstance(spec, dict):
+        raise InvalidRequest(f"Missing required parameter: '{param}.json_schema'.", param=f"{param}.json_schema")
+    name = spec.get("name")
+    if not isinstance(name, str) or not _SCHEMA_NAME.match(name):
+        raise InvalidRequest(
+            f"Invalid value for '{param}.json_schema.name': expected 1-64 letters, digits, '_' or '-'.",
+            param=f"{param}.json_schema.name",
+        )
+    schema = spec.get("schema")
+    if schema is None:
+        return {"type": "json_object"}
+    check_json_schema(schema, name=name, param=f"{param}.json_schema.schema")
+    return {"type": "json_schema", "json_schema": spec}
 
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -249,14 +375,10 @@ def parse_chat(data: dict[str, JSON]) -> tuple[ChatCompletionBody, ChatRequest]:
     `InvalidRequest` naming the bad field."""
     body: ChatCompletionBody = _convert(data, ChatCompletionBody)
     _refuse_unsupported(body)
-    if body.top_logprobs:
-        raise InvalidRequest(
-            "top_logprobs > 0 is not supported: the gateway reports the sampled token's logprob only.",
-            param="top_logprobs",
-        )
-    fmt = body.response_format
-    if fmt is not None and fmt.get("type", "text") != "text":
-        raise InvalidRequest("Only response_format {'type': 'text'} is supported.", param="response_format")
+    _refuse_unservable(body)
+    if body.top_logprobs and not body.logprobs:
+        raise InvalidRequest("logprobs must be true when top_logprobs is set.", param="top_logprobs")
+    response_format = check_response_format(body.response_format)
     _check_messages(body.messages)
     _check_tools(body.tools, body.tool_choice)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
@@ -265,7 +387,9 @@ def parse_chat(data: dict[str, JSON]) -> tuple[ChatCompletionBody, ChatRequest]:
         messages=body.messages,
         tools=body.tools or None,
         tool_choice=body.tool_choice,
-        sampling=_sampling(body, max_tokens),
+        response_format=response_format,
+        parallel_tool_calls=body.parallel_tool_calls if body.tools else None,
+        sampling=_sampling(body, max_tokens, body.top_logprobs or 0),
     )
     return body, request
 
@@ -286,7 +410,8 @@ def parse_completion(data: dict[str, JSON]) -> tuple[CompletionBody, CompletionR
         raise InvalidRequest("best_of is not supported by this gateway.", param="best_of")
     prompt = body.prompt if isinstance(body.prompt, str) else body.prompt[0]
     max_tokens = body.max_tokens if body.max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS
-    request = CompletionRequest(model=body.model, prompt=prompt, sampling=_sampling(body, max_tokens))
+    sampling = _sampling(body, max_tokens, body.logprobs or 0)
+    request = CompletionRequest(model=body.model, prompt=prompt, sampling=sampling)
     return body, request
 
 
@@ -310,13 +435,27 @@ def token_label(token_id: int) -> str:
     return f"token_id:{token_id}"
 
 
-def chat_logprobs(token_ids: list[int] | None, logprobs: list[float] | None) -> dict[str, JSON] | None:
-    """OpenAI's ``choice.logprobs`` for chat (sampled tokens only, no alternatives)."""
-    if token_ids is None or logprobs is None:
+def _top(choice: Choice, lo: int, hi: int) -> list[list[tuple[int, float]]] | None:
+    return choice.top_logprobs[lo:hi] if choice.top_logprobs is not None else None
+
+
+def chat_logprobs(choice: Choice, lo: int = 0, hi: int | None = None) -> dict[str, JSON] | None:
+    """OpenAI's ``choice.logprobs`` for chat, for tokens ``lo:hi`` of a choice: the sampled token's logprob and,
+    when asked for, the most likely alternatives (``top_logprobs``)."""
+    if choice.token_ids is None or choice.logprobs is None:
         return None
+    hi = len(choice.token_ids) if hi is None else hi
+    tops = _top(choice, lo, hi)
     content = [
-        {"token": f"token_id:{t}", "logprob": lp, "bytes": None, "top_logprobs": []}
-        for t, lp in zip(token_ids, logprobs, strict=False)
+        {
+            "token": token_label(t),
+            "logprob": lp,
+            "bytes": None,
+            "top_logprobs": [{"token": token_label(a), "logprob": alp, "bytes": None} for a, alp in tops[k]]
+            if tops is not None
+            else [],
+        }
+        for k, (t, lp) in enumerate(zip(choice.token_ids[lo:hi], choice.logprobs[lo:hi], strict=False))
     ]
     return {"content": content, "refusal": None}
 
@@ -341,7 +480,7 @@ def chat_response(
         out: dict[str, JSON] = {
             "index": i,
             "message": chat_message(choice),
-            "logprobs": chat_logprobs(choice.token_ids, choice.logprobs) if logprobs else None,
+            "logprobs": chat_logprobs(choice) if logprobs else None,
             "finish_reason": choice.finish_reason,
         }
         if token_ids:
@@ -359,17 +498,21 @@ def chat_response(
     }
     if token_ids:
         response["prompt_token_ids"] = generation.prompt_ids
+        response["logprobs_processed"] = generation.logprobs_processed  # lightrail's, for a gateway downstream
     return response
 
 
-def completion_logprobs(token_ids: list[int] | None, logprobs: list[float] | None) -> dict[str, JSON] | None:
-    """OpenAI's legacy ``choice.logprobs`` (sampled tokens only; no text offsets, no alternatives)."""
-    if token_ids is None or logprobs is None:
+def completion_logprobs(choice: Choice, lo: int = 0, hi: int | None = None) -> dict[str, JSON] | None:
+    """OpenAI's legacy ``choice.logprobs`` for tokens ``lo:hi``: sampled tokens and, when ``logprobs`` > 0 was
+    asked, the most likely alternatives per token as ``{label: logprob}`` (no text offsets)."""
+    if choice.token_ids is None or choice.logprobs is None:
         return None
+    hi = len(choice.token_ids) if hi is None else hi
+    tops = _top(choice, lo, hi)
     return {
-        "tokens": [f"token_id:{t}" for t in token_ids],
-        "token_logprobs": list(logprobs),
-        "top_logprobs": None,
+        "tokens": [token_label(t) for t in choice.token_ids[lo:hi]],
+        "token_logprobs": list(choice.logprobs[lo:hi]),
+        "top_logprobs": [{token_label(a): alp for a, alp in top} for top in tops] if tops is not None else None,
         "text_offset": None,
     }
 
@@ -383,7 +526,7 @@ def completion_response(
         out: dict[str, JSON] = {
             "index": i,
             "text": choice.text,
-            "logprobs": completion_logprobs(choice.token_ids, choice.logprobs) if logprobs else None,
+            "logprobs": completion_logprobs(choice) if logprobs else None,
             # a text completion has no tool calls; "tool_calls" can only come from a confused backend
             "finish_reason": "stop" if choice.finish_reason == "tool_calls" else choice.finish_reason,
         }
@@ -391,7 +534,7 @@ def completion_response(
             out["prompt_token_ids"] = generation.prompt_ids
             out["token_ids"] = choice.token_ids
         choices.append(out)
-    return {
+    response: dict[str, JSON] = {
         "id": response_id,
         "object": "text_completion",
         "created": int(time.time()),
@@ -400,6 +543,9 @@ def completion_response(
         "usage": usage_of(generation),
         "system_fingerprint": None,
     }
+    if token_ids:
+        response["logprobs_processed"] = generation.logprobs_processed
+    return response
 
 
 Endpoint = Literal["chat.completions", "completions"]

@@ -65,7 +65,14 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from lightrail.gateway.dialect import Dialect, Exchange
-from lightrail.gateway.openai_api import InvalidRequest, _convert, chat_message, chat_response, error_body
+from lightrail.gateway.openai_api import (
+    InvalidRequest,
+    _convert,
+    chat_message,
+    chat_response,
+    check_json_schema,
+    error_body,
+)
 from lightrail.gateway.sse import _pieces
 from lightrail.types import Attr, ChatRequest, Generation, SamplingParams, ToolCall
 
@@ -375,6 +382,7 @@ def _response_format(fmt: dict[str, JSON] | None) -> dict[str, JSON] | None:
             raise _refuse("text.format.name", "Missing required parameter: 'text.format.name'.")
         if not isinstance(schema, dict):
             raise _refuse("text.format.schema", "Missing required parameter: 'text.format.schema'.")
+        check_json_schema(schema, name=name, param="text.format.schema")
         spec: dict[str, JSON] = {"name": name, "schema": schema}
         if isinstance(fmt.get("description"), str):
             spec["description"] = fmt["description"]

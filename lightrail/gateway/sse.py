@@ -75,7 +75,7 @@ def chat_stream(
         if span is not None and ids is not None:
             lo, hi = span
             if logprobs and lps is not None:
-                choice["logprobs"] = chat_logprobs(ids[lo:hi], lps[lo:hi])
+                choice["logprobs"] = chat_logprobs(choices[index], lo, hi)
             if token_ids:
                 choice["token_ids"] = ids[lo:hi]
         event = {**head, "choices": [choice]}
@@ -137,7 +137,7 @@ def completion_stream(
         for k, (piece, lo, hi) in enumerate(pieces):
             lp = None
             if logprobs and ids is not None and choice.logprobs is not None:
-                lp = completion_logprobs(ids[lo:hi], choice.logprobs[lo:hi])
+                lp = completion_logprobs(choice, lo, hi)
             c: dict[str, Any] = {"index": index, "text": piece, "logprobs": lp, "finish_reason": None}
             if token_ids:
                 if k == 0:

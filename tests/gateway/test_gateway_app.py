@@ -210,7 +210,7 @@ def test_completions_endpoint(make_gateway):
     server = make_gateway(ScriptedBackend(["The capital is Paris."]))
     lease = server.lease()
     client = client_for(server, lease)
-    completion = client.completions.create(model="m", prompt="Q: capital of France?\nA:", logprobs=1, max_tokens=64)
+    completion = client.completions.create(model="m", prompt="Q: capital of France?\nA:", logprobs=0, max_tokens=64)
     assert completion.choices[0].text == "The capital is Paris."
     assert len(completion.choices[0].logprobs.token_logprobs) == completion.usage.completion_tokens
     streamed = list(
@@ -312,7 +312,40 @@ def test_ended_attempt_is_still_recorded(make_gateway):
         ({"model": "m", "messages": MESSAGES, "stream": "yes"}, "stream"),
         ({"model": "m", "messages": MESSAGES, "top_logprobs": 3}, "top_logprobs"),
         ({"model": "m", "messages": MESSAGES, "frequency_penalty": 0.5}, "frequency_penalty"),
+        # a backend that cannot honour an option refuses it by name (the scripted fake has no model to penalise)
+        ({"model": "m", "messages": MESSAGES, "logit_bias": {"42": 5}}, "logit_bias"),
+        ({"model": "m", "messages": MESSAGES, "logit_bias": {"the": 5}}, "logit_bias"),
+        ({"model": "m", "messages": MESSAGES, "presence_penalty": 2.5}, "presence_penalty"),
+        ({"model": "m", "messages": MESSAGES, "response_format": {"type": "xml"}}, "response_format.type"),
+        (
+            {"model": "m", "messages": MESSAGES, "response_format": {"type": "json_schema"}},
+            "response_format.json_schema",
+        ),
+        (
+            {
+                "model": "m",
+                "messages": MESSAGES,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "a b"}},
+            },
+            "response_format.json_schema.name",
+        ),
+        (
+            {
+                "model": "m",
+                "messages": MESSAGES,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}},
+            },
+            "response_format.json_schema.schema",
+        ),
+        # the scripted reply is not JSON: the fake refuses rather than break the contract an engine keeps
         ({"model": "m", "messages": MESSAGES, "response_format": {"type": "json_object"}}, "response_format"),
+        # fields OpenAI does not know are refused as OpenAI refuses them; ones no backend here honours, by name
+        ({"model": "m", "messages": MESSAGES, "top_k": 5}, "top_k"),
+        ({"model": "m", "messages": MESSAGES, "audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+        ({"model": "m", "messages": MESSAGES, "modalities": ["text", "audio"]}, "modalities"),
+        ({"model": "m", "messages": MESSAGES, "reasoning_effort": "high"}, "reasoning_effort"),
+        ({"model": "m", "messages": MESSAGES, "functions": [{"name": "f"}]}, "functions"),
+        ({"model": "m", "messages": MESSAGES, "metadata": {"k": 1}}, "metadata"),
         ({"model": "m", "messages": MESSAGES, "tools": [{"type": "function"}]}, "tools[0].function.name"),
         ({"model": "m", "messages": MESSAGES, "tool_choice": "sometimes"}, "tool_choice"),
         ({"model": "m", "messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
