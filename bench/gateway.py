@@ -14,6 +14,16 @@ alternated, median of the repetitions). The reference proxy adds ~57 ms per requ
 keeps 7 % of direct throughput (anchor-bench (f)). The throughput ratio is the median over adjacent
 (direct, gateway) run pairs; CPU per request of the gateway and upstream processes comes from /proc.
 
+Structured outputs (skip with ``--no-structured``):
+
+* ``constrained_overhead_ratio``: tokens/s of the embedded engine (SmolLM2-135M, 8 chat requests at once, 48 new
+  tokens each) with a ``json_schema`` response format vs without, same prompts and lengths (interleaved repeats;
+  `bench._grammar_libs.engine_overhead`); ``constrained_overhead_pct`` is the slowdown in percent. Target: the
+  ratio at least 0.8.
+* ``schema_valid_fraction``: json_schema chat requests through a gateway serving the tiny random-weight model
+  (which never writes JSON by itself), sampled at temperature 1 with ``n=4``: the fraction of answers that parse and
+  validate against their schema (``jsonschema``). Target: 1.0.
+
     .venv/bin/python bench/gateway.py [--quick]
 
 Progress goes to stderr; the last line of stdout is one JSON object with ``overhead_p50_ms`` and
@@ -31,7 +41,10 @@ import socket
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ when run from a checkout
 
 SYSTEM = (
     "You are a careful assistant that solves arithmetic word problems step by step. Think about the quantities, "
@@ -245,11 +258,120 @@ async def run_client(urls: dict[str, str], args: argparse.Namespace, pids: dict[
     }
 
 
+VALIDITY_SCHEMAS: dict[str, dict[str, Any]] = {
+    "distance": {
+        "type": "object",
+        "properties": {
+            "answer": {"type": "integer", "minimum": 0, "maximum": 999},
+            "unit": {"enum": ["m", "km", "mi"]},
+        },
+        "required": ["answer", "unit"],
+        "additionalProperties": False,
+    },
+    "person": {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 16},
+            "age": {"type": "integer", "minimum": 0, "maximum": 130},
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 3},
+        },
+        "required": ["name", "age", "tags"],
+        "additionalProperties": False,
+    },
+    "verdict": {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}, "score": {"type": "number", "minimum": 0, "maximum": 1}},
+        "required": ["ok", "score"],
+        "additionalProperties": False,
+    },
+    "call": {
+        "type": "object",
+        "properties": {
+            "tool": {"enum": ["search", "calculator"]},
+            "args": {"anyOf": [{"type": "string", "maxLength": 20}, {"type": "null"}]},
+        },
+        "required": ["tool", "args"],
+        "additionalProperties": False,
+    },
+}
+
+
+async def schema_validity(requests_per_schema: int) -> dict[str, Any]:
+    """json_schema requests through a gateway serving the tiny random model; the fraction of valid answers."""
+    import tempfile
+
+    import jsonschema
+    import openai
+
+    from lightrail.engine import Engine, build_tiny_model
+    from lightrail.gateway import GatewayServer
+    from lightrail.store import MemoryStore
+
+    with tempfile.TemporaryDirectory() as tmp:
+        engine = Engine.from_pretrained(build_tiny_model(Path(tmp) / "tiny", size="tiny", seed=0), device="cpu")
+        valid, total, finishes = 0, 0, {}
+        async with GatewayServer(engine, MemoryStore()) as gateway:
+            client = openai.AsyncOpenAI(base_url=gateway.url, api_key="-", max_retries=0)
+
+            async def ask(name: str, schema: dict[str, Any], seed: int) -> list[Any]:
+                fmt = {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
+                answer = await client.chat.completions.create(
+                    model="tiny",
+                    messages=[{"role": "user", "content": f"Answer as {name}."}],
+                    response_format=fmt,
+                    n=4,
+                    max_tokens=96,
+                    temperature=1.0,
+                    seed=seed,
+                )
+                return [(schema, c) for c in answer.choices]
+
+            jobs = [ask(n, s, k) for n, s in VALIDITY_SCHEMAS.items() for k in range(requests_per_schema)]
+            for schema, choice in [pair for pairs in await asyncio.gather(*jobs) for pair in pairs]:
+                total += 1
+                finishes[choice.finish_reason] = finishes.get(choice.finish_reason, 0) + 1
+                try:
+                    jsonschema.validate(json.loads(choice.message.content), schema)
+                    valid += 1
+                except (ValueError, jsonschema.ValidationError):
+                    log(f"  invalid: {choice.message.content[:120]!r}")
+            await client.close()
+        await engine.close()
+    return {"schema_valid_fraction": round(valid / total, 4), "schema_answers": total, "schema_finishes": finishes}
+
+
+def structured(args: argparse.Namespace) -> dict[str, Any]:
+    from bench._grammar_libs import engine_overhead
+
+    log("structured outputs: constrained overhead on smollm2 (batch 8, 48 tokens) ...")
+    overhead = asyncio.run(engine_overhead(48, 2 if args.quick else 4))
+    log(f"  {overhead}")
+    log("structured outputs: json_schema answers of the tiny random model through the gateway ...")
+    validity = asyncio.run(schema_validity(4 if args.quick else 16))
+    log(f"  {validity}")
+    return {
+        "constrained_overhead_ratio": overhead["ratio"],
+        "constrained_overhead_pct": round(100 * (1 - overhead["ratio"]), 1),
+        "constrained_tokens_per_s": overhead["tokens_per_s_json_schema"],
+        "free_tokens_per_s": overhead["tokens_per_s_free"],
+        **validity,
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer requests (a smoke run, noisier figures)")
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--no-structured", action="store_true", help="skip the structured-output figures")
+    parser.add_argument("--only-structured", action="store_true", help="only the structured-output figures")
     args = parser.parse_args()
+    from bench._util import machine_facts
+
+    facts = machine_facts()
+    if args.only_structured:
+        figures = {**facts, **structured(args)}
+        print(json.dumps(figures))
+        return 0
     args.warmup, args.sequential, args.concurrent_requests, args.reps = (
         (50, 300, 400, 3) if args.quick else (200, 1500, 1000, 7)
     )
@@ -291,7 +413,9 @@ def main() -> int:
         f"overhead p50 {figures['overhead_p50_ms']} ms, responses overhead p50 "
         f"{figures['responses_overhead_p50_ms']} ms, throughput ratio {figures['throughput_ratio_c16']}"
     )
-    print(json.dumps(figures))
+    if not args.no_structured:
+        figures.update(structured(args))
+    print(json.dumps({**facts, **figures}))
     return 0
 
 
