@@ -51,9 +51,9 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from lightrail.gateway.dialect import Dialect, Exchange
-from lightrail.gateway.openai_api import InvalidRequest, chat_response
-from lightrail.types import Attr, ChatRequest, Generation, SamplingParams, ToolCall
+from lightrail.gateway.dialect import Dialect
+from lightrail.gateway.openai_api import InvalidRequest, TranslatedExchange
+from lightrail.types import ChatRequest, Generation, SamplingParams, ToolCall
 
 __all__ = ["MESSAGES", "MessagesExchange", "error_body", "parse_messages"]
 
@@ -483,7 +483,7 @@ def message_stream(response: dict[str, JSON], chunk_chars: int) -> bytes:
     return b"".join(out)
 
 
-class MessagesExchange(Exchange):
+class MessagesExchange(TranslatedExchange):
     """``POST /v1/messages`` (Anthropic Messages API)."""
 
     endpoint = "messages"
@@ -510,17 +510,6 @@ class MessagesExchange(Exchange):
 
     def events(self, response: dict[str, JSON], generation: Generation, chunk_chars: int) -> bytes:
         return message_stream(response, chunk_chars)
-
-    def recorded(self, data: dict[str, JSON], response: dict[str, JSON] | None) -> dict[str, JSON]:
-        chat = None
-        if response is not None and self.generation is not None:
-            chat = chat_response(self.generation, response_id=response["id"], logprobs=False)
-        return {
-            Attr.REQUEST: self.chat_request,
-            Attr.RESPONSE: chat,
-            Attr.DIALECT_REQUEST: data,
-            Attr.DIALECT_RESPONSE: response,
-        }
 
 
 MESSAGES = Dialect("/messages", MessagesExchange, error_body)

@@ -38,7 +38,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from lightrail.gateway.dialect import Dialect, Exchange
-from lightrail.types import ChatRequest, Choice, CompletionRequest, Generation, SamplingParams
+from lightrail.types import Attr, ChatRequest, Choice, CompletionRequest, Generation, SamplingParams
 
 __all__ = [
     "CHAT",
@@ -46,6 +46,7 @@ __all__ = [
     "ChatCompletionBody",
     "CompletionBody",
     "InvalidRequest",
+    "TranslatedExchange",
     "chat_response",
     "check_json_schema",
     "check_response_format",
@@ -552,6 +553,26 @@ Endpoint = Literal["chat.completions", "completions"]
 
 
 # -- dialects -------------------------------------------------------------------------------------------------
+
+
+class TranslatedExchange(Exchange):
+    """An exchange of an API that is translated to chat for the backend (Responses, Anthropic Messages): the span
+    records the chat view the adapters read (``chat_request`` and the answer as a chat completion of
+    ``generation``, the choices that API returns) next to the API's own bodies."""
+
+    chat_request: dict[str, JSON]
+    generation: Generation | None = None
+
+    def recorded(self, data: dict[str, JSON], response: dict[str, JSON] | None) -> dict[str, JSON]:
+        chat = None
+        if response is not None and self.generation is not None:
+            chat = chat_response(self.generation, response_id=response["id"], logprobs=False)
+        return {
+            Attr.REQUEST: self.chat_request,
+            Attr.RESPONSE: chat,
+            Attr.DIALECT_REQUEST: data,
+            Attr.DIALECT_RESPONSE: response,
+        }
 
 
 class ChatExchange(Exchange):

@@ -64,17 +64,17 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from lightrail.gateway.dialect import Dialect, Exchange
+from lightrail.gateway.dialect import Dialect
 from lightrail.gateway.openai_api import (
     InvalidRequest,
+    TranslatedExchange,
     _convert,
     chat_message,
-    chat_response,
     check_json_schema,
     error_body,
 )
 from lightrail.gateway.sse import _pieces
-from lightrail.types import Attr, ChatRequest, Generation, SamplingParams, ToolCall
+from lightrail.types import ChatRequest, Generation, SamplingParams, ToolCall
 
 __all__ = [
     "CONVERSATIONS",
@@ -661,7 +661,7 @@ def response_stream(response: dict[str, JSON], choice: Any, *, logprobs: bool, c
 # -- dialect --------------------------------------------------------------------------------------------------
 
 
-class ResponsesExchange(Exchange):
+class ResponsesExchange(TranslatedExchange):
     """``POST /v1/responses`` (OpenAI Responses API)."""
 
     endpoint = "responses"
@@ -697,17 +697,6 @@ class ResponsesExchange(Exchange):
         choice = (self.generation or generation).choices[0]
         logprobs = bool(self.body.include and LOGPROBS_INCLUDE in self.body.include)
         return response_stream(response, choice, logprobs=logprobs, chunk_chars=chunk_chars)
-
-    def recorded(self, data: dict[str, JSON], response: dict[str, JSON] | None) -> dict[str, JSON]:
-        chat = None
-        if response is not None and self.generation is not None:
-            chat = chat_response(self.generation, response_id=response["id"], logprobs=False)
-        return {
-            Attr.REQUEST: self.chat_request,
-            Attr.RESPONSE: chat,
-            Attr.DIALECT_REQUEST: data,
-            Attr.DIALECT_RESPONSE: response,
-        }
 
 
 RESPONSES = Dialect("/responses", ResponsesExchange, error_body)
