@@ -14,15 +14,27 @@ Concurrency model: one event loop per pool. Each connection carries one request 
 kept in a LIFO list (the warmest first) and at most ``max_connections`` requests are in flight.
 
 Errors: `ConnectFailedError` (could not connect), `ConnectTimeoutError`, `PoolTimeoutError`, `TimeoutError` (no
-complete response in time), `StaleConnectionError` (a fresh connection closed before answering) and
-`ConnectionError` (lost or malformed mid-response). A kept-alive connection the server closed while idle is
-replaced transparently.
+complete response in time), `StaleConnectionError` (the connection closed before a byte of the answer) and
+`ConnectionError` (lost or malformed mid-response).
+
+Resending. A kept-alive connection the server closed while idle is replaced transparently when the request was
+not written yet. Once written, a request whose connection closes before any answer may or may not have been
+processed, so it is sent again on a new connection only if it is idempotent: ``GET``/``PUT``/``DELETE``/``OPTIONS``,
+or what the caller declares so (``exchange(..., idempotent=True)``: the store client does, every store write
+carries the ids that make a replay a no-op). A ``POST`` to a model server is never sent twice. Idle connections
+older than ``keepalive_expiry_s`` (default 4 s, under the 5 s keep-alive timeout of uvicorn, vLLM and most
+servers) are closed instead of reused, so that race is rare to begin with.
+
+Header names and values, methods and paths are checked for CR, LF and NUL (`ValueError`): a value read from
+configuration or an agent can never add a header or a request of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl
+import time
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
@@ -39,7 +51,12 @@ __all__ = [
 
 
 class StaleConnectionError(ConnectionError):
-    """The connection was closed by the server before a byte of the response (safe to send again)."""
+    """The connection was closed by the server before a byte of the response. ``written``: whether the request
+    had been written (then the server may have processed it)."""
+
+    def __init__(self, message: str, *, written: bool = True):
+        super().__init__(message)
+        self.written = written
 
 
 class ConnectFailedError(ConnectionError):
@@ -74,6 +91,8 @@ class _Connection(asyncio.Protocol):
         self._headers: list[tuple[bytes, bytes]] = []
         self._chunks: list[bytes] = []
         self._got_bytes = False
+        self.idle_since = 0.0
+        """`time.monotonic` when the connection last went idle."""
 
     # -- asyncio.Protocol -----------------------------------------------------------------------------------
 
@@ -128,7 +147,7 @@ class _Connection(asyncio.Protocol):
         """Write ``message`` (head and body) and return the complete reply."""
         assert self.transport is not None
         if self.closed or self.transport.is_closing():  # a write would vanish and the reply never come
-            raise StaleConnectionError("connection closed before the request")
+            raise StaleConnectionError("connection closed before the request", written=False)
         loop = asyncio.get_running_loop()
         self._waiter = loop.create_future()
         self._parser = httptools.HttpResponseParser(self)
@@ -158,6 +177,16 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
 
+_UNSAFE = re.compile(r"[\r\n\x00]")
+_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # RFC 9110 token: methods and header names
+_IDEMPOTENT = frozenset({b"GET", b"PUT", b"DELETE", b"OPTIONS"})
+
+
+def _check_token(what: str, value: str) -> None:
+    if not _TOKEN.match(value):
+        raise ValueError(f"{what} {value[:80]!r} is not a valid HTTP token")
+
+
 class HTTPPool:
     """Keep-alive connections to one origin (``http://host:port`` or ``https://...``), with a path prefix.
 
@@ -165,6 +194,7 @@ class HTTPPool:
     >>> status, body = await pool.request("POST", "/chat/completions", b"{...}")           # doctest: +SKIP
 
     `request` builds the message from the pool's headers; `exchange` sends a complete message built by the caller.
+    See the module docstring for when a request is sent again and how long idle connections are kept.
     """
 
     def __init__(
@@ -175,6 +205,7 @@ class HTTPPool:
         max_connections: int = 512,
         timeout_s: float | None = 600.0,
         connect_timeout_s: float | None = 10.0,
+        keepalive_expiry_s: float | None = 4.0,
     ) -> None:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -184,16 +215,24 @@ class HTTPPool:
         self.prefix = parts.path.rstrip("/")
         self._ssl = ssl.create_default_context() if parts.scheme == "https" else None
         host_header = parts.netloc.rsplit("@", 1)[-1]
+        for name, value in (headers or {}).items():
+            _check_token("header name", name)
+            if _UNSAFE.search(value):
+                raise ValueError(f"header {name!r}: its value contains CR, LF or NUL")
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         self._common = f"host: {host_header}\r\n{extra}".encode("latin-1")
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
         self.max_connections = max_connections
+        self.keepalive_expiry_s = keepalive_expiry_s
         self._idle: list[_Connection] = []
         self._slots: asyncio.Semaphore | None = None
 
     async def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
         """Send one JSON request; returns ``(status, body)``."""
+        _check_token("method", method)
+        if _UNSAFE.search(path) or " " in path:
+            raise ValueError(f"path {path[:80]!r} contains a space, CR, LF or NUL")
         head = f"{method} {self.prefix}{path} HTTP/1.1\r\n".encode("latin-1") + self._common
         if body or method != "GET":
             head += b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body)
@@ -207,11 +246,15 @@ class HTTPPool:
         timeout_s: float | None = ...,  # type: ignore[assignment]
         connect_timeout_s: float | None = ...,  # type: ignore[assignment]
         pool_timeout_s: float | None = None,
+        idempotent: bool | None = None,
     ) -> Reply:
         """Send a complete HTTP/1.1 request message on an idle or new connection and return the reply.
 
-        Timeouts default to the pool's. An idle connection the server had closed is replaced transparently.
+        Timeouts default to the pool's. ``idempotent``: whether the request may be sent again when a kept-alive
+        connection closes before answering (None: by its method; see the module docstring).
         """
+        if idempotent is None:
+            idempotent = message.split(b" ", 1)[0] in _IDEMPOTENT
         if timeout_s is ...:
             timeout_s = self.timeout_s
         if connect_timeout_s is ...:
@@ -234,14 +277,16 @@ class HTTPPool:
                     conn = await self._connect(connect_timeout_s)
                 try:
                     reply = await conn.send(message, timeout_s)
-                except StaleConnectionError:
-                    if reused:  # the server dropped an idle keep-alive connection: try another one
+                except StaleConnectionError as exc:
+                    # the server dropped an idle keep-alive connection: another one, if sending again is safe
+                    if reused and (idempotent or not exc.written):
                         continue
                     raise
                 except BaseException:  # timeout, cancellation: the connection's state is unknown
                     conn.close()
                     raise
                 if reply.keep_alive and not conn.closed:
+                    conn.idle_since = time.monotonic()
                     self._idle.append(conn)
                 else:
                     conn.close()
@@ -250,8 +295,13 @@ class HTTPPool:
             slots.release()
 
     def _take_idle(self) -> _Connection | None:
-        while self._idle:
-            conn = self._idle.pop()
+        idle, expiry = self._idle, self.keepalive_expiry_s
+        if expiry is not None and idle:
+            oldest_kept = time.monotonic() - expiry
+            while idle and idle[0].idle_since < oldest_kept:  # LIFO: the oldest are at the front
+                idle.pop(0).close()
+        while idle:
+            conn = idle.pop()
             if not conn.closed:
                 return conn
         return None

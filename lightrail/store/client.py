@@ -261,6 +261,7 @@ class LeanHTTPTransport(httpx.AsyncBaseTransport):
                 timeout_s=timeouts.get("read"),
                 connect_timeout_s=timeouts.get("connect"),
                 pool_timeout_s=timeouts.get("pool"),
+                idempotent=True,  # every store write carries the ids that make a replay a no-op
             )
         except ConnectTimeoutError as exc:
             raise httpx.ConnectTimeout(str(exc), request=request) from exc
