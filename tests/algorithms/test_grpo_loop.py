@@ -42,7 +42,7 @@ def test_grpo_loop_trains_serves_and_resumes(tmp_path):
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     train_steps = [m for m in metrics if m["kind"] == "train"]
     assert [m["step"] for m in train_steps] == [1, 2]
-    assert all(m["rollouts"] == 8 and m["excluded"] == 0 for m in train_steps)
+    assert all(m["rollouts"] == 8 and m["excluded"] == 0 for m in train_steps), train_steps
     assert (tmp_path / "run" / "checkpoints" / "step-2" / "loop_state.json").exists()
     assert first.report["steps"] == 2 and (tmp_path / "run" / "reward_curve.png").exists()
 
