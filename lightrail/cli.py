@@ -10,7 +10,8 @@ import sys
 # module providing `add_parser(subparsers)`, in --help order
 _COMMANDS = [
     "lightrail.trainer.demo",  # demo
-    "lightrail.trainer.cli",  # dev
+    "lightrail.trainer.cli",  # train, dev
+    "lightrail.trainer.inspection_cli",  # runs, rollouts, show, failures
     "lightrail.agent.cli",  # runner
     "lightrail.store.cli",  # store serve
     "lightrail.gateway.cli",  # gateway serve

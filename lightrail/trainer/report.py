@@ -10,11 +10,23 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from lightrail.store.base import Store
 from lightrail.types import Attempt, AttemptStatus, Rollout, RolloutStatus
 
-__all__ = ["DevReport", "FailureGroup", "RolloutRow", "build_report", "message_pattern"]
+__all__ = [
+    "DevReport",
+    "FailureGroup",
+    "RolloutRow",
+    "build_report",
+    "digest_failures",
+    "attempt_error",
+    "failed_attempts",
+    "message_pattern",
+    "print_failure_digest",
+    "render_digest",
+]
 
 # Order matters: quoted strings first (they may contain anything), then ids and hex, then plain numbers.
 _PLACEHOLDERS: list[tuple[re.Pattern[str], str]] = [
@@ -128,24 +140,32 @@ class DevReport:
             + ("" if mean is None else f"; mean reward {mean:.3g}")
             + (f"; store: {self.store}" if self.store else "")
         )
-        if not self.digest:
-            out.print("failure digest: no failed attempts")  # type: ignore[attr-defined]
-            return
-        from rich.markup import escape
-
-        failed = sum(g.count for g in self.digest)
-        out.print(f"[bold]failure digest[/bold]: {failed} attempts in {len(self.digest)} groups")  # type: ignore[attr-defined]
-        for group in self.digest:
-            rollouts = len(group.rollout_ids)
-            out.print(  # type: ignore[attr-defined]
-                f"  [bold]{group.count}x[/bold] {group.status.value} in {rollouts} rollout{'s' * (rollouts != 1)}  "
-                f"[red]{escape(group.type)}[/red]: {escape(group.pattern)}\n"
-                f"      e.g. {group.example_rollout_id}: {escape(group.example)}",
-                soft_wrap=True,
-            )
+        render_digest(self.digest, out)
 
 
-def _attempt_error(attempt: Attempt) -> tuple[str, str]:
+def render_digest(digest: Sequence[FailureGroup], console: object, *, title: str = "failure digest") -> None:
+    """Print failure groups (most frequent first) with rich: count, status, exception type, message pattern and
+    one example; a single line when there are none."""
+    from rich.markup import escape
+
+    out: Any = console
+    if not digest:
+        out.print(f"{title}: no failed attempts")
+        return
+    failed = sum(g.count for g in digest)
+    out.print(f"[bold]{escape(title)}[/bold]: {failed} attempts in {len(digest)} groups")
+    for group in digest:
+        rollouts = len(group.rollout_ids)
+        out.print(
+            f"  [bold]{group.count}x[/bold] {group.status.value} in {rollouts} rollout{'s' * (rollouts != 1)}  "
+            f"[red]{escape(group.type)}[/red]: {escape(group.pattern)}\n"
+            f"      e.g. {group.example_rollout_id}: {escape(group.example)}",
+            soft_wrap=True,
+        )
+
+
+def attempt_error(attempt: Attempt) -> tuple[str, str]:
+    """``(type, message)`` of what ended ``attempt``: its error, or what a lost or timed-out attempt means."""
     if attempt.error is not None:
         return attempt.error.type, attempt.error.message
     if attempt.status is AttemptStatus.LOST:
@@ -161,7 +181,7 @@ def digest_failures(attempts: Iterable[Attempt]) -> list[FailureGroup]:
     for attempt in attempts:
         if attempt.status in (AttemptStatus.SUCCEEDED, AttemptStatus.RUNNING, AttemptStatus.CANCELLED):
             continue
-        type_, message = _attempt_error(attempt)
+        type_, message = attempt_error(attempt)
         key = (attempt.status, type_, message_pattern(message))
         group = groups.get(key)
         if group is None:
@@ -187,7 +207,7 @@ async def build_report(
         failed = [a for a in attempts if a.status not in (AttemptStatus.SUCCEEDED, AttemptStatus.RUNNING)]
         error = None
         if failed:
-            type_, message = _attempt_error(failed[-1])
+            type_, message = attempt_error(failed[-1])
             error = f"{type_}: {message}"
         seconds_ = None
         if rollout.ended_at is not None and attempts:
@@ -205,3 +225,35 @@ async def build_report(
             )
         )
     return DevReport(rows=rows, digest=digest_failures(all_attempts), store=store_label, seconds=seconds)
+
+
+def may_have_failed(rollout: Rollout) -> bool:
+    """True when a rollout can hold a failed attempt: it did not succeed, or it was retried."""
+    return rollout.attempts > 1 or rollout.status not in (RolloutStatus.SUCCEEDED, RolloutStatus.QUEUED)
+
+
+async def failed_attempts(store: Store, rollouts: Iterable[Rollout], *, concurrency: int = 16) -> list[Attempt]:
+    """Attempts of ``rollouts`` for `digest_failures`, reading only the rollouts that `may_have_failed` (at most
+    ``concurrency`` reads at once), in the order given."""
+    import asyncio
+
+    limit = asyncio.Semaphore(concurrency)
+
+    async def one(rollout_id: str) -> list[Attempt]:
+        async with limit:
+            return await store.query_attempts(rollout_id)
+
+    wanted = [r.rollout_id for r in rollouts if may_have_failed(r)]
+    return [a for attempts in await asyncio.gather(*(one(i) for i in wanted)) for a in attempts]
+
+
+async def print_failure_digest(
+    store: Store, rollouts: Sequence[Rollout], *, title: str = "failure digest", console: object | None = None
+) -> list[FailureGroup]:
+    """Digest the failed attempts of ``rollouts`` and print it (on rich's global console by default, so a live
+    progress bar stays below it); returns the groups. What training loops call after each validation."""
+    from rich import get_console
+
+    digest = digest_failures(await failed_attempts(store, rollouts))
+    render_digest(digest, console if console is not None else get_console(), title=title)
+    return digest

@@ -1,0 +1,25 @@
+"""Agents for the inspection tests, importable by spawned runner processes as ``inspect_agents:<name>``."""
+
+from __future__ import annotations
+
+from openai import OpenAI
+
+from lightrail import emit_event, emit_reward, rollout
+
+
+@rollout
+def chatty(task, llm):
+    """Two turns with the policy through the gateway (the second resends the history), an event, a reward; tasks
+    with a ``fail`` key raise after both calls, so failed rollouts have spans and messages too."""
+    client = OpenAI(base_url=llm.endpoint, api_key=llm.api_key or "none", max_retries=0)
+    messages = [{"role": "system", "content": "You add numbers."}, {"role": "user", "content": task["question"]}]
+    first = client.chat.completions.create(model=llm.model, messages=messages, **llm.sampling)
+    messages += [
+        {"role": "assistant", "content": first.choices[0].message.content or ""},
+        {"role": "user", "content": "Are you sure?"},
+    ]
+    second = client.chat.completions.create(model=llm.model, messages=messages, **llm.sampling)
+    emit_event("answered", question=task["question"])
+    if "fail" in task:
+        raise ValueError(f"bad question {task['fail']} in {task['question']!r}")
+    emit_reward(float(len(second.choices[0].message.content or "") % 2))
