@@ -336,6 +336,9 @@ class GRPO:
         llm = msgspec.structs.replace(self._llm, sampling=self.val_sampling)  # same endpoint, greedy by default
         version = await ctx.publish({"llm": llm})
         rollouts = await ctx.run_rollouts(ctx.val_tasks, mode="val", resources_version=version.version)
+        from lightrail.trainer.report import print_failure_digest
+
+        await print_failure_digest(ctx.store, rollouts, title=f"validation at step {self.step}: failure digest")
         finished = [
             r for r in rollouts if r.status in (RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.TIMEOUT)
         ]
