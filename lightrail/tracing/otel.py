@@ -15,6 +15,14 @@ work as OpenTelemetry spans through OpenInference instrumentors. `setup` turns t
 * the runner runs each attempt's agent inside `OTel.attempt_parent`: the current OTel span is a remote
   ``NonRecordingSpan`` with the attempt's trace id and the runner's rollout span id, so framework root spans hang
   under the rollout span in the attempt's trace;
+* the OpenAI Agents SDK's own tracing switches (`set_tracing_disabled`, ``RunConfig(tracing_disabled=True)``,
+  ``OPENAI_AGENTS_DISABLE_TRACING``), which the SDK advises for non-OpenAI backends because its default exporter
+  uploads to OpenAI, do not apply inside attempts: there the SDK's only trace processor is OpenInference's (installed
+  exclusively: OpenAI's exporter is removed), so its spans go to lightrail alone and calls keep their agent names.
+  Outside attempts the switches work as the user set them. If another processor that uploads to OpenAI is
+  registered, lightrail leaves the switches alone and warns once (`_AgentsSDKTracing`). ``OTEL_SDK_DISABLED=true``
+  (CrewAI's advice to turn its telemetry off) would make lightrail's own provider a no-op: the provider lightrail
+  creates stays on (it exports only to the store); a provider the user made under that variable gets a warning;
 * outgoing ``httpx`` / ``httpx2`` requests (the openai client, LangChain, the Agents SDK, AutoGen and litellm all
   use one of them) carry the W3C ``traceparent`` of the current span, so the gateway makes its LLM-call span a child of the
   framework span that made the call, and the adapter's ancestor walk finds the agent that made it. This is a
@@ -194,6 +202,7 @@ class OTel:
         self.instrumented = instrumented
         """The OpenInference instrumentors enabled (`FRAMEWORKS` names)."""
         self._instrumentors: list[Any] = []
+        self._undo: list[Any] = []  # callables restoring what setup changed in frameworks
 
     @property
     def exporter(self) -> str:
@@ -247,6 +256,10 @@ class OTel:
                 with contextlib.suppress(Exception):
                     instrumentor.uninstrument()
             self._instrumentors = []
+            for undo in reversed(self._undo):
+                with contextlib.suppress(Exception):
+                    undo()
+            self._undo = []
             _uninject()
             _handle = None
 
@@ -313,7 +326,8 @@ def _install_provider() -> tuple[TracerProvider, _AttemptProcessor]:
     one made global."""
     processor = _AttemptProcessor()
     provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
+    created = not isinstance(provider, TracerProvider)
+    if created:
         from opentelemetry.sdk.resources import Resource
 
         provider = TracerProvider(resource=Resource.create({"service.name": "lightrail-runner"}))
@@ -322,6 +336,18 @@ def _install_provider() -> tuple[TracerProvider, _AttemptProcessor]:
             raise RuntimeError(
                 "another OpenTelemetry TracerProvider (not the SDK's) is already global in this process; "
                 "lightrail needs an opentelemetry.sdk.trace.TracerProvider"
+            )
+    if getattr(provider, "_disabled", False):  # OTEL_SDK_DISABLED=true when the provider was made
+        if created:
+            # lightrail was asked for OTel (otel=True): its own provider stays on, and exports only to the store.
+            # The variable keeps its meaning for everything else (CrewAI reads it to turn its telemetry off).
+            provider._disabled = False
+            log.info("OTEL_SDK_DISABLED is set: lightrail's runner keeps its own tracer provider on (store only)")
+        else:
+            log.warning(
+                "the global OpenTelemetry TracerProvider was created with OTEL_SDK_DISABLED=true, so it makes no "
+                "spans: LLM calls are not attributed to agents. Unset OTEL_SDK_DISABLED (CrewAI's telemetry has its "
+                "own switch, CREWAI_DISABLE_TELEMETRY) or let lightrail create the provider."
             )
     provider.add_span_processor(processor)
     return provider, processor
@@ -369,7 +395,88 @@ def _instrument(handle: OTel, names: list[str]) -> None:
         if not instrumentor.is_instrumented_by_opentelemetry:  # else someone else did: theirs to remove
             instrumentor.instrument(tracer_provider=handle.provider)
             handle._instrumentors.append(instrumentor)
+            if name == "openai_agents":
+                handle._undo.append(_AgentsSDKTracing().install())
         handle.instrumented.append(name)
+
+
+class _AgentsSDKTracing:
+    """Keeps the OpenAI Agents SDK's spans flowing inside attempts when the user switched its tracing off.
+
+    The SDK's switches are a global flag (`set_tracing_disabled`, or ``OPENAI_AGENTS_DISABLE_TRACING`` read once)
+    and a per-run ``disabled`` argument (``RunConfig.tracing_disabled``); a disabled trace is a no-op, so no agent
+    span reaches OpenInference's processor and no call can be attributed. Installed, this wraps the provider's
+    ``set_disabled`` (the user's wish is remembered, the provider stays enabled) and ``create_trace`` /
+    ``create_span``: inside an attempt they are created enabled, outside they follow the user's wish. Only while the
+    provider's processors cannot upload (none is the SDK's OpenAI exporter); otherwise the switches apply as set and
+    one warning per process says why attribution is off.
+    """
+
+    warned = False
+
+    def __init__(self) -> None:
+        from agents.tracing import get_trace_provider
+
+        self.provider = get_trace_provider()
+        provider = self.provider
+        self.originals = {n: getattr(provider, n) for n in ("set_disabled", "create_trace", "create_span")}
+        refresh = getattr(provider, "_refresh_disabled_flag", None)
+        if refresh is not None:
+            refresh()  # reads OPENAI_AGENTS_DISABLE_TRACING unless set_tracing_disabled was called
+        self.user_disabled = bool(getattr(provider, "_disabled", False))
+
+    def install(self) -> Any:
+        provider, originals = self.provider, self.originals
+        if not hasattr(provider, "_multi_processor"):  # not the SDK's DefaultTraceProvider: leave it alone
+            return lambda: None
+
+        def set_disabled(disabled: bool) -> None:
+            self.user_disabled = bool(disabled)
+            if not self._safe():
+                originals["set_disabled"](disabled)
+
+        def create_trace(*args: Any, **kwargs: Any) -> Any:
+            kwargs["disabled"] = self._disabled(kwargs.get("disabled", False))
+            return originals["create_trace"](*args, **kwargs)
+
+        def create_span(*args: Any, **kwargs: Any) -> Any:
+            kwargs["disabled"] = self._disabled(kwargs.get("disabled", False))
+            return originals["create_span"](*args, **kwargs)
+
+        provider.set_disabled, provider.create_trace, provider.create_span = set_disabled, create_trace, create_span
+        originals["set_disabled"](False)  # the flag is ours now; the user's wish is applied per trace
+
+        def undo() -> None:
+            for name in originals:
+                with contextlib.suppress(AttributeError):
+                    delattr(provider, name)  # the class's methods again
+            provider.set_disabled(self.user_disabled)
+
+        return undo
+
+    def _disabled(self, asked: bool) -> bool:
+        off = asked or self.user_disabled
+        if current_attempt() is None:
+            return off
+        return off and not self._safe()
+
+    def _safe(self) -> bool:
+        """Whether no registered processor uploads to OpenAI (the SDK's default exporter)."""
+        from agents.tracing.processors import BackendSpanExporter
+
+        processors = getattr(getattr(self.provider, "_multi_processor", None), "_processors", None)
+        safe = processors is not None and not any(
+            isinstance(getattr(p, "_exporter", None), BackendSpanExporter) for p in processors
+        )
+        if not safe and not _AgentsSDKTracing.warned:
+            _AgentsSDKTracing.warned = True
+            log.warning(
+                "the OpenAI Agents SDK's tracing is switched off here (set_tracing_disabled / "
+                "RunConfig(tracing_disabled=True) / OPENAI_AGENTS_DISABLE_TRACING) and a trace processor that "
+                "uploads to OpenAI is registered, so lightrail leaves tracing off: LLM calls of these agents are not "
+                "attributed to agents. Remove that processor (agents.set_trace_processors) to get attribution."
+            )
+        return safe
 
 
 # -- traceparent on outgoing httpx requests -------------------------------------------------------------------
