@@ -26,15 +26,18 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Build or prepare the model, generate the data, start a store, runners, the gateway and the engine, "
             "and train the agent with GRPO as CONFIG says. Prints held-out success before and after, and where "
-            "the checkpoint, metrics and reward curve are. See lightrail/trainer/config.py for every field."
+            "the checkpoint, metrics and reward curve are. Every field, with its type, default and meaning: "
+            "docs/config.md (also printed by --config-reference)."
         ),
         epilog=(
             "examples:\n  lightrail train examples/sql_agent/config.yaml\n"
-            "  lightrail train examples/rag_agent/config.yaml --steps 5 --set trainer.concurrency=4"
+            "  lightrail train examples/rag_agent/config.yaml --steps 5 --set trainer.concurrency=4\n"
+            "  lightrail train examples/sql_agent/config.yaml --set grpo.steps=3 --print-config\n\n"
+            "every config field (type, default, meaning): docs/config.md, or lightrail train --config-reference"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    train.add_argument("config", metavar="CONFIG.yaml", help="the run's configuration")
+    train.add_argument("config", metavar="CONFIG.yaml", nargs="?", help="the run's configuration")
     train.add_argument(
         "--set",
         dest="overrides",
@@ -46,10 +49,28 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--steps", type=int, default=None, metavar="N", help="shorthand for --set grpo.steps=N")
     train.add_argument("--model", default=None, help="shorthand for --set model=NAME (tiny, small, smollm2, a path)")
     train.add_argument("--out", default=None, metavar="DIR", help="shorthand for --set out_dir=DIR")
+    train.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the config as it would run (overrides applied, every default filled in) as YAML, and exit",
+    )
+    train.add_argument(
+        "--config-reference",
+        action="store_true",
+        help="print the reference of every config field (type, default, meaning) as Markdown, and exit",
+    )
     train.set_defaults(handler=_train)
 
 
 def _train(args: argparse.Namespace) -> int:
+    if args.config_reference:
+        from lightrail.trainer.config_reference import render_markdown
+
+        sys.stdout.write(render_markdown())
+        return 0
+    if args.config is None:
+        print("lightrail train: give CONFIG.yaml (or --config-reference)", file=sys.stderr)
+        return 2
     from lightrail.trainer.config import ConfigError, load_config, train
     from lightrail.trainer.trainer import redact_url
 
@@ -59,6 +80,13 @@ def _train(args: argparse.Namespace) -> int:
             overrides.append(f"{key}={value}")
     try:
         config = load_config(args.config, overrides)
+        if args.print_config:
+            import yaml
+
+            from lightrail.trainer.config_reference import resolved_config
+
+            sys.stdout.write(yaml.safe_dump(resolved_config(config), sort_keys=False, default_flow_style=None))
+            return 0
         result = train(config)
     except ConfigError as exc:
         print(f"lightrail train: {exc}", file=sys.stderr)

@@ -75,11 +75,13 @@ class RunnerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Runner processes on this machine (default 2, or 0 when Ray runners are configured). 0 without Ray: only
     runners started elsewhere (``lightrail runner --store URL --agent REF``) serve the run."""
     concurrency: int = 8
+    """Rollouts each runner process runs at once."""
     otel: bool = False
     """Export the agent framework's OpenTelemetry spans (agent names, tools) with each rollout."""
     runner_python: str | None = None
     """Run the runners under another Python (an environment where the agent's framework is installed)."""
     runners: RunnerKinds = msgspec.field(default_factory=RunnerKinds)
+    """Runners beyond the trainer's own processes (Ray actors)."""
     store_host: str = "127.0.0.1"
     """Where the trainer's own store server binds (``0.0.0.0`` to let other machines in; needs $LIGHTRAIL_TOKEN)."""
     store_port: int = 0
@@ -90,10 +92,16 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """A training run, as ``lightrail train`` reads it from YAML."""
 
     agent: str
+    """The agent, as an import reference ``module:object`` (a ``@rollout`` function or a `LitAgent`)."""
     data: str
+    """``module:function``: called with ``data_args``, returns ``(train_tasks, val_tasks)``."""
     name: str = "run"
+    """The run's name; the output folder defaults to ``runs/<name>``."""
     data_args: dict[str, Any] = msgspec.field(default_factory=dict)
+    """Keyword arguments of the ``data`` function."""
     model: str = "tiny"
+    """``tiny`` or ``small`` (built on the spot, tokenizer trained on the data module's ``tokenizer_corpus()`` if it
+    has one), ``smollm2``, or a local Hugging Face model directory."""
     out_dir: str | None = None
     """Where checkpoints, metrics, plots and the store go (default ``runs/<name>``)."""
     store: str | None = None
@@ -101,16 +109,21 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     (``postgresql://user@host/db``; the trainer serves it), or a running store server (``http://host:4747``, its
     token in $LIGHTRAIL_TOKEN)."""
     seed: int = 0
+    """Seeds model building and the algorithm (its task order, sampling of candidates)."""
     trainer: RunnerSettings = msgspec.field(default_factory=RunnerSettings)
+    """How rollouts run: runner processes, Ray actors, the trainer's store server (the ``trainer`` section below)."""
     gateway: GatewaySettings = msgspec.field(default_factory=GatewaySettings)
     """Where the training gateway listens and the URL runners are given (set both for runners on other hosts)."""
     grpo: dict[str, Any] = msgspec.field(default_factory=dict)
+    """Keyword arguments of `GRPO` (the ``grpo`` section below)."""
     algorithm: str | list[str] = "grpo"
     """``grpo`` (the ``grpo:`` section), ``apo`` (prompt optimization: the ``apo:`` section, `APO`'s arguments),
     ``sft`` (the ``sft:`` section, `SFT`'s arguments), or the chain ``[sft, grpo]`` (GRPO starts from SFT's weights;
     their outputs go to ``<out_dir>/sft`` and ``<out_dir>/grpo``)."""
     apo: dict[str, Any] = msgspec.field(default_factory=dict)
+    """Keyword arguments of `APO` when ``algorithm: apo`` (the ``apo`` section below)."""
     sft: dict[str, Any] = msgspec.field(default_factory=dict)
+    """Keyword arguments of `SFT` when ``algorithm`` is ``sft`` or ``[sft, grpo]`` (the ``sft`` section below)."""
 
     @property
     def run_dir(self) -> Path:
