@@ -47,6 +47,10 @@ class TrainerContext:
     """Called while waiting; raises when rollouts can no longer finish (the trainer: every runner died)."""
     log: Callable[..., None] = field(default=lambda step, **metrics: None)
     """``log(step, **metrics)``: report metrics (the trainer prints them)."""
+    run: str | None = None
+    """The run these rollouts belong to: `run_rollouts` tags each with ``metadata["run"]`` (what ``lightrail runs``
+    groups by). The trainer names it after the algorithm's ``out_dir`` (so a resumed run keeps its name), else the
+    command and the time it started."""
 
     async def publish(self, resources: Resources | dict[str, LLM | PromptTemplate]) -> Resources:
         """Store a new resources version; rollouts enqueued afterwards use it. Returns it with its version."""
@@ -66,8 +70,16 @@ class TrainerContext:
         """Enqueue ``n_samples`` rollouts per task and wait until all are terminal (or ``timeout_s`` passes);
         returns them in enqueue order (samples of a task adjacent: a GRPO group). Waiting is event-driven
         (`Store.wait`); rollouts whose runner died are retried by the store, never waited on forever."""
+        metadata = {"run": self.run} if self.run is not None else {}
         specs = [
-            RolloutSpec(task=task, mode=mode, sample_index=i, resources_version=resources_version, policy=self.retry)
+            RolloutSpec(
+                task=task,
+                mode=mode,
+                sample_index=i,
+                resources_version=resources_version,
+                policy=self.retry,
+                metadata=dict(metadata),
+            )
             for task in tasks
             for i in range(n_samples)
         ]

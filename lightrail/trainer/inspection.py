@@ -2,11 +2,11 @@
 failure digest. What ``lightrail runs | rollouts | show | failures`` print (`lightrail.trainer.inspection_cli`).
 
 **What a run is.** The store records rollouts, attempts, spans and resources, not runs, so runs are derived
-(`derive_runs`): rollouts whose metadata names their run (``run``, or ``apo_run`` as `APO` tags its rollouts) form
-that run; the others are cut into sessions in enqueue order, a new session starting when a rollout is enqueued
-more than ``gap_s`` after every earlier untagged rollout had ended (a trainer enqueues its next step's rollouts
-seconds after the last step ended; two ``lightrail dev`` or ``train`` invocations on one store are usually further
-apart). Runs are numbered 1, 2, ... by their first rollout, which keeps the numbers stable as a store grows.
+(`derive_runs`): rollouts whose metadata names their run form that run (``run``: the trainer tags every rollout of
+`Trainer.fit` with the algorithm's ``out_dir`` and of `Trainer.dev` with ``dev-<time>``; ``apo_run`` as `APO` tags
+its own). Untagged rollouts (enqueued by other code) are cut into sessions in enqueue order, a new session
+starting when a rollout is enqueued more than ``gap_s`` after every earlier untagged rollout had ended. Runs are
+numbered 1, 2, ... by their first rollout, which keeps the numbers stable as a store grows.
 
 **Paging.** The `Store` protocol has no limit or offset: `rollouts_page` reads the rollouts once (statuses filtered
 by the store) and slices; attempts and spans are read only for the rollouts shown (or, for the digest, the ones

@@ -18,8 +18,9 @@ __all__ = ["add_parser"]
 STORE_ENV = "LIGHTRAIL_STORE"
 
 _RUNS_HELP = (
-    "The store records rollouts, not runs, so runs are derived: rollouts whose metadata names a run ('run', or "
-    "'apo_run' as APO tags its rollouts) form that run; the others are cut into sessions in enqueue order, a new "
+    "The store records rollouts, not runs, so runs are derived: rollouts whose metadata names a run ('run': the "
+    "trainer tags them with the algorithm's out_dir, or dev-<time>; 'apo_run' for APO) form that run; the others "
+    "are cut into sessions in enqueue order, a new "
     "one starting when a rollout is enqueued more than --gap minutes after every earlier one had ended. Runs are "
     "numbered 1, 2, ... by their first rollout."
 )

@@ -220,7 +220,7 @@ class Trainer:
         async with self._session(agent) as session:
             ctx = TrainerContext(
                 store=session.store, train_tasks=[], val_tasks=task_list, retry=self.retry,
-                health_check=session.health_check,
+                health_check=session.health_check, run=_run_name("dev"),
             )  # fmt: skip
             if resources is not None:
                 await ctx.publish(resources)
@@ -261,7 +261,7 @@ class Trainer:
         async with self._session(agent) as session:
             ctx = TrainerContext(
                 store=session.store, train_tasks=as_tasks(train_tasks), val_tasks=as_tasks(val_tasks),
-                retry=self.retry, health_check=session.health_check, log=self._log,
+                retry=self.retry, health_check=session.health_check, log=self._log, run=_run_name(algorithm),
             )  # fmt: skip
             try:
                 await algorithm.setup(ctx)
@@ -421,6 +421,16 @@ class Trainer:
         if db != "memory:" and "://" not in db.removeprefix("sqlite://"):
             Path(db.removeprefix("sqlite://")).parent.mkdir(parents=True, exist_ok=True)
         return db
+
+
+def _run_name(what: Any) -> str:
+    """The run tag of a `dev` call or an algorithm's `fit`: the algorithm's ``out_dir`` when it has one (a resumed
+    run keeps its name), else the command or the algorithm's class and the start time."""
+    out_dir = getattr(what, "out_dir", None)
+    if out_dir is not None:
+        return str(out_dir)
+    name = what if isinstance(what, str) else type(what).__name__.lower()
+    return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def _reachable(url: str) -> str:

@@ -83,7 +83,8 @@ def test_grpo_prints_the_failure_digest_at_each_validation(run):
 def test_runs_lists_the_training_session_and_the_tagged_run(run, capsys):
     store, _ = run
     rollouts, _ = stored(store)
-    training = [r for r in rollouts if not r.metadata]
+    training = [r for r in rollouts if r.metadata["run"] != "probe"]
+    assert {r.metadata["run"] for r in training} == {str(store.parent)}  # the trainer tags its rollouts
     assert len(training) == 2 * 2 + 2 * len(VAL)  # one step of 2 tasks x 2 samples, two validations
     code, out, _ = lightrail(capsys, "runs", "--store", str(store))
     assert code == 0
@@ -91,7 +92,7 @@ def test_runs_lists_the_training_session_and_the_tagged_run(run, capsys):
     assert set(lines) == {"1", "2"}
     first = [cell.strip() for cell in lines["1"].split("│")[1:-1]]
     failed = sum(r.status is RolloutStatus.FAILED for r in training)
-    assert first[1] == "-" and first[4] == str(len(training))
+    assert first[1] == str(store.parent) and first[4] == str(len(training))
     assert first[5] == f"{len(training) - failed} succeeded, {failed} failed" and failed == 4
     assert first[6] == "8 val, 4 train"
     versions = sorted({r.resources_version for r in training})
@@ -118,7 +119,7 @@ def test_rollouts_pages_failed_rollouts_newest_first_with_their_errors(run, caps
         failed[3].rollout_id
     ]
     code, out, _ = lightrail(capsys, "rollouts", "--store", str(store), "--run", "1", "--mode", "train")
-    train = [r.rollout_id for r in rollouts if r.mode == "train" and not r.metadata][::-1]
+    train = [r.rollout_id for r in rollouts if r.mode == "train" and r.metadata["run"] != "probe"][::-1]
     assert [line.split("│")[1].strip() for line in out.splitlines() if line.startswith("│ ro-")] == train
     code, out, _ = lightrail(capsys, "rollouts", "--store", str(store), "--run", "probe")
     assert "ro-probe-2" in out and "ro-probe-1" in out and "1-2 of 2 rollouts of run probe" in out
