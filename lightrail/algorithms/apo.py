@@ -883,4 +883,9 @@ def kwargs_from_config(section: dict[str, Any], where: str = "apo") -> dict[str,
             kwargs[key] = msgspec.convert(value, annotation, strict=False)
         except msgspec.ValidationError as exc:
             raise ValueError(f"{where}.{key}: {exc}") from None
+        except TypeError:  # ``str | Path``: msgspec cannot check a union with Path; a config writes paths as strings
+            optional = "None" in str(parameters[key].annotation)
+            if not (isinstance(value, str) or (value is None and optional)):
+                raise ValueError(f"{where}.{key}: expected a path, got {type(value).__name__}") from None
+            kwargs[key] = value if value is None else Path(value)
     return kwargs

@@ -241,6 +241,14 @@ def test_config_section(tmp_path):
     path.write_text("agent: a:b\ndata: c:d\nalgorithm: apo\napo: {prompts: {p: hi}, beam: 2}\n")
     with pytest.raises(ConfigError, match=r"apo: unknown setting\(s\) \['beam'\]"):
         load_config(path)
+    from lightrail.algorithms.apo import kwargs_from_config
+
+    paths = kwargs_from_config({"prompts": {"p": "hi"}, "prompts_dir": "my_prompts", "out_dir": "runs/x"})
+    assert paths["prompts_dir"] == Path("my_prompts") and paths["out_dir"] == Path("runs/x")  # strings in YAML
+    assert kwargs_from_config({"prompts": {"p": "hi"}, "prompts_dir": None})["prompts_dir"] is None
+    for bad in ({"prompts_dir": 3}, {"out_dir": None}):
+        with pytest.raises(ValueError, match=f"apo.{next(iter(bad))}: expected a path"):
+            kwargs_from_config({"prompts": {"p": "hi"}, **bad})
 
 
 def test_demonstrations_as_messages_found_by_bootstrap(tmp_path, tiny_model):
