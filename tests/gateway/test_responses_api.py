@@ -453,6 +453,7 @@ def agents_sdk():
     agents.set_tracing_disabled(True)
     yield agents
     _openai_shared.set_default_openai_client(previous)
+    agents.set_tracing_disabled(False)  # a global flag: later tests see the SDK's default
 
 
 def test_agents_sdk_default_model_with_a_tool_and_an_output_type(make_gateway, agents_sdk):

@@ -23,12 +23,13 @@ from tests.tracing.test_otel import serve
 
 @pytest.fixture(autouse=True)
 def otel_off():
+    from agents import set_tracing_disabled
+
+    set_tracing_disabled(False)  # the SDK's default, whatever an earlier test in this process left
     yield
     handle = otel.current()
     if handle is not None:
         handle.shutdown()
-    from agents import set_tracing_disabled
-
     set_tracing_disabled(False)
 
 
