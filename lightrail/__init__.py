@@ -32,6 +32,7 @@ _EXPORTS: dict[str, str] = {
     "SQLiteStore": "lightrail.store",
     "StoreClient": "lightrail.store",
     "open_store": "lightrail.store",
+    "feedback": "lightrail.store.sessions",
     # tracing
     "emit_reward": "lightrail.tracing",
     "emit_event": "lightrail.tracing",
@@ -70,6 +71,7 @@ __all__ = [
     "__version__",
     "emit_event",
     "emit_reward",
+    "feedback",
     "open_store",
     "rollout",
 ]

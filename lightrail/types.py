@@ -67,7 +67,9 @@ __all__ = [
 JSON = Any
 """Any JSON-serialisable value (task inputs, span attribute values)."""
 
-Mode = Literal["train", "val"]
+Mode = Literal["train", "val", "served"]
+"""``train`` and ``val``: rollouts a trainer enqueued; ``served``: a session of production traffic the gateway
+recorded (`Store.open_session`), which runners never lease."""
 
 
 _last_seq = 0
@@ -537,6 +539,13 @@ class Attr:
     """True for the episode's final reward, False for an intermediate one."""
     LINKED_RESPONSE_ID = "lightrail.reward.response_id"
     """The LLM call an intermediate reward follows (its `RESPONSE_ID`), when known."""
+    FEEDBACK_ID = "lightrail.feedback.id"
+    """On reward spans written from feedback on a served session (`lightrail.feedback`): the feedback's id."""
+    FEEDBACK_NOTE = "lightrail.feedback.note"
+    SESSION_ID = "lightrail.session.id"
+    """On LLM-call spans of served traffic: the session the gateway filed the call under."""
+    SESSION_SOURCE = "lightrail.session.source"
+    """Where the session id came from: ``header`` (x-lightrail-session), ``user``, ``metadata`` or ``call``."""
     EVENT_NAME = "lightrail.event.name"
     EXCEPTION_TYPE = "exception.type"
     EXCEPTION_MESSAGE = "exception.message"

@@ -33,6 +33,7 @@ PUBLIC = [
     "__version__",
     "emit_event",
     "emit_reward",
+    "feedback",
     "open_store",
     "rollout",
 ]

@@ -46,6 +46,7 @@ from lightrail.gateway.anthropic_api import MESSAGES
 from lightrail.gateway.backends import Backend, UpstreamError
 from lightrail.gateway.dialect import Dialect, Exchange
 from lightrail.gateway.openai_api import CHAT, COMPLETIONS, InvalidRequest, decode_json, new_response_id
+from lightrail.gateway.recording import SESSION_HEADER, SessionRecorder, session_attributes
 from lightrail.gateway.responses_api import RESPONSES
 from lightrail.gateway.sse import CHUNK_CHARS
 from lightrail.store.base import NotFoundError, Store
@@ -99,8 +100,10 @@ class _Gateway:
         max_body_bytes: int,
         stream_chunk_chars: int,
         max_cached_attempts: int = 100_000,
+        sessions: SessionRecorder | None = None,
     ) -> None:
         self.backend = backend
+        self.sessions = sessions
         self.store = store
         self.recorder = recorder
         self.max_body_bytes = max_body_bytes
@@ -184,16 +187,21 @@ class _Gateway:
         return b"".join(chunks)
 
     async def serve(self, request: Request, dialect: Dialect, attempt: tuple[str, str] | None) -> Response:
-        """Validate, call the backend, answer; record a span when ``attempt`` is given."""
+        """Validate, call the backend, answer; record a span when ``attempt`` is given, or under its session when
+        served traffic is recorded."""
         start = time.time()
-        seq = next_seq() if attempt else 0
+        recording = attempt is not None or self.sessions is not None
+        seq = next_seq() if recording else 0
         data: dict[str, Any] | None = None
         exchange: Exchange | None = None
         generation = None
         response: dict[str, Any] | None = None
         failure: str | None = None
+        session: tuple[str | None, str] | None = None
         try:
             data = decode_json(await self.read_body(request))
+            if attempt is None and self.sessions is not None:
+                session = self.sessions.session_of(request.headers, data)
             exchange = dialect.exchange(data)
             backend_request = exchange.request
             if isinstance(backend_request, ChatRequest):
@@ -224,11 +232,41 @@ class _Gateway:
         if attempt is not None:
             await self.recorder.wait_capacity()  # backpressure: agents slow down to the store's pace
             span = _call_span(attempt, seq, dialect, start, data, exchange, generation, response, failure)
-            parent = parse_traceparent(request.headers.get("traceparent"))
-            if parent is not None:  # the caller's span (a framework's LLM span, the runner's rollout span)
-                span.trace_id, span.parent_id = parent
+            _link_to_caller(span, request)
             self.recorder.submit(span)
+        elif session is not None and self.sessions is not None:
+            session_id, source = session
+            if session_id is None and response is not None:
+                session_id = response["id"]  # a session of its own, named by its response id
+            if session_id is not None:
+                await self.recorder.wait_capacity()
+                span = _call_span(
+                    self.sessions.attempt_of(session_id),
+                    seq,
+                    dialect,
+                    start,
+                    data,
+                    exchange,
+                    generation,
+                    response,
+                    failure,
+                )
+                span.attributes.update(session_attributes(session_id, source))
+                _link_to_caller(span, request)
+                redact = self.sessions.redact
+                redacted = span if redact is None else redact(span)
+                if redacted is not None:
+                    self.sessions.record(redacted, session_id, source, self.recorder)
+                http.headers[SESSION_HEADER] = session_id
         return http
+
+
+def _link_to_caller(span: Span, request: Request) -> None:
+    """Make ``span`` a child of the caller's span (a framework's LLM span, the runner's rollout span) when the
+    request carries a valid ``traceparent``."""
+    parent = parse_traceparent(request.headers.get("traceparent"))
+    if parent is not None:
+        span.trace_id, span.parent_id = parent
 
 
 _HEX = frozenset("0123456789abcdef")
@@ -359,12 +397,14 @@ def create_gateway_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     recorder: SpanBatcher | None = None,
     stream_chunk_chars: int = CHUNK_CHARS,
+    sessions: SessionRecorder | None = None,
 ) -> Starlette:
     """Build the gateway ASGI app: OpenAI-compatible routes over ``backend``, spans into ``store``.
 
     ``token``: require ``Authorization: Bearer <token>`` (the agent's ``api_key``) on every route but
     ``/health``. ``recorder``: a `lightrail.tracing.SpanBatcher` to share or tune (default: one over ``store``); the app flushes
-    it at shutdown and closes it if it created it. The backend and the store belong to the caller.
+    it at shutdown and closes it if it created it. The backend and the store belong to the caller. ``sessions``: record
+    served (unrouted) calls too, under sessions (`lightrail.gateway.recording`).
 
     Streams are replayed from complete generations (see `lightrail.gateway.sse`), so a streamed call records
     exactly the ids the same call would record without streaming.
@@ -377,14 +417,25 @@ def create_gateway_app(
     """
     own_recorder = recorder is None
     recorder = recorder or SpanBatcher(store, linger_s=0.002, max_pending=20_000)
-    gateway = _Gateway(backend, store, recorder, max_body_bytes=max_body_bytes, stream_chunk_chars=stream_chunk_chars)
+    gateway = _Gateway(
+        backend,
+        store,
+        recorder,
+        max_body_bytes=max_body_bytes,
+        stream_chunk_chars=stream_chunk_chars,
+        sessions=sessions,
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         recorder.start()
+        if sessions is not None:
+            sessions.start()
         try:
             yield
         finally:
+            if sessions is not None:
+                await sessions.close()  # sessions being opened hand their spans to the recorder first
             if own_recorder:
                 await recorder.close()
             else:

@@ -3,6 +3,7 @@ engine, recording agents' calls into a store.
 
     lightrail gateway serve --store lightrail.db --upstream http://127.0.0.1:8000 --token "$TOKEN"
     lightrail gateway serve --store http://127.0.0.1:8800 --model tiny
+    lightrail gateway serve --store prod.db --model runs/x/final --record --retention-days 30 --redact app:scrub
 """
 
 from __future__ import annotations
@@ -56,6 +57,25 @@ def add_parser(subparsers: Any) -> None:
         action="store_true",
         help="do not ask the upstream for token ids (servers that reject vLLM's return_token_ids)",
     )
+    serve.add_argument(
+        "--record",
+        action="store_true",
+        help="also record served calls (the /v1 routes, production traffic) into the store, grouped into sessions "
+        "(x-lightrail-session header, else the request's user / metadata.session_id, else one per call) that "
+        "feedback rewards later (POST /v1/feedback on the store, lightrail.feedback)",
+    )
+    serve.add_argument(
+        "--redact",
+        metavar="MODULE:FUNCTION",
+        help="with --record: a function called with each served call's span before it is stored; it returns the "
+        "span to store (edited as needed) or None to store nothing",
+    )
+    serve.add_argument(
+        "--retention-days",
+        type=float,
+        metavar="DAYS",
+        help="with --record: delete served sessions older than this (checked hourly; default: keep them)",
+    )
     serve.add_argument("--max-body-mb", type=float, default=16.0, help="largest request body (default: 16)")
     serve.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     serve.add_argument(
@@ -74,6 +94,22 @@ def _serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if (args.redact or args.retention_days is not None) and not args.record:
+        print("lightrail gateway serve: --redact and --retention-days apply to --record", file=sys.stderr)
+        return 2
+    if args.retention_days is not None and args.retention_days <= 0:
+        print("lightrail gateway serve: --retention-days must be > 0", file=sys.stderr)
+        return 2
+    redact = None
+    if args.redact:
+        from lightrail.gateway.recording import load_redactor
+
+        sys.path.insert(0, os.getcwd())  # the user's module, named from where they run the command
+        try:
+            redact = load_redactor(args.redact)
+        except (ImportError, ValueError) as exc:
+            print(f"lightrail gateway serve: --redact {args.redact}: {exc}", file=sys.stderr)
+            return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         import uvloop
@@ -81,11 +117,11 @@ def _serve(args: argparse.Namespace) -> int:
         uvloop.install()  # a faster event loop when available (uvicorn[standard] ships it)
     except ImportError:
         pass
-    asyncio.run(_run(args))
+    asyncio.run(_run(args, redact))
     return 0
 
 
-async def _run(args: argparse.Namespace) -> None:
+async def _run(args: argparse.Namespace, redact: Any = None) -> None:
     import uvicorn
 
     from lightrail.gateway.app import create_gateway_app
@@ -93,13 +129,30 @@ async def _run(args: argparse.Namespace) -> None:
 
     backend = await _open_backend(args)
     store = open_store(args.store, token=args.store_token)
+    sessions = None
+    if args.record:
+        from lightrail.gateway.recording import SessionRecorder
+
+        retention_s = None if args.retention_days is None else args.retention_days * 86400.0
+        sessions = SessionRecorder(store, redact=redact, retention_s=retention_s)
     try:
-        app = create_gateway_app(backend, store, token=args.token, max_body_bytes=int(args.max_body_mb * 1024 * 1024))
+        app = create_gateway_app(
+            backend,
+            store,
+            token=args.token,
+            max_body_bytes=int(args.max_body_mb * 1024 * 1024),
+            sessions=sessions,
+        )
         config = uvicorn.Config(
             app, host=args.host, port=args.port, access_log=False, log_level=args.log_level, lifespan="on"
         )
         models = ", ".join(backend.model_names())
-        print(f"lightrail gateway on http://{args.host}:{args.port} (models: {models})", file=sys.stderr, flush=True)
+        recording = " recording served traffic" if args.record else ""
+        print(
+            f"lightrail gateway on http://{args.host}:{args.port} (models: {models}){recording}",
+            file=sys.stderr,
+            flush=True,
+        )
         await uvicorn.Server(config).serve()
     finally:
         closer = getattr(backend, "aclose", None) or getattr(backend, "close", None)

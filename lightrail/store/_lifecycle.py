@@ -14,7 +14,16 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from lightrail.types import ATTEMPT_TO_ROLLOUT, AttemptStatus, RetryPolicy, RolloutStatus
+from lightrail.types import (
+    ATTEMPT_TO_ROLLOUT,
+    Attempt,
+    AttemptStatus,
+    Lease,
+    RetryPolicy,
+    Rollout,
+    RolloutSpec,
+    RolloutStatus,
+)
 
 log = logging.getLogger(__name__)
 _REAPER_RETRY_S = 0.5
@@ -40,6 +49,39 @@ def expired_status(started_at: float, policy: RetryPolicy, now: float) -> Attemp
     if policy.timeout_s is not None and now >= started_at + policy.timeout_s:
         return AttemptStatus.TIMEOUT
     return AttemptStatus.LOST
+
+
+SESSION_DEADLINE = 32503680000.0
+"""The deadline of a served session's attempt (year 3000): the schemas keep "running ⇔ has a deadline", and no
+lease expiry ever ends a session (feedback finishes it, retention deletes it)."""
+
+
+def new_session(spec: RolloutSpec, attempt_id: str, worker_id: str, now: float, latest: int | None) -> Lease:
+    """The rollout and running attempt `Store.open_session` stores for ``spec`` (mode ``served``, one attempt)."""
+    if spec.mode != "served":
+        raise ValueError(f"open_session records served sessions: spec.mode must be 'served', got {spec.mode!r}")
+    rollout = Rollout(
+        rollout_id=spec.rollout_id,
+        task=spec.task,
+        mode="served",
+        sample_index=spec.sample_index,
+        resources_version=spec.resources_version if spec.resources_version is not None else latest,
+        policy=spec.policy,
+        status=RolloutStatus.RUNNING,
+        created_at=now,
+        attempts=1,
+        metadata=spec.metadata,
+    )
+    attempt = Attempt(
+        attempt_id=attempt_id,
+        rollout_id=spec.rollout_id,
+        index=1,
+        worker_id=worker_id,
+        status=AttemptStatus.RUNNING,
+        started_at=now,
+        lease_expires_at=SESSION_DEADLINE,
+    )
+    return Lease(rollout=rollout, attempt=attempt)
 
 
 class Pulse:

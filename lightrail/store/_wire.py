@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
+from lightrail.store.sessions import Feedback, FeedbackResult
 from lightrail.types import (
     Attempt,
     AttemptStatus,
@@ -73,6 +74,24 @@ class AddSpansRequest(msgspec.Struct, kw_only=True):
     """Body of ``POST /v1/spans``: a batch of spans, stored all or nothing."""
 
     spans: list[Span]
+
+
+class OpenSessionRequest(msgspec.Struct, kw_only=True):
+    """Body of ``POST /v1/sessions``: a served session (``spec.mode`` must be ``served``)."""
+
+    spec: RolloutSpec
+    attempt_id: str
+    worker_id: str = "gateway"
+
+
+class DeleteSessionsRequest(msgspec.Struct, kw_only=True):
+    """Body of ``POST /v1/sessions/delete``: retention."""
+
+    created_before: float
+
+
+class DeletedResponse(msgspec.Struct, kw_only=True):
+    deleted: int
 
 
 class RolloutsResponse(msgspec.Struct, kw_only=True):
@@ -200,6 +219,30 @@ ROUTES: tuple[RouteSpec, ...] = (
         "End an attempt (idempotent for the same outcome).",
         FinishRequest,
         Attempt,
+    ),
+    RouteSpec(
+        "POST",
+        "/v1/sessions",
+        "open_session",
+        "Record a served session: a running rollout and its attempt, never leased (idempotent by rollout_id).",
+        OpenSessionRequest,
+        Lease,
+    ),
+    RouteSpec(
+        "POST",
+        "/v1/sessions/delete",
+        "delete_sessions",
+        "Delete served sessions created before a time, with their attempts and spans (retention).",
+        DeleteSessionsRequest,
+        DeletedResponse,
+    ),
+    RouteSpec(
+        "POST",
+        "/v1/feedback",
+        "feedback",
+        "Reward a served session after the fact (idempotent by feedback_id; 404 for an unknown session).",
+        Feedback,
+        FeedbackResult,
     ),
     RouteSpec(
         "POST",

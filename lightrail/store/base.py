@@ -112,6 +112,18 @@ class Store(Protocol):
         rollouts are returned unchanged; an unknown id raises `NotFoundError` and cancels nothing."""
         ...
 
+    async def open_session(self, spec: RolloutSpec, *, attempt_id: str, worker_id: str = "gateway") -> Lease:
+        """Record a served session (``spec.mode == "served"``): a running rollout with one running attempt,
+        created together. Runners never lease it and no lease expiry ends it: feedback finishes it
+        (`lightrail.feedback`), retention deletes it (`delete_sessions`). Idempotent by ``spec.rollout_id``: a
+        stored session is returned as stored; a stored rollout that is not a session raises `ConflictError`."""
+        ...
+
+    async def delete_sessions(self, *, created_before: float) -> int:
+        """Delete the served sessions created before ``created_before`` (epoch seconds) with their attempts and
+        spans; returns how many. Rollouts of other modes are never deleted."""
+        ...
+
     async def add_spans(self, spans: Sequence[Span]) -> int:
         """Store spans, ignoring ones already stored (same attempt and span id). Returns how many were new."""
         ...

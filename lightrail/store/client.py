@@ -46,11 +46,14 @@ from lightrail.store._wire import (
     AddSpansRequest,
     AttemptsResponse,
     CountsResponse,
+    DeletedResponse,
+    DeleteSessionsRequest,
     EnqueueRequest,
     ErrorResponse,
     FinishRequest,
     LeaseRequest,
     LeaseResponse,
+    OpenSessionRequest,
     QueryRolloutsRequest,
     ResourcesResponse,
     RolloutIdsRequest,
@@ -59,6 +62,7 @@ from lightrail.store._wire import (
     WaitRequest,
 )
 from lightrail.store.base import ConflictError, NotFoundError, StaleAttemptError, StoreError, StoreUnavailableError
+from lightrail.store.sessions import Feedback, FeedbackResult
 from lightrail.types import (
     Attempt,
     AttemptStatus,
@@ -113,6 +117,9 @@ _dec_attempt = msgspec.json.Decoder(Attempt)
 _dec_attempts = msgspec.json.Decoder(AttemptsResponse)
 _dec_added = msgspec.json.Decoder(AddedResponse)
 _dec_spans = msgspec.json.Decoder(SpansResponse)
+_dec_lease_only = msgspec.json.Decoder(Lease)
+_dec_deleted = msgspec.json.Decoder(DeletedResponse)
+_dec_feedback = msgspec.json.Decoder(FeedbackResult)
 _dec_resources = msgspec.json.Decoder(Resources)
 _dec_resources_opt = msgspec.json.Decoder(ResourcesResponse)
 _dec_counts = msgspec.json.Decoder(CountsResponse)
@@ -163,6 +170,20 @@ def _add_spans(spans: Sequence[Span]) -> _Op[int]:
         return 0
     answer = yield _Call("POST", "/v1/spans", _dec_added, _encode(AddSpansRequest(spans=list(spans))))
     return answer.added
+
+
+def _open_session(spec: RolloutSpec, attempt_id: str, worker_id: str) -> _Op[Lease]:
+    body = _encode(OpenSessionRequest(spec=spec, attempt_id=attempt_id, worker_id=worker_id))
+    return (yield _Call("POST", "/v1/sessions", _dec_lease_only, body))
+
+
+def _delete_sessions(created_before: float) -> _Op[int]:
+    body = _encode(DeleteSessionsRequest(created_before=created_before))
+    return (yield _Call("POST", "/v1/sessions/delete", _dec_deleted, body)).deleted
+
+
+def _feedback(feedback: Feedback) -> _Op[FeedbackResult]:
+    return (yield _Call("POST", "/v1/feedback", _dec_feedback, _encode(feedback)))
 
 
 def _query_spans(rollout_id: str, attempt_id: str | None) -> _Op[list[Span]]:
@@ -460,6 +481,18 @@ class StoreClient(_Base):
         """Cancel queued or running rollouts."""
         return await self._run(_cancel(rollout_ids))
 
+    async def open_session(self, spec: RolloutSpec, *, attempt_id: str, worker_id: str = "gateway") -> Lease:
+        """Record a served session (idempotent by ``spec.rollout_id``)."""
+        return await self._run(_open_session(spec, attempt_id, worker_id))
+
+    async def delete_sessions(self, *, created_before: float) -> int:
+        """Delete served sessions created before ``created_before``; returns how many."""
+        return await self._run(_delete_sessions(created_before))
+
+    async def feedback(self, feedback: Feedback) -> FeedbackResult:
+        """Reward a served session (`lightrail.store.sessions.give_feedback` on the server)."""
+        return await self._run(_feedback(feedback))
+
     async def add_spans(self, spans: Sequence[Span]) -> int:
         """Store a batch of spans in one request; returns how many were new."""
         return await self._run(_add_spans(spans))
@@ -579,6 +612,18 @@ class SyncStoreClient(_Base):
     def cancel(self, rollout_ids: Iterable[str]) -> list[Rollout]:
         """See `StoreClient.cancel`."""
         return self._run(_cancel(rollout_ids))
+
+    def open_session(self, spec: RolloutSpec, *, attempt_id: str, worker_id: str = "gateway") -> Lease:
+        """See `StoreClient.open_session`."""
+        return self._run(_open_session(spec, attempt_id, worker_id))
+
+    def delete_sessions(self, *, created_before: float) -> int:
+        """See `StoreClient.delete_sessions`."""
+        return self._run(_delete_sessions(created_before))
+
+    def feedback(self, feedback: Feedback) -> FeedbackResult:
+        """See `StoreClient.feedback`."""
+        return self._run(_feedback(feedback))
 
     def add_spans(self, spans: Sequence[Span]) -> int:
         """See `StoreClient.add_spans`."""

@@ -13,7 +13,15 @@ from collections.abc import Iterable, Sequence
 
 import msgspec
 
-from lightrail.store._lifecycle import LeaseReaper, Pulse, attempt_deadline, expired_status, rollout_status_after
+from lightrail.store._lifecycle import (
+    SESSION_DEADLINE,
+    LeaseReaper,
+    Pulse,
+    attempt_deadline,
+    expired_status,
+    new_session,
+    rollout_status_after,
+)
 from lightrail.store.base import ConflictError, NotFoundError, StaleAttemptError
 from lightrail.types import (
     Attempt,
@@ -185,6 +193,34 @@ class MemoryStore:
                 self._ended.fire()
             out.append(_copy(rollout))
         return out
+
+    # -- served sessions ------------------------------------------------------------------------------------
+
+    async def open_session(self, spec: RolloutSpec, *, attempt_id: str, worker_id: str = "gateway") -> Lease:
+        existing = self._rollouts.get(spec.rollout_id)
+        if existing is not None:
+            if existing.mode != "served":
+                raise ConflictError(f"rollout {spec.rollout_id!r} exists and is not a served session")
+            return Lease(rollout=_copy(existing), attempt=_copy(self._attempts[self._attempts_of[spec.rollout_id][0]]))
+        if attempt_id in self._attempts:
+            raise ConflictError(f"attempt {attempt_id!r} already exists")
+        latest = self._resources[-1].version if self._resources else None
+        lease = new_session(spec, attempt_id, worker_id, time.time(), latest)
+        self._rollouts[spec.rollout_id] = lease.rollout
+        self._attempts[attempt_id] = lease.attempt
+        self._attempts_of[spec.rollout_id] = [attempt_id]
+        self._running[attempt_id] = SESSION_DEADLINE
+        return Lease(rollout=_copy(lease.rollout), attempt=_copy(lease.attempt))
+
+    async def delete_sessions(self, *, created_before: float) -> int:
+        old = [r for r in self._rollouts.values() if r.mode == "served" and r.created_at < created_before]
+        for rollout in old:
+            del self._rollouts[rollout.rollout_id]
+            for attempt_id in self._attempts_of.pop(rollout.rollout_id):
+                del self._attempts[attempt_id]
+                self._running.pop(attempt_id, None)
+                self._spans.pop(attempt_id, None)
+        return len(old)
 
     def _next_deadline(self) -> float | None:
         return min(self._running.values(), default=None)

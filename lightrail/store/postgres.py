@@ -50,7 +50,14 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from lightrail.store._lifecycle import LeaseReaper, Pulse, attempt_deadline, expired_status, rollout_status_after
+from lightrail.store._lifecycle import (
+    LeaseReaper,
+    Pulse,
+    attempt_deadline,
+    expired_status,
+    new_session,
+    rollout_status_after,
+)
 from lightrail.store.base import ConflictError, NotFoundError, StaleAttemptError, StoreUnavailableError
 from lightrail.store.sqlite import SchemaVersionError
 from lightrail.types import (
@@ -665,6 +672,71 @@ class PostgresStore:
         if cancelled:
             self._ended.fire()
         return [msgspec.structs.replace(stored[r]) for r in ids]
+
+    # -- served sessions --------------------------------------------------------------------------------------
+
+    async def open_session(self, spec: RolloutSpec, *, attempt_id: str, worker_id: str = "gateway") -> Lease:
+        """Record a served session (a running rollout and its one attempt, never leased, never expired)."""
+
+        async def work(conn: Any) -> Lease:
+            inserted = await conn.fetchrow(
+                "INSERT INTO rollouts (rollout_id, status, queue_key, mode, sample_index, resources_version, "
+                "created_at, attempts, lease_s, timeout_s, task, policy, metadata) "
+                "VALUES ($1, 'running', NULL, 'served', $2, COALESCE($3, (SELECT MAX(version) FROM resources)), $4, "
+                "1, $5, NULL, $6, $7, $8) ON CONFLICT (rollout_id) DO NOTHING RETURNING resources_version",
+                spec.rollout_id,
+                spec.sample_index,
+                spec.resources_version,
+                now,
+                spec.policy.lease_s,
+                _encode(spec.task),
+                _encode(spec.policy),
+                _encode(spec.metadata),
+            )
+            if inserted is None:  # stored before (a retried request, or the session's next call)
+                rollout = await self._rollout(conn, spec.rollout_id)
+                if rollout.mode != "served":
+                    raise ConflictError(f"rollout {spec.rollout_id!r} exists and is not a served session")
+                row = await conn.fetchrow(
+                    f"SELECT {_ATTEMPT_COLUMNS} FROM attempts WHERE rollout_id = $1 AND idx = 1", spec.rollout_id
+                )
+                return Lease(rollout=rollout, attempt=_to_attempt(row))
+            lease = new_session(spec, attempt_id, worker_id, now, None)
+            lease.rollout.resources_version = inserted["resources_version"]
+            if await conn.fetchval("SELECT 1 FROM attempts WHERE attempt_id = $1", attempt_id):
+                raise ConflictError(f"attempt {attempt_id!r} already exists")
+            await conn.execute(
+                "INSERT INTO attempts (attempt_id, rollout_id, idx, worker_id, status, started_at, lease_expires_at, "
+                "deadline) VALUES ($1, $2, 1, $3, 'running', $4, $5, $5)",
+                attempt_id,
+                spec.rollout_id,
+                worker_id,
+                now,
+                lease.attempt.lease_expires_at,
+            )
+            return lease
+
+        if spec.mode != "served":
+            new_session(spec, attempt_id, worker_id, 0.0, None)  # raises the ValueError every store raises
+        now = time.time()
+        return await self._run(work, transaction=True)
+
+    async def delete_sessions(self, *, created_before: float) -> int:
+        """Delete served sessions created before ``created_before`` with their attempts and spans."""
+        old = "SELECT rollout_id FROM rollouts WHERE mode = 'served' AND created_at < $1"
+
+        async def work(conn: Any) -> int:
+            await conn.execute(
+                f"DELETE FROM spans WHERE attempt_id IN (SELECT attempt_id FROM attempts WHERE rollout_id IN ({old}))",
+                created_before,
+            )
+            await conn.execute(f"DELETE FROM attempts WHERE rollout_id IN ({old})", created_before)
+            status = await conn.execute(
+                "DELETE FROM rollouts WHERE mode = 'served' AND created_at < $1", created_before
+            )
+            return int(status.split()[-1])
+
+        return await self._run(work, transaction=True)
 
     async def _next_deadline(self) -> float | None:
         return await self._run(

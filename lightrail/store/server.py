@@ -47,6 +47,8 @@ from lightrail.store._wire import (
     AddSpansRequest,
     AttemptsResponse,
     CountsResponse,
+    DeletedResponse,
+    DeleteSessionsRequest,
     EnqueueRequest,
     ErrorDetail,
     ErrorResponse,
@@ -54,6 +56,7 @@ from lightrail.store._wire import (
     HealthResponse,
     LeaseRequest,
     LeaseResponse,
+    OpenSessionRequest,
     QueryRolloutsRequest,
     ResourcesResponse,
     RolloutIdsRequest,
@@ -62,6 +65,7 @@ from lightrail.store._wire import (
     WaitRequest,
 )
 from lightrail.store.base import Store, StoreError
+from lightrail.store.sessions import give_feedback
 from lightrail.types import IllegalTransitionError, Resources
 
 __all__ = [
@@ -227,6 +231,19 @@ def _handlers(get_store: Callable[[], Store]) -> dict[str, Callable[[Request], A
             _param(request, "attempt_id"), req.status, reward=req.reward, error=req.error
         )
         return _ok(attempt)
+
+    async def open_session(request: Request) -> Response:
+        req: OpenSessionRequest = await body(request, "open_session")
+        if req.spec.mode != "served":
+            return _error(400, f"spec.mode must be 'served', got {req.spec.mode!r}", "ValidationError", "$.spec.mode")
+        return _ok(await get_store().open_session(req.spec, attempt_id=req.attempt_id, worker_id=req.worker_id))
+
+    async def delete_sessions(request: Request) -> Response:
+        req: DeleteSessionsRequest = await body(request, "delete_sessions")
+        return _ok(DeletedResponse(deleted=await get_store().delete_sessions(created_before=req.created_before)))
+
+    async def feedback(request: Request) -> Response:
+        return _ok(await give_feedback(get_store(), await body(request, "feedback")))
 
     async def add_spans(request: Request) -> Response:
         req: AddSpansRequest = await body(request, "add_spans")

@@ -35,7 +35,14 @@ from typing import Any
 
 import msgspec
 
-from lightrail.store._lifecycle import LeaseReaper, Pulse, attempt_deadline, expired_status, rollout_status_after
+from lightrail.store._lifecycle import (
+    LeaseReaper,
+    Pulse,
+    attempt_deadline,
+    expired_status,
+    new_session,
+    rollout_status_after,
+)
 from lightrail.store.base import ConflictError, NotFoundError, StaleAttemptError, StoreError
 from lightrail.types import (
     LLM,
@@ -485,6 +492,67 @@ class SQLiteStore:
         if cancelled:
             self._ended.fire()
         return [msgspec.structs.replace(stored[r]) for r in ids]
+
+    # -- served sessions --------------------------------------------------------------------------------------
+
+    async def open_session(self, spec: RolloutSpec, *, attempt_id: str, worker_id: str = "gateway") -> Lease:
+        """Record a served session (a running rollout and its one attempt, never leased, never expired)."""
+        with self._write() as db:
+            row = db.execute(f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id = ?", (spec.rollout_id,))
+            row = row.fetchone()
+            if row is not None:
+                rollout = self._to_rollout(row)
+                if rollout.mode != "served":
+                    raise ConflictError(f"rollout {spec.rollout_id!r} exists and is not a served session")
+                first = db.execute(
+                    f"SELECT {_ATTEMPT_COLUMNS} FROM attempts WHERE rollout_id = ? AND idx = 1", (spec.rollout_id,)
+                ).fetchone()
+                return Lease(rollout=rollout, attempt=self._to_attempt(first))
+            if self._attempt_or_none(db, attempt_id) is not None:
+                raise ConflictError(f"attempt {attempt_id!r} already exists")
+            (latest,) = db.execute("SELECT MAX(version) FROM resources").fetchone()
+            lease = new_session(spec, attempt_id, worker_id, time.time(), latest)
+            rollout, attempt = lease.rollout, lease.attempt
+            db.execute(
+                "INSERT INTO rollouts (rollout_id, status, queue_key, mode, sample_index, resources_version, "
+                "created_at, attempts, task, policy, metadata) VALUES (?, 'running', NULL, 'served', ?, ?, ?, 1, ?, ?, ?)",
+                (
+                    rollout.rollout_id,
+                    rollout.sample_index,
+                    rollout.resources_version,
+                    rollout.created_at,
+                    _encode(rollout.task),
+                    _encode(rollout.policy),
+                    _encode(rollout.metadata),
+                ),
+            )
+            db.execute(
+                "INSERT INTO attempts (attempt_id, rollout_id, idx, worker_id, status, started_at, lease_expires_at, "
+                "deadline) VALUES (?, ?, 1, ?, 'running', ?, ?, ?)",
+                (
+                    attempt_id,
+                    rollout.rollout_id,
+                    worker_id,
+                    attempt.started_at,
+                    attempt.lease_expires_at,
+                    attempt.lease_expires_at,
+                ),
+            )
+        return lease
+
+    async def delete_sessions(self, *, created_before: float) -> int:
+        """Delete served sessions created before ``created_before`` with their attempts and spans."""
+        old = "SELECT rollout_id FROM rollouts WHERE mode = 'served' AND created_at < ?"
+        with self._write() as db:
+            db.execute(
+                f"DELETE FROM spans WHERE attempt_id IN (SELECT attempt_id FROM attempts WHERE rollout_id IN ({old}))",
+                (created_before,),
+            )
+            db.execute(f"DELETE FROM attempts WHERE rollout_id IN ({old})", (created_before,))
+            deleted = db.execute(
+                "DELETE FROM rollouts WHERE mode = 'served' AND created_at < ?", (created_before,)
+            ).rowcount
+        return deleted
 
     def _next_deadline(self) -> float | None:
         (deadline,) = self._db.execute("SELECT MIN(deadline) FROM attempts WHERE deadline IS NOT NULL").fetchone()

@@ -77,6 +77,9 @@ class GatewayServer:
         return self.call(go())
 
     def stop(self) -> None:
+        """Stop the server and close its store (and the loop); a second call does nothing."""
+        if self.loop.is_closed():
+            return
         self.server.should_exit = True
         self._thread.join(30)
         self.loop.run_until_complete(self.store.close())
