@@ -5,7 +5,8 @@ Routes::
     POST /rollouts/{rollout_id}/attempts/{attempt_id}/v1/chat/completions   recorded
     POST /rollouts/{rollout_id}/attempts/{attempt_id}/v1/completions        recorded
     GET  /rollouts/{rollout_id}/attempts/{attempt_id}/v1/models
-    POST /v1/chat/completions, /v1/completions; GET /v1/models               served, not recorded
+    POST /v1/chat/completions, /v1/completions; GET /v1/models               served (recorded under sessions
+                                                                            with ``sessions=``, see recording.py)
     GET  /health                                                            no auth
 
 A routed call is attributed to its attempt by the path. The attempt must exist (checked once with
