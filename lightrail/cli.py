@@ -17,6 +17,7 @@ _COMMANDS = [
     "lightrail.gateway.cli",  # gateway serve
     "lightrail.engine.cli",  # models list|prepare
     "lightrail.algorithms.cli",  # export
+    "lightrail.continuous.cli",  # learn, policies, rollback
 ]
 
 

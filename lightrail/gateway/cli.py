@@ -4,6 +4,7 @@ engine, recording agents' calls into a store.
     lightrail gateway serve --store lightrail.db --upstream http://127.0.0.1:8000 --token "$TOKEN"
     lightrail gateway serve --store http://127.0.0.1:8800 --model tiny
     lightrail gateway serve --store prod.db --model runs/x/final --record --retention-days 30 --redact app:scrub
+    lightrail gateway serve --store prod.db --policies policies/ --record   # serve what `lightrail learn` promotes
 """
 
 from __future__ import annotations
@@ -49,6 +50,12 @@ def add_parser(subparsers: Any) -> None:
     backend = serve.add_mutually_exclusive_group(required=True)
     backend.add_argument("--upstream", metavar="URL", help="OpenAI-compatible server to forward to (e.g. vLLM)")
     backend.add_argument("--model", metavar="NAME_OR_PATH", help="serve this model with the embedded engine")
+    backend.add_argument(
+        "--policies",
+        metavar="DIR",
+        help="serve the current policy of a policies folder (`lightrail learn`) with the embedded engine and swap "
+        "each newly promoted one in without dropping a request (in-flight calls finish on the old weights)",
+    )
     backend.add_argument("--fake", action="store_true", help="answer with the scripted fake backend (echo)")
     serve.add_argument("--upstream-api-key", default=os.environ.get("LIGHTRAIL_UPSTREAM_API_KEY"))
     serve.add_argument("--served-model", help="model name sent upstream whatever the agent asks for")
@@ -76,6 +83,9 @@ def add_parser(subparsers: Any) -> None:
         metavar="DAYS",
         help="with --record: delete served sessions older than this (checked hourly; default: keep them)",
     )
+    serve.add_argument(
+        "--poll-s", type=float, default=5.0, help="with --policies: seconds between checks for a new policy"
+    )
     serve.add_argument("--max-body-mb", type=float, default=16.0, help="largest request body (default: 16)")
     serve.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     serve.add_argument(
@@ -100,6 +110,16 @@ def _serve(args: argparse.Namespace) -> int:
     if args.retention_days is not None and args.retention_days <= 0:
         print("lightrail gateway serve: --retention-days must be > 0", file=sys.stderr)
         return 2
+    if args.policies:
+        from lightrail.continuous.policies import PolicyRegistry
+
+        if PolicyRegistry(args.policies).current() is None:
+            print(
+                f"lightrail gateway serve: --policies {args.policies}: no current.json there; `lightrail learn` "
+                "creates it from its model (or serve a model with --model)",
+                file=sys.stderr,
+            )
+            return 2
     redact = None
     if args.redact:
         from lightrail.gateway.recording import load_redactor
@@ -128,6 +148,12 @@ async def _run(args: argparse.Namespace, redact: Any = None) -> None:
     from lightrail.store import open_store
 
     backend = await _open_backend(args)
+    watcher = None
+    if args.policies:
+        from lightrail.continuous.policies import PolicyRegistry, PolicyWatcher
+
+        watcher = PolicyWatcher(PolicyRegistry(args.policies), backend, poll_s=args.poll_s)
+        watcher.start()
     store = open_store(args.store, token=args.store_token)
     sessions = None
     if args.record:
@@ -155,6 +181,8 @@ async def _run(args: argparse.Namespace, redact: Any = None) -> None:
         )
         await uvicorn.Server(config).serve()
     finally:
+        if watcher is not None:
+            await watcher.close()
         closer = getattr(backend, "aclose", None) or getattr(backend, "close", None)
         if closer is not None:
             await closer()
@@ -184,4 +212,10 @@ async def _open_backend(args: argparse.Namespace) -> Any:
     from lightrail.engine import Engine
     from lightrail.engine.models import prepare_model
 
+    if args.policies:
+        from lightrail.continuous.policies import PolicyRegistry
+
+        current = PolicyRegistry(args.policies).current()
+        assert current is not None  # checked in _serve
+        return Engine.from_pretrained(current.path, policy_version=current.version, name="policy")
     return Engine.from_pretrained(prepare_model(args.model))

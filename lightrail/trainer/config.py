@@ -221,12 +221,37 @@ def _resolve(reference: str, what: str) -> Any:
     return obj
 
 
+def grpo_config(update: dict[str, Any], where: str) -> Any:
+    """A `GRPOConfig` from a config section (``lora: true`` or a mapping of `LoraSettings`); errors name ``where``."""
+    from lightrail.algorithms.updater import GRPOConfig, LoraSettings
+
+    update = dict(update)
+    lora = update.pop("lora", None)
+    _no_unknown(where, update, GRPOConfig)
+    try:
+        settings = msgspec.convert(update, GRPOConfig)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{where}.{_readable(exc)}") from None
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    if lora:
+        if lora is not True:
+            _no_unknown(f"{where}.lora", lora, LoraSettings)
+        try:
+            lora = LoraSettings() if lora is True else msgspec.convert(lora, LoraSettings)
+        except msgspec.ValidationError as exc:
+            raise ConfigError(f"{where}.lora.{_readable(exc)}") from None
+        except ValueError as exc:
+            raise ConfigError(f"{where}.lora: {exc}") from None
+        settings = dataclasses.replace(settings, lora=lora)
+    return settings
+
+
 def _grpo_kwargs(config: TrainConfig) -> dict[str, Any]:
     """The config's ``grpo`` section as `GRPO` keyword arguments (names checked against its signature)."""
     from lightrail.adapters import AgentFilter, ToolRewardRule
     from lightrail.adapters.credit import credit_by_name
     from lightrail.algorithms.grpo import GRPO
-    from lightrail.algorithms.updater import GRPOConfig, LoraSettings
 
     options = dict(config.grpo)
     kwargs: dict[str, Any] = {"seed": config.seed, "out_dir": config.run_dir, "gateway": config.gateway}
@@ -252,22 +277,7 @@ def _grpo_kwargs(config: TrainConfig) -> dict[str, Any]:
             kwargs["tool_rewards"] = ToolRewardRule(**values)
         elif rule not in (None, False):
             raise ConfigError(f"grpo.tool_rewards: expected true, false or a mapping, got {rule!r}")
-        update = dict(options.pop("config", None) or {})
-        lora = update.pop("lora", None)
-        _no_unknown("grpo.config", update, GRPOConfig)
-        try:
-            settings = msgspec.convert(update, GRPOConfig)
-        except msgspec.ValidationError as exc:
-            raise ConfigError(f"grpo.config.{_readable(exc)}") from None
-        if lora:
-            if lora is not True:
-                _no_unknown("grpo.config.lora", lora, LoraSettings)
-            try:
-                lora = LoraSettings() if lora is True else msgspec.convert(lora, LoraSettings)
-            except msgspec.ValidationError as exc:
-                raise ConfigError(f"grpo.config.lora.{_readable(exc)}") from None
-            settings = dataclasses.replace(settings, lora=lora)
-        kwargs["config"] = settings
+        kwargs["config"] = grpo_config(options.pop("config", None) or {}, "grpo.config")
     except (TypeError, ValueError) as exc:
         if isinstance(exc, ConfigError):
             raise
@@ -357,23 +367,7 @@ def _sft_kwargs(config: TrainConfig) -> dict[str, Any]:
         kwargs["agents"] = AgentFilter([names] if isinstance(names, str) else names or (), pattern)
     update = options.pop("config", None)
     if update is not None:
-        from lightrail.algorithms.updater import GRPOConfig, LoraSettings
-
-        update = dict(update)
-        lora = update.pop("lora", None)
-        _no_unknown("sft.config", update, GRPOConfig)
-        try:
-            settings = msgspec.convert(update, GRPOConfig)
-            if lora:
-                if lora is not True:
-                    _no_unknown("sft.config.lora", lora, LoraSettings)
-                settings = dataclasses.replace(
-                    settings, lora=LoraSettings() if lora is True else msgspec.convert(lora, LoraSettings)
-                )
-        except msgspec.ValidationError as exc:
-            raise ConfigError(f"sft.config.{_readable(exc)}") from None
-        except ValueError as exc:
-            raise ConfigError(f"sft.config: {exc}") from None
+        settings = grpo_config(update, "sft.config")
         if settings.kl_coef:
             raise ConfigError("sft.config.kl_coef: SFT has no KL term (leave it at 0)")
         kwargs["config"] = settings

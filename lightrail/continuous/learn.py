@@ -1,0 +1,423 @@
+"""``lightrail learn CONFIG``: learn from rewarded production sessions, gate the result, promote it.
+
+One round::
+
+    store: served sessions rewarded since the last round (mode served, status succeeded: feedback arrived)
+      ──build_episode──► calls sampled at the learning temperature, by a policy at most max_staleness versions old
+      ──advantages (reward − running baseline), credit per call──► rows (recorded token ids and logprobs)
+      ──PolicyUpdater.step (PPO-clipped ratio against the recorded logprobs; or SFT on the best sessions)──►
+      candidate v(N+1) exported as a servable folder
+      ──gate: the candidate and the current policy on fixed held-out tasks through real runners──►
+      promoted (policies/current.json names it; serving gateways swap it in) or rejected (kept, not served)
+
+**Why a running mean baseline.** GRPO's baseline is the mean reward of other samples of the same prompt; served
+traffic has one sample per prompt, so there is no group. Clustering similar prompts would need an embedding model
+and a similarity threshold that no default fits every agent. The running mean of rewards over earlier rounds (an
+exponential moving average, ``baseline_decay``) is what REINFORCE with a baseline uses: it is independent of the
+round's own samples, so the advantage estimate stays unbiased, and it needs nothing but the rewards. The first
+round, with no history, uses its own batch mean. Advantages are not divided by a standard deviation (sparse 0/1
+rewards give tiny deviations early and huge advantages with them).
+
+**Off-policy.** Sessions were sampled by the policy that served them, which may be older than the one being
+updated: every row carries its recorded logprobs and policy version, the loss is the PPO-clipped importance ratio
+against them (`GRPOConfig.clip_low`/``clip_high``), and rows more than ``max_staleness`` versions behind are
+dropped (counted). Calls sampled at another temperature than ``temperature`` (greedy calls among them) have logprobs
+of another distribution and are left out (counted).
+
+**Nothing is consumed twice or lost.** The round's cursor (the newest feedback time it read) is saved only after the
+round ends (promoted or rejected); a crash mid-round repeats the round. A session without feedback is never read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import math
+import secrets
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+from lightrail.continuous.policies import PolicyRegistry
+from lightrail.types import LLM, Attr, Rollout, RolloutStatus
+
+__all__ = ["GateSettings", "LearnConfig", "LearnState", "learn_round", "served_rows"]
+
+
+class GateSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """How a candidate is judged: held-out tasks (the config's ``data``'s validation split) run through real runners
+    against the candidate and against the current policy."""
+
+    tolerance: float = 0.0
+    """Promote when the candidate's success is at least the current policy's minus this."""
+    n_runners: int = 2
+    concurrency: int = 8
+    sampling: dict[str, Any] = msgspec.field(default_factory=lambda: {"temperature": 0.0, "max_tokens": 64})
+    success_threshold: float = 1.0
+    """A gate rollout counts as a success when its reward is at least this."""
+    runner_python: str | None = None
+    """Run the gate's runners under another interpreter (a framework in its own environment)."""
+
+
+class LearnConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """``lightrail learn`` settings, read from YAML (``lightrail learn --help`` shows an example)."""
+
+    store: str
+    """Where the gateway records served sessions (SQLite path, PostgreSQL URL or store server URL)."""
+    policies: str
+    """The policies folder (`PolicyRegistry`): promoted versions and ``current.json``, which serving gateways watch."""
+    agent: str
+    """The agent the gate runs, ``module:object`` (as in ``lightrail train``)."""
+    data: str
+    """``module:function`` returning ``(train_tasks, val_tasks)``; the gate runs the val tasks."""
+    data_args: dict[str, Any] = msgspec.field(default_factory=dict)
+    model: str | None = None
+    """The initial policy (version 0) when the policies folder is new: a model directory or ``smollm2``."""
+    method: Literal["ppo", "sft"] = "ppo"
+    """``ppo``: the clipped importance-ratio update on all rewarded sessions; ``sft``: fine-tune on the sessions
+    rewarded at least ``sft_min_reward``."""
+    min_sessions: int = 32
+    """A round waits until this many rewarded sessions are new."""
+    max_sessions: int = 1024
+    """At most this many sessions per round (the oldest first; the rest wait for the next round)."""
+    updates: int = 1
+    """Optimizer steps per round (each over all the round's rows)."""
+    temperature: float = 1.0
+    """The sampling temperature of the calls learned from; calls at another temperature are left out."""
+    max_staleness: int = 4
+    """Rows sampled by a policy more than this many versions older than the current one are dropped."""
+    baseline_decay: float = 0.8
+    sft_min_reward: float = 1.0
+    credit: str = "per_turn"
+    agents: list[str] | None = None
+    """Train only these agents' calls (None: every call)."""
+    config: dict[str, Any] = msgspec.field(default_factory=dict)
+    """`GRPOConfig` fields (lr, clip_low/high, kl_coef, lora, ...)."""
+    gate: GateSettings = msgspec.field(default_factory=GateSettings)
+    every_s: float = 300.0
+    """``lightrail learn`` without ``--once``: seconds between rounds."""
+    keep_rejected: bool = True
+    """Keep a rejected candidate's folder (for inspection); else delete it."""
+
+
+class LearnState(msgspec.Struct, kw_only=True):
+    """What the rounds have consumed (``learn_state.json`` in the policies folder)."""
+
+    cursor: float = 0.0
+    """Sessions whose feedback ended them at or before this time were read by an earlier round."""
+    seen_at_cursor: list[str] = msgspec.field(default_factory=list)
+    """Sessions ended exactly at ``cursor`` that were read (ties of the time stamp)."""
+    baseline: float | None = None
+    rounds: int = 0
+
+
+# -- rows from sessions ------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class RowsReport:
+    sessions: int = 0
+    calls: int = 0
+    temperature_excluded: int = 0
+    rows: int = 0
+    reward_mean: float = 0.0
+    baseline: float | None = None
+
+
+def served_rows(
+    sessions: list[tuple[Rollout, Any]],
+    *,
+    baseline: float | None,
+    temperature: float,
+    credit: Any,
+    agents: Any = None,
+    method: str = "ppo",
+    sft_min_reward: float = 1.0,
+) -> tuple[list[Any], RowsReport]:
+    """Training rows of rewarded sessions (``(rollout, episode)`` pairs): advantage = reward − ``baseline`` (the
+    round's mean when None) spread over calls by ``credit``; for ``sft`` only sessions rewarded at least
+    ``sft_min_reward``, every call weighted 1."""
+    from lightrail.adapters import episode_transitions, to_rows
+
+    report = RowsReport(sessions=len(sessions))
+    outcomes = [_outcome(r, e) for r, e in sessions]
+    report.reward_mean = statistics.fmean(outcomes) if outcomes else 0.0
+    base = report.reward_mean if baseline is None else baseline
+    report.baseline = base
+    transitions = []
+    for (rollout, episode), outcome in zip(sessions, outcomes, strict=True):
+        calls = episode.calls
+        report.calls += len(calls)
+        off = [c for c in calls if _temperature(c) != temperature]
+        if off:  # logprobs of another distribution: the whole session is left out (its credit spans its calls)
+            report.temperature_excluded += len(calls)
+            continue
+        if method == "sft":
+            if outcome < sft_min_reward:
+                continue
+            ones = [1.0] * len(calls)
+            transitions += episode_transitions(episode, ones, ones, agents=agents, group_id=rollout.rollout_id)
+            continue
+        returns = credit(calls, outcome, episode.intermediate)
+        advantages = credit(calls, outcome - base, episode.intermediate)
+        transitions += episode_transitions(episode, returns, advantages, agents=agents, group_id=rollout.rollout_id)
+    rows, _ = to_rows(transitions)
+    report.rows = len(rows)
+    return rows, report
+
+
+def _outcome(rollout: Rollout, episode: Any) -> float:
+    if episode.final_reward is not None:
+        return float(episode.final_reward)
+    return float(rollout.reward or 0.0)
+
+
+def _temperature(call: Any) -> float:
+    request = call.span.attributes.get(Attr.REQUEST)
+    value = request.get("temperature") if isinstance(request, dict) else None
+    return 1.0 if value is None else float(value)  # OpenAI's default
+
+
+# -- one round ---------------------------------------------------------------------------------------------------
+
+
+async def _rewarded_sessions(config: LearnConfig, state: LearnState) -> list[tuple[Rollout, list[Any]]]:
+    from lightrail.store import open_store
+
+    store = open_store(config.store)
+    try:
+        rollouts = await store.query_rollouts(status=[RolloutStatus.SUCCEEDED])
+        seen = set(state.seen_at_cursor)
+        fresh = [
+            r
+            for r in rollouts
+            if r.mode == "served"
+            and r.ended_at is not None
+            and (r.ended_at > state.cursor or (r.ended_at == state.cursor and r.rollout_id not in seen))
+        ]
+        fresh.sort(key=lambda r: (r.ended_at, r.rollout_id))
+        fresh = fresh[: config.max_sessions]
+        return [(r, await store.query_spans(r.rollout_id)) for r in fresh]
+    finally:
+        await store.close()
+
+
+def learn_round(config: LearnConfig, *, console: Any = None, force: bool = False) -> dict[str, Any]:
+    """Run one round (see the module docstring); returns its metrics (also appended to ``metrics.jsonl``).
+
+    ``force`` runs the round with fewer than ``min_sessions`` new sessions (at least one)."""
+    from lightrail.adapters import AgentFilter, build_episode, credit_by_name
+    from lightrail.algorithms.updater import PolicyUpdater
+    from lightrail.engine.models import prepare_model
+    from lightrail.trainer.config import grpo_config
+
+    started = time.time()
+    registry = PolicyRegistry(config.policies)
+    if registry.current() is None:
+        if config.model is None:
+            raise ValueError(f"{config.policies} has no policies yet: set model (the initial policy)")
+        registry.init(prepare_model(config.model))
+    current = registry.current()
+    assert current is not None
+    state_file = registry.root / "learn_state.json"
+    state = msgspec.json.decode(state_file.read_bytes(), type=LearnState) if state_file.exists() else LearnState()
+
+    sessions = asyncio.run(_rewarded_sessions(config, state))
+    metrics: dict[str, Any] = {"round": state.rounds + 1, "policy_version": current.version, "sessions": len(sessions)}
+    if not sessions or (len(sessions) < config.min_sessions and not force):
+        metrics["outcome"] = "waiting"
+        return metrics
+    pairs = [(rollout, build_episode(spans)) for rollout, spans in sessions]
+    agents = AgentFilter(names=tuple(config.agents)) if config.agents else None
+    rows, report = served_rows(
+        pairs,
+        baseline=state.baseline,
+        temperature=config.temperature,
+        credit=credit_by_name(config.credit),
+        agents=agents,
+        method=config.method,
+        sft_min_reward=config.sft_min_reward,
+    )
+    metrics.update(dataclasses.asdict(report))
+    version, folder = registry.reserve()
+    metrics["candidate"] = version
+    settings = grpo_config(
+        {"max_staleness": config.max_staleness, "temperature": config.temperature, **config.config}, "config"
+    )
+    update: dict[str, Any] = {"skipped": 1, "rows_stale_dropped": 0}
+    if rows:
+        updater = PolicyUpdater(current.path, settings)
+        try:
+            objective = "sft" if config.method == "sft" else "grpo"
+            for _ in range(config.updates):
+                update = updater.step(rows, current_version=current.version, objective=objective)
+            _export(updater, folder)
+        finally:
+            updater.close()
+    metrics.update(
+        {
+            "loss": update.get("loss"),
+            "kl": update.get("approx_kl"),
+            "clip_frac": update.get("clip_frac"),
+            "rows_stale_dropped": update.get("rows_stale_dropped", 0),
+            "updated": not update.get("skipped", 1),
+        }
+    )
+    if metrics["updated"]:
+        gate = _gate(config, registry, current, folder, console)
+        metrics.update(gate)
+        if gate["promote"]:
+            registry.promote(version, folder, val_success=gate["val_candidate"], note=f"learn round {metrics['round']}")
+            metrics["outcome"] = "promoted"
+        else:
+            metrics["outcome"] = "rejected"
+            if not config.keep_rejected:
+                shutil.rmtree(folder, ignore_errors=True)
+    else:
+        metrics["outcome"] = "nothing_to_learn"
+    # the round is done: its sessions are consumed whatever the gate said, and the baseline moves
+    last = sessions[-1][0].ended_at or state.cursor
+    state.seen_at_cursor = [r.rollout_id for r, _ in sessions if r.ended_at == last] + (
+        state.seen_at_cursor if last == state.cursor else []
+    )
+    state.cursor = last
+    decay = config.baseline_decay
+    batch = report.reward_mean
+    state.baseline = batch if state.baseline is None else decay * state.baseline + (1 - decay) * batch
+    state.rounds += 1
+    metrics["minutes"] = (time.time() - started) / 60
+    _save_state(state_file, state)
+    with (registry.root / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps(metrics) + "\n")
+    return metrics
+
+
+def _save_state(path: Path, state: LearnState) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(msgspec.json.encode(state))
+    tmp.replace(path)
+
+
+def _export(updater: Any, folder: Path) -> None:
+    from lightrail.algorithms.export import export_checkpoint
+
+    with tempfile.TemporaryDirectory(dir=folder.parent, prefix=".ckpt-") as tmp:
+        checkpoint = updater.save(Path(tmp) / "checkpoint")
+        export_checkpoint(checkpoint, folder, merge=True, force=True)
+
+
+# -- the gate ----------------------------------------------------------------------------------------------------
+
+
+def _gate(config: LearnConfig, registry: PolicyRegistry, current: Any, candidate: Path, console: Any) -> dict[str, Any]:
+    from lightrail.trainer.config import _resolve
+
+    _, val_tasks = _resolve(config.data, "data")(**config.data_args)
+    if not val_tasks:
+        raise ValueError(f"data {config.data}: the gate needs validation tasks, got none")
+    val_current = current.val_success
+    if val_current is None:
+        val_current = evaluate(config, current.path, val_tasks, console=console)
+        registry.record_val(current.version, val_current)
+    val_candidate = evaluate(config, candidate, val_tasks, console=console)
+    return {
+        "val_current": val_current,
+        "val_candidate": val_candidate,
+        "promote": val_candidate >= val_current - config.gate.tolerance,
+    }
+
+
+class _Evaluate:
+    """An `Algorithm` that only measures: serve ``model`` (embedded engine behind a gateway), run the val tasks."""
+
+    def __init__(self, model: str | Path, sampling: dict[str, Any], success_threshold: float) -> None:
+        self.model = model
+        self.sampling = sampling
+        self.success_threshold = success_threshold
+        self.success: float | None = None
+        self._engine: Any = None
+        self._gateway: Any = None
+
+    async def setup(self, ctx: Any) -> None:
+        from lightrail.algorithms.rollout_engines import EmbeddedRollouts
+        from lightrail.gateway.server import GatewayServer
+
+        self._engine = EmbeddedRollouts(self.model)
+        await self._engine.start()
+        self._gateway = await GatewayServer(self._engine.backend, ctx.store, token=secrets.token_urlsafe(16)).start()
+        llm = LLM(endpoint=self._gateway.url, model="policy", sampling=self.sampling, api_key=self._gateway.token)
+        await ctx.publish({"llm": llm})
+
+    async def run(self, ctx: Any) -> None:
+        rollouts = await ctx.run_rollouts(ctx.val_tasks, mode="val")
+        finished = [
+            r for r in rollouts if r.status in (RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.TIMEOUT)
+        ]
+        wins = sum(1 for r in finished if r.reward is not None and r.reward >= self.success_threshold)
+        self.success = wins / len(finished) if finished else 0.0
+
+    async def close(self) -> None:
+        if self._gateway is not None:
+            await self._gateway.stop()
+        if self._engine is not None:
+            await self._engine.close()
+
+
+def evaluate(config: LearnConfig, model: str | Path, val_tasks: list[Any], *, console: Any = None) -> float:
+    """Held-out success of ``model`` on ``val_tasks`` through real runner processes (the gate's measurement)."""
+    from lightrail.trainer.trainer import Trainer
+
+    gate = config.gate
+    algorithm = _Evaluate(model, gate.sampling, gate.success_threshold)
+    store = Path(config.policies) / "gate.db"  # the gate's rollouts stay inspectable (lightrail rollouts --store)
+    options: dict[str, Any] = {"runner_python": gate.runner_python} if gate.runner_python else {}
+    trainer = Trainer(
+        n_runners=gate.n_runners,
+        concurrency=gate.concurrency,
+        store=str(store),
+        algorithm=algorithm,
+        console=console,
+        **options,
+    )
+    trainer.fit(config.agent, [], val_tasks)
+    assert algorithm.success is not None
+    return algorithm.success
+
+
+def load_learn_config(path: str, overrides: list[str] | tuple[str, ...] = ()) -> LearnConfig:
+    """Read and check a ``lightrail learn`` YAML config (``--set dotted.path=value`` overrides applied first)."""
+    import yaml
+
+    from lightrail.trainer.config import ConfigError, _readable, _set_path
+
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({exc})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {item!r}: expected dotted.path=value")
+        _set_path(data, key.strip(), yaml.safe_load(raw))
+    try:
+        config = msgspec.convert(data, LearnConfig)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{path}: {_readable(exc)}") from None
+    from lightrail.trainer.config import grpo_config
+
+    grpo_config(config.config, f"{path}: config")
+    if config.min_sessions < 1 or config.max_sessions < config.min_sessions or config.updates < 1:
+        raise ConfigError(f"{path}: need 1 <= min_sessions <= max_sessions and updates >= 1")
+    if not 0 <= config.baseline_decay < 1 or config.temperature <= 0 or not math.isfinite(config.every_s):
+        raise ConfigError(f"{path}: need 0 <= baseline_decay < 1, temperature > 0, a finite every_s")
+    return config
