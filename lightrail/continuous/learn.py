@@ -292,6 +292,7 @@ def learn_round(config: LearnConfig, *, console: Any = None, force: bool = False
     state.baseline = batch if state.baseline is None else decay * state.baseline + (1 - decay) * batch
     state.rounds += 1
     metrics["minutes"] = (time.time() - started) / 60
+    metrics["finished_at"] = time.time()
     _save_state(state_file, state)
     with (registry.root / "metrics.jsonl").open("a") as f:
         f.write(json.dumps(metrics) + "\n")

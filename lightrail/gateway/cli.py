@@ -47,15 +47,9 @@ def add_parser(subparsers: Any) -> None:
     serve.add_argument(
         "--store-token", default=os.environ.get("LIGHTRAIL_STORE_TOKEN"), help="bearer token of an HTTP store"
     )
-    backend = serve.add_mutually_exclusive_group(required=True)
+    backend = serve.add_mutually_exclusive_group()
     backend.add_argument("--upstream", metavar="URL", help="OpenAI-compatible server to forward to (e.g. vLLM)")
     backend.add_argument("--model", metavar="NAME_OR_PATH", help="serve this model with the embedded engine")
-    backend.add_argument(
-        "--policies",
-        metavar="DIR",
-        help="serve the current policy of a policies folder (`lightrail learn`) with the embedded engine and swap "
-        "each newly promoted one in without dropping a request (in-flight calls finish on the old weights)",
-    )
     backend.add_argument("--fake", action="store_true", help="answer with the scripted fake backend (echo)")
     serve.add_argument("--upstream-api-key", default=os.environ.get("LIGHTRAIL_UPSTREAM_API_KEY"))
     serve.add_argument("--served-model", help="model name sent upstream whatever the agent asks for")
@@ -82,6 +76,13 @@ def add_parser(subparsers: Any) -> None:
         type=float,
         metavar="DAYS",
         help="with --record: delete served sessions older than this (checked hourly; default: keep them)",
+    )
+    serve.add_argument(
+        "--policies",
+        metavar="DIR",
+        help="serve the current policy of a policies folder (what `lightrail learn` promotes) with the embedded "
+        "engine and swap each new promotion in without failing a request (in-flight calls finish on the old "
+        "weights); a new folder starts from --model as version 0",
     )
     serve.add_argument(
         "--poll-s", type=float, default=5.0, help="with --policies: seconds between checks for a new policy"
@@ -113,13 +114,25 @@ def _serve(args: argparse.Namespace) -> int:
     if args.policies:
         from lightrail.continuous.policies import PolicyRegistry
 
-        if PolicyRegistry(args.policies).current() is None:
-            print(
-                f"lightrail gateway serve: --policies {args.policies}: no current.json there; `lightrail learn` "
-                "creates it from its model (or serve a model with --model)",
-                file=sys.stderr,
-            )
+        registry = PolicyRegistry(args.policies)
+        if args.upstream or args.fake:
+            print("lightrail gateway serve: --policies serves with the embedded engine (not --upstream/--fake)",
+                  file=sys.stderr)  # fmt: skip
             return 2
+        if registry.current() is None:
+            if not args.model:
+                print(
+                    f"lightrail gateway serve: --policies {args.policies}: no current.json there; give --model "
+                    "(the initial policy, version 0)",
+                    file=sys.stderr,
+                )
+                return 2
+            from lightrail.engine.models import prepare_model
+
+            registry.init(prepare_model(args.model))
+    elif not (args.upstream or args.model or args.fake):
+        print("lightrail gateway serve: give one of --upstream, --model, --fake or --policies", file=sys.stderr)
+        return 2
     redact = None
     if args.redact:
         from lightrail.gateway.recording import load_redactor

@@ -106,11 +106,11 @@ def test_gateway_serve_policies_swaps_a_promotion_in(tmp_path, yes_model):
     registry = PolicyRegistry(tmp_path / "policies")
     cmd = [sys.executable, "-m", "lightrail.cli", "gateway", "serve", "--store", str(tmp_path / "served.db")]
     refused = subprocess.run([*cmd, "--policies", str(registry.root)], capture_output=True, text=True, timeout=60)
-    assert refused.returncode == 2 and "no current.json" in refused.stderr
+    assert refused.returncode == 2 and "give --model" in refused.stderr
 
-    registry.init(yes_model)
-    port = free_port()
-    cmd += ["--policies", str(registry.root), "--record", "--poll-s", "0.1", "--port", str(port)]
+    port = free_port()  # a new policies folder starts from --model as version 0
+    cmd += ["--policies", str(registry.root), "--model", str(yes_model), "--record", "--poll-s", "0.1"]
+    cmd += ["--port", str(port)]
     with served(cmd, port, tmp_path / "gateway.log", timeout_s=120) as server:
         client = OpenAI(base_url=server.url, api_key="none", max_retries=0)
 
@@ -119,7 +119,7 @@ def test_gateway_serve_policies_swaps_a_promotion_in(tmp_path, yes_model):
             reply = client.chat.completions.create(model="policy", messages=messages, **GREEDY)
             return reply.choices[0].message.content or ""
 
-        assert ask() == "yes"
+        assert ask() == "yes" and registry.current().version == 0
         registry.promote(1, build_tiny_model(tmp_path / "other", size="tiny", seed=1), val_success=None)
         deadline = time.monotonic() + 30
         while ask() == "yes":
