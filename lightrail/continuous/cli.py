@@ -92,6 +92,11 @@ def _learn(args: argparse.Namespace) -> int:
         except (ValueError, FileNotFoundError) as exc:  # a config that cannot run (no model, no val tasks)
             print(f"lightrail learn: {exc}", file=sys.stderr)
             return 2
+        except Exception:  # e.g. the store unreachable: the round is repeated next time (nothing was consumed)
+            if args.once:
+                raise
+            console.print_exception()
+            metrics = {"outcome": "error"}
         print(json.dumps(metrics), flush=True)
         if args.once:
             return 0

@@ -257,7 +257,8 @@ def learn_round(config: LearnConfig, *, console: Any = None, force: bool = False
             objective = "sft" if config.method == "sft" else "grpo"
             for _ in range(config.updates):
                 update = updater.step(rows, current_version=current.version, objective=objective)
-            _export(updater, folder)
+            if not update.get("skipped", 1):
+                _export(updater, folder)
         finally:
             updater.close()
     metrics.update(

@@ -14,6 +14,7 @@ import asyncio
 import json
 from pathlib import Path
 
+import pytest
 from gate_agents import QUESTIONS
 from openai import AsyncOpenAI
 
@@ -142,3 +143,26 @@ def test_a_round_that_keeps_the_held_out_success_is_promoted_served_and_rolled_b
 
     assert asyncio.run(serve_and_roll_back()) == [0, 1, 2]  # versions only grow: the rollback is v2
     assert [p.version for p in registry.history()] == [0, 1, 2]
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "message"),
+    [
+        ("policies: p\nagent: a:b\ndata: d:e\n", "store"),  # a required field missing is named
+        ("store: s\npolicies: p\nagent: a:b\ndata: d:e\nmin_session: 3\n", "min_session"),  # a typo is named
+        ("store: s\npolicies: p\nagent: a:b\ndata: d:e\nconfig: {lr: fast}\n", "config.lr"),
+        ("store: s\npolicies: p\nagent: a:b\ndata: d:e\nconfig: {lora: {r: many}}\n", "config.lora.r"),
+        ("store: s\npolicies: p\nagent: a:b\ndata: d:e\nmin_sessions: 0\n", "min_sessions"),
+        ("store: s\npolicies: p\nagent: a:b\ndata: d:e\nmethod: dpo\n", "method"),
+    ],
+)
+def test_a_bad_learn_config_is_refused_naming_the_field(tmp_path, yaml_text, message):
+    from lightrail.continuous.learn import load_learn_config
+    from lightrail.trainer.config import ConfigError
+
+    path = tmp_path / "learn.yaml"
+    path.write_text(yaml_text)
+    with pytest.raises(ConfigError, match=message):
+        load_learn_config(str(path))
+    path.write_text("store: s\npolicies: p\nagent: a:b\ndata: d:e\n")
+    assert load_learn_config(str(path), ["gate.tolerance=0.1"]).gate.tolerance == 0.1
