@@ -137,7 +137,9 @@ def main() -> None:
 
         overrides = {"out": args.out} if args.out else {}
         settings = ContinuousSettings.quick(**overrides) if args.quick else ContinuousSettings(**overrides)
-        report = run(settings)
+        from rich.console import Console
+
+        report = run(settings, console=Console(stderr=True))  # stdout's last line is the JSON
         promoted = {p.version for p in PolicyRegistry(settings.out / "policies").history()}
         bad, calls = misversioned(settings.out / "served.db", promoted)
         keys = ("served_success_first", "served_success_last", "swaps", "failed_requests", "served_sessions")

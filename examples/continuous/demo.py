@@ -61,7 +61,7 @@ class ContinuousSettings:
     temperature: float = 1.0
     max_tokens: int = 48
     min_sessions: int = 96
-    lr: float = 1e-4
+    lr: float = 2e-4
     updates: int = 2
     n_val: int = 64
     tolerance: float = 0.02

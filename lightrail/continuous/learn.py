@@ -394,29 +394,9 @@ def evaluate(config: LearnConfig, model: str | Path, val_tasks: list[Any], *, co
 
 def load_learn_config(path: str, overrides: list[str] | tuple[str, ...] = ()) -> LearnConfig:
     """Read and check a ``lightrail learn`` YAML config (``--set dotted.path=value`` overrides applied first)."""
-    import yaml
+    from lightrail.trainer.config import ConfigError, grpo_config, read_yaml_config
 
-    from lightrail.trainer.config import ConfigError, _readable, _set_path
-
-    try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level")
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--set {item!r}: expected dotted.path=value")
-        _set_path(data, key.strip(), yaml.safe_load(raw))
-    try:
-        config = msgspec.convert(data, LearnConfig)
-    except msgspec.ValidationError as exc:
-        raise ConfigError(f"{path}: {_readable(exc)}") from None
-    from lightrail.trainer.config import grpo_config
-
+    config = read_yaml_config(path, overrides, LearnConfig)
     grpo_config(config.config, f"{path}: config")
     if config.min_sessions < 1 or config.max_sessions < config.min_sessions or config.updates < 1:
         raise ConfigError(f"{path}: need 1 <= min_sessions <= max_sessions and updates >= 1")

@@ -44,9 +44,10 @@ import importlib
 import inspect
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -156,8 +157,12 @@ def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
     node[leaf] = value
 
 
-def load_config(path: str | os.PathLike[str], overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
-    """Read and check a YAML config; ``overrides`` are ``dotted.path=value`` strings applied first."""
+T = TypeVar("T")
+
+
+def read_yaml_config(path: str | Path, overrides: Sequence[str], schema: type[T]) -> T:
+    """A YAML file as ``schema`` (a msgspec struct), ``--set dotted.path=value`` overrides applied first; every
+    problem is a one-line `ConfigError` naming the file and the field."""
     import yaml
 
     try:
@@ -176,9 +181,14 @@ def load_config(path: str | os.PathLike[str], overrides: list[str] | tuple[str, 
             raise ConfigError(f"--set {item!r}: expected dotted.path=value")
         _set_path(data, key.strip(), yaml.safe_load(raw))
     try:
-        config = msgspec.convert(data, TrainConfig)
+        return msgspec.convert(data, schema)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"{path}: {_readable(exc)}") from None
+
+
+def load_config(path: str | os.PathLike[str], overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
+    """Read and check a YAML config; ``overrides`` are ``dotted.path=value`` strings applied first."""
+    config = read_yaml_config(path, overrides, TrainConfig)
     if config.algorithm == "apo":
         _apo_kwargs(config)
     elif config.algorithm == "grpo":
