@@ -121,12 +121,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the short demo (under 15 minutes)")
     parser.add_argument("--only", choices=["overhead", "demo"], help="run one part")
-    parser.add_argument("--overhead-calls", type=int, default=2000)
+    parser.add_argument("--overhead-calls", type=int, default=None, help="default: 2000 (1000 with --quick)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     out: dict = {"quick": args.quick, **machine_facts()}
     log(f"machine: {out}")
     started = time.monotonic()
+    args.overhead_calls = args.overhead_calls or (1000 if args.quick else 2000)
     if args.only in (None, "overhead"):
         log(f"-- recording overhead: {args.overhead_calls} calls each way, interleaved")
         out.update(_overhead(args.overhead_calls))

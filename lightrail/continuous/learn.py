@@ -273,7 +273,10 @@ def learn_round(config: LearnConfig, *, console: Any = None, force: bool = False
     if metrics["updated"]:
         gate = _gate(config, registry, current, folder, console)
         metrics.update(gate)
-        if gate["promote"]:
+        latest = registry.current()
+        if latest is not None and latest.version != current.version:
+            metrics["outcome"] = "superseded"  # promoted or rolled back meanwhile: trained from another policy
+        elif gate["promote"]:
             registry.promote(version, folder, val_success=gate["val_candidate"], note=f"learn round {metrics['round']}")
             metrics["outcome"] = "promoted"
         else:

@@ -167,6 +167,8 @@ class PolicyWatcher:
         self.engine = engine
         self.poll_s = poll_s
         self.swaps = 0
+        self.failed: set[int] = set()
+        """Versions whose weights did not load (logged once; the engine keeps serving what it has)."""
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -175,9 +177,13 @@ class PolicyWatcher:
     async def check(self) -> bool:
         """Swap in the current policy if it is newer than what the engine serves; True if it swapped."""
         current = self.registry.current()
-        if current is None or current.version <= self.engine.policy_version:
+        if current is None or current.version <= self.engine.policy_version or current.version in self.failed:
             return False
-        model = await asyncio.to_thread(_load_weights, current.path)
+        try:
+            model = await asyncio.to_thread(_load_weights, current.path)
+        except Exception:
+            self.failed.add(current.version)  # tried once: a broken folder is not reloaded every poll
+            raise
         await self.engine.update_weights(model, version=current.version)
         self.swaps += 1
         log.warning("serving policy v%d (%s)", current.version, current.path)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
 from openai import AsyncOpenAI
 
 from lightrail.continuous.policies import PolicyRegistry, PolicyWatcher
@@ -135,3 +136,24 @@ def test_gateway_serve_policies_swaps_a_promotion_in(tmp_path, yes_model):
         return sorted({s.attributes[Attr.POLICY_VERSION] for s in spans if s.name == Attr.SPAN_LLM_CALL})
 
     assert asyncio.run(versions()) == [0, 1]
+
+
+def test_a_promotion_that_does_not_load_leaves_the_served_policy_alone(tmp_path, yes_model):
+    from lightrail.engine import Engine
+
+    registry = PolicyRegistry(tmp_path / "policies")
+    registry.init(yes_model)
+    (tmp_path / "broken").mkdir()
+    registry.promote(1, tmp_path / "broken", val_success=None)
+
+    async def main() -> tuple[int, bool]:
+        engine = Engine.from_pretrained(yes_model)
+        watcher = PolicyWatcher(registry, engine)
+        try:
+            with pytest.raises(ValueError, match="model_type"):  # what transformers says of an empty folder
+                await watcher.check()
+            return engine.policy_version, await watcher.check()  # not retried every poll
+        finally:
+            await engine.close()
+
+    assert asyncio.run(main()) == (0, False)
