@@ -6,8 +6,9 @@
 
 Figures (the last stdout line is one JSON object; progress on stderr):
 
-- ``served_success_first`` / ``served_success_last``: success of the served sessions that started in the first and
-  the last window (target: last − first ≥ 0.10);
+- ``served_success_first`` / ``served_success_last``: success of the served sessions in the first and the last
+  window (the answered sessions in order of their start, cut into windows of equal size: 8, or 4 with ``--quick``;
+  target: last − first ≥ 0.10);
 - ``swaps``: promoted policies the serving gateway swapped in (target ≥ 2); ``failed_requests``: user requests that
   raised (target 0);
 - ``misversioned_calls``: recorded served calls whose policy version is not a promoted one, or is older than the

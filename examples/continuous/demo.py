@@ -56,8 +56,9 @@ class ContinuousSettings:
     """Mean pause of a user between sessions (exponential, seeded per user)."""
     feedback_delay_s: float = 5.0
     """The checker rewards a session after a uniform random delay up to this."""
-    window_s: float = 120.0
-    """Served success is reported per window of this many seconds (by the time the session started)."""
+    windows: int = 8
+    """Served success is reported per window: the answered sessions in order of their start, cut into this many
+    windows of equal size (serving slows while a round learns, so windows of equal time would hold few sessions)."""
     temperature: float = 1.0
     max_tokens: int = 48
     min_sessions: int = 96
@@ -72,7 +73,7 @@ class ContinuousSettings:
     @classmethod
     def quick(cls, **overrides: Any) -> ContinuousSettings:
         # the warm start keeps its 300 steps: at 200 the model calls the tool but does not copy its result yet
-        return cls(**{**dict(minutes=5.5, n_val=48, min_sessions=64, window_s=60.0), **overrides})
+        return cls(**{**dict(minutes=5.5, n_val=48, min_sessions=64, windows=4), **overrides})
 
 
 class _Checker(threading.Thread):
@@ -226,7 +227,7 @@ def run(settings: ContinuousSettings, console: Any = None) -> dict[str, Any]:
     report["plot"] = str(_plot(out / "served_success.png", report, rounds))
     (out / "report.json").write_text(json.dumps(report, indent=2))
     console.print(
-        f"\n[bold]served success[/bold] (per {settings.window_s:g} s window): "
+        f"\n[bold]served success[/bold] ({settings.windows} windows of equal sessions): "
         + " ".join(f"{w['success']:.0%}" for w in report["windows"])
         + f"\nfirst window {report['served_success_first']:.1%} → last {report['served_success_last']:.1%}; "
         f"{report['swaps']} promotions served, {report['failed_requests']} failed requests, "
@@ -237,15 +238,16 @@ def run(settings: ContinuousSettings, console: Any = None) -> dict[str, Any]:
 
 def _report(settings, sessions, rounds, registry, checker, started) -> dict[str, Any]:
     done = [s for s in sessions if "success" in s]
+    done.sort(key=lambda s: s["start"])
+    n = min(settings.windows, len(done))
+    bounds = [round(i * len(done) / n) for i in range(n + 1)] if n else []
     windows = []
-    end = max((s["start"] for s in sessions), default=0.0)
-    first_start = min((s["start"] for s in sessions), default=0.0)
-    t = first_start
-    while t <= end:
-        inside = [s["success"] for s in done if t <= s["start"] < t + settings.window_s]
-        if inside:
-            windows.append({"start": t, "sessions": len(inside), "success": sum(inside) / len(inside)})
-        t += settings.window_s
+    for lo, hi in zip(bounds, bounds[1:], strict=False):
+        inside = done[lo:hi]
+        success = sum(s["success"] for s in inside) / len(inside)
+        windows.append(
+            {"start": inside[0]["start"], "end": inside[-1]["start"], "sessions": len(inside), "success": success}
+        )
     promoted = [p for p in registry.history() if p.kind != "initial"]
     return {
         "served_sessions": len(sessions),
@@ -311,12 +313,13 @@ def _plot(path: Path, report: dict[str, Any], rounds: list[dict[str, Any]]) -> P
 
     fig, ax = plt.subplots(figsize=(8, 4))
     windows = report["windows"]
-    ax.plot([w["start"] / 60 for w in windows], [w["success"] for w in windows], marker="o", label="served success")
+    middle = [(w["start"] + w["end"]) / 120 for w in windows]
+    ax.plot(middle, [w["success"] for w in windows], marker="o", label="served success (window of sessions)")
     for r in rounds:
         if r["outcome"] == "promoted":
             ax.axvline(r["at"] / 60, color="tab:green", alpha=0.5, linestyle="--")
     ax.plot([], [], color="tab:green", alpha=0.5, linestyle="--", label="policy promoted")
-    ax.set_xlabel("minutes (window start)")
+    ax.set_xlabel("minutes (middle of the window)")
     ax.set_ylabel("success of served sessions")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
