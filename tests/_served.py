@@ -11,6 +11,7 @@ import contextlib
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.request
@@ -28,10 +29,14 @@ def free_port() -> int:
 
 class Served:
     """A server in a subprocess (own process group, log in a file); ``root`` is ``http://127.0.0.1:PORT`` and
-    ``url`` its OpenAI base URL (``root + "/v1"``)."""
+    ``url`` its OpenAI base URL (``root + "/v1"``). A server with a TLS certificate is ``https://`` and checked
+    against ``ca_file``."""
 
-    def __init__(self, cmd: list[str], port: int, log: Path, env: dict[str, str] | None = None) -> None:
-        self.root = f"http://127.0.0.1:{port}"
+    def __init__(
+        self, cmd: list[str], port: int, log: Path, env: dict[str, str] | None = None, ca_file: str | None = None
+    ) -> None:
+        self.root = f"{'https' if ca_file else 'http'}://127.0.0.1:{port}"
+        self._ssl = ssl.create_default_context(cafile=ca_file) if ca_file else None
         self.url, self.log = self.root + "/v1", log
         self._log = open(log, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
@@ -47,7 +52,7 @@ class Served:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
-                with urllib.request.urlopen(self.root + "/health", timeout=2) as r:
+                with urllib.request.urlopen(self.root + "/health", timeout=2, context=self._ssl) as r:
                     if r.status == 200:
                         return
             except OSError:
@@ -67,10 +72,15 @@ class Served:
 
 @contextlib.contextmanager
 def served(
-    cmd: list[str], port: int, log: Path, timeout_s: float, env: dict[str, str] | None = None
+    cmd: list[str],
+    port: int,
+    log: Path,
+    timeout_s: float,
+    env: dict[str, str] | None = None,
+    ca_file: str | None = None,
 ) -> Iterator[Served]:
     """Start ``cmd``, wait until healthy, yield it, stop it."""
-    server = Served(cmd, port, log, env)
+    server = Served(cmd, port, log, env, ca_file)
     try:
         server.wait_healthy(timeout_s)
         yield server

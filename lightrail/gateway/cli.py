@@ -16,7 +16,7 @@ import os
 import sys
 from typing import Any
 
-from lightrail._net import is_loopback_host
+from lightrail._net import add_tls_arguments, refuse_to_serve
 
 __all__ = ["add_parser"]
 
@@ -94,16 +94,12 @@ def add_parser(subparsers: Any) -> None:
         action="store_true",
         help="allow binding a non-loopback address without a token (anyone who can reach it can use the model)",
     )
+    add_tls_arguments(serve)
     serve.set_defaults(handler=_serve)
 
 
 def _serve(args: argparse.Namespace) -> int:
-    if not args.token and not is_loopback_host(args.host) and not args.insecure_no_token:
-        print(
-            f"lightrail gateway serve: refusing to bind {args.host} without a token; pass --token "
-            "(or set LIGHTRAIL_GATEWAY_TOKEN), or --insecure-no-token if the network is trusted.",
-            file=sys.stderr,
-        )
+    if refuse_to_serve("lightrail gateway serve", args, "LIGHTRAIL_GATEWAY_TOKEN"):
         return 2
     if (args.redact or args.retention_days is not None) and not args.record:
         print("lightrail gateway serve: --redact and --retention-days apply to --record", file=sys.stderr)
@@ -183,12 +179,20 @@ async def _run(args: argparse.Namespace, redact: Any = None) -> None:
             sessions=sessions,
         )
         config = uvicorn.Config(
-            app, host=args.host, port=args.port, access_log=False, log_level=args.log_level, lifespan="on"
+            app,
+            host=args.host,
+            port=args.port,
+            access_log=False,
+            log_level=args.log_level,
+            lifespan="on",
+            ssl_certfile=args.tls_cert,
+            ssl_keyfile=args.tls_key,
         )
         models = ", ".join(backend.model_names())
         recording = " recording served traffic" if args.record else ""
+        scheme = "https" if args.tls_cert else "http"
         print(
-            f"lightrail gateway on http://{args.host}:{args.port} (models: {models}){recording}",
+            f"lightrail gateway on {scheme}://{args.host}:{args.port} (models: {models}){recording}",
             file=sys.stderr,
             flush=True,
         )

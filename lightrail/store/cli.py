@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 
-from lightrail._net import is_loopback_host
+from lightrail._net import add_tls_arguments, refuse_to_serve
 
 DEFAULT_PORT = 4747
 
@@ -32,7 +32,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "Serve a store over HTTP (JSON API, OpenAPI at /openapi.json, liveness at /health).\n"
             "Everything acknowledged survives a crash of the server; restarting on the same database resumes.\n"
             "With PostgreSQL, run several servers on one database (any hosts) and spread clients across them.\n"
-            "Binds 127.0.0.1 by default; binding any other address requires a bearer token."
+            "Binds 127.0.0.1 by default; binding any other address requires a bearer token.\n"
+            "--tls-cert/--tls-key serve HTTPS (clients trust a private CA through SSL_CERT_FILE)."
         ),
         epilog=(
             "examples:\n"
@@ -70,16 +71,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="allow binding a non-loopback address without a token (anyone who can reach it can write)",
     )
+    add_tls_arguments(serve)
     serve.set_defaults(handler=_serve)
 
 
 def _serve(args: argparse.Namespace) -> int:
-    if not args.token and not is_loopback_host(args.host) and not args.insecure_no_token:
-        print(
-            f"lightrail store serve: refusing to bind {args.host} without a token; pass --token "
-            "(or set LIGHTRAIL_TOKEN), or --insecure-no-token if the network is trusted.",
-            file=sys.stderr,
-        )
+    if refuse_to_serve("lightrail store serve", args, "LIGHTRAIL_TOKEN"):
         return 2
     from lightrail.store import store_kind
 
@@ -102,7 +99,14 @@ def _serve(args: argparse.Namespace) -> int:
 
         exit_with_parent()
     try:
-        serve(args.db, host=args.host, port=args.port, token=args.token or None)
+        serve(
+            args.db,
+            host=args.host,
+            port=args.port,
+            token=args.token or None,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+        )
     except KeyboardInterrupt:
         pass
     except OSError as exc:  # port in use, unwritable directory, ...

@@ -550,9 +550,18 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _url(host: str, sock: socket.socket) -> str:
-    port = sock.getsockname()[1]
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+def _url(host: str, sock: socket.socket, tls: bool = False) -> str:
+    port, scheme = sock.getsockname()[1], "https" if tls else "http"
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
+
+
+def _tls(cert: str | os.PathLike[str] | None, key: str | os.PathLike[str] | None) -> dict[str, Any]:
+    """uvicorn's TLS settings for a certificate and its key (both or neither)."""
+    if cert is None or key is None:
+        if cert is not None or key is not None:
+            raise ValueError("tls_cert and tls_key go together")
+        return {}
+    return {"ssl_certfile": os.fspath(cert), "ssl_keyfile": os.fspath(key)}
 
 
 def _store_factory(store_path_or_store: Any) -> Callable[[], Store]:
@@ -569,20 +578,24 @@ def serve(
     token: str | None = None,
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    tls_cert: str | os.PathLike[str] | None = None,
+    tls_key: str | os.PathLike[str] | None = None,
 ) -> None:
     """Serve a store until interrupted (blocking).
 
     A URL or path (anything `open_server_store` takes) opens its store inside the server's loop; a `Store` object
     is served as is. Either way the store is closed when the server stops. The bound URL is printed to stdout
     (port 0 picks a free port) once the socket listens, so a parent process can read it and connect at once:
-    connections made before startup finishes wait in the listen backlog.
+    connections made before startup finishes wait in the listen backlog. ``tls_cert`` and ``tls_key`` (PEM files)
+    serve HTTPS.
     """
     import uvicorn
 
+    tls = _tls(tls_cert, tls_key)
     app = create_app(_store_factory(store_path_or_store), token=token, max_body_bytes=max_body_bytes)
     sock = _bind(host, port)
-    url = _url(host, sock)
-    server = uvicorn.Server(_uvicorn_config(app, host, sock.getsockname()[1], timeout_graceful_shutdown=5))
+    url = _url(host, sock, bool(tls))
+    server = uvicorn.Server(_uvicorn_config(app, host, sock.getsockname()[1], timeout_graceful_shutdown=5, **tls))
     print(f"lightrail store listening on {url}", flush=True)
     log.info("lightrail store listening on %s", url)
     try:
@@ -619,19 +632,22 @@ def serve_in_thread(
     host: str = "127.0.0.1",
     port: int = 0,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    tls_cert: str | os.PathLike[str] | None = None,
+    tls_key: str | os.PathLike[str] | None = None,
 ) -> ServerHandle:
     """Start a store server on its own thread and event loop and return once it answers.
 
     The store at ``path`` (anything `open_server_store` takes) is created inside the server's loop; a `Store` object is
     served as is (and closed at stop). ``port`` 0 picks a free one; passing a previous server's port restarts
-    "the same server" (SO_REUSEADDR).
+    "the same server" (SO_REUSEADDR). ``tls_cert`` and ``tls_key`` (PEM files) serve HTTPS.
     """
     import uvicorn
 
+    tls = _tls(tls_cert, tls_key)
     app = create_app(_store_factory(path), token=token, max_body_bytes=max_body_bytes)
     sock = _bind(host, port)
-    url = _url(host, sock)
-    config = _uvicorn_config(app, host, sock.getsockname()[1], timeout_graceful_shutdown=1)
+    url = _url(host, sock, bool(tls))
+    config = _uvicorn_config(app, host, sock.getsockname()[1], timeout_graceful_shutdown=1, **tls)
     server = uvicorn.Server(config)
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]  # not the main thread
     failure: list[BaseException] = []
