@@ -14,6 +14,7 @@ _COMMANDS = [
     "lightrail.trainer.inspection_cli",  # runs, rollouts, show, failures
     "lightrail.agent.cli",  # runner
     "lightrail.store.cli",  # store serve
+    "lightrail.store.token_cli",  # token create|list|revoke
     "lightrail.gateway.cli",  # gateway serve
     "lightrail.engine.cli",  # models list|prepare
     "lightrail.algorithms.cli",  # export

@@ -159,13 +159,18 @@ def rollout(fn: Callable[..., Any]) -> FunctionAgent:
     return FunctionAgent(fn)
 
 
-def route_resources(items: Mapping[str, LLM | PromptTemplate], rollout_id: str, attempt_id: str) -> dict[str, Any]:
+def route_resources(
+    items: Mapping[str, LLM | PromptTemplate], rollout_id: str, attempt_id: str, *, api_key: str | None = None
+) -> dict[str, Any]:
     """The resources as an attempt sees them: each LLM's ``endpoint`` replaced by its base URL routed to the
-    attempt (``.../rollouts/{rid}/attempts/{aid}/v1``), so every call the agent makes is attributed to it."""
+    attempt (``.../rollouts/{rid}/attempts/{aid}/v1``), so every call the agent makes is attributed to it.
+    ``api_key``: the key gateway (routed) endpoints get instead of theirs (a runner's scoped token, which the
+    gateway accepts for the attempts that runner leased)."""
     out: dict[str, Any] = {}
     for name, item in items.items():
         if isinstance(item, LLM):
-            item = msgspec.structs.replace(item, endpoint=item.base_url(rollout_id, attempt_id))
+            key = api_key if api_key is not None and item.routed else item.api_key
+            item = msgspec.structs.replace(item, endpoint=item.base_url(rollout_id, attempt_id), api_key=key)
         out[name] = item
     return out
 

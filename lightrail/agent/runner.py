@@ -44,6 +44,7 @@ from typing import Any, TypeVar
 from lightrail.agent.agent import LitAgent, load_agent, route_resources
 from lightrail.agent.errors import error_info, is_infra_error
 from lightrail.store.base import ConflictError, Store
+from lightrail.store.tokens import parse_token
 from lightrail.tracing import AttemptContext, SpanBatcher, emit_exception, emit_reward, use_attempt
 from lightrail.types import (
     Attempt,
@@ -134,6 +135,10 @@ class Runner:
         if otel:
             _require_otel()
         self.store = store
+        # A runner with a scoped store token calls the gateway with that token too (the store hides the gateway's
+        # own key from scoped tokens; the gateway accepts a runner token for the attempts it leased).
+        token = getattr(store, "token", None)
+        self._gateway_key = token if isinstance(token, str) and parse_token(token) is not None else None
         self.agent = load_agent(agent)
         self.concurrency = concurrency
         self.worker_id = worker_id or default_worker_id()
@@ -323,7 +328,7 @@ class Runner:
                 )
                 status, error = AttemptStatus.INFRA_ERROR, error_info(exc)
             else:
-                routed = route_resources(resources, rollout.rollout_id, attempt.attempt_id)
+                routed = route_resources(resources, rollout.rollout_id, attempt.attempt_id, api_key=self._gateway_key)
                 running.agent_task = asyncio.get_running_loop().create_task(self._call_agent(running, root_id, routed))
                 if running.stop_reason is not None:  # stopped while fetching resources
                     running.agent_task.cancel()

@@ -51,6 +51,7 @@ from lightrail.gateway.recording import SESSION_HEADER, SessionRecorder, session
 from lightrail.gateway.responses_api import RESPONSES
 from lightrail.gateway.sse import CHUNK_CHARS
 from lightrail.store.base import NotFoundError, Store
+from lightrail.store.tokens import Role, TokenVerifier, owns_attempt
 from lightrail.tracing import SpanBatcher
 from lightrail.types import Attr, BackendError, ChatRequest, Span, SpanStatus, StatusCode, next_seq
 
@@ -362,14 +363,26 @@ class BearerAuth:
     """Pure ASGI middleware: require ``Authorization: Bearer <token>`` (or ``x-api-key: <token>``, how Anthropic's
     clients send their key) on every HTTP path but ``open_paths``.
 
-    A missing or wrong token gets a 401 in OpenAI's error format. The comparisons are constant-time.
+    The gateway's own token opens every route. With ``verifier`` (the store's scoped tokens,
+    `lightrail.store.tokens`), a scoped token opens what it may write into: an attempt's routes
+    (``/rollouts/{rid}/attempts/{aid}/...``) for the runner token that leased it, an ingest token that names it, or
+    an admin token; the unrouted routes for admin tokens only. A missing or wrong token gets a 401, a scoped token
+    beyond its rights a 403 naming what is needed, in OpenAI's error format. The comparisons are constant-time.
     """
 
-    def __init__(self, app: ASGIApp, token: str, *, open_paths: frozenset[str] = frozenset({"/health"})) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        token: str,
+        *,
+        open_paths: frozenset[str] = frozenset({"/health"}),
+        verifier: TokenVerifier | None = None,
+    ) -> None:
         self.app = app
         self.expected = b"Bearer " + token.encode()
         self.expected_key = token.encode()
         self.open_paths = open_paths
+        self.verifier = verifier
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] not in self.open_paths:
@@ -383,11 +396,42 @@ class BearerAuth:
             bearer_ok = hmac.compare_digest(given, self.expected)
             key_ok = hmac.compare_digest(key, self.expected_key)
             if not (bearer_ok or key_ok):
-                message = "Missing bearer token." if not (given or key) else "Invalid bearer token."
-                response = _error(401, message, code="invalid_api_key")
-                await response(scope, receive, send)
-                return
+                refusal = await self._scoped_refusal(scope["path"], given.removeprefix(b"Bearer ") or key)
+                if refusal is not None:
+                    await refusal(scope, receive, send)
+                    return
         await self.app(scope, receive, send)
+
+    async def _scoped_refusal(self, path: str, bearer: bytes) -> Response | None:
+        """None if ``bearer`` is a scoped token that may use ``path``; else the 401 or 403 to answer."""
+        principal = None
+        if self.verifier is not None and bearer:
+            try:
+                principal = await self.verifier.principal(bearer.decode("latin-1"))
+            except Exception as exc:  # the store cannot tell now: refuse, the client retries
+                log.warning("cannot check a scoped token against the store: %r", exc)
+                return _error(503, "Cannot check the token now; retry.", code="service_unavailable")
+        if principal is None:
+            return _error(
+                401, "Missing bearer token." if not bearer else "Invalid bearer token.", code="invalid_api_key"
+            )
+        parts = path.split("/")  # "", "rollouts", rid, "attempts", aid, ...
+        if len(parts) > 5 and parts[1] == "rollouts" and parts[3] == "attempts":
+            if owns_attempt(principal, parts[4]):
+                return None
+            return _error(
+                403,
+                f"This route records into attempt {parts[4]!r}; a {principal.role.value} token may not: it needs the "
+                "gateway's token, an admin token, or the runner token that leased the attempt.",
+                code="permission_denied",
+            )
+        if principal.role is Role.ADMIN:
+            return None
+        return _error(
+            403,
+            f"Unrouted calls need the gateway's token or an admin token, not a {principal.role.value} token.",
+            code="permission_denied",
+        )
 
 
 def create_gateway_app(
@@ -452,7 +496,8 @@ def create_gateway_app(
         served, routed = gateway.handlers(dialect)
         routes.append(Route("/v1" + dialect.path, served, methods=["POST"]))
         routes.append(Route(prefix + "/v1" + dialect.path, routed, methods=["POST"]))
-    middleware = [Middleware(BearerAuth, token=token)] if token else []
+    verifier = TokenVerifier(lambda: store) if hasattr(store, "get_token") else None
+    middleware = [Middleware(BearerAuth, token=token, verifier=verifier)] if token else []
     app = Starlette(
         routes=routes,
         middleware=middleware,

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from lightrail.store.base import (
     ConflictError,
+    ForbiddenError,
     NotFoundError,
     StaleAttemptError,
     Store,
@@ -27,6 +28,7 @@ from lightrail.store.memory import MemoryStore
 
 __all__ = [
     "ConflictError",
+    "ForbiddenError",
     "MemoryStore",
     "NotFoundError",
     "PostgresStore",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import msgspec
 
 from lightrail.store.sessions import Feedback, FeedbackResult
+from lightrail.store.tokens import Role, TokenRecord
 from lightrail.types import (
     Attempt,
     AttemptStatus,
@@ -140,6 +141,25 @@ class ErrorResponse(msgspec.Struct, kw_only=True):
     error: ErrorDetail
 
 
+class TokensResponse(msgspec.Struct, kw_only=True):
+    """Answer of ``GET /v1/tokens``: every scoped token's record (hashes, never secrets)."""
+
+    tokens: list[TokenRecord]
+
+
+class TokenResponse(msgspec.Struct, kw_only=True):
+    """Answer of ``GET /v1/tokens/{token_id}``; null when there is no such token."""
+
+    token: TokenRecord | None
+
+
+class WhoamiResponse(msgspec.Struct, kw_only=True):
+    """Answer of ``GET /v1/whoami``: the role of the request's token (``token_id`` null for the admin token)."""
+
+    role: Role
+    token_id: str | None = None
+
+
 class RouteSpec(msgspec.Struct, frozen=True):
     """One row of the route table: what the server routes and what the OpenAPI document describes."""
 
@@ -265,6 +285,18 @@ ROUTES: tuple[RouteSpec, ...] = (
     ),
     RouteSpec("GET", "/v1/resources/{version}", "get_resources", "One resources version.", None, Resources),
     RouteSpec("GET", "/v1/counts", "counts", "Rollouts per status.", None, CountsResponse),
+    RouteSpec(
+        "POST",
+        "/v1/tokens",
+        "put_token",
+        "Store a scoped token's record (minted by the client: only the secret's hash is sent); replaces one with "
+        "its token_id (revocation).",
+        TokenRecord,
+        TokenRecord,
+    ),
+    RouteSpec("GET", "/v1/tokens", "list_tokens", "Every scoped token's record.", None, TokensResponse),
+    RouteSpec("GET", "/v1/tokens/{token_id}", "get_token", "One scoped token's record, or null.", None, TokenResponse),
+    RouteSpec("GET", "/v1/whoami", "whoami", "The role of the request's token.", None, WhoamiResponse),
     RouteSpec("GET", "/health", "health", "Liveness; needs no token.", None, HealthResponse),
     RouteSpec("GET", "/openapi.json", "openapi", "This document.", None, dict),
 )

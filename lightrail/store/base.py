@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Protocol, runtime_checkable
 
+from lightrail.store.tokens import TokenRecord
 from lightrail.types import (
     Attempt,
     AttemptStatus,
@@ -62,6 +63,12 @@ class ConflictError(StoreError):
     """The write contradicts what is stored (same id, different content)."""
 
     http_status = 409
+
+
+class ForbiddenError(StoreError):
+    """A valid token asking for what its role does not allow (the message names the role needed)."""
+
+    http_status = 403
 
 
 class StoreUnavailableError(StoreError):
@@ -156,6 +163,18 @@ class Store(Protocol):
 
     async def counts(self) -> dict[RolloutStatus, int]:
         """How many rollouts are in each status."""
+        ...
+
+    async def put_token(self, record: TokenRecord) -> None:
+        """Store a scoped token's record, replacing the one with its ``token_id`` (how a token is revoked)."""
+        ...
+
+    async def get_token(self, token_id: str) -> TokenRecord | None:
+        """A scoped token's record, or None."""
+        ...
+
+    async def list_tokens(self) -> list[TokenRecord]:
+        """Every scoped token's record, oldest first."""
         ...
 
     async def close(self) -> None: ...

@@ -59,10 +59,21 @@ from lightrail.store._wire import (
     RolloutIdsRequest,
     RolloutsResponse,
     SpansResponse,
+    TokenResponse,
+    TokensResponse,
     WaitRequest,
+    WhoamiResponse,
 )
-from lightrail.store.base import ConflictError, NotFoundError, StaleAttemptError, StoreError, StoreUnavailableError
+from lightrail.store.base import (
+    ConflictError,
+    ForbiddenError,
+    NotFoundError,
+    StaleAttemptError,
+    StoreError,
+    StoreUnavailableError,
+)
 from lightrail.store.sessions import Feedback, FeedbackResult
+from lightrail.store.tokens import TokenRecord
 from lightrail.types import (
     Attempt,
     AttemptStatus,
@@ -91,8 +102,9 @@ _ERRORS: dict[str, type[Exception]] = {
     "ConflictError": ConflictError,
     "StaleAttemptError": StaleAttemptError,
     "IllegalTransitionError": IllegalTransitionError,
+    "ForbiddenError": ForbiddenError,
 }
-_BY_STATUS: dict[int, type[StoreError]] = {404: NotFoundError, 409: ConflictError}
+_BY_STATUS: dict[int, type[StoreError]] = {403: ForbiddenError, 404: NotFoundError, 409: ConflictError}
 _FIXED_PATHS = frozenset(r.path for r in ROUTES if "{" not in r.path)
 
 
@@ -124,6 +136,10 @@ _dec_resources = msgspec.json.Decoder(Resources)
 _dec_resources_opt = msgspec.json.Decoder(ResourcesResponse)
 _dec_counts = msgspec.json.Decoder(CountsResponse)
 _dec_error = msgspec.json.Decoder(ErrorResponse)
+_dec_token = msgspec.json.Decoder(TokenRecord)
+_dec_token_opt = msgspec.json.Decoder(TokenResponse)
+_dec_tokens = msgspec.json.Decoder(TokensResponse)
+_dec_whoami = msgspec.json.Decoder(WhoamiResponse)
 
 
 def _id(value: str) -> str:
@@ -236,6 +252,22 @@ def _counts() -> _Op[dict[RolloutStatus, int]]:
     return {status: counts.get(status, 0) for status in RolloutStatus}
 
 
+def _put_token(record: TokenRecord) -> _Op[None]:
+    yield _Call("POST", "/v1/tokens", _dec_token, _encode(record))
+
+
+def _get_token(token_id: str) -> _Op[TokenRecord | None]:
+    return (yield _Call("GET", f"/v1/tokens/{_id(token_id)}", _dec_token_opt)).token
+
+
+def _list_tokens() -> _Op[list[TokenRecord]]:
+    return (yield _Call("GET", "/v1/tokens", _dec_tokens)).tokens
+
+
+def _whoami() -> _Op[WhoamiResponse]:
+    return (yield _Call("GET", "/v1/whoami", _dec_whoami))
+
+
 # -- a lean HTTP/1.1 transport for httpx --------------------------------------------------------------------------
 
 
@@ -325,6 +357,7 @@ class _Base:
         max_backoff_s: float = 1.0,
     ):
         self.url = url.rstrip("/")
+        self.token = token
         self.timeout = timeout
         self.retries = retries
         self.backoff_s = backoff_s
@@ -531,6 +564,22 @@ class StoreClient(_Base):
         """How many rollouts are in each status."""
         return await self._run(_counts())
 
+    async def put_token(self, record: TokenRecord) -> None:
+        """Store a scoped token's record (admin; see `lightrail.store.tokens`)."""
+        await self._run(_put_token(record))
+
+    async def get_token(self, token_id: str) -> TokenRecord | None:
+        """A scoped token's record, or None (admin)."""
+        return await self._run(_get_token(token_id))
+
+    async def list_tokens(self) -> list[TokenRecord]:
+        """Every scoped token's record (admin)."""
+        return await self._run(_list_tokens())
+
+    async def whoami(self) -> WhoamiResponse:
+        """The role (and scoped token id) this client's token acts as."""
+        return await self._run(_whoami())
+
     async def close(self) -> None:
         """Close the connection pool (the server and its data are untouched)."""
         client, self._client = self._client, None
@@ -662,6 +711,22 @@ class SyncStoreClient(_Base):
     def counts(self) -> dict[RolloutStatus, int]:
         """See `StoreClient.counts`."""
         return self._run(_counts())
+
+    def put_token(self, record: TokenRecord) -> None:
+        """See `StoreClient.put_token`."""
+        self._run(_put_token(record))
+
+    def get_token(self, token_id: str) -> TokenRecord | None:
+        """See `StoreClient.get_token`."""
+        return self._run(_get_token(token_id))
+
+    def list_tokens(self) -> list[TokenRecord]:
+        """See `StoreClient.list_tokens`."""
+        return self._run(_list_tokens())
+
+    def whoami(self) -> WhoamiResponse:
+        """See `StoreClient.whoami`."""
+        return self._run(_whoami())
 
     def close(self) -> None:
         """Close the connection pool."""

@@ -23,6 +23,7 @@ from lightrail.store._lifecycle import (
     rollout_status_after,
 )
 from lightrail.store.base import ConflictError, NotFoundError, StaleAttemptError
+from lightrail.store.tokens import TokenRecord
 from lightrail.types import (
     Attempt,
     AttemptStatus,
@@ -54,6 +55,7 @@ class MemoryStore:
         self._spans: dict[str, dict[str, Span]] = {}  # attempt_id -> span_id -> span
         self._resources: list[Resources] = []
         self._resources_ids: dict[str, int] = {}
+        self._tokens: dict[str, TokenRecord] = {}
         self._queued = Pulse()
         self._ended = Pulse()
         self._reaper = LeaseReaper(self._next_deadline, self._expire)
@@ -280,6 +282,17 @@ class MemoryStore:
         if not 1 <= version <= len(self._resources):
             raise NotFoundError(f"unknown resources version {version}")
         return self._resources[version - 1]
+
+    # -- scoped tokens ----------------------------------------------------------------------------------------
+
+    async def put_token(self, record: TokenRecord) -> None:
+        self._tokens[record.token_id] = record
+
+    async def get_token(self, token_id: str) -> TokenRecord | None:
+        return self._tokens.get(token_id)
+
+    async def list_tokens(self) -> list[TokenRecord]:
+        return sorted(self._tokens.values(), key=lambda r: r.created_at)
 
     # -- queries --------------------------------------------------------------------------------------------
 

@@ -60,6 +60,7 @@ from lightrail.store._lifecycle import (
 )
 from lightrail.store.base import ConflictError, NotFoundError, StaleAttemptError, StoreUnavailableError
 from lightrail.store.sqlite import SchemaVersionError
+from lightrail.store.tokens import TokenRecord
 from lightrail.types import (
     LLM,
     Attempt,
@@ -83,7 +84,7 @@ __all__ = ["SCHEMA_VERSION", "PostgresStore"]
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """Stored in ``lightrail.meta``; bump it (and add a migration) whenever the tables change."""
 
 SCHEMA = "lightrail"
@@ -152,8 +153,17 @@ CREATE TABLE {SCHEMA}.resources (
     created_at   DOUBLE PRECISION NOT NULL,
     items        BYTEA NOT NULL
 );
+CREATE TABLE {SCHEMA}.tokens (
+    token_id TEXT PRIMARY KEY,
+    body     BYTEA NOT NULL  -- the TokenRecord as msgspec JSON (the secret's SHA-256, never the secret)
+);
 INSERT INTO {SCHEMA}.meta VALUES ('schema_version', {SCHEMA_VERSION});
 """
+
+# Version N-1 to N, one entry per bump (run in the migration's transaction, under the schema lock).
+_MIGRATIONS = {
+    2: f"CREATE TABLE {SCHEMA}.tokens (token_id TEXT PRIMARY KEY, body BYTEA NOT NULL)",
+}
 
 _ROLLOUT_COLUMNS = (
     "rollout_id, task, mode, sample_index, resources_version, policy, status, created_at, ended_at, attempts, "
@@ -273,6 +283,7 @@ _decode_dict = msgspec.json.Decoder(dict[str, Any]).decode
 _decode_error = msgspec.json.Decoder(ErrorInfo).decode
 _decode_items = msgspec.json.Decoder(dict[str, LLM | PromptTemplate]).decode
 _decode_spans = msgspec.json.Decoder(list[Span]).decode
+_decode_token = msgspec.json.Decoder(TokenRecord).decode
 
 T = TypeVar("T")
 
@@ -856,6 +867,32 @@ class PostgresStore:
 
         return await self._run(work)
 
+    # -- scoped tokens ----------------------------------------------------------------------------------------
+
+    async def put_token(self, record: TokenRecord) -> None:
+        async def work(conn: Any) -> None:
+            await conn.execute(
+                "INSERT INTO tokens (token_id, body) VALUES ($1, $2) "
+                "ON CONFLICT (token_id) DO UPDATE SET body = excluded.body",
+                record.token_id,
+                _encode(record),
+            )
+
+        await self._run(work)
+
+    async def get_token(self, token_id: str) -> TokenRecord | None:
+        async def work(conn: Any) -> TokenRecord | None:
+            body = await conn.fetchval("SELECT body FROM tokens WHERE token_id = $1", token_id)
+            return None if body is None else _decode_token(body)
+
+        return await self._run(work)
+
+    async def list_tokens(self) -> list[TokenRecord]:
+        async def work(conn: Any) -> list[TokenRecord]:
+            return [_decode_token(row[0]) for row in await conn.fetch("SELECT body FROM tokens")]
+
+        return sorted(await self._run(work), key=lambda r: r.created_at)
+
     def _to_resources(self, row: Any) -> Resources:
         version, resources_id, created_at, items = row
         stored = self._resources.get(version)
@@ -1045,3 +1082,6 @@ async def _migrate(pool: Any, url: str) -> None:
                 f"{_where(url)} has store schema version {version}, newer than the {SCHEMA_VERSION} this lightrail "
                 "understands; upgrade lightrail to open it"
             )
+        for step in range(version + 1, SCHEMA_VERSION + 1):
+            await conn.execute(_MIGRATIONS[step])
+            await conn.execute(f"UPDATE {SCHEMA}.meta SET value = $1 WHERE key = 'schema_version'", step)

@@ -62,11 +62,25 @@ from lightrail.store._wire import (
     RolloutIdsRequest,
     RolloutsResponse,
     SpansResponse,
+    TokenResponse,
+    TokensResponse,
     WaitRequest,
+    WhoamiResponse,
 )
-from lightrail.store.base import Store, StoreError
+from lightrail.store.base import ForbiddenError, Store, StoreError
 from lightrail.store.sessions import give_feedback
-from lightrail.types import IllegalTransitionError, Resources
+from lightrail.store.tokens import (
+    ADMIN,
+    ROUTE_ROLES,
+    Principal,
+    Role,
+    TokenRecord,
+    TokenVerifier,
+    owns_attempt,
+    parse_token,
+    runner_attempt_id,
+)
+from lightrail.types import LLM, IllegalTransitionError, Resources
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
@@ -174,12 +188,63 @@ def _wait_cap(value: float | None) -> float:
     return min(max(value, 0.0), MAX_WAIT_S)
 
 
+_PRINCIPAL = "lightrail.principal"
+"""Scope key where the auth middleware leaves who the request acts as (a `Principal`)."""
+
+
+def _principal(request: Request) -> Principal:
+    return request.scope.get(_PRINCIPAL, ADMIN)
+
+
+def _check_attempts(request: Request, attempt_ids: Any) -> None:
+    """Refuse writes into attempts the request's token may not write into (runner: its own; ingest: named)."""
+    principal = _principal(request)
+    if principal.role is Role.ADMIN:
+        return
+    for attempt_id in attempt_ids:
+        if not owns_attempt(principal, attempt_id):
+            whose = "attempts it leased" if principal.role is Role.RUNNER else "the attempts named when it was minted"
+            raise ForbiddenError(
+                f"attempt {attempt_id!r} is not this {principal.role.value} token's (it writes only into {whose}); "
+                "an admin token writes anywhere"
+            )
+
+
+def _visible(request: Request, resources: Resources) -> Resources:
+    """Resources as the request's token may see them: a scoped token does not see the keys of gateway (routed)
+    endpoints, which would open every attempt's route; its runner calls them with its own token instead."""
+    if _principal(request).role is Role.ADMIN or not any(
+        isinstance(item, LLM) and item.routed and item.api_key for item in resources.items.values()
+    ):
+        return resources
+    items = {
+        name: msgspec.structs.replace(item, api_key=None) if isinstance(item, LLM) and item.routed else item
+        for name, item in resources.items.items()
+    }
+    return msgspec.structs.replace(resources, items=items)
+
+
+def _authorized(name: str, endpoint: Callable[[Request], Any]) -> Callable[[Request], Any]:
+    """Let through only the roles `ROUTE_ROLES` allows for route ``name`` (403 naming them otherwise)."""
+    allowed = ROUTE_ROLES[name]
+    needed = " or ".join(role.value for role in Role if role in allowed)
+
+    async def authorized(request: Request) -> Response:
+        role = _principal(request).role
+        if role not in allowed:
+            raise ForbiddenError(f"{name} needs a token with role {needed}; this token's role is {role.value}")
+        return await endpoint(request)
+
+    authorized.__name__ = authorized.__qualname__ = name
+    return authorized
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Routes (the table itself is `_wire.ROUTES`)
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _handlers(get_store: Callable[[], Store]) -> dict[str, Callable[[Request], Any]]:
+def _handlers(get_store: Callable[[], Store], tokens: TokenVerifier) -> dict[str, Callable[[Request], Any]]:
     """The endpoint of each route name. ``get_store`` returns the store created at startup."""
     decoders = {r.name: msgspec.json.Decoder(r.request) for r in ROUTES if r.request is not None}
 
@@ -218,15 +283,20 @@ def _handlers(get_store: Callable[[], Store]) -> dict[str, Callable[[Request], A
     async def lease(request: Request) -> Response:
         req: LeaseRequest = await body(request, "lease")
         wait_s = _wait_cap(req.wait_s)
-        work = get_store().lease(req.worker_id, wait_s=wait_s, attempt_id=req.attempt_id)
+        attempt_id, principal = req.attempt_id, _principal(request)
+        if principal.role is Role.RUNNER:  # the attempt carries its runner token's id: see lightrail.store.tokens
+            attempt_id = runner_attempt_id(principal.token_id or "", attempt_id)
+        work = get_store().lease(req.worker_id, wait_s=wait_s, attempt_id=attempt_id)
         got = await (_unless_disconnected(request, work) if wait_s > 0 else work)
         return _ok(LeaseResponse(lease=got))
 
     async def heartbeat(request: Request) -> Response:
+        _check_attempts(request, [_param(request, "attempt_id")])
         return _ok(await get_store().heartbeat(_param(request, "attempt_id")))
 
     async def finish(request: Request) -> Response:
         req: FinishRequest = await body(request, "finish")
+        _check_attempts(request, [_param(request, "attempt_id")])
         attempt = await get_store().finish(
             _param(request, "attempt_id"), req.status, reward=req.reward, error=req.error
         )
@@ -247,6 +317,7 @@ def _handlers(get_store: Callable[[], Store]) -> dict[str, Callable[[Request], A
 
     async def add_spans(request: Request) -> Response:
         req: AddSpansRequest = await body(request, "add_spans")
+        _check_attempts(request, {span.attempt_id for span in req.spans})
         return _ok(AddedResponse(added=await get_store().add_spans(req.spans)))
 
     async def put_resources(request: Request) -> Response:
@@ -254,7 +325,8 @@ def _handlers(get_store: Callable[[], Store]) -> dict[str, Callable[[Request], A
         return _ok(await get_store().put_resources(req))
 
     async def get_latest_resources(request: Request) -> Response:
-        return _ok(ResourcesResponse(resources=await get_store().get_resources(None)))
+        resources = await get_store().get_resources(None)
+        return _ok(ResourcesResponse(resources=None if resources is None else _visible(request, resources)))
 
     async def get_resources(request: Request) -> Response:
         raw = _param(request, "version")
@@ -265,10 +337,30 @@ def _handlers(get_store: Callable[[], Store]) -> dict[str, Callable[[Request], A
         got = await get_store().get_resources(version)
         if got is None:  # pragma: no cover - stores raise NotFoundError for a missing version
             return _error(404, f"unknown resources version {version}", "NotFoundError")
-        return _ok(got)
+        return _ok(_visible(request, got))
 
     async def counts(request: Request) -> Response:
         return _ok(CountsResponse(counts=await get_store().counts()))
+
+    async def put_token(request: Request) -> Response:
+        record: TokenRecord = await body(request, "put_token")
+        if parse_token(f"lrt_{record.token_id}_{'x' * 20}") is None or not re.fullmatch(
+            r"[0-9a-f]{64}", record.secret_sha256
+        ):
+            return _error(400, "token_id must be 12 hex digits and secret_sha256 64", "ValidationError", "$.token_id")
+        await get_store().put_token(record)
+        tokens.forget(record.token_id)
+        return _ok(record)
+
+    async def list_tokens(request: Request) -> Response:
+        return _ok(TokensResponse(tokens=await get_store().list_tokens()))
+
+    async def get_token(request: Request) -> Response:
+        return _ok(TokenResponse(token=await get_store().get_token(_param(request, "token_id"))))
+
+    async def whoami(request: Request) -> Response:
+        principal = _principal(request)
+        return _ok(WhoamiResponse(role=principal.role, token_id=principal.token_id))
 
     health_body = _encode(HealthResponse())
 
@@ -306,6 +398,7 @@ def _otlp_traces(get_store: Callable[[], Store], max_body_bytes: int) -> Callabl
             # OTLP exporters log only the status line, so the reason is logged here too.
             log.warning("OTLP traces request refused (%s): %s", exc.http_status, exc)
             return _error(exc.http_status, str(exc), type(exc).__name__)
+        _check_attempts(request, {span.attempt_id for span in spans})
         await get_store().add_spans(spans)
         return Response(otlp.response_body(media), media_type=media)
 
@@ -331,13 +424,17 @@ def _guarded(endpoint: Callable[[Request], Any]) -> Callable[[Request], Any]:
 
 
 class _Guard:
-    """Bearer-token check (constant-time; ``/health`` stays open) and request-body limit, without wrapping the
-    response path: requests that pass cost one header scan and, for bodies, one byte counter."""
+    """Who a request acts as, and the request-body limit, without wrapping the response path.
 
-    def __init__(self, app: Any, *, token: str | None, max_body_bytes: int):
+    The admin token (``--token``) is compared in constant time; any other bearer is looked up as a scoped token
+    (`TokenVerifier`); the `Principal` goes into the scope for the routes' role checks. ``/health`` stays open, and
+    a server without a token serves everyone as admin (loopback only: the serve command refuses otherwise)."""
+
+    def __init__(self, app: Any, *, token: str | None, max_body_bytes: int, tokens: TokenVerifier):
         self.app = app
         self.expected = f"Bearer {token}".encode() if token else None
         self.max_body_bytes = max_body_bytes
+        self.tokens = tokens
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
@@ -354,9 +451,14 @@ class _Guard:
         # The route path without the mount prefix, so /health stays open when this app is mounted elsewhere.
         path = scope["path"][len(scope.get("root_path", "")) :] if scope.get("root_path") else scope["path"]
         if expected is not None and path != "/health" and not hmac.compare_digest(authorization, expected):
-            message = "missing bearer token" if not authorization else "invalid bearer token"
-            await _error(401, message, "Unauthorized")(scope, receive, send)
-            return
+            principal = None
+            if authorization.startswith(b"Bearer "):
+                principal = await self.tokens.principal(authorization[7:].decode("latin-1"))
+            if principal is None:
+                message = "missing bearer token" if not authorization else "invalid, expired or revoked bearer token"
+                await _error(401, message, "Unauthorized")(scope, receive, send)
+                return
+            scope[_PRINCIPAL] = principal
         limit = self.max_body_bytes
         if length is not None:
             try:
@@ -413,7 +515,8 @@ def create_app(
 
     ``store`` is a `Store`, or a zero-argument factory called at startup inside the server's event loop (the
     app then owns the store and closes it at shutdown; a passed-in store is left open for its owner).
-    With a ``token``, every route except ``GET /health`` needs ``Authorization: Bearer <token>``.
+    With a ``token``, every route except ``GET /health`` needs ``Authorization: Bearer <token>`` (the admin role)
+    or a scoped token the store holds, within its role (`lightrail.store.tokens`).
     """
     owned = callable(store) and not isinstance(store, Store)
     state: dict[str, Store] = {}
@@ -436,16 +539,21 @@ def create_app(
             if owned:
                 await state.pop("store").close()
 
-    handlers = _handlers(get_store)
-    routes = [Route(r.path, _guarded(handlers[r.name]), methods=[r.method], name=r.name) for r in ROUTES]
-    traces = _guarded(_otlp_traces(get_store, max_body_bytes))
+    tokens = TokenVerifier(get_store)
+    handlers = _handlers(get_store, tokens)
+    routes = [
+        Route(r.path, _guarded(_authorized(r.name, handlers[r.name]) if r.name != "health" else handlers[r.name]),
+              methods=[r.method], name=r.name)
+        for r in ROUTES
+    ]  # fmt: skip
+    traces = _guarded(_authorized("otlp_traces", _otlp_traces(get_store, max_body_bytes)))
     routes.append(Route(OTLP_TRACES_PATH, traces, methods=["POST"], name="otlp_traces"))
 
     async def http_error(request: Request, exc: Exception) -> Response:
         return _error_response(exc)  # unknown route (404) or method (405) as JSON, like every other error
 
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
-    app.add_middleware(_Guard, token=token, max_body_bytes=max_body_bytes)
+    app.add_middleware(_Guard, token=token, max_body_bytes=max_body_bytes, tokens=tokens)
     return app
 
 

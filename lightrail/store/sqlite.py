@@ -44,6 +44,7 @@ from lightrail.store._lifecycle import (
     rollout_status_after,
 )
 from lightrail.store.base import ConflictError, NotFoundError, StaleAttemptError, StoreError
+from lightrail.store.tokens import TokenRecord
 from lightrail.types import (
     LLM,
     Attempt,
@@ -65,7 +66,7 @@ from lightrail.types import (
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore", "SchemaVersionError"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """Stored in ``PRAGMA user_version``; bump it (and add a migration) whenever the tables change."""
 
 # Invariants the schema enforces itself (CHECK): a rollout has a queue position exactly while it is queued, and an
@@ -123,8 +124,18 @@ CREATE TABLE resources (
     items        BLOB NOT NULL
 );
 
+CREATE TABLE tokens (
+    token_id TEXT PRIMARY KEY,
+    body     BLOB NOT NULL  -- the TokenRecord as msgspec JSON (the secret's SHA-256, never the secret)
+);
+
 PRAGMA user_version = {SCHEMA_VERSION};
 """
+
+# Version N-1 to N, one entry per bump (statements run in the migration's transaction).
+_MIGRATIONS = {
+    2: ["CREATE TABLE tokens (token_id TEXT PRIMARY KEY, body BLOB NOT NULL)"],
+}
 
 _ROLLOUT_COLUMNS = (
     "rollout_id, task, mode, sample_index, resources_version, policy, status, created_at, ended_at, attempts, "
@@ -146,6 +157,7 @@ _decode_dict = msgspec.json.Decoder(dict[str, Any]).decode
 _decode_error = msgspec.json.Decoder(ErrorInfo).decode
 _decode_items = msgspec.json.Decoder(dict[str, LLM | PromptTemplate]).decode
 _decode_spans = msgspec.json.Decoder(list[Span]).decode
+_decode_token = msgspec.json.Decoder(TokenRecord).decode
 
 
 class SchemaVersionError(StoreError):
@@ -228,6 +240,11 @@ class SQLiteStore:
                     if sqlite3.complete_statement(statement):
                         db.execute(statement)
                         statement = ""
+            else:
+                for step in range(version + 1, SCHEMA_VERSION + 1):
+                    for statement in _MIGRATIONS[step]:
+                        db.execute(statement)
+                    db.execute(f"PRAGMA user_version = {step}")
         except BaseException:
             db.execute("ROLLBACK")
             raise
@@ -667,6 +684,24 @@ class SQLiteStore:
         if row is None:
             raise NotFoundError(f"unknown resources version {version}")
         return self._to_resources(row)
+
+    # -- scoped tokens ----------------------------------------------------------------------------------------
+
+    async def put_token(self, record: TokenRecord) -> None:
+        with self._write() as db:
+            db.execute(
+                "INSERT INTO tokens (token_id, body) VALUES (?, ?) "
+                "ON CONFLICT (token_id) DO UPDATE SET body = excluded.body",
+                (record.token_id, _encode(record)),
+            )
+
+    async def get_token(self, token_id: str) -> TokenRecord | None:
+        row = self._db.execute("SELECT body FROM tokens WHERE token_id = ?", (token_id,)).fetchone()
+        return None if row is None else _decode_token(row[0])
+
+    async def list_tokens(self) -> list[TokenRecord]:
+        records = [_decode_token(body) for (body,) in self._db.execute("SELECT body FROM tokens")]
+        return sorted(records, key=lambda r: r.created_at)
 
     def _to_resources(self, row: tuple[Any, ...]) -> Resources:
         version, resources_id, created_at, items = row

@@ -356,7 +356,9 @@ class Trainer:
             if external:
                 self.console.print(
                     f"[bold]waiting for runners[/bold]: start them where the agent's tools live with\n"
-                    f"  {TOKEN_ENV}=<token> lightrail runner --store {url} --agent {ref} -k {self.concurrency}"
+                    f"  {TOKEN_ENV}=<token> lightrail runner --store {url} --agent {ref} -k {self.concurrency}\n"
+                    f"where <token> is best a runner token (it can touch only the attempts it leases):\n"
+                    f"  {TOKEN_ENV}=<admin token> lightrail token create --store {url} --role runner --expires 7d"
                 )
             stopped = False
 

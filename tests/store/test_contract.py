@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import msgspec
 import pytest
 
 from lightrail.store import NotFoundError, StaleAttemptError
@@ -299,3 +300,19 @@ async def test_cancel_with_an_unknown_id_cancels_nothing(store):
     with pytest.raises(NotFoundError):
         await store.cancel([rollout.rollout_id, "ro-unknown"])
     assert (await store.get_rollout(rollout.rollout_id)).status is RolloutStatus.QUEUED
+
+
+async def test_scoped_tokens_are_stored_by_id_and_replaced_on_revocation(store):
+    """Records go in by ``token_id`` (a second put replaces: how revocation is stored), come back whole, and list
+    oldest first; the store never sees a secret."""
+    from lightrail.store.tokens import mint
+
+    assert await store.list_tokens() == [] and await store.get_token("000000000000") is None
+    (bearer, runner), (_, ingest) = mint("runner", now=1.0), mint("ingest", attempts=["at-2", "at-1"], now=2.0)
+    for record in (ingest, runner):
+        await store.put_token(record)
+    assert await store.get_token(runner.token_id) == runner and runner.valid(bearer.split("_", 2)[2], now=3.0)
+    revoked = msgspec.structs.replace(runner, revoked_at=5.0)
+    await store.put_token(revoked)
+    assert await store.list_tokens() == [revoked, ingest]
+    assert (await store.get_token(ingest.token_id)).attempts == ["at-1", "at-2"]

@@ -230,6 +230,25 @@ async def test_a_newer_schema_is_refused(postgres_url, postgres_server):
     await newer.close()
 
 
+async def test_a_version_1_database_gains_the_tokens_table(postgres_url, postgres_server):
+    """A store created before scoped tokens (schema 1) migrates to the current schema on open, data kept."""
+    from lightrail.store.tokens import mint
+
+    store = PostgresStore(postgres_url)
+    (rollout,) = await store.enqueue(specs(1))
+    await store.close()
+    database = postgres_url.rsplit("/", 1)[1]
+    postgres_server.psql("DROP TABLE lightrail.tokens; UPDATE lightrail.meta SET value = 1", database=database)
+    upgraded = PostgresStore(postgres_url)
+    try:
+        assert (await upgraded.get_rollout(rollout.rollout_id)).status is RolloutStatus.QUEUED
+        _, record = mint("read")
+        await upgraded.put_token(record)
+        assert await upgraded.get_token(record.token_id) == record
+    finally:
+        await upgraded.close()
+
+
 def test_bad_store_urls_fail_in_one_line(postgres_server):
     with pytest.raises(ValueError, match=r"unsupported store URL scheme 'mysql://'; use memory:.*postgresql://") as e:
         open_store("mysql://root:hunter2@db/runs")
