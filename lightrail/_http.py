@@ -35,7 +35,8 @@ import asyncio
 import re
 import ssl
 import time
-from typing import NamedTuple
+from types import EllipsisType
+from typing import NamedTuple, cast
 from urllib.parse import urlsplit
 
 import httptools
@@ -97,7 +98,7 @@ class _Connection(asyncio.Protocol):
     # -- asyncio.Protocol -----------------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = cast(asyncio.Transport, transport)  # a TCP (or TLS over TCP) connection's transport
 
     def data_received(self, data: bytes) -> None:
         self._got_bytes = True
@@ -243,8 +244,8 @@ class HTTPPool:
         self,
         message: bytes,
         *,
-        timeout_s: float | None = ...,  # type: ignore[assignment]
-        connect_timeout_s: float | None = ...,  # type: ignore[assignment]
+        timeout_s: float | None | EllipsisType = ...,
+        connect_timeout_s: float | None | EllipsisType = ...,
         pool_timeout_s: float | None = None,
         idempotent: bool | None = None,
     ) -> Reply:

@@ -29,6 +29,7 @@ from typing import Any, Literal
 import msgspec
 
 __all__ = [
+    "FinishReason",
     "ATTEMPT_TO_ROLLOUT",
     "Attr",
     "BackendError",
@@ -429,6 +430,10 @@ class ToolCall(msgspec.Struct, kw_only=True):
     arguments: str
 
 
+FinishReason = Literal["stop", "length", "tool_calls"]
+"""Why a choice ended: a stop (end of turn or stop string), the token limit, or tool calls."""
+
+
 class Choice(msgspec.Struct, kw_only=True):
     """One sampled continuation.
 
@@ -441,7 +446,7 @@ class Choice(msgspec.Struct, kw_only=True):
     text: str
     token_ids: list[int] | None
     logprobs: list[float] | None = None
-    finish_reason: Literal["stop", "length", "tool_calls"] = "stop"
+    finish_reason: FinishReason = "stop"
     tool_calls: list[ToolCall] = msgspec.field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] | None = None
     """When asked for (`SamplingParams.top_logprobs`): per generated token, the most likely ``(token id,

@@ -155,4 +155,4 @@ def credit_by_name(name: str, **options: object) -> CreditAssignment:
         scheme = _SCHEMES[name]
     except KeyError:
         raise ValueError(f"unknown credit assignment {name!r}; choose from {sorted(_SCHEMES)}") from None
-    return scheme(**options)  # type: ignore[arg-type]
+    return scheme(**options)

@@ -120,8 +120,9 @@ def build_episode(
                 if by_id is None:  # built once, only when some call needs its ancestors
                     by_id = {x.span_id: x for x in spans}
                 agent = inherited[parent] = agent_name_of(by_id.get(parent), by_id, agent_name_keys)
-        if agent is None and by_response:
-            for twin in by_response.get(a.get(k_rid), ()):
+        response_id = a.get(k_rid)
+        if agent is None and by_response and isinstance(response_id, str):
+            for twin in by_response.get(response_id, ()):
                 if by_id is None:
                     by_id = {x.span_id: x for x in spans}
                 agent = agent_name_of(twin, by_id, agent_name_keys)

@@ -86,6 +86,7 @@ class FunctionAgent(LitAgent):
             names.append(name)
         self.fn = fn
         self.params: tuple[str, ...] = tuple(names)
+        self.__qualname__: str = fn.__qualname__
         functools.update_wrapper(self, fn)  # __module__/__qualname__ name the decorated object: importable
 
     @property
@@ -250,8 +251,7 @@ def agent_reference(agent: str | LitAgent | Callable[..., Any]) -> str:
             )
         module_name, qualname = type(agent).__module__, name
     else:
-        module_name = getattr(target, "__module__", None)
-        qualname = getattr(target, "__qualname__", None)
+        module_name, qualname = getattr(target, "__module__", ""), getattr(target, "__qualname__", "")
         if not module_name or not qualname:
             raise ValueError(f"{agent!r} has no __module__/__qualname__; pass a 'module:object' string")
         if "<lambda>" in qualname or "<locals>" in qualname:

@@ -301,7 +301,7 @@ class Runner:
     def _install_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> list[int]:
         if not self.handle_signals or threading.current_thread() is not threading.main_thread():
             return []
-        installed = []
+        installed: list[int] = []
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):  # e.g. Windows event loops
                 loop.add_signal_handler(sig, self.stop)
@@ -339,8 +339,8 @@ class Runner:
             self._running.pop(attempt.attempt_id, None)
         self.batcher.submit(self._root_span(running, root_id, root_seq, started, status, reward, error))
         # framework spans reach the store before the finish; a failed export is said, never silent
-        otlp = self._otel is not None and self._otel.exporter == "otlp"
-        if otlp and not await asyncio.to_thread(self._otel.force_flush):  # type: ignore[union-attr]
+        otel = self._otel
+        if otel is not None and otel.exporter == "otlp" and not await asyncio.to_thread(otel.force_flush):
             self.stats.otel_flush_failures += 1
             log.warning(
                 "attempt %s: OpenTelemetry spans could not all be exported before the finish", attempt.attempt_id

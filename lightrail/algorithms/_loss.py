@@ -47,7 +47,7 @@ tokens within each row, then mean over rows; ``rollout`` = the same with all row
 rollout weighs the same however many rows (LLM calls) it produced; ``sequence_sum_norm`` = each row's token sum
 divided by a constant L (``GRPOConfig.loss_norm_tokens``), then mean over rows (Dr. GRPO)."""
 
-LOSS_NORMS: tuple[str, ...] = ("token", "sequence", "rollout", "sequence_sum_norm")
+LOSS_NORMS: tuple[LossNorm, ...] = ("token", "sequence", "rollout", "sequence_sum_norm")
 
 LOSS_AGG: dict[str, LossNorm] = {
     "token_mean": "token",
@@ -65,8 +65,9 @@ def resolve_loss_norm(name: str) -> LossNorm:
     """
     if name in LOSS_AGG:
         return LOSS_AGG[name]
-    if name in LOSS_NORMS:
-        return name  # type: ignore[return-value]
+    for norm in LOSS_NORMS:
+        if norm == name:
+            return norm
     raise ValueError(f"loss_agg: expected one of {[*LOSS_AGG, *LOSS_NORMS]}, got {name!r}")
 
 

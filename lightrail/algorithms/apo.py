@@ -262,7 +262,9 @@ class APO:
                 endpoint=self._gateway.url, model=self.served_name, sampling=self.sampling, api_key=self._gateway.token
             )
         else:
-            self._policy = msgspec.structs.replace(self.llm, sampling={**self.llm.sampling, **self.sampling})
+            llm = self.llm
+            assert llm is not None  # __init__ requires one of model and llm
+            self._policy = msgspec.structs.replace(llm, sampling={**llm.sampling, **self.sampling})
         if self.optimizer == "self":
             self._optimizer_llm = LLM(
                 endpoint=self._gateway.bound_url, model=self.served_name, api_key=self._gateway.token,
@@ -338,11 +340,13 @@ class APO:
                 ids = ["c0"]
             else:
                 per_task = self.n_samples * (len(self.beam) + 1)
-                if self._rollouts_left() is not None and self._rollouts_left() < per_task:
+                left = self._rollouts_left()
+                if left is not None and left < per_task:
                     return False  # not even one task for the beam and one child
                 if self.bootstrap_rollouts and self.demo_children:
                     await self._bootstrap(ctx)
-                    if self._rollouts_left() is not None and self._rollouts_left() < per_task:
+                    left = self._rollouts_left()
+                    if left is not None and left < per_task:
                         return False
                 ids = list(self.beam) + await self._expand(ctx, r)
                 if len(ids) == len(self.beam):
@@ -490,6 +494,7 @@ class APO:
         self._state["optimizer_calls"] += 1
         self._save_state()  # counted before the call: a crash never lets the budget be exceeded
         llm = self._optimizer_llm
+        assert llm is not None  # asked only when an optimizer is configured (textual gradients)
         response = await self._client.chat.completions.create(
             model=llm.model, messages=[{"role": "user", "content": prompt}], **llm.sampling
         )
@@ -627,6 +632,7 @@ class APO:
         return out
 
     def _resources(self, candidate: Candidate, sampling: dict[str, Any], purpose: str) -> Resources:
+        assert self._policy is not None  # set by setup, before any round
         policy = msgspec.structs.replace(self._policy, sampling=sampling)
         items: dict[str, LLM | PromptTemplate] = {self.llm_name: policy}
         items.update({name: PromptTemplate(template=text) for name, text in self._render(candidate).items()})

@@ -214,6 +214,7 @@ class DistributedPolicyUpdater(PolicyUpdater):
             self._shutdown(graceful=False)
             raise
 
+    # an instance method here (the base's is static): a CUDA device is this rank's own
     def _resolve_device(self, name: str) -> torch.device:  # type: ignore[override]
         device = PolicyUpdater._resolve_device(name)
         return torch.device("cuda", self._local_rank) if device.type == "cuda" else device

@@ -52,6 +52,7 @@ from lightrail.adapters import (
 from lightrail.types import LLM, Rollout, RolloutStatus, Span, Task
 
 if TYPE_CHECKING:
+    from lightrail.algorithms._loss import LossNorm
     from lightrail.algorithms.updater import GRPOConfig
     from lightrail.gateway.server import GatewaySettings
     from lightrail.trainer.algorithm import TrainerContext
@@ -206,6 +207,13 @@ class GRPO:
         )
         self._tb = _tensorboard(self.out_dir / "tb")
 
+    @property
+    def llm(self) -> LLM:
+        """The policy's endpoint (the gateway this run started); set by setup, before any step."""
+        if self._llm is None:
+            raise RuntimeError("GRPO.llm is known once the run has started its gateway")
+        return self._llm
+
     def _loss_config(self, config: GRPOConfig) -> GRPOConfig:
         """``config`` with the loss aggregation `GRPO`'s ``advantage``/``loss_agg`` resolve to (class docstring)."""
         norm = resolve_loss_agg(self.advantage, self.loss_agg, config)
@@ -277,7 +285,7 @@ class GRPO:
 
     async def _train_step(self, ctx: TrainerContext) -> dict[str, Any]:
         t0 = time.monotonic()
-        version = await ctx.publish({"llm": self._llm})
+        version = await ctx.publish({"llm": self.llm})
         tasks = self._next_tasks(ctx.train_tasks)
         rollouts = await ctx.run_rollouts(
             tasks, mode="train", n_samples=self.n_samples, resources_version=version.version
@@ -333,7 +341,7 @@ class GRPO:
     async def _validate(self, ctx: TrainerContext) -> float | None:
         if not ctx.val_tasks:
             return None
-        llm = msgspec.structs.replace(self._llm, sampling=self.val_sampling)  # same endpoint, greedy by default
+        llm = msgspec.structs.replace(self.llm, sampling=self.val_sampling)  # same endpoint, greedy by default
         version = await ctx.publish({"llm": llm})
         rollouts = await ctx.run_rollouts(ctx.val_tasks, mode="val", resources_version=version.version)
         from lightrail.trainer.report import print_failure_digest
@@ -371,7 +379,7 @@ class GRPO:
     def _next_tasks(self, tasks: Sequence[Task]) -> list[Task]:
         """The next ``tasks_per_step`` tasks of a seeded shuffle, reshuffled each epoch (resumable: the order and the
         RNG are checkpointed)."""
-        picked = []
+        picked: list[Task] = []
         while len(picked) < min(self.tasks_per_step, len(tasks)):
             if not self._order:
                 self._order = list(range(len(tasks)))
@@ -431,7 +439,7 @@ def check_estimator_options(
     return advantage, loss_agg
 
 
-def resolve_loss_agg(advantage: str, loss_agg: str | None, config: GRPOConfig | None = None) -> str:
+def resolve_loss_agg(advantage: str, loss_agg: str | None, config: GRPOConfig | None = None) -> LossNorm:
     """The `LossNorm` a run uses: ``loss_agg`` if given, else a non-default ``config.loss_norm``, else the
     estimator's natural one (``sequence_sum_norm`` for ``dr_grpo``, ``token`` otherwise)."""
     from lightrail.algorithms._loss import resolve_loss_norm
@@ -449,7 +457,7 @@ def resolve_loss_agg(advantage: str, loss_agg: str | None, config: GRPOConfig | 
     return NATURAL_LOSS_NORM.get(advantage, "token")
 
 
-NATURAL_LOSS_NORM = {"dr_grpo": "sequence_sum_norm"}
+NATURAL_LOSS_NORM: dict[str, LossNorm] = {"dr_grpo": "sequence_sum_norm"}
 """Estimators whose paper defines its own loss aggregation; the others keep token-mean (verl's default)."""
 
 

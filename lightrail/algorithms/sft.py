@@ -110,7 +110,7 @@ def call_rows(
     groups: dict[tuple[str, str | None], list[ChatSample]] = {}
     for sample in samples:
         groups.setdefault((sample.rollout_id, sample.agent_name), []).append(sample)
-    turns = [
+    turns: list[list[_Turn]] = [
         [(s.messages[:-1], s.messages[-1], s.tools, s.rollout_id) for s in sorted(group, key=lambda s: s.turn)]
         for group in groups.values()
     ]

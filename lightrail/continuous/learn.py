@@ -254,7 +254,7 @@ def learn_round(config: LearnConfig, *, console: Any = None, force: bool = False
     if rows:
         updater = PolicyUpdater(current.path, settings)
         try:
-            objective = "sft" if config.method == "sft" else "grpo"
+            objective: Literal["grpo", "sft"] = "sft" if config.method == "sft" else "grpo"
             for _ in range(config.updates):
                 update = updater.step(rows, current_version=current.version, objective=objective)
             if not update.get("skipped", 1):

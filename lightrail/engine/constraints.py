@@ -227,7 +227,7 @@ class Grammars:
         self._lock = threading.Lock()
         self.compiled = 0
         """Grammars compiled (cache misses)."""
-        self.markers = tuple(self._marker(tokenizer, tag) for tag in ("<tool_call>", "</tool_call>"))
+        self.markers = (self._marker(tokenizer, "<tool_call>"), self._marker(tokenizer, "</tool_call>"))
 
     @staticmethod
     def _marker(tokenizer: Any, tag: str) -> str:

@@ -71,7 +71,15 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from lightrail.engine.chat import ChatFormat, parse_tool_calls
 from lightrail.engine.constraints import Constraint, apply_bitmask, build_grammar, grammars_for
 from lightrail.engine.sampling import LogitProcessors, draw, tempered_logprobs, top_logprobs
-from lightrail.types import BackendError, ChatRequest, Choice, CompletionRequest, Generation, SamplingParams
+from lightrail.types import (
+    BackendError,
+    ChatRequest,
+    Choice,
+    CompletionRequest,
+    FinishReason,
+    Generation,
+    SamplingParams,
+)
 
 __all__ = ["Engine", "configure_threads"]
 
@@ -689,9 +697,9 @@ class Engine:
         if batch.rows is not self._constrained_of:
             index = [i for i, row in enumerate(batch.rows) if row.request.constraint is not None]
             for i in index:
-                row = batch.rows[i]
-                if row.matcher is None:
-                    row.matcher = row.request.constraint.new_row()
+                row, constraint = batch.rows[i], batch.rows[i].request.constraint
+                if row.matcher is None and constraint is not None:
+                    row.matcher = constraint.new_row()
             self._constrained_of, self._constrained = batch.rows, index
         return self._constrained
 
@@ -702,7 +710,9 @@ class Engine:
         index = self._constrained_rows(batch)
         if not index:
             return
-        grammars = batch.rows[index[0]].request.constraint.grammars
+        constraint = batch.rows[index[0]].request.constraint
+        assert constraint is not None  # index holds constrained rows only
+        grammars = constraint.grammars
         bitmask = torch.zeros((len(index), (grammars.vocab_size + 31) // 32), dtype=torch.int32)
         grammars.fill([(k, batch.rows[i].matcher) for k, i in enumerate(index)], bitmask)
         bitmask = bitmask.to(logits.device)
@@ -779,7 +789,7 @@ class Engine:
             if row.stop_cut is not None:
                 ids, logprobs, top = ids[: row.stop_cut], logprobs[: row.stop_cut], top[: row.stop_cut]
             raw = self.decode(ids)
-            finish = row.finish if row.finish in ("stop", "length") else "stop"
+            finish: FinishReason = "length" if row.finish == "length" else "stop"
             content, calls = raw, []
             if req.parse_tools:
                 parsed = parse_tool_calls(raw)

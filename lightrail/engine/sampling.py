@@ -21,6 +21,7 @@ entries only while one of its rows has a bias: rows without these options cost n
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -118,24 +119,34 @@ def inverse_cdf(probs: torch.Tensor, generators: list[torch.Generator]) -> torch
     return torch.searchsorted(cum, (u * cum[:, -1])[:, None], right=True).clamp(max=cum.shape[1] - 1)
 
 
+class Penalties(NamedTuple):
+    """Presence/frequency penalties ``[B, 2]`` and the tokens each row generated so far ``[B, V]``."""
+
+    weights: torch.Tensor
+    counts: torch.Tensor
+
+
+class Bias(NamedTuple):
+    """A sparse logit bias: one entry per (row, token)."""
+
+    rows: torch.Tensor
+    ids: torch.Tensor
+    values: torch.Tensor
+
+
 @dataclass
 class LogitProcessors:
     """Presence/frequency penalties and logit biases of the rows of one batch, and the token counts the penalties
     need. A batch holds one only while some row has such an option (`build`, `select` and `merge` return None
     otherwise); its tensors follow the batch's rows through `select` (rows leaving) and `merge` (rows joining).
 
-    ``penalties`` is ``[B, 2]`` (presence, frequency) and ``counts`` ``[B, V]`` (tokens generated per row), both
-    None when no row has a penalty; the bias is sparse: ``bias_rows``, ``bias_ids``, ``bias_values`` (one entry
-    per (row, token)), None when no row has one.
+    ``penalties`` is None when no row has a penalty, ``bias`` None when no row has one.
     """
 
     rows: int
     vocab: int
-    penalties: torch.Tensor | None = None
-    counts: torch.Tensor | None = None
-    bias_rows: torch.Tensor | None = None
-    bias_ids: torch.Tensor | None = None
-    bias_values: torch.Tensor | None = None
+    penalties: Penalties | None = None
+    bias: Bias | None = None
 
     @classmethod
     def build(
@@ -148,70 +159,77 @@ class LogitProcessors:
             return None
         out = cls(rows=len(options), vocab=vocab)
         if penalized:
-            out.penalties = torch.tensor([[float(p), float(f)] for p, f, _ in options], device=device)
-            out.counts = torch.zeros((len(options), vocab), device=device)
+            out.penalties = Penalties(
+                torch.tensor([[float(p), float(f)] for p, f, _ in options], device=device),
+                torch.zeros((len(options), vocab), device=device),
+            )
         if entries:
             rows, ids, values = zip(*entries, strict=True)
-            out.bias_rows = torch.tensor(rows, dtype=torch.long, device=device)
-            out.bias_ids = torch.tensor(ids, dtype=torch.long, device=device)
-            out.bias_values = torch.tensor(values, device=device)
+            out.bias = Bias(
+                torch.tensor(rows, dtype=torch.long, device=device),
+                torch.tensor(ids, dtype=torch.long, device=device),
+                torch.tensor(values, device=device),
+            )
         return out
 
     def apply(self, logits: torch.Tensor) -> None:
         """Subtract the penalties and add the biases, in place (``logits`` is ``[B, V]`` float)."""
-        if self.counts is not None and self.penalties is not None:
-            presence, frequency = self.penalties[:, 0:1], self.penalties[:, 1:2]
-            logits -= self.counts * frequency + (self.counts > 0).to(logits.dtype) * presence
-        if self.bias_rows is not None:
-            logits.index_put_((self.bias_rows, self.bias_ids), self.bias_values, accumulate=True)
+        if self.penalties is not None:
+            (weights, counts), dtype = self.penalties, logits.dtype
+            logits -= counts * weights[:, 1:2] + (counts > 0).to(dtype) * weights[:, 0:1]
+        if self.bias is not None:
+            logits.index_put_((self.bias.rows, self.bias.ids), self.bias.values, accumulate=True)
 
     def observe(self, tokens: torch.Tensor) -> None:
         """Count each row's newly sampled token (``tokens`` is ``[B]``)."""
-        if self.counts is not None:
-            self.counts.scatter_add_(1, tokens[:, None], torch.ones_like(self.counts[:, :1]))
+        if self.penalties is not None:
+            counts = self.penalties.counts
+            counts.scatter_add_(1, tokens[:, None], torch.ones_like(counts[:, :1]))
 
     def select(self, keep: list[int]) -> LogitProcessors | None:
         """The processors of rows ``keep`` (in that order); None when none of them has an option left."""
-        device = self.bias_rows.device if self.bias_rows is not None else self.counts.device  # type: ignore[union-attr]
         out = LogitProcessors(rows=len(keep), vocab=self.vocab)
-        if self.penalties is not None and self.counts is not None:
-            index = torch.tensor(keep, dtype=torch.long, device=device)
-            penalties = self.penalties.index_select(0, index)
-            if bool((penalties != 0).any()):
-                out.penalties, out.counts = penalties, self.counts.index_select(0, index)
-        if self.bias_rows is not None and self.bias_ids is not None and self.bias_values is not None:
+        if self.penalties is not None:
+            index = torch.tensor(keep, dtype=torch.long, device=self.penalties.counts.device)
+            weights = self.penalties.weights.index_select(0, index)
+            if bool((weights != 0).any()):
+                out.penalties = Penalties(weights, self.penalties.counts.index_select(0, index))
+        if self.bias is not None:
+            device = self.bias.rows.device
             remap = torch.full((self.rows,), -1, dtype=torch.long, device=device)
             remap[torch.tensor(keep, dtype=torch.long, device=device)] = torch.arange(len(keep), device=device)
-            rows = remap[self.bias_rows]
+            rows = remap[self.bias.rows]
             kept = rows >= 0
             if bool(kept.any()):
-                out.bias_rows, out.bias_ids, out.bias_values = rows[kept], self.bias_ids[kept], self.bias_values[kept]
-        return out if out.counts is not None or out.bias_rows is not None else None
+                out.bias = Bias(rows[kept], self.bias.ids[kept], self.bias.values[kept])
+        return out if out.penalties is not None or out.bias is not None else None
 
     @staticmethod
     def merge(
         old: LogitProcessors | None, old_rows: int, new: LogitProcessors | None, new_rows: int
     ) -> LogitProcessors | None:
         """The processors of the rows of ``old`` followed by those of ``new`` (either may be None: no options)."""
-        if old is None and new is None:
+        either = old or new
+        if either is None:
             return None
-        vocab = (old or new).vocab  # type: ignore[union-attr]
-        out = LogitProcessors(rows=old_rows + new_rows, vocab=vocab)
+        out = LogitProcessors(rows=old_rows + new_rows, vocab=either.vocab)
         parts = [(old, old_rows, 0), (new, new_rows, old_rows)]
-        if any(p is not None and p.counts is not None for p, _, _ in parts):
-            penalties, counts = [], []
+        penalized = [p.penalties for p, _, _ in parts if p is not None and p.penalties is not None]
+        if penalized:
+            ref, weights, counts = penalized[0].counts, [], []
             for p, n, _ in parts:
-                if p is not None and p.counts is not None and p.penalties is not None:
-                    penalties.append(p.penalties)
-                    counts.append(p.counts)
-                else:
-                    ref = next(q for q, _, _ in parts if q is not None and q.counts is not None).counts
-                    penalties.append(ref.new_zeros((n, 2)))  # type: ignore[union-attr]
-                    counts.append(ref.new_zeros((n, vocab)))  # type: ignore[union-attr]
-            out.penalties, out.counts = torch.cat(penalties), torch.cat(counts)
-        biased = [(p, offset) for p, _, offset in parts if p is not None and p.bias_rows is not None]
+                if p is not None and p.penalties is not None:
+                    weights.append(p.penalties.weights)
+                    counts.append(p.penalties.counts)
+                else:  # rows without penalties join with neutral ones
+                    weights.append(ref.new_zeros((n, 2)))
+                    counts.append(ref.new_zeros((n, either.vocab)))
+            out.penalties = Penalties(torch.cat(weights), torch.cat(counts))
+        biased = [(p.bias, offset) for p, _, offset in parts if p is not None and p.bias is not None]
         if biased:
-            out.bias_rows = torch.cat([p.bias_rows + offset for p, offset in biased])  # type: ignore[operator]
-            out.bias_ids = torch.cat([p.bias_ids for p, _ in biased])  # type: ignore[misc]
-            out.bias_values = torch.cat([p.bias_values for p, _ in biased])  # type: ignore[misc]
+            out.bias = Bias(
+                torch.cat([b.rows + offset for b, offset in biased]),
+                torch.cat([b.ids for b, _ in biased]),
+                torch.cat([b.values for b, _ in biased]),
+            )
         return out

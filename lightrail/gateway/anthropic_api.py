@@ -465,6 +465,7 @@ def message_stream(response: dict[str, JSON], chunk_chars: int) -> bytes:
     start["usage"] = {"input_tokens": response["usage"]["input_tokens"], "output_tokens": 0}
     out = [_event("message_start", {"type": "message_start", "message": start}), _event("ping", {"type": "ping"})]
     for index, block in enumerate(response["content"]):
+        first: dict[str, JSON]
         if block["type"] == _TEXT:
             first, key, delta_type, whole = {"type": _TEXT, "text": ""}, _TEXT, "text_delta", block["text"]
         else:

@@ -24,6 +24,7 @@ from lightrail.types import (
     ChatRequest,
     Choice,
     CompletionRequest,
+    FinishReason,
     Generation,
     SamplingParams,
     ToolCall,
@@ -56,7 +57,12 @@ class UpstreamError(Exception):
     status = 502
 
 
-_FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls", "function_call": "tool_calls"}
+_FINISH: dict[str, FinishReason] = {
+    "stop": "stop",
+    "length": "length",
+    "tool_calls": "tool_calls",
+    "function_call": "tool_calls",
+}
 
 
 # Typed views of the upstream's answers: msgspec validates the id lists in C while decoding, and fields a
@@ -375,8 +381,9 @@ class VersionedUpstream(OpenAIUpstream):
     def route(self, name: str, version: int) -> str:
         """Send new requests to ``name`` (already loaded on the server), which serves ``version``; returns the
         name requests went to before. In-flight requests are untouched."""
-        if version < self.policy_version:
-            raise ValueError(f"policy version must not go back: {version} < current {self.policy_version}")
+        current = self._versions[self._current]
+        if version < current:
+            raise ValueError(f"policy version must not go back: {version} < current {current}")
         previous, self._current = self._current, name
         self._versions[name] = version
         self.policy_version = version
@@ -479,7 +486,7 @@ def _choice(
     text: str, ids: list[int] | None, logprobs: list[float | None] | None, finish: str | None, calls: list[ToolCall]
 ) -> Choice:
     # logprobs are kept only when they line up one-to-one with the ids (the Choice invariant)
-    if ids is None or logprobs is None or len(logprobs) != len(ids) or None in logprobs:
-        logprobs = None
-    reason = "tool_calls" if calls else _FINISH.get(finish or "stop", "stop")
-    return Choice(text=text, token_ids=ids, logprobs=logprobs, finish_reason=reason, tool_calls=calls)  # type: ignore[arg-type]
+    known = [lp for lp in logprobs or () if lp is not None]
+    aligned = known if ids is not None and logprobs is not None and len(known) == len(logprobs) == len(ids) else None
+    reason: FinishReason = "tool_calls" if calls else _FINISH.get(finish or "stop", "stop")
+    return Choice(text=text, token_ids=ids, logprobs=aligned, finish_reason=reason, tool_calls=calls)

@@ -44,6 +44,10 @@ class Exchange(ABC):
     stream: bool
 
     @abstractmethod
+    def __init__(self, data: dict[str, JSON]) -> None:
+        """Validate the request body ``data`` and set ``request`` and ``stream``."""
+
+    @abstractmethod
     def respond(self, generation: Generation, response_id: str) -> dict[str, JSON]:
         """The response body the agent receives (and, for a stream, the object its events replay)."""
 

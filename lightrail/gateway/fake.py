@@ -26,7 +26,15 @@ from typing import Any
 
 import msgspec
 
-from lightrail.types import BackendError, ChatRequest, Choice, CompletionRequest, Generation, ToolCall
+from lightrail.types import (
+    BackendError,
+    ChatRequest,
+    Choice,
+    CompletionRequest,
+    FinishReason,
+    Generation,
+    ToolCall,
+)
 
 __all__ = ["ScriptedBackend", "ScriptedReply"]
 
@@ -142,12 +150,13 @@ class ScriptedBackend:
         if isinstance(reply, str):
             reply = ScriptedReply(text=reply)
         sampling = request.sampling
-        text, finish = reply.text, "stop"
-        matched = None
-        for stop in sampling.stop:
-            cut = text.find(stop)
+        text = reply.text
+        finish: FinishReason = "stop"
+        matched: str | None = None
+        for stop_string in sampling.stop:
+            cut = text.find(stop_string)
             if cut >= 0:
-                text, matched = text[:cut], stop
+                text, matched = text[:cut], stop_string
         calls: list[ToolCall] = []
         raw = text
         if reply.tool_calls and isinstance(request, ChatRequest):

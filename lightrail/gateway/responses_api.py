@@ -551,7 +551,7 @@ def response_object(body: ResponsesBody, generation: Generation, response_id: st
         part: dict[str, JSON] = {"type": "output_text", "text": choice.text, "annotations": []}
         if body.include and LOGPROBS_INCLUDE in body.include:
             part["logprobs"] = _logprobs(choice)
-        message = {"id": _new_id("msg_"), "type": "message", "role": "assistant", "status": status}
+        message: dict[str, JSON] = {"id": _new_id("msg_"), "type": "message", "role": "assistant", "status": status}
         message["content"] = [part]
         output.append(message)
     for call in choice.tool_calls:

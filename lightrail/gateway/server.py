@@ -123,7 +123,8 @@ class GatewayServer:
         backend, store, token, options = self._app_args
         app = create_gateway_app(backend, store, token=token, **options)
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
-        server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]  # the host's signals
+        # the host process keeps its own signal handlers (uvicorn would take SIGINT/SIGTERM on the main thread)
+        server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
         self._server = server
 
         async def serve() -> None:

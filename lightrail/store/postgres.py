@@ -965,7 +965,11 @@ class PostgresStore:
             armed = self._ended.arm()  # before reading: a rollout ending meanwhile wakes the wait below
             # Only rollouts still pending are re-read after a wake-up: O(pending) per finished rollout.
             still = list(pending)
-            ended = await self._run(lambda conn, ids=still: conn.fetch(_TERMINAL_AMONG, ids, _TERMINAL_ROLLOUT))
+
+            async def terminal(conn: Any, ids: list[str] = still) -> list[Any]:
+                return await conn.fetch(_TERMINAL_AMONG, ids, _TERMINAL_ROLLOUT)
+
+            ended = await self._run(terminal)
             pending -= {r[0] for r in ended}
             remaining = None if deadline is None else deadline - time.monotonic()
             if not pending or (remaining is not None and remaining <= 0):

@@ -246,7 +246,9 @@ def _authorized(name: str, endpoint: Callable[[Request], Any]) -> Callable[[Requ
 
 def _handlers(get_store: Callable[[], Store], tokens: TokenVerifier) -> dict[str, Callable[[Request], Any]]:
     """The endpoint of each route name. ``get_store`` returns the store created at startup."""
-    decoders = {r.name: msgspec.json.Decoder(r.request) for r in ROUTES if r.request is not None}
+    decoders: dict[str, msgspec.json.Decoder[Any]] = {
+        r.name: msgspec.json.Decoder(r.request) for r in ROUTES if r.request is not None
+    }
 
     async def body(request: Request, name: str) -> Any:
         return decoders[name].decode(await request.body())
@@ -518,18 +520,21 @@ def create_app(
     With a ``token``, every route except ``GET /health`` needs ``Authorization: Bearer <token>`` (the admin role)
     or a scoped token the store holds, within its role (`lightrail.store.tokens`).
     """
-    owned = callable(store) and not isinstance(store, Store)
     state: dict[str, Store] = {}
-    if not owned:
-        state["store"] = store  # type: ignore[assignment]
+    factory: Callable[[], Store] | None = None
+    if isinstance(store, Store):
+        state["store"] = store
+    else:
+        factory = store
+    owned = factory is not None
 
     def get_store() -> Store:
         return state["store"]
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any):
-        if owned:
-            state["store"] = store()  # type: ignore[operator]
+        if factory is not None:
+            state["store"] = factory()
             opening = getattr(state["store"], "open", None)
             if opening is not None:  # connect now (PostgresStore): a bad database fails startup, not a request
                 await opening()
@@ -756,8 +761,7 @@ def serve_in_thread(
     sock = _bind(host, port)
     url = _url(host, sock, bool(tls))
     config = _uvicorn_config(app, host, sock.getsockname()[1], timeout_graceful_shutdown=1, **tls)
-    server = uvicorn.Server(config)
-    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]  # not the main thread
+    server = uvicorn.Server(config)  # on a thread that is not the main one, uvicorn leaves signals alone
     failure: list[BaseException] = []
 
     def run() -> None:

@@ -88,7 +88,9 @@ def attempt_context(
     The runner does this for every attempt; use it directly to test code that emits spans (with a `ListSink`).
     ``parent_span_id`` makes spans emitted inside children of that span (the runner's root rollout span).
     """
-    ctx = AttemptContext(rollout_id, attempt_id, sink, **({"trace_id": trace_id} if trace_id else {}))
+    ctx = AttemptContext(rollout_id, attempt_id, sink)
+    if trace_id:
+        ctx.trace_id = trace_id
     with use_attempt(ctx, parent_span_id=parent_span_id):
         yield ctx
 

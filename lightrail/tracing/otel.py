@@ -325,9 +325,11 @@ def _install_provider() -> tuple[TracerProvider, _AttemptProcessor]:
     """The process's SDK provider with our processor: the global one if the user set an SDK provider, else a new
     one made global."""
     processor = _AttemptProcessor()
-    provider = trace.get_tracer_provider()
-    created = not isinstance(provider, TracerProvider)
-    if created:
+    current = trace.get_tracer_provider()
+    created = not isinstance(current, TracerProvider)
+    if isinstance(current, TracerProvider):
+        provider = current
+    else:
         from opentelemetry.sdk.resources import Resource
 
         provider = TracerProvider(resource=Resource.create({"service.name": "lightrail-runner"}))
@@ -443,7 +445,12 @@ class _AgentsSDKTracing:
             kwargs["disabled"] = self._disabled(kwargs.get("disabled", False))
             return originals["create_span"](*args, **kwargs)
 
-        provider.set_disabled, provider.create_trace, provider.create_span = set_disabled, create_trace, create_span
+        for name, patched in (
+            ("set_disabled", set_disabled),
+            ("create_trace", create_trace),
+            ("create_span", create_span),
+        ):
+            setattr(provider, name, patched)  # this provider object only: the class stays as the SDK made it
         originals["set_disabled"](False)  # the flag is ours now; the user's wish is applied per trace
 
         def undo() -> None:

@@ -45,6 +45,7 @@ import inspect
 import os
 import sys
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -160,7 +161,7 @@ def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
 T = TypeVar("T")
 
 
-def read_yaml_config(path: str | Path, overrides: Sequence[str], schema: type[T]) -> T:
+def read_yaml_config(path: str | os.PathLike[str], overrides: Sequence[str], schema: type[T]) -> T:
     """A YAML file as ``schema`` (a msgspec struct), ``--set dotted.path=value`` overrides applied first; every
     problem is a one-line `ConfigError` naming the file and the field."""
     import yaml
@@ -396,7 +397,7 @@ def _field(cls: type, name: str) -> dataclasses.Field:
     return {f.name: f for f in dataclasses.fields(cls)}[name]
 
 
-def _no_unknown(where: str, given: Any, cls: type, exclude: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+def _no_unknown(where: str, given: Any, cls: type, exclude: AbstractSet[str] = frozenset()) -> None:
     """A mapping's keys must be fields of the dataclass ``cls`` (msgspec ignores extra keys of dataclasses: a typo
     like ``kl_coeff`` would silently train without the setting)."""
     if not isinstance(given, dict):

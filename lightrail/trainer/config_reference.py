@@ -201,7 +201,9 @@ def _attribute_docs(cls: type) -> dict[str, str]:
         tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     except (OSError, TypeError):
         return {}
-    body = tree.body[0].body  # type: ignore[attr-defined]
+    if not tree.body or not isinstance(tree.body[0], ast.ClassDef):
+        return {}
+    body = tree.body[0].body
     docs = {}
     for node, after in zip(body, body[1:], strict=False):
         if (
@@ -271,17 +273,19 @@ def _struct_fields(cls: type, owner: str | None = None, *, exclude: frozenset[st
                 default = _REQUIRED
             out.append(ConfigField(f.name, type_name(f.type), default, _meaning(owner, f.name, docs)))
         return out
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"{cls.__name__} is neither a msgspec struct nor a dataclass")
     hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        if f.name in exclude:
+    for field in dataclasses.fields(cls):
+        if field.name in exclude:
             continue
-        if f.default is not dataclasses.MISSING:
-            default = "null" if f.default is None else yaml_value(f.default)
-        elif f.default_factory is not dataclasses.MISSING:
-            default = yaml_value(f.default_factory())
+        if field.default is not dataclasses.MISSING:
+            default = "null" if field.default is None else yaml_value(field.default)
+        elif field.default_factory is not dataclasses.MISSING:
+            default = yaml_value(field.default_factory())
         else:
             default = _REQUIRED
-        out.append(ConfigField(f.name, type_name(hints[f.name]), default, _meaning(owner, f.name, docs)))
+        out.append(ConfigField(field.name, type_name(hints[field.name]), default, _meaning(owner, field.name, docs)))
     return out
 
 

@@ -21,11 +21,14 @@ import json
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lightrail.store.base import Store
 from lightrail.trainer.report import FailureGroup, attempt_error, digest_failures, failed_attempts, may_have_failed
 from lightrail.types import Attempt, AttemptStatus, Attr, Rollout, RolloutStatus, Span
+
+if TYPE_CHECKING:
+    from rich.console import JustifyMethod
 
 __all__ = [
     "DEFAULT_GAP_S",
@@ -240,10 +243,12 @@ def render_runs(runs: Sequence[Run], console: Any, *, store_label: str = "") -> 
         console.print(f"no rollouts in {escape(store_label) or 'this store'}")
         return
     table = Table(title=f"runs in {escape(store_label)}" if store_label else "runs", title_justify="left")
-    for name, justify in [("run", "right"), ("tag", "left"), ("started", "left"), ("last activity", "left"),
-                          ("rollouts", "right"), ("status", "left"), ("modes", "left"), ("mean reward", "right"),
-                          ("resources", "left")]:  # fmt: skip
-        table.add_column(name, justify=justify, no_wrap=name in ("run", "tag", "started", "last activity"))  # type: ignore[arg-type]
+    columns: list[tuple[str, JustifyMethod]] = [
+        ("run", "right"), ("tag", "left"), ("started", "left"), ("last activity", "left"), ("rollouts", "right"),
+        ("status", "left"), ("modes", "left"), ("mean reward", "right"), ("resources", "left"),
+    ]  # fmt: skip
+    for name, justify in columns:
+        table.add_column(name, justify=justify, no_wrap=name in ("run", "tag", "started", "last activity"))
     for run in runs:
         versions = run.resources_versions
         table.add_row(
@@ -273,10 +278,12 @@ def render_rollouts(
         console.print(f"no {what}" + (f" past offset {offset} (of {total})" if total else ""))
         return
     table = Table(title=what, title_justify="left")
-    for name, justify in [("rollout", "left"), ("status", "left"), ("mode", "left"), ("task", "left"),
-                          ("reward", "right"), ("attempts", "right"), ("enqueued", "left"), ("seconds", "right"),
-                          ("error", "left")]:  # fmt: skip
-        table.add_column(name, justify=justify, no_wrap=name != "error", overflow="fold")  # type: ignore[arg-type]
+    columns: list[tuple[str, JustifyMethod]] = [
+        ("rollout", "left"), ("status", "left"), ("mode", "left"), ("task", "left"), ("reward", "right"),
+        ("attempts", "right"), ("enqueued", "left"), ("seconds", "right"), ("error", "left"),
+    ]  # fmt: skip
+    for name, justify in columns:
+        table.add_column(name, justify=justify, no_wrap=name != "error", overflow="fold")
     for r in rollouts:
         table.add_row(
             r.rollout_id,

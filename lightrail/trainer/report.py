@@ -10,10 +10,13 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lightrail.store.base import Store
 from lightrail.types import Attempt, AttemptStatus, Rollout, RolloutStatus
+
+if TYPE_CHECKING:
+    from rich.console import Console, JustifyMethod
 
 __all__ = [
     "DevReport",
@@ -104,22 +107,23 @@ class DevReport:
         rewards = [r.reward for r in self.rows if r.reward is not None]
         return sum(rewards) / len(rewards) if rewards else None
 
-    def render(self, console: object | None = None, *, max_rows: int = 50) -> None:
+    def render(self, console: Console | None = None, *, max_rows: int = 50) -> None:
         """Print the per-rollout table (first ``max_rows``), a status summary and the failure digest with rich."""
         from rich.console import Console
         from rich.table import Table
 
         out = console if console is not None else Console()
         table = Table(title="rollouts", title_justify="left")
-        for name, justify in [
+        columns: list[tuple[str, JustifyMethod]] = [
             ("rollout", "left"),
             ("status", "left"),
             ("reward", "right"),
             ("attempts", "right"),
             ("spans", "right"),
             ("seconds", "right"),
-        ]:
-            table.add_column(name, justify=justify)  # type: ignore[arg-type]
+        ]
+        for name, justify in columns:
+            table.add_column(name, justify=justify)
         for row in self.rows[:max_rows]:
             style = "green" if row.status is RolloutStatus.SUCCEEDED else "red"
             table.add_row(
@@ -132,10 +136,10 @@ class DevReport:
             )
         if len(self.rows) > max_rows:
             table.caption = f"... {len(self.rows) - max_rows} more rollouts in the report"
-        out.print(table)  # type: ignore[attr-defined]
+        out.print(table)
         summary = ", ".join(f"{n} {s.value}" for s, n in sorted(self.counts.items(), key=lambda kv: -kv[1]))
         mean = self.mean_reward
-        out.print(  # type: ignore[attr-defined]
+        out.print(
             f"{len(self.rows)} rollouts in {self.seconds:.1f}s: {summary}"
             + ("" if mean is None else f"; mean reward {mean:.3g}")
             + (f"; store: {self.store}" if self.store else "")

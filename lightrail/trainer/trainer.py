@@ -79,9 +79,10 @@ class StoreServerProcess:
         cmd = [sys.executable, "-m", "lightrail.cli", "store", "serve", "--db", str(db), "--host", host]
         cmd += ["--port", str(port), "--exit-with-parent"]  # the server must not outlive a trainer killed hard
         self.process = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, text=True)
-        assert self.process.stdout is not None
+        stdout = self.process.stdout
+        assert stdout is not None  # stdout=PIPE
         line: list[str] = []
-        reader = threading.Thread(target=lambda: line.append(self.process.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+        reader = threading.Thread(target=lambda: line.append(stdout.readline()), daemon=True)
         reader.start()
         reader.join(startup_timeout_s)
         if not line or "listening on " not in line[0]:
@@ -89,7 +90,7 @@ class StoreServerProcess:
             raise RuntimeError(f"the store server did not start (exit code {self.process.poll()}); see its output")
         self.url = _reachable(line[0].rsplit("listening on ", 1)[1].strip())
         # keep draining stdout so a chatty server never blocks on a full pipe
-        threading.Thread(target=lambda: [None for _ in self.process.stdout], daemon=True).start()  # type: ignore[union-attr]
+        threading.Thread(target=lambda: [None for _ in stdout], daemon=True).start()
 
     def stop(self, timeout_s: float = 10.0) -> None:
         if self.process.poll() is None:
@@ -305,7 +306,7 @@ class Trainer:
         runner_sets: list[Any] = []
         try:
             if isinstance(self.store, Store):
-                store, url, label = self.store, self.store.url, self.store.url  # type: ignore[attr-defined]
+                store, url, label = self.store, self.store.url, self.store.url
                 token = self.token
             elif isinstance(self.store, str) and self.store.startswith(("http://", "https://")):
                 from lightrail.store.client import StoreClient

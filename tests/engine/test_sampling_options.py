@@ -305,7 +305,7 @@ def test_processors_follow_rows_through_select_and_merge():
     # Rows without options left: the batch drops its processors (and their cost).
     assert merged.select([1, 4]) is None
     only_bias = merged.select([3])
-    assert only_bias.counts is None and only_bias.bias_rows.tolist() == [0]
+    assert only_bias.penalties is None and only_bias.bias.rows.tolist() == [0]
     # A merge with a batch that has no processors pads it with neutral rows.
     padded = LogitProcessors.merge(None, 2, selected, 3)
     logits = torch.zeros(5, vocab)

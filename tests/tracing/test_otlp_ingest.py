@@ -327,7 +327,7 @@ async def test_wrong_token_is_refused(server, store, attempts):
         r = await http.post("/v1/traces", content=body, headers=PROTOBUF)
         assert r.status_code == 401 and r.json()["error"]["message"] == "missing bearer token"
         r = await http.post("/v1/traces", content=body, headers={**PROTOBUF, "authorization": "Bearer wrong"})
-        assert r.status_code == 401 and r.json()["error"]["message"] == "invalid bearer token"
+        assert r.status_code == 401 and r.json()["error"]["message"] == "invalid, expired or revoked bearer token"
     assert exporter(server, token="wrong").export(spans) is SpanExportResult.FAILURE
     assert await store.query_spans(attempts[0][0]) == []
 

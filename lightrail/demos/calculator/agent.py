@@ -11,6 +11,7 @@ import json
 import operator
 import re
 import warnings
+from collections.abc import Callable
 
 from openai import OpenAI
 
@@ -47,7 +48,12 @@ ONE_SHOT: list[dict] = [
     {"role": "assistant", "content": "Answer: 42"},
 ]
 
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.USub: operator.neg}
+_OPS: dict[type, Callable[..., int]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.USub: operator.neg,
+}
 
 
 def calculate(expression: str) -> str:
