@@ -49,6 +49,7 @@ from lightrail.adapters import (
     select_trainable,
     to_rows,
 )
+from lightrail.algorithms._loop_state import latest_checkpoint, read_loop_state, rewrite_metrics, write_loop_state
 from lightrail.types import LLM, Rollout, RolloutStatus, Span, Task
 
 if TYPE_CHECKING:
@@ -58,8 +59,6 @@ if TYPE_CHECKING:
     from lightrail.trainer.algorithm import TrainerContext
 
 __all__ = ["GRPO"]
-
-_LOOP_STATE = "loop_state.json"
 
 
 class GRPO:
@@ -188,13 +187,14 @@ class GRPO:
         if config.ranks > 1:  # data-parallel update: this process is rank 0, the other ranks are worker processes
             from lightrail.algorithms.distributed import DistributedPolicyUpdater as updater
         self._updater = await asyncio.to_thread(updater, str(self.model), config)
-        checkpoint = self._latest_checkpoint() if self.resume else None
+        checkpoint = latest_checkpoint(self.out_dir) if self.resume else None
         if checkpoint is not None:
             await asyncio.to_thread(self._updater.load, checkpoint)
-            state = json.loads((checkpoint / _LOOP_STATE).read_text())
+            state = read_loop_state(checkpoint, self._rng)
             self.step, self._order, self._history = state["step"], state["order"], state["history"]
-            self._rng.setstate(_rng_state(state["rng"]))
-            await self._rollouts.sync(self._updater, state["policy_version"])
+            if state["policy_version"] > self._rollouts.policy_version:  # 0: every update so far was skipped
+                await self._rollouts.sync(self._updater, state["policy_version"])
+            rewrite_metrics(self.out_dir, self._history)
         from lightrail.gateway.server import GatewayServer, GatewaySettings
 
         where = self.gateway or GatewaySettings()
@@ -410,17 +410,11 @@ class GRPO:
         state = {
             "step": self.step,
             "order": self._order,
-            "rng": _jsonable_rng(self._rng.getstate()),
             "history": self._history,
             "policy_version": self._rollouts.policy_version,
         }
-        (path / _LOOP_STATE).write_text(json.dumps(state))
+        write_loop_state(path, state, self._rng)
         return path
-
-    def _latest_checkpoint(self) -> Path | None:
-        root = self.out_dir / "checkpoints"
-        found = [p for p in root.glob("step-*") if (p / _LOOP_STATE).exists()] if root.exists() else []
-        return max(found, key=lambda p: int(p.name.split("-")[1]), default=None)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -465,16 +459,6 @@ def _success(rollouts: Sequence[Rollout], threshold: float) -> float:
     if not rollouts:
         return 0.0
     return sum(1 for r in rollouts if r.reward is not None and r.reward >= threshold) / len(rollouts)
-
-
-def _jsonable_rng(state: tuple) -> list:
-    version, internal, gauss = state
-    return [version, list(internal), gauss]
-
-
-def _rng_state(data: list) -> tuple:
-    version, internal, gauss = data
-    return (version, tuple(internal), gauss)
 
 
 def _tensorboard(path: Path) -> Any:

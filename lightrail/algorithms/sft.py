@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lightrail.adapters import AgentFilter, ChatSample, Exclusions, build_episode, episode_messages
+from lightrail.algorithms._loop_state import latest_checkpoint, read_loop_state, rewrite_metrics, write_loop_state
 from lightrail.algorithms.rejection import TraceFilter, keep_best
 from lightrail.engine.chat import ChatFormat
 from lightrail.types import LLM, Rollout, RolloutStatus, Span, TrainingRow
@@ -58,7 +59,6 @@ if TYPE_CHECKING:
 
 __all__ = ["SFT", "call_rows", "conversation_rows"]
 
-_LOOP_STATE = "loop_state.json"
 _TRACES = "traces.json"
 
 # One trained turn: the messages before it, the assistant message to learn, the tools offered, the row's owner.
@@ -281,15 +281,12 @@ class SFT:
         config = self.config or GRPOConfig()
         self._tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(self.model))
         self._updater = await asyncio.to_thread(PolicyUpdater, str(self.model), config)
-        checkpoint = self._latest_checkpoint() if self.resume else None
+        checkpoint = latest_checkpoint(self.out_dir) if self.resume else None
         if checkpoint is not None:
             await asyncio.to_thread(self._updater.load, checkpoint)
-            state = json.loads((checkpoint / _LOOP_STATE).read_text())
+            state = read_loop_state(checkpoint, self._rng)
             self.step, self._order, self._history = state["step"], state["order"], state["history"]
-            self._rng.setstate(_rng_state(state["rng"]))
-            # what was recorded after the checkpoint is redone: the file holds each step once
-            lines = "".join(json.dumps(m) + "\n" for m in self._history)
-            (self.out_dir / "metrics.jsonl").write_text(lines)
+            rewrite_metrics(self.out_dir, self._history)
         elif (self.out_dir / "metrics.jsonl").exists():
             (self.out_dir / "metrics.jsonl").unlink()  # a fresh run: metrics of an earlier one would mix in
         self._source = ctx.store
@@ -588,16 +585,10 @@ class SFT:
         state = {
             "step": self.step,
             "order": self._order,
-            "rng": _jsonable_rng(self._rng.getstate()),
             "history": self._history,
         }
-        (path / _LOOP_STATE).write_text(json.dumps(state))
+        write_loop_state(path, state, self._rng)
         return path
-
-    def _latest_checkpoint(self) -> Path | None:
-        root = self.out_dir / "checkpoints"
-        found = [p for p in root.glob("step-*") if (p / _LOOP_STATE).exists()] if root.exists() else []
-        return max(found, key=lambda p: int(p.name.split("-")[1]), default=None)
 
 
 async def _last_attempt_spans(store: Any, rollouts: Sequence[Rollout]) -> list[list[Span]]:
@@ -612,13 +603,3 @@ async def _last_attempt_spans(store: Any, rollouts: Sequence[Rollout]) -> list[l
             return await store.query_spans(rollout.rollout_id, attempts[-1].attempt_id)
 
     return list(await asyncio.gather(*(one(r) for r in rollouts)))
-
-
-def _jsonable_rng(state: tuple) -> list:
-    version, internal, gauss = state
-    return [version, list(internal), gauss]
-
-
-def _rng_state(data: list) -> tuple:
-    version, internal, gauss = data
-    return (version, tuple(internal), gauss)

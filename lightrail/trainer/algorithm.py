@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from lightrail.store.base import Store
-from lightrail.types import LLM, Mode, PromptTemplate, Resources, RetryPolicy, Rollout, RolloutSpec, Task
+from lightrail.types import LLM, Mode, PromptTemplate, Resources, RetryPolicy, Rollout, RolloutSpec, RolloutStatus, Task
 
-__all__ = ["Algorithm", "TrainerContext"]
+__all__ = ["Algorithm", "TrainerContext", "cancel_unfinished"]
 
 
 @dataclass
@@ -138,3 +138,16 @@ class Algorithm(Protocol):
     async def close(self) -> None:
         """Release what ``setup`` started (called even when ``run`` failed)."""
         ...
+
+
+async def cancel_unfinished(store: Store, run: str | None) -> int:
+    """Cancel the rollouts of ``run`` an earlier session left queued or running (a trainer killed mid-step, then
+    resumed or started again in the same output folder): they name resources of a gateway that is gone, and the
+    new session enqueues its own. The trainer calls this before its runners start. Returns how many."""
+    if run is None:
+        return 0
+    active = await store.query_rollouts(status=[RolloutStatus.QUEUED, RolloutStatus.RUNNING])
+    stale = [r.rollout_id for r in active if r.metadata.get("run") == run]
+    if stale:
+        await store.cancel(stale)
+    return len(stale)

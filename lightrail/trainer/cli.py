@@ -50,6 +50,13 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--model", default=None, help="shorthand for --set model=NAME (tiny, small, smollm2, a path)")
     train.add_argument("--out", default=None, metavar="DIR", help="shorthand for --set out_dir=DIR")
     train.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue a run that stopped (crashed, killed, Ctrl-C) from its newest checkpoint in the same out_dir; "
+        "the rollouts it left unfinished are cancelled and the steps after the checkpoint redone (APO always "
+        "resumes from its state file)",
+    )
+    train.add_argument(
         "--print-config",
         action="store_true",
         help="print the config as it would run (overrides applied, every default filled in) as YAML, and exit",
@@ -80,6 +87,10 @@ def _train(args: argparse.Namespace) -> int:
             overrides.append(f"{key}={value}")
     try:
         config = load_config(args.config, overrides)
+        if args.resume:
+            stages = [config.algorithm] if isinstance(config.algorithm, str) else config.algorithm
+            overrides += [f"{stage}.resume=true" for stage in stages if stage in ("grpo", "sft")]
+            config = load_config(args.config, overrides)
         if args.print_config:
             import yaml
 

@@ -42,7 +42,7 @@ from lightrail._net import is_loopback_host
 from lightrail.agent.agent import LitAgent, agent_reference, load_agent
 from lightrail.agent.processes import RUNNER_ENV, RunnerProcesses, run_runners
 from lightrail.store.base import Store
-from lightrail.trainer.algorithm import Algorithm, TrainerContext
+from lightrail.trainer.algorithm import Algorithm, TrainerContext, cancel_unfinished
 from lightrail.trainer.report import DevReport, build_report
 from lightrail.types import LLM, PromptTemplate, Resources, RetryPolicy, Task
 
@@ -218,10 +218,11 @@ class Trainer:
 
         task_list = as_tasks(tasks)
         started = time.monotonic()
-        async with self._session(agent) as session:
+        run = _run_name("dev")
+        async with self._session(agent, run) as session:
             ctx = TrainerContext(
                 store=session.store, train_tasks=[], val_tasks=task_list, retry=self.retry,
-                health_check=session.health_check, run=_run_name("dev"),
+                health_check=session.health_check, run=run,
             )  # fmt: skip
             if resources is not None:
                 await ctx.publish(resources)
@@ -259,10 +260,11 @@ class Trainer:
         if self.algorithm is None:
             raise ValueError("Trainer.fit needs an algorithm: Trainer(algorithm=...)")
         algorithm = self.algorithm
-        async with self._session(agent) as session:
+        run = _run_name(algorithm)
+        async with self._session(agent, run) as session:
             ctx = TrainerContext(
                 store=session.store, train_tasks=as_tasks(train_tasks), val_tasks=as_tasks(val_tasks),
-                retry=self.retry, health_check=session.health_check, log=self._log, run=_run_name(algorithm),
+                retry=self.retry, health_check=session.health_check, log=self._log, run=run,
             )  # fmt: skip
             try:
                 await algorithm.setup(ctx)
@@ -278,8 +280,9 @@ class Trainer:
     # -- plumbing -------------------------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def _session(self, agent: Any) -> AsyncIterator[_Session]:
-        """Store (+ server process) and runners for one dev/fit run; everything is stopped on exit."""
+    async def _session(self, agent: Any, run: str) -> AsyncIterator[_Session]:
+        """Store (+ server process) and runners for one dev/fit run; everything is stopped on exit. Before any
+        runner starts, the rollouts an earlier session of ``run`` left unfinished are cancelled (`cancel_unfinished`)."""
         if os.environ.get(RUNNER_ENV):
             raise RuntimeError(
                 "Trainer started inside a runner process: the agent's script starts training at import time; "
@@ -292,6 +295,7 @@ class Trainer:
                     "runner processes, Ray actors and external runners reach the store over HTTP: give the Trainer "
                     "a store with a URL or a path, not an in-process store object"
                 )
+            await cancel_unfinished(self.store, run)
             async with self._in_process_session(agent, self.store) as session:
                 yield session
             return
@@ -327,6 +331,7 @@ class Trainer:
 
                 url, label, token = server.url, redact_url(db), server.token
                 store = owned_store = StoreClient(url, token=token)
+            await cancel_unfinished(store, run)
             if self.n_runners:
                 runner_sets.append(
                     run_runners(

@@ -1,0 +1,92 @@
+"""Fault drill: the trainer itself SIGKILLed mid-run (its store server and runners go with it), then
+``lightrail train --resume``: the run continues from its newest complete checkpoint, the rollouts the dead session
+left unfinished are cancelled rather than run against a gateway that is gone, every step is in ``metrics.jsonl``
+once, and nothing acknowledged is lost. (Runner and store-server kills are drilled in
+``tests/trainer/test_external_runners.py``, ``tests/store/test_durability.py`` and ``tests/store/test_postgres.py``.)
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.trainer.test_config import CONFIG, ROOT, _write
+
+STEPS = 4
+
+
+def _train(config: Path, run: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "lightrail.cli", "train", str(config), "--out", str(run), *extra]
+
+
+def _statuses(db: Path) -> dict[str, str]:
+    with sqlite3.connect(db) as conn:
+        return dict(conn.execute("SELECT rollout_id, status FROM rollouts WHERE mode = 'train'"))
+
+
+def test_a_killed_trainer_resumes_from_its_checkpoint(tmp_path):
+    config = _write(tmp_path, CONFIG.replace("  steps: 1\n", "  steps: 1\n  checkpoint_every: 1\n"))
+    run = tmp_path / "run"
+    args = ("--steps", str(STEPS), "--set", "trainer.concurrency=2")
+    first = subprocess.Popen(_train(config, run, *args), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    checkpoint = run / "checkpoints" / "step-1" / "loop_state.json"
+    try:
+        deadline = time.monotonic() + 300
+        while not checkpoint.exists():  # step 1 trained and saved: step 2's rollouts are being enqueued or run
+            assert first.poll() is None, first.stderr.read().decode() if first.stderr else ""
+            assert time.monotonic() < deadline, "no checkpoint after 300 s"
+            time.sleep(0.05)
+        first.send_signal(signal.SIGKILL)
+        first.wait(30)
+    finally:
+        first.kill()
+    saved = max(int(p.parent.name.split("-")[1]) for p in run.glob("checkpoints/step-*/loop_state.json"))
+    at_kill = _statuses(run / "store.db")
+    unfinished = {rid for rid, status in at_kill.items() if status in ("queued", "running")}
+
+    resumed = subprocess.run(_train(config, run, *args, "--resume"), cwd=ROOT, capture_output=True, text=True,
+                             timeout=600)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "held-out success:" in resumed.stdout
+
+    report = json.loads((run / "report.json").read_text())
+    assert report["steps"] == STEPS
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train_steps = [m["step"] for m in lines if m["kind"] == "train"]
+    assert train_steps == list(range(1, STEPS + 1))  # each step once: the ones after the checkpoint were redone
+    after = _statuses(run / "store.db")
+    assert not {rid for rid, status in after.items() if status in ("queued", "running")}  # nothing left behind
+    assert all(after[rid] in ("cancelled", "infra_error", "succeeded", "failed") for rid in unfinished)
+    # everything acknowledged before the kill is still there, as it was
+    assert {rid: s for rid, s in after.items() if rid in at_kill and rid not in unfinished} == {
+        rid: s for rid, s in at_kill.items() if rid not in unfinished
+    }
+    # the resumed steps ran rollouts of their own: (steps after the checkpoint) x 2 tasks x 2 samples, all finished
+    new = [s for rid, s in after.items() if rid not in at_kill]
+    assert len(new) == (STEPS - saved) * 4 and all(s in ("succeeded", "failed") for s in new), (saved, new)
+
+
+async def test_only_the_runs_own_unfinished_rollouts_are_cancelled():
+    """What the trainer does before its runners start: queued and running rollouts tagged with this run are
+    cancelled; another run's, and this run's finished ones, are left alone."""
+    from lightrail.store import MemoryStore
+    from lightrail.trainer.algorithm import cancel_unfinished
+    from lightrail.types import AttemptStatus, RolloutSpec, Task
+
+    store = MemoryStore()
+    tagged = [RolloutSpec(rollout_id=f"{run}-{i}", task=Task(input={}), metadata={"run": run})
+              for run in ("mine", "other") for i in range(3)]  # fmt: skip
+    await store.enqueue(tagged)
+    done = await store.lease("w")  # mine-0: finished before the crash
+    await store.finish(done.attempt.attempt_id, AttemptStatus.SUCCEEDED, reward=1.0)
+    await store.lease("w")  # mine-1: running when the trainer died
+    assert await cancel_unfinished(store, "mine") == 2
+    status = {r.rollout_id: r.status.value for r in await store.query_rollouts()}
+    assert status == {"mine-0": "succeeded", "mine-1": "cancelled", "mine-2": "cancelled",
+                      "other-0": "queued", "other-1": "queued", "other-2": "queued"}  # fmt: skip
+    assert await cancel_unfinished(store, None) == 0
