@@ -4,7 +4,6 @@ its own site-packages only; a wrong interpreter is refused before any runner sta
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,11 +14,12 @@ from lightrail.agent import run_runners
 from lightrail.store import StoreClient
 from lightrail.trainer import StoreServerProcess
 from lightrail.types import Attr, RolloutSpec, RolloutStatus, Task
+from tests._frameworks import CREWAI_PYTHON, needs_crewai_env
 
 ROOT = Path(__file__).resolve().parents[2]
-CREWAI_PYTHON = os.environ.get("LIGHTRAIL_CREWAI_PYTHON", str(ROOT / ".venv-crewai" / "bin" / "python"))
 
 
+@needs_crewai_env
 async def test_runners_under_the_crewai_interpreter_run_rollouts(tmp_path):
     server = StoreServerProcess(tmp_path / "store.db")
     store = StoreClient(server.url, token=server.token)

@@ -12,6 +12,7 @@ Two end-to-end tests, both with OpenTelemetry on in the runners:
   call is attributed to the agent whose prompt it sent, only the solver's calls are trained, rewards landed.
 """
 
+# ruff: noqa: E402 (the framework is imported after the skip that names its extra)
 from __future__ import annotations
 
 import asyncio
@@ -21,6 +22,9 @@ import threading
 from pathlib import Path
 
 import pytest
+
+pytest.importorskip("autogen_agentchat", reason="the AutoGen showcase needs: pip install 'lightrail[autogen]'")
+
 from autogen_agentchat.messages import TextMessage
 from autogen_core import CancellationToken
 from autogen_core.tools import StaticWorkbench

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 from pathlib import Path
 
@@ -24,9 +23,9 @@ from examples.crew_agent.rewards import answer_reward, parse_answer
 from lightrail.adapters import AgentFilter, build_episode, episode_transitions
 from lightrail.gateway import GatewayServer
 from lightrail.types import Attr, RolloutStatus
+from tests._frameworks import CREWAI_PYTHON, needs_crewai_env
 
 ROOT = Path(__file__).resolve().parents[2]
-CREWAI_PYTHON = os.environ.get("LIGHTRAIL_CREWAI_PYTHON", str(ROOT / ".venv-crewai" / "bin" / "python"))
 AGENT = "examples.crew_agent.train:crew_agent"
 
 # -- data -------------------------------------------------------------------------------------------------------
@@ -154,6 +153,7 @@ def _scripted_crew(tasks: list[dict]):
     return reply
 
 
+@needs_crewai_env
 async def test_crew_with_a_scripted_model_looks_facts_up_answers_right_and_survives_garbage(tmp_path):
     from lightrail import LLM, Trainer
     from lightrail.gateway import ScriptedBackend
@@ -195,6 +195,7 @@ def _role_of(call_span) -> str:
     return re.match(r"You are (\w+)\.", system).group(1)
 
 
+@needs_crewai_env
 async def test_train_config_links_every_call_to_its_crew_agent_and_trains_only_the_writer(tmp_path, monkeypatch):
     from lightrail.store.sqlite import SQLiteStore
     from lightrail.trainer.config import load_config, train

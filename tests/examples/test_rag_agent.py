@@ -22,6 +22,7 @@ from examples.rag_agent.reward import extract_answer, format_ok, reward, token_f
 from lightrail.adapters import AgentFilter, ToolRewardRule, build_episode, spans_to_transitions
 from lightrail.gateway import GatewayServer
 from lightrail.types import Attr, RolloutStatus
+from tests._frameworks import needs_agents_sdk
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENT = "examples.rag_agent.train:rag_agent"
@@ -154,6 +155,7 @@ def test_embeddings_are_cached_and_rebuilt_when_the_passages_change(tmp_path):
     assert np.allclose(rebuilt, built[:1], atol=1e-5) and np.load(path).shape == (1, 384)
 
 
+@needs_agents_sdk
 def test_default_trace_exporter_is_dropped_and_other_processors_are_kept():
     from agents import add_trace_processor, set_trace_processors
     from agents.tracing import TracingProcessor, get_trace_provider
@@ -221,6 +223,7 @@ def test_the_worked_example_shows_what_search_really_returns():
     assert "Peru" not in {t["country"] for t in val}  # the example gives away no held-out answer
 
 
+@needs_agents_sdk
 async def test_a_conversation_past_the_context_ends_the_researcher_and_other_errors_propagate():
     from openai import BadRequestError
 
@@ -244,6 +247,7 @@ async def test_a_conversation_past_the_context_ends_the_researcher_and_other_err
             await answer("Which country is it?", base_url=gateway.url, model="m", max_tokens=64)
 
 
+@needs_agents_sdk
 async def test_agents_with_a_scripted_model_search_twice_and_answer_right(tmp_path):
     from lightrail import LLM, Trainer
     from lightrail.gateway import ScriptedBackend
@@ -279,6 +283,7 @@ async def test_agents_with_a_scripted_model_search_twice_and_answer_right(tmp_pa
         server.stop()
 
 
+@needs_agents_sdk
 def test_lightrail_train_with_the_tiny_model_trains_only_the_researcher(tmp_path, monkeypatch):
     from lightrail.store import SQLiteStore
     from lightrail.trainer.config import load_config, train

@@ -38,6 +38,7 @@ from examples.sql_agent.reward import execution_match, same_rows
 from lightrail.adapters import AgentFilter, build_episode, episode_transitions
 from lightrail.gateway import GatewayServer
 from lightrail.types import Attr, RolloutStatus
+from tests._frameworks import needs_langgraph
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENT = "examples.sql_agent.train:sql_agent"
@@ -294,6 +295,7 @@ def _scripted_model(tasks: dict[str, str]):
     return reply
 
 
+@needs_langgraph
 async def test_scripted_model_drives_the_graph_and_every_call_is_named_by_its_node(tmp_path):
     from lightrail import LLM, Trainer
     from lightrail.gateway import ScriptedBackend
@@ -337,6 +339,7 @@ async def test_scripted_model_drives_the_graph_and_every_call_is_named_by_its_no
         server.stop()
 
 
+@needs_langgraph
 def test_command_line_runs_one_question_against_any_openai_server(tmp_path):
     """``python -m examples.sql_agent.agent`` against a plain OpenAI-compatible server (the gateway, unrouted)."""
     import threading
@@ -376,6 +379,7 @@ def test_command_line_runs_one_question_against_any_openai_server(tmp_path):
 # -- lightrail train with the config ----------------------------------------------------------------------------
 
 
+@needs_langgraph
 async def test_train_config_names_every_call_by_its_node_and_trains_only_writer_and_rewriter(tmp_path, monkeypatch):
     from lightrail.store.sqlite import SQLiteStore
     from lightrail.trainer.config import load_config, train

@@ -27,6 +27,7 @@ from pydantic import BaseModel, Field
 from lightrail.engine import build_tiny_model
 from lightrail.store import SyncStoreClient
 from lightrail.types import Attr, RolloutSpec, Task
+from tests._frameworks import needs_agents_sdk, needs_langgraph
 from tests._served import Served, free_port, served
 
 STORE_TOKEN, ENGINE_TOKEN, UPSTREAM_TOKEN = "store-t0ken", "engine-t0ken", "upstream-t0ken"
@@ -328,6 +329,7 @@ def test_anthropic_messages_and_stream(stack, backend):
 # -- frameworks ------------------------------------------------------------------------------------------------------
 
 
+@needs_agents_sdk
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_agents_sdk_default_model_with_a_tool_and_an_output_type(stack, backend):
     import openai
@@ -370,6 +372,7 @@ def test_agents_sdk_default_model_with_a_tool_and_an_output_type(stack, backend)
         assert_recorded(span)
 
 
+@needs_langgraph
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_langchain_with_structured_output(stack, backend):
     from langchain_openai import ChatOpenAI
@@ -382,6 +385,7 @@ def test_langchain_with_structured_output(stack, backend):
     assert_recorded(span)
 
 
+@needs_langgraph
 @pytest.mark.filterwarnings("ignore:create_react_agent has been moved")  # still LangGraph's prebuilt agent in 1.x
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_langgraph_prebuilt_react_agent(stack, backend):

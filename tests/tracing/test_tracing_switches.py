@@ -17,8 +17,11 @@ from lightrail.gateway import ScriptedBackend, create_gateway_app
 from lightrail.store import MemoryStore
 from lightrail.tracing import otel
 from lightrail.types import LLM, Resources, RolloutSpec, Task
+from tests._frameworks import needs_agents_sdk, needs_langgraph
 from tests.tracing.switch_agents import scripted
 from tests.tracing.test_otel import serve
+
+pytestmark = [needs_agents_sdk, needs_langgraph]
 
 
 @pytest.fixture(autouse=True)
