@@ -108,7 +108,7 @@ def test_a_worker_that_dies_fails_the_step_with_its_rank(model_dir):
         t0 = time.monotonic()
         with pytest.raises(RankFailedError, match=rf"rank 1 \(pid {pid}\) killed by SIGKILL"):
             upd.step(_rows())
-        assert time.monotonic() - t0 < 30  # reported, not waited out
+        assert time.monotonic() - t0 < upd.timeout_s  # reported when it died, not when the step timed out
         with pytest.raises(RankFailedError, match="close"):  # no half-updated replicas are used again
             upd.step(_rows())
     finally:

@@ -71,21 +71,20 @@ async def test_lease_with_same_attempt_id_returns_same_lease(store):
     assert (await store.counts())[RolloutStatus.QUEUED] == 1  # the retry did not take a second rollout
 
 
-async def test_waiting_lease_wakes_within_milliseconds_of_enqueue(store):
-    waiter = asyncio.create_task(store.lease("w", wait_s=10))
+async def test_a_waiting_lease_is_woken_by_the_enqueue(store):
+    """Woken by the enqueue, not by its own 60 s wait running out (how fast: bench/store.py)."""
+    waiter = asyncio.create_task(store.lease("w", wait_s=60))
     await asyncio.sleep(0.05)
     assert not waiter.done()
     (rollout,) = await store.enqueue(specs(1))
-    t0 = time.perf_counter()
-    lease = await asyncio.wait_for(waiter, 5)
-    assert time.perf_counter() - t0 < 0.25
+    lease = await asyncio.wait_for(waiter, 30)
     assert lease.rollout.rollout_id == rollout.rollout_id
 
 
 async def test_lease_wait_times_out_with_none(store):
     t0 = time.perf_counter()
-    assert await store.lease("w", wait_s=0.2) is None
-    assert 0.15 < time.perf_counter() - t0 < 2
+    assert await asyncio.wait_for(store.lease("w", wait_s=0.2), 30) is None
+    assert time.perf_counter() - t0 >= 0.15  # it did wait
 
 
 async def test_finish_success_records_reward_and_ends_rollout(store):

@@ -15,7 +15,6 @@ import contextlib
 import os
 import socket
 import threading
-import time
 from collections.abc import AsyncIterator
 
 import httpx
@@ -80,9 +79,7 @@ async def test_concurrent_rollouts_keep_otel_spans_apart_and_calls_name_their_ag
     async with serve(create_gateway_app(ScriptedBackend(), store)) as url:
         ids = await enqueue(store, [{"task_id": f"t{i}", "seed": i} for i in range(8)], url)
         runner = Runner(store, "otel_agents:two_agents", concurrency=8, otel=True, handle_signals=False)
-        t0 = time.monotonic()
         stats = await runner.run(max_rollouts=8)
-        elapsed = time.monotonic() - t0
     assert stats.ended["succeeded"] == 8, stats
     assert handle.unattributed == 0
     exported = 0
@@ -116,7 +113,6 @@ async def test_concurrent_rollouts_keep_otel_spans_apart_and_calls_name_their_ag
         assert episode.final_reward == 1.0
         exported += len(tagged) + len(llm_spans)
     assert handle.exported == exported
-    assert elapsed < 60
 
 
 async def test_openai_instrumentor_llm_span_is_the_parent_of_the_gateway_span():
