@@ -24,7 +24,7 @@ import enum
 import threading
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -176,6 +176,10 @@ class Task(msgspec.Struct, kw_only=True):
     metadata: dict[str, JSON] = msgspec.field(default_factory=dict)
 
 
+Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+"""An integer a database column holds (JSON allows any size): larger ones are refused where requests are decoded."""
+
+
 class RetryPolicy(msgspec.Struct, kw_only=True, frozen=True):
     """How long a lease lasts without a heartbeat and which attempt failures are retried.
 
@@ -183,7 +187,7 @@ class RetryPolicy(msgspec.Struct, kw_only=True, frozen=True):
     never waits forever on a dead process (the reference's defaults are "no timeout, no retry").
     """
 
-    max_attempts: int = 3
+    max_attempts: Int64 = 3
     lease_s: float = 30.0
     """An attempt whose runner has not heartbeated for this long is marked `lost`."""
     timeout_s: float | None = None
@@ -204,9 +208,9 @@ class RolloutSpec(msgspec.Struct, kw_only=True):
 
     task: Task
     mode: Mode = "train"
-    sample_index: int = 0
+    sample_index: Int64 = 0
     """Which of the n samples of ``task`` this is (GRPO groups are the samples of one task)."""
-    resources_version: int | None = None
+    resources_version: Int64 | None = None
     """Resources the agent must use; None means the latest version at enqueue time."""
     policy: RetryPolicy = RetryPolicy()
     rollout_id: str = msgspec.field(default_factory=lambda: new_id("ro"))
@@ -292,7 +296,7 @@ class Span(msgspec.Struct, kw_only=True):
 
     rollout_id: str
     attempt_id: str
-    seq: int
+    seq: Int64
     name: str
     span_id: str = msgspec.field(default_factory=lambda: uuid.uuid4().hex[:16])
     trace_id: str = msgspec.field(default_factory=lambda: uuid.uuid4().hex)

@@ -140,6 +140,8 @@ def _error_response(exc: BaseException) -> Response:
         return _error(400, message, "ValidationError", m.group(1) if m else None)
     if isinstance(exc, msgspec.DecodeError):
         return _error(400, str(exc), "DecodeError")
+    if isinstance(exc, OverflowError):  # a number no database column holds, in a field not declared Int64
+        return _error(400, f"a number in the request is out of range: {exc}", "ValidationError")
     if isinstance(exc, _BodyTooLarge):
         return _error(413, str(exc), "PayloadTooLarge")
     if isinstance(exc, _ClientGone):
@@ -336,6 +338,8 @@ def _handlers(get_store: Callable[[], Store], tokens: TokenVerifier) -> dict[str
             version = int(raw)
         except ValueError:
             return _error(400, f"resources version must be an integer, got {raw!r}", "ValidationError", "version")
+        if not 1 <= version < 2**63:  # versions count from 1; beyond 64 bits no database could hold one
+            return _error(404, f"unknown resources version {version}", "NotFoundError")
         got = await get_store().get_resources(version)
         if got is None:  # pragma: no cover - stores raise NotFoundError for a missing version
             return _error(404, f"unknown resources version {version}", "NotFoundError")
