@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import hmac
+import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -47,6 +48,7 @@ from lightrail.gateway.anthropic_api import MESSAGES
 from lightrail.gateway.backends import Backend, UpstreamError
 from lightrail.gateway.dialect import Dialect, Exchange
 from lightrail.gateway.openai_api import CHAT, COMPLETIONS, InvalidRequest, decode_json, new_response_id
+from lightrail.gateway.openapi import openapi_document
 from lightrail.gateway.recording import SESSION_HEADER, SessionRecorder, session_attributes
 from lightrail.gateway.responses_api import RESPONSES
 from lightrail.gateway.sse import CHUNK_CHARS
@@ -106,6 +108,7 @@ class _Gateway:
     ) -> None:
         self.backend = backend
         self.sessions = sessions
+        self._openapi = json.dumps(openapi_document()).encode()
         self.store = store
         self.recorder = recorder
         self.max_body_bytes = max_body_bytes
@@ -147,6 +150,9 @@ class _Gateway:
 
     async def health(self, request: Request) -> Response:
         return _json({"status": "ok", "models": self.backend.model_names(), "pending_spans": self.recorder.pending})
+
+    async def openapi(self, request: Request) -> Response:
+        return Response(self._openapi, media_type="application/json")
 
     async def models(self, request: Request) -> Response:
         data = [{"id": m, "object": "model", "created": 0, "owned_by": "lightrail"} for m in self.backend.model_names()]
@@ -490,6 +496,7 @@ def create_gateway_app(
     routes = [
         Route("/health", gateway.health, methods=["GET"]),
         Route("/v1/models", gateway.models, methods=["GET"]),
+        Route("/openapi.json", gateway.openapi, methods=["GET"]),
         Route(prefix + "/v1/models", gateway.routed_models, methods=["GET"]),
     ]
     for dialect in DIALECTS:
