@@ -8,6 +8,7 @@ once, and nothing acknowledged is lost. (Runner and store-server kills are drill
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sqlite3
 import subprocess
@@ -90,3 +91,46 @@ async def test_only_the_runs_own_unfinished_rollouts_are_cancelled():
     assert status == {"mine-0": "succeeded", "mine-1": "cancelled", "mine-2": "cancelled",
                       "other-0": "queued", "other-1": "queued", "other-2": "queued"}  # fmt: skip
     assert await cancel_unfinished(store, None) == 0
+
+
+def test_a_training_run_survives_its_store_server_killed_and_restarted(tmp_path):
+    """The run's store is a ``lightrail store serve`` process of its own (as on a cluster): SIGKILLed mid-run and
+    started again on the same port and file, the trainer, its gateway and its runners ride it out on their
+    retries, and the run completes with every step once and nothing left unfinished."""
+    from tests._served import Served, free_port
+
+    port, db, token = free_port(), tmp_path / "store.db", "drill-token"
+    serve = [sys.executable, "-m", "lightrail.cli", "store", "serve", "--db", str(db), "--port", str(port)]
+    env = {"LIGHTRAIL_TOKEN": token}
+    config = _write(tmp_path, CONFIG + f"store: http://127.0.0.1:{port}\n")
+    run = tmp_path / "run"
+    server = Served(serve, port, tmp_path / "store-1.log", env)
+    server.wait_healthy(60)
+    trainer = subprocess.Popen(_train(config, run, "--steps", str(STEPS)), cwd=ROOT, env={**os.environ, **env},
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while not _train_steps(run):  # a step trained: rollouts of the next are in flight
+            assert trainer.poll() is None, trainer.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "no training step after 300 s"
+            time.sleep(0.1)
+        os.killpg(server.proc.pid, signal.SIGKILL)
+        server.proc.wait(30)
+        server = Served(serve, port, tmp_path / "store-2.log", env)  # same port, same file
+        server.wait_healthy(60)
+        out, err = trainer.communicate(timeout=600)
+        assert trainer.returncode == 0, err[-3000:]
+    finally:
+        trainer.kill()
+        server.stop()
+    assert "held-out success:" in out
+    assert _train_steps(run) == list(range(1, STEPS + 1))
+    status = _statuses(db)
+    assert status and not {rid for rid, s in status.items() if s in ("queued", "running")}
+
+
+def _train_steps(run: Path) -> list[int]:
+    path = run / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [m["step"] for m in map(json.loads, path.read_text().splitlines()) if m["kind"] == "train"]
