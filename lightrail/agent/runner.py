@@ -41,6 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from lightrail._retry import Retry
 from lightrail.agent.agent import LitAgent, load_agent, route_resources
 from lightrail.agent.errors import error_info, is_infra_error
 from lightrail.store.base import ConflictError, Store
@@ -194,7 +195,7 @@ class Runner:
         signals = self._install_signal_handlers(loop)
         slots = asyncio.Semaphore(self.concurrency)
         self._last_active = time.monotonic()
-        backoff = 0.1
+        pauses = None  # between lease operations while the store stays down (the client retried each one)
         try:
             while not self._stopping.is_set() and (max_rollouts is None or self.stats.leased < max_rollouts):
                 if await self._unless_stopped(slots.acquire()) is _STOPPED:
@@ -207,12 +208,13 @@ class Runner:
                         break  # idle for idle_exit_s
                     try:
                         lease = await self._unless_stopped(self.store.lease(self.worker_id, wait_s=wait_s))
-                    except Exception as exc:  # store unreachable or restarting: back off, never crash
-                        log.warning("lease failed (%r); retrying in %.1fs", exc, backoff)
-                        await self._unless_stopped(asyncio.sleep(backoff))
-                        backoff = min(backoff * 2, 5.0)
+                    except Exception as exc:  # store unreachable or restarting: pause, never crash
+                        pauses = pauses or _LEASE_PAUSES.delays()
+                        pause = next(pauses)
+                        log.warning("lease failed (%r); leasing again in %.1fs", exc, pause)
+                        await self._unless_stopped(asyncio.sleep(pause))
                         continue
-                    backoff = 0.1
+                    pauses = None
                     if lease is None or lease is _STOPPED:
                         continue
                     self.stats.leased += 1
@@ -489,25 +491,24 @@ class Runner:
     async def _finish(
         self, attempt: Attempt, status: AttemptStatus, reward: float | None, error: ErrorInfo | None
     ) -> None:
-        delay = 0.1
-        for tries in range(6):
-            try:
-                await self.store.finish(attempt.attempt_id, status, reward=reward, error=error)
-                self.stats.ended[status.value] += 1
-                return
-            except ConflictError as exc:  # StaleAttemptError: the lease was lost meanwhile; the retry's result wins
-                log.info("attempt %s ended elsewhere; %s not recorded: %s", attempt.attempt_id, status.value, exc)
+        # One operation: the store client retries it within its budget (finish is idempotent for the same outcome).
+        try:
+            await self.store.finish(attempt.attempt_id, status, reward=reward, error=error)
+            self.stats.ended[status.value] += 1
+        except ConflictError as exc:  # StaleAttemptError: the lease was lost meanwhile; the retry's result wins
+            log.info("attempt %s ended elsewhere; %s not recorded: %s", attempt.attempt_id, status.value, exc)
+            self.stats.ended["stale"] += 1
+        except Exception as exc:
+            if getattr(exc, "http_status", None) == 409:
                 self.stats.ended["stale"] += 1
                 return
-            except Exception as exc:
-                if getattr(exc, "http_status", None) == 409:
-                    self.stats.ended["stale"] += 1
-                    return
-                if tries == 5:
-                    log.error("could not report attempt %s as %s: %r", attempt.attempt_id, status.value, exc)
-                    return  # its lease expires and the store retries the rollout
-                await asyncio.sleep(delay)
-                delay *= 2
+            log.error("could not report attempt %s as %s: %r", attempt.attempt_id, status.value, exc)
+            # its lease expires and the store retries the rollout
+
+
+_LEASE_PAUSES = Retry(tries=None, base_s=0.2, cap_s=5.0)
+"""Pauses between lease operations while the store stays unreachable (jittered: runners do not return in
+lockstep)."""
 
 
 def _require_otel() -> None:

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from lightrail._retry import Retry
 from lightrail.gateway.openai_api import InvalidRequest
 from lightrail.store.base import Store, StoreError, StoreUnavailableError
 from lightrail.store.sessions import SESSION_ID_PATTERN, session_rollout_id
@@ -47,7 +48,7 @@ SESSION_HEADER = "x-lightrail-session"
 Redactor = Callable[[Span], "Span | None"]
 
 _RETENTION_EVERY_S = 3600.0
-_OPEN_RETRY_MAX_S = 5.0
+_OPEN_RETRY = Retry(tries=None, base_s=0.05, cap_s=5.0)
 
 
 def load_redactor(target: str) -> Redactor:
@@ -143,8 +144,9 @@ class SessionRecorder:
             mode="served",
             metadata={"session_source": source},
         )
-        delay = 0.05
+        pauses = _OPEN_RETRY.delays()  # between opens while the store stays down (the client retried each one)
         while True:
+            delay = 0.0
             try:
                 await self.store.open_session(spec, attempt_id=attempt_id)
                 self.sessions_opened += 1
@@ -154,6 +156,7 @@ class SessionRecorder:
                 if self._closing:
                     log.warning("store unavailable at shutdown: session %s not recorded (%s)", session_id, exc)
                     break
+                delay = next(pauses)
                 log.warning("store unavailable opening session %s; retrying in %.2f s", session_id, delay)
             except StoreError as exc:  # e.g. a training rollout of that id: never record into it
                 log.warning("session %s not recorded: %s", session_id, exc)
@@ -161,9 +164,9 @@ class SessionRecorder:
             except Exception:
                 if self._closing:
                     break
+                delay = next(pauses)
                 log.exception("opening session %s failed; retrying in %.2f s", session_id, delay)
             await asyncio.sleep(delay)
-            delay = min(delay * 2, _OPEN_RETRY_MAX_S)
         opened.set_result(False)
         self._opened.pop(spec.rollout_id, None)
 

@@ -6,8 +6,8 @@ their decoded answers; `StoreClient` drives it with ``httpx.AsyncClient``, `Sync
 ``httpx.Client``. Long polls (`lease`, `wait`) are split into requests of at most `MAX_WAIT_S` each.
 
 Retries without duplicates: transient failures (connection refused/reset, read timeouts, 502/503/504) are
-retried with short exponential backoff. That is safe because every write carries an id chosen here or by the
-caller before the first try: ``rollout_id`` (enqueue), ``attempt_id`` (lease; generated before the first try
+retried with short exponential backoff and full jitter (`lightrail._retry`). That is safe because every write
+carries an id chosen here or by the caller before the first try: ``rollout_id`` (enqueue), ``attempt_id`` (lease; generated before the first try
 when the caller gives none), span ids, ``resources_id``; `finish` with the same outcome is accepted again.
 (A retried `add_spans` whose first try was stored reports 0 added: the spans are there once.)
 Errors are raised, never swallowed: 4xx answers become the matching lightrail exception, and a server that
@@ -39,6 +39,7 @@ from lightrail._http import (
     PoolTimeoutError,
     StaleConnectionError,
 )
+from lightrail._retry import Retry
 from lightrail.store._wire import (
     MAX_WAIT_S,
     ROUTES,
@@ -355,13 +356,13 @@ class _Base:
         retries: int = 8,
         backoff_s: float = 0.05,
         max_backoff_s: float = 1.0,
+        retry: Retry | None = None,
     ):
         self.url = url.rstrip("/")
         self.token = token
         self.timeout = timeout
-        self.retries = retries
-        self.backoff_s = backoff_s
-        self.max_backoff_s = max_backoff_s
+        self.retry = retry or Retry(tries=retries + 1, base_s=backoff_s, cap_s=max_backoff_s)
+        """Each request's retries (`lightrail._retry`): transport errors and 502/503/504, resent as is."""
         self._headers = {"content-type": "application/json", "accept": "application/json"}
         if token:
             self._headers["authorization"] = f"Bearer {token}"
@@ -369,9 +370,6 @@ class _Base:
         self._urls: dict[str, httpx.URL] = {}  # parsed once: URL parsing is a visible share of a request's CPU
         self._timeout = httpx.Timeout(timeout, connect=min(timeout, 5.0))
         self._timeout_ext = self._timeout.as_dict()
-
-    def _delay(self, attempt: int) -> float:
-        return min(self.backoff_s * (2**attempt), self.max_backoff_s)
 
     def _answer(self, call: _Call, response: httpx.Response) -> Any:
         """Decode a 200, or raise the lightrail exception the server's error body names."""
@@ -390,10 +388,10 @@ class _Base:
         error.http_status = response.status_code
         raise error
 
-    def _unavailable(self, call: _Call, last: BaseException | str) -> StoreUnavailableError:
+    def _unavailable(self, call: _Call, last: BaseException | str, tries: int) -> StoreUnavailableError:
         what = last if isinstance(last, str) else f"{type(last).__name__}: {last}"
         return StoreUnavailableError(
-            f"store server at {self.url} unavailable ({call.method} {call.path}) after {self.retries + 1} tries: {what}"
+            f"store server at {self.url} unavailable ({call.method} {call.path}) after {tries} tries: {what}"
         )
 
     def _request(self, call: _Call) -> httpx.Request:
@@ -423,8 +421,9 @@ class StoreClient(_Base):
     """A `Store` backed by a store server over HTTP (asyncio).
 
     ``url`` is the server's base URL (``http://127.0.0.1:4747``); ``token`` its bearer token. ``timeout`` bounds
-    each ordinary request; long polls get their wait plus a margin. ``retries`` transient failures are retried
-    (backoff from ``backoff_s`` doubling up to ``max_backoff_s``) before `StoreUnavailableError`.
+    each ordinary request; long polls get their wait plus a margin. Up to ``retries`` transient failures are retried
+    (full-jitter backoff from ``backoff_s`` doubling up to ``max_backoff_s``; or pass a `lightrail._retry.Retry`
+    as ``retry``, e.g. with a time budget) before `StoreUnavailableError`.
     ``transport`` makes the httpx transport of each event loop's client (default: `LeanHTTPTransport`;
     ``httpx.AsyncHTTPTransport`` for proxies or HTTP/2).
 
@@ -464,20 +463,23 @@ class StoreClient(_Base):
     async def _send(self, call: _Call) -> Any:
         client = self._http()
         request = self._request(call)
-        last: BaseException | str = ""
-        for attempt in range(self.retries + 1):
-            if attempt:
-                await asyncio.sleep(self._delay(attempt - 1))
+        delays, tries = None, 0
+        while True:  # retried per `self.retry`; the success path allocates nothing for it
+            tries += 1
+            failure: BaseException | str
             try:
                 response = await client.send(request)
             except _TRANSIENT as exc:
-                last = exc
-                continue
-            if response.status_code in _RETRY_STATUS:
-                last = f"HTTP {response.status_code}"
-                continue
-            return self._answer(call, response)
-        raise self._unavailable(call, last)
+                failure = exc
+            else:
+                if response.status_code not in _RETRY_STATUS:
+                    return self._answer(call, response)
+                failure = f"HTTP {response.status_code}"
+            delays = delays or self.retry.delays()
+            delay = next(delays, None)
+            if delay is None:
+                raise self._unavailable(call, failure, tries)
+            await asyncio.sleep(delay)
 
     async def _run(self, op: _Op[T]) -> T:
         try:
@@ -612,20 +614,23 @@ class SyncStoreClient(_Base):
 
     def _send(self, call: _Call) -> Any:
         request = self._request(call)
-        last: BaseException | str = ""
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(self._delay(attempt - 1))
+        delays, tries = None, 0
+        while True:  # retried per `self.retry`; the success path allocates nothing for it
+            tries += 1
+            failure: BaseException | str
             try:
                 response = self._client.send(request)
             except _TRANSIENT as exc:
-                last = exc
-                continue
-            if response.status_code in _RETRY_STATUS:
-                last = f"HTTP {response.status_code}"
-                continue
-            return self._answer(call, response)
-        raise self._unavailable(call, last)
+                failure = exc
+            else:
+                if response.status_code not in _RETRY_STATUS:
+                    return self._answer(call, response)
+                failure = f"HTTP {response.status_code}"
+            delays = delays or self.retry.delays()
+            delay = next(delays, None)
+            if delay is None:
+                raise self._unavailable(call, failure, tries)
+            time.sleep(delay)
 
     def _run(self, op: _Op[T]) -> T:
         try:

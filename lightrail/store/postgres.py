@@ -50,6 +50,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from lightrail._retry import Retry
 from lightrail.store._lifecycle import (
     LeaseReaper,
     Pulse,
@@ -91,8 +92,10 @@ SCHEMA = "lightrail"
 CHANNEL = "lightrail_store"
 _SCHEMA_LOCK = 0x6C69_6768_7472_6169  # pg_advisory_xact_lock key: 'lightrai' (schema creation)
 _RESOURCES_LOCK = _SCHEMA_LOCK + 1  # serializes resources versions
-_TX_RETRIES = 5  # deadlocks and serialization failures: retried (they roll back; nothing was applied)
-_LISTEN_RETRY_S = (0.05, 0.2, 1.0, 2.0)
+_TX_RETRY = Retry(tries=5, base_s=0.001, cap_s=0.016)
+"""Deadlocks and serialization failures: the transaction rolled back (nothing applied), so it runs again."""
+_LISTEN_RETRY = Retry(tries=None, base_s=0.05, cap_s=2.0)
+"""Reconnecting the notification listener, for as long as the store is open."""
 
 # Same tables and invariants as SQLite (CHECK: a rollout has a queue position exactly while queued, an attempt a
 # deadline exactly while running). Retries take keys from a descending sequence, so a retry sorts before every
@@ -400,14 +403,13 @@ class PostgresStore:
         self._relisten = asyncio.get_running_loop().create_task(self._reconnect_listener(), name="lightrail-relisten")
 
     async def _reconnect_listener(self) -> None:
-        attempt = 0
+        pauses = _LISTEN_RETRY.delays()
         while not self._closed:
             try:
                 await self._listen()
             except Exception as exc:
-                delay = _LISTEN_RETRY_S[min(attempt, len(_LISTEN_RETRY_S) - 1)]
+                delay = next(pauses)
                 log.warning("lost the PostgreSQL notification connection (%s); reconnecting in %.2f s", exc, delay)
-                attempt += 1
                 await asyncio.sleep(delay)
                 continue
             # Notifications sent while we were away are gone: everyone re-checks the database.
@@ -422,7 +424,8 @@ class PostgresStore:
         await self.open()
         import asyncpg
 
-        for attempt in range(_TX_RETRIES):
+        delays = None
+        while True:
             try:
                 async with self._pool.acquire() as conn:
                     if not transaction:
@@ -430,12 +433,13 @@ class PostgresStore:
                     async with conn.transaction():
                         return await work(conn)
             except (asyncpg.DeadlockDetectedError, asyncpg.SerializationError):
-                if attempt == _TX_RETRIES - 1:
+                delays = delays or _TX_RETRY.delays()
+                delay = next(delays, None)
+                if delay is None:
                     raise
-                await asyncio.sleep(0.001 * 2**attempt)
+                await asyncio.sleep(delay)
             except (TimeoutError, OSError, asyncpg.PostgresConnectionError, asyncpg.OperatorInterventionError) as exc:
                 raise StoreUnavailableError(f"PostgreSQL at {_where(self.url)}: {exc}") from exc
-        raise AssertionError("unreachable")
 
     # -- rollouts ---------------------------------------------------------------------------------------------
 

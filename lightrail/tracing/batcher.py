@@ -4,8 +4,8 @@ Emitting must be cheap (an append), storing must be efficient (one ``add_spans``
 all concurrent attempts of the process) and complete (the runner awaits `SpanBatcher.flush` before it
 finishes an attempt, so a finished attempt's spans are all in the store).
 
-Failures: a batch that fails for a transient reason (network, a restarting store) is retried as is, with
-backoff, until stored; writes are idempotent by span id, so a retry never duplicates. Spans the store refuses
+Failures: a batch that fails for a transient reason (network, a restarting store) is written again as is, after
+jittered pauses (`lightrail._retry`; the store client already retried each write within its budget), until stored; writes are idempotent by span id, so a retry never duplicates. Spans the store refuses
 for good (an error carrying a 4xx ``http_status``, such as an unknown attempt) are isolated by retrying span by
 span, then counted in `rejected` and logged.
 
@@ -29,6 +29,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+from lightrail._retry import Retry
 from lightrail.types import Span
 
 __all__ = ["SpanBatcher"]
@@ -216,7 +217,7 @@ class SpanBatcher:
             self._flushers = still
 
     async def _write(self, batch: Sequence[Span]) -> None:
-        delay = self.retry_initial_s
+        pauses = None  # between writes of this batch while the store stays down (the client retried each one)
         while True:
             try:
                 await self.store.add_spans(batch)
@@ -234,6 +235,7 @@ class SpanBatcher:
                     log.error("store refused span %s of attempt %s: %s", batch[0].span_id, batch[0].attempt_id, exc)
                     return
                 self.failures += 1
-                log.warning("writing %d spans failed (%r); retrying in %.2fs", len(batch), exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.retry_max_s)
+                pauses = pauses or Retry(tries=None, base_s=self.retry_initial_s, cap_s=self.retry_max_s).delays()
+                pause = next(pauses)
+                log.warning("writing %d spans failed (%r); writing again in %.2fs", len(batch), exc, pause)
+                await asyncio.sleep(pause)
