@@ -596,8 +596,10 @@ class APO:
 
     def _demo_child(self, parent: Candidate, r: int, slot: int, pool: list[dict[str, Any]]) -> Candidate | None:
         demos = select_demonstrations(pool, k=self.demo_k, max_chars=self.demo_chars, start=slot + r - 1)
-        if not demos or [d["rollout_id"] for d in demos] == [d["rollout_id"] for d in parent.demos]:
-            return None
+        picked = [d["rollout_id"] for d in demos]
+        siblings = [c for c in self.candidates.values() if c.round == r and c.parent == parent.id and c.demos]
+        if not demos or any(picked == [d["rollout_id"] for d in c.demos] for c in [parent, *siblings]):
+            return None  # a pool smaller than the slots: the same pick again would only be scored twice
         return self._new_candidate(
             parent=parent.id, round=r, origin="demos", slot=slot, instructions=dict(parent.instructions), demos=demos
         )

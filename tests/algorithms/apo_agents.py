@@ -31,12 +31,12 @@ def level_agent(task, llm, prompt_template):
 
 @rollout
 def parity_or_examples_agent(task, llm, prompt_template):
-    """Reward 1 when the prompt carries worked examples, else the parity of the reply's length (about half the
-    seed prompt's runs succeed: the source of demonstrations)."""
-    reply = _ask(llm, prompt_template.template, task["question"])
+    """Reward 1 when the prompt carries worked examples, else 1 on a fixed two thirds of the calculator tasks
+    (``answer % 4 < 2``: any 6 of the 12 test tasks hold at least two successes, the source of demonstrations)."""
+    _ask(llm, prompt_template.template, task["question"])
     if "Worked examples:" in prompt_template.template:
         return 1.0
-    return float(len(reply) % 2)
+    return float(task["answer"] % 4 < 2)
 
 
 @rollout

@@ -211,6 +211,7 @@ def test_demonstrations_come_from_successful_traces(tmp_path, tiny_model):
             assert source.metadata["apo_round"] == 0 and source.metadata["apo_candidate"] == "c0"
             assert f"User: {source.task.input['question']}" in demo["text"]  # its own conversation
             assert "Assistant: " in demo["text"]
+    assert len(children) == 2  # at least two tasks succeeded in round 0: two different picks
     assert len({tuple(d["rollout_id"] for d in c["demos"]) for c in children}) == len(children)  # siblings differ
     best = apo.report["best_prompt"]["prompt_template"]
     chosen = next(c for c in children if c["id"] == apo.report["best_candidate"])
@@ -221,6 +222,15 @@ def test_demonstrations_come_from_successful_traces(tmp_path, tiny_model):
     demo_tasks = {d["task_id"] for c in children for d in c["demos"]}
     assert round1 and not demo_tasks & {r.task.task_id for r in round1}
     assert apo.report["val_after"] == 1.0 and (tmp_path / "run" / "best_prompt.prompt_template.txt").read_text() == best
+
+
+def test_a_pool_smaller_than_the_slots_proposes_each_pick_once(tmp_path, tiny_model):
+    apo = APO(tiny_model, prompts={"prompt_template": SEED}, demo_children=3, demo_k=2, out_dir=tmp_path)
+    seed = apo._new_candidate(parent=None, round=0, origin="seed", instructions={"prompt_template": SEED})
+    pool = [{"rollout_id": "r1", "task_id": "t1", "reward": 1.0, "text": "User: 2+2?\nAssistant: 4"}]
+    children = [apo._demo_child(seed, 1, slot, pool) for slot in range(3)]
+    assert children[0] is not None and children[1:] == [None, None]  # one success: one child, not three copies
+    assert list(apo.candidates) == [seed.id, children[0].id]  # nothing recorded that would be scored twice
 
 
 def test_config_section(tmp_path):
