@@ -16,12 +16,17 @@ itself after the run:
   pages of the database file it maps, which the kernel may drop), mean of the last quarter of its samples over the
   mean of the first quarter, minus 1.
 
+Then, on the soaked server (10,000 rollouts in it): the role matrix (``tests/_role_matrix.py``: every route ×
+every role; ``unauthorized_accepted`` counts requests beyond their token's role that succeeded) and the fuzzer
+(``tests/_fuzz.py``, as ``bench/fuzz.py`` runs it; the gateway on a fresh server): ``fuzz_cases``, ``fuzz_5xx``.
+
 Progress goes to stderr; one JSON object is the last line of stdout.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import random
@@ -36,8 +41,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._util import REPO, ServerProcess, log, machine_facts  # noqa: E402
+from bench.fuzz import fuzz_gateway  # noqa: E402
 from lightrail.store import SyncStoreClient  # noqa: E402
 from lightrail.types import RetryPolicy, RolloutSpec, Task  # noqa: E402
+from tests._fuzz import fuzz  # noqa: E402
+from tests._role_matrix import role_matrix  # noqa: E402
 
 TOKEN = "soak-token"
 RUNNERS, CONCURRENCY = 8, 8
@@ -120,6 +128,7 @@ def main() -> None:
     parser.add_argument("--kill-every-s", type=float, default=3.0, help="SIGKILL a random runner this often")
     parser.add_argument("--step-s", type=float, default=0.3, help="each of a rollout's 3 steps awaits this long")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--examples", type=int, default=50, help="fuzz cases per operation and mode (default: 50)")
     args = parser.parse_args()
     total = args.rollouts or (2_000 if args.quick else 10_000)
     rng = random.Random(args.seed)
@@ -166,14 +175,31 @@ def main() -> None:
                     log(
                         f"{done}/{total} finished, {kills} runners killed, store RSS {samples[-1][1] if samples else 0:.0f} MB"
                     )
+    except BaseException:
+        server.stop()
+        raise
     finally:
         runners.stop()
-        server.stop()
     minutes = (time.monotonic() - started) / 60
+    try:
+        out.update(check(db, total))  # before the checks below add their own rows
+        log("the role matrix and the fuzzer against the soaked store server; the fuzzer against a gateway")
+        matrix = role_matrix(server.url, TOKEN)
+        for line in matrix.problems[:10]:
+            log(f"  role matrix: {line}")
+        fuzzed = {
+            "store": fuzz(f"{server.url}/openapi.json", {"authorization": f"Bearer {TOKEN}"}, examples=args.examples),
+            "gateway": asyncio.run(fuzz_gateway(args.examples)),
+        }
+    finally:
+        server.stop()
+    for name, result in fuzzed.items():
+        log(f"fuzz {name}: {result.cases} cases, by status {dict(sorted(result.by_status.items()))}")
+        for line in result.failures[:10]:
+            log(f"  {line}")
     quarter = max(len(samples) // 4, 1)
     first = sum(r for _, r in samples[:quarter]) / quarter
     last = sum(r for _, r in samples[-quarter:]) / quarter
-    out.update(check(db, total))
     out.update(
         {
             "runner_kills": kills,
@@ -183,6 +209,12 @@ def main() -> None:
             "rss_growth_pct": round((last / first - 1) * 100, 1),
             "rollouts_per_s": round(total / (minutes * 60), 1),
             "minutes": round(minutes, 2),
+            "matrix_requests": matrix.checked,
+            "matrix_problems": len(matrix.problems),
+            "unauthorized_accepted": matrix.unauthorized_accepted,
+            "fuzz_cases": sum(r.cases for r in fuzzed.values()),
+            "fuzz_5xx": sum(r.server_errors for r in fuzzed.values()),
+            "fuzz_unexplained_4xx": sum(len(r.failures) - r.server_errors for r in fuzzed.values()),
         }
     )
     out["targets_met"] = {
@@ -191,6 +223,9 @@ def main() -> None:
         "lost==0": out["lost"] == 0,
         "trained_twice==0": out["trained_twice"] == 0,
         "rss_growth_pct<=10": out["rss_growth_pct"] <= 10,
+        "unauthorized_accepted==0": out["unauthorized_accepted"] == 0 and out["matrix_problems"] == 0,
+        "fuzz_cases>=2000": out["fuzz_cases"] >= 2000,
+        "fuzz_5xx==0": out["fuzz_5xx"] == 0,
         **({"quick_minutes<5": minutes < 5} if args.quick else {}),
     }
     log(f"work dir (store file, runner logs): {work}")
