@@ -232,12 +232,14 @@ class APO:
         self._versions: dict[str, int] = {}  # candidate -> resources version published by this session
         self._convos: dict[str, list[dict[str, Any]]] = {}  # rollout id -> conversation (read from the store)
         self._logged: set[str] = set()
+        self._track: Any = None
 
     # -- Algorithm protocol ------------------------------------------------------------------------------------
 
     async def setup(self, ctx: TrainerContext) -> None:
         """Serve the policy (embedded engine + gateway) unless an `LLM` was given, load the run's state if there is
         one (resume), and publish the seed prompts."""
+        self._track = ctx.track
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self._load_state()
         self._state["session"] = self._state.get("session", 0) + 1
@@ -741,6 +743,8 @@ class APO:
         self._logged.add(key)
         with (self.out_dir / "metrics.jsonl").open("a") as f:
             f.write(json.dumps({"key": key, **metrics}) + "\n")
+        if self._track is not None:
+            self._track(metrics)
 
 
 # -- pure helpers ------------------------------------------------------------------------------------------------

@@ -11,7 +11,10 @@ closed before the next is set up, so gateway ports and engine memory are release
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -39,6 +42,9 @@ class Chain:
             raise ValueError(f"need one distinct name per stage, got {names}")
         self.stages = list(stages)
         self.names = names
+        dirs = [str(d) for s in self.stages if (d := getattr(s, "out_dir", None)) is not None]
+        self.out_dir: Path | None = Path(os.path.commonpath(dirs)) if len(dirs) == len(self.stages) else None
+        """The folder the stages' folders share (the run folder of a config): the run's name and its trackers'."""
         self.report: dict[str, Any] = {}
 
     async def setup(self, ctx: TrainerContext) -> None:
@@ -47,9 +53,10 @@ class Chain:
     async def run(self, ctx: TrainerContext) -> None:
         reports: dict[str, Any] = {}
         for name, stage in zip(self.names, self.stages, strict=True):
+            stage_ctx = dataclasses.replace(ctx, track=_in_stage(ctx.track, name))
             try:
-                await stage.setup(ctx)
-                await stage.run(ctx)
+                await stage.setup(stage_ctx)
+                await stage.run(stage_ctx)
             finally:
                 await stage.close()
             reports[name] = dict(getattr(stage, "report", {}) or {})
@@ -58,3 +65,8 @@ class Chain:
 
     async def close(self) -> None:
         """Nothing: every stage was closed when it finished (or failed)."""
+
+
+def _in_stage(track: Callable[[dict[str, Any]], None], stage: str) -> Callable[[dict[str, Any]], None]:
+    """``track`` with each record tagged by its stage (trackers prefix the stage: ``sft/train/loss``)."""
+    return lambda record: track({**record, "stage": stage})

@@ -18,8 +18,8 @@ be dropped and counted.
 Concurrency model: coroutines on the trainer's event loop; the engine's forward passes and the policy update each
 run in their own worker thread, so the loop keeps serving HTTP while either computes.
 
-Outputs under ``out_dir``: ``metrics.jsonl`` (one line per step and per validation), TensorBoard events in
-``tb/``, ``reward_curve.png`` at the end, checkpoints in ``checkpoints/step-N`` (updater + loop state; `GRPO` with
+Outputs under ``out_dir``: ``metrics.jsonl`` (one line per step and per validation; the trainer's experiment
+trackers mirror each line: TensorBoard events in ``tb/`` by default), ``reward_curve.png`` at the end, checkpoints in ``checkpoints/step-N`` (updater + loop state; `GRPO` with
 ``resume=True`` continues from the newest one), and ``report.json``.
 """
 
@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import math
 import random
 import secrets
 import statistics
@@ -162,7 +161,7 @@ class GRPO:
         self._updater: Any = None
         self._gateway: Any = None
         self._llm: LLM | None = None
-        self._tb: Any = None
+        self._track: Any = None
 
     # -- Algorithm protocol ------------------------------------------------------------------------------------
 
@@ -205,7 +204,7 @@ class GRPO:
         self._llm = LLM(
             endpoint=self._gateway.url, model=self.served_name, sampling=self.sampling, api_key=self._gateway.token
         )
-        self._tb = _tensorboard(self.out_dir / "tb")
+        self._track = ctx.track
 
     @property
     def llm(self) -> LLM:
@@ -275,9 +274,6 @@ class GRPO:
         if self._rollouts is not None:
             await self._rollouts.close()
             self._rollouts = None
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
         if self._updater is not None:
             await asyncio.to_thread(self._updater.close)
 
@@ -393,12 +389,8 @@ class GRPO:
         self._history.append(metrics)
         with (self.out_dir / "metrics.jsonl").open("a") as f:
             f.write(json.dumps(metrics) + "\n")
-        if self._tb is not None:
-            prefix = metrics["kind"]
-            for key, value in metrics.items():
-                if isinstance(value, int | float) and key not in ("step", "kind") and math.isfinite(value):
-                    self._tb.add_scalar(f"{prefix}/{key}", value, metrics["step"])
-            self._tb.flush()
+        if self._track is not None:
+            self._track(metrics)
 
     def _last_val(self) -> float | None:
         vals = [m["val_success"] for m in self._history if m["kind"] == "val"]
@@ -459,14 +451,6 @@ def _success(rollouts: Sequence[Rollout], threshold: float) -> float:
     if not rollouts:
         return 0.0
     return sum(1 for r in rollouts if r.reward is not None and r.reward >= threshold) / len(rollouts)
-
-
-def _tensorboard(path: Path) -> Any:
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:  # tensorboard not installed: metrics.jsonl still has everything
-        return None
-    return SummaryWriter(str(path))
 
 
 def _plot(history: list[dict[str, Any]], path: Path) -> Path:

@@ -254,6 +254,7 @@ class SFT:
         self._rng = random.Random(seed)
         self._order: list[int] = []
         self._history: list[dict[str, Any]] = []
+        self._track: Any = None
         self._rows: list[TrainingRow] = []
         self._updater: Any = None
         self._tokenizer: Any = None
@@ -273,6 +274,7 @@ class SFT:
     async def setup(self, ctx: TrainerContext) -> None:
         """Load the student's updater and tokenizer (from the newest checkpoint with ``resume``), open the traces'
         store, and start the recording gateway in front of the teacher."""
+        self._track = ctx.track
         from transformers import AutoTokenizer
 
         from lightrail.algorithms.updater import GRPOConfig, PolicyUpdater
@@ -578,6 +580,8 @@ class SFT:
         self._history.append(metrics)
         with (self.out_dir / "metrics.jsonl").open("a") as f:
             f.write(json.dumps(metrics) + "\n")
+        if self._track is not None:
+            self._track(metrics)
 
     async def _checkpoint(self) -> Path:
         path = self.out_dir / "checkpoints" / f"step-{self.step}"

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from lightrail.store.base import Store
 from lightrail.types import LLM, Mode, PromptTemplate, Resources, RetryPolicy, Rollout, RolloutSpec, RolloutStatus, Task
@@ -47,6 +47,9 @@ class TrainerContext:
     """Called while waiting; raises when rollouts can no longer finish (the trainer: every runner died)."""
     log: Callable[..., None] = field(default=lambda step, **metrics: None)
     """``log(step, **metrics)``: report metrics (the trainer prints them)."""
+    track: Callable[[dict[str, Any]], None] = field(default=lambda record: None)
+    """``track(record)``: mirror a ``metrics.jsonl`` record (``kind``, ``step`` or ``round``, numbers) to the run's
+    experiment trackers (`lightrail.tracking`)."""
     run: str | None = None
     """The run these rollouts belong to: `run_rollouts` tags each with ``metadata["run"]`` (what ``lightrail runs``
     groups by). The trainer names it after the algorithm's ``out_dir`` (so a resumed run keeps its name), else the

@@ -9,6 +9,7 @@ A config names the agent and its data by import reference, the model, how runner
     model: tiny                                    # tiny | small | smollm2 | a local model directory
     store: runs/sql/store.db                       # or postgresql://host/db, or http://store-host:4747
     trainer: {n_runners: 2, concurrency: 8, otel: true}   # n_runners: 0 = only runners started elsewhere
+    # trainer: {loggers: [tensorboard, mlflow, wandb]}     # experiment tracking (default: tensorboard)
     # trainer: {runners: {ray: {address: auto, n: 8, k: 4}}}   # runners as Ray actors
     gateway: {host: 0.0.0.0, port: 8900, advertise_url: http://trainer-host:8900/v1}   # for remote runners
     grpo:                                          # keyword arguments of lightrail.algorithms.GRPO
@@ -54,6 +55,7 @@ import msgspec
 
 from lightrail.agent.ray import RaySettings
 from lightrail.gateway.server import GatewaySettings
+from lightrail.tracking import LoggerKind, LoggerSettings
 
 __all__ = ["ConfigError", "RunnerSettings", "TrainConfig", "TrainResult", "load_config", "train"]
 
@@ -88,6 +90,11 @@ class RunnerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Where the trainer's own store server binds (``0.0.0.0`` to let other machines in; needs $LIGHTRAIL_TOKEN)."""
     store_port: int = 0
     """Its port (0: any free one)."""
+    loggers: list[LoggerKind | LoggerSettings] = msgspec.field(default_factory=lambda: ["tensorboard"])
+    """Experiment trackers that mirror ``metrics.jsonl``, the config and the report: ``tensorboard`` (in
+    ``<run dir>/tb``), ``mlflow`` (``sqlite:///<run dir>/mlflow.db``; needs ``lightrail[mlflow]``), ``wandb``
+    (offline, ``<run dir>/wandb``; needs ``lightrail[wandb]``), or `LoggerSettings` mappings
+    (``{kind: mlflow, tracking_uri: http://mlflow:5000}``); ``[]`` for none."""
 
 
 class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -479,6 +486,9 @@ def train(config: TrainConfig) -> TrainResult:
         ray=runners.runners.ray,
         store_host=runners.store_host,
         store_port=runners.store_port,
+        loggers=runners.loggers,
+        experiment=config.name,
+        run_config=msgspec.to_builtins(config),
         **runner_options,
     )
     trainer.fit(config.agent, train_tasks, val_tasks)  # by reference: spawned runners import it themselves

@@ -323,6 +323,7 @@ def sections() -> list[Section]:
     from lightrail.algorithms.sft import SFT
     from lightrail.algorithms.updater import GRPOConfig, LoraSettings
     from lightrail.gateway.server import GatewaySettings
+    from lightrail.tracking import LoggerSettings
     from lightrail.trainer.config import RunnerKinds, RunnerSettings, TrainConfig
     from lightrail.types import LLM
 
@@ -335,6 +336,11 @@ def sections() -> list[Section]:
         Section("trainer", _summary(RunnerSettings), _struct_fields(RunnerSettings)),
         Section("trainer.runners", _summary(RunnerKinds), _struct_fields(RunnerKinds)),
         Section("trainer.runners.ray", _summary(RaySettings), _struct_fields(RaySettings)),
+        Section(
+            "trainer.loggers[]",
+            _summary(LoggerSettings) + " An item of ``trainer.loggers`` as a mapping (a bare name takes the defaults).",
+            _struct_fields(LoggerSettings),
+        ),
         Section("gateway", _summary(GatewaySettings), _struct_fields(GatewaySettings)),
         Section(
             "grpo",

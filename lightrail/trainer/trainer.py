@@ -32,7 +32,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,6 +48,7 @@ from lightrail.types import LLM, PromptTemplate, Resources, RetryPolicy, Task
 
 if TYPE_CHECKING:
     from lightrail.agent.ray import RaySettings
+    from lightrail.tracking import LoggerSettings, Trackers
 
 __all__ = ["StoreServerProcess", "Trainer", "as_tasks"]
 
@@ -131,6 +132,10 @@ class Trainer:
     bound with ``store_host="0.0.0.0"`` (``store_port`` fixes its port) and a ``token`` they are given. The model
     they call is the algorithm's business (`GRPO`'s ``gateway`` settings).
 
+    Experiment tracking (`lightrail.tracking`): ``loggers`` (names or `LoggerSettings`: ``tensorboard``,
+    ``mlflow``, ``wandb``; default TensorBoard when installed) mirror what the algorithm records, under its
+    ``out_dir``; ``experiment`` names the MLflow experiment / W&B project, ``run_config`` is logged first.
+
     Example::
 
         report = Trainer(n_runners=2, concurrency=4).dev("my_agents:solve", tasks)
@@ -154,6 +159,9 @@ class Trainer:
         ray: RaySettings | None = None,
         store_host: str = "127.0.0.1",
         store_port: int = 0,
+        loggers: Sequence[str | LoggerSettings] | None = None,
+        experiment: str | None = None,
+        run_config: Mapping[str, Any] | None = None,
     ) -> None:
         if n_runners is None:
             n_runners = 0 if ray is not None else 2
@@ -178,6 +186,9 @@ class Trainer:
         self.grace_s = grace_s
         self.runner_python = runner_python
         self.otel = otel
+        self.loggers = loggers
+        self.experiment = experiment
+        self.run_config = run_config
         if console is None:
             from rich.console import Console
 
@@ -261,17 +272,39 @@ class Trainer:
             raise ValueError("Trainer.fit needs an algorithm: Trainer(algorithm=...)")
         algorithm = self.algorithm
         run = _run_name(algorithm)
-        async with self._session(agent, run) as session:
-            ctx = TrainerContext(
-                store=session.store, train_tasks=as_tasks(train_tasks), val_tasks=as_tasks(val_tasks),
-                retry=self.retry, health_check=session.health_check, log=self._log, run=run,
-            )  # fmt: skip
-            try:
-                await algorithm.setup(ctx)
-                await algorithm.run(ctx)
-            finally:
-                await algorithm.close()
-                await session.stop_runners()
+        trackers = await asyncio.to_thread(self._open_trackers, algorithm, run)
+        failed = True
+        try:
+            async with self._session(agent, run) as session:
+                ctx = TrainerContext(
+                    store=session.store, train_tasks=as_tasks(train_tasks), val_tasks=as_tasks(val_tasks),
+                    retry=self.retry, health_check=session.health_check, log=self._log, track=trackers.log, run=run,
+                )  # fmt: skip
+                try:
+                    await algorithm.setup(ctx)
+                    await algorithm.run(ctx)
+                    failed = False
+                finally:
+                    await algorithm.close()
+                    await session.stop_runners()
+        finally:
+            report = None if failed else getattr(algorithm, "report", None)
+            await asyncio.to_thread(trackers.finish, report, failed=failed)
+
+    def _open_trackers(self, algorithm: Algorithm, run: str) -> Trackers:
+        """The experiment trackers of a fit (`lightrail.tracking`): ``loggers``, by default TensorBoard when it is
+        installed, writing in the algorithm's ``out_dir`` (else ``runs_dir/<run>``); they get the run config (or the
+        algorithm's class) first."""
+        from lightrail.tracking import open_trackers
+
+        loggers = self.loggers if self.loggers is not None else _default_loggers()
+        out_dir = getattr(algorithm, "out_dir", None) or self.runs_dir / run
+        name = Path(run).name
+        trackers = open_trackers(loggers, out_dir, run_name=name, experiment=self.experiment)
+        trackers.start(
+            dict(self.run_config) if self.run_config is not None else {"algorithm": type(algorithm).__name__}
+        )
+        return trackers
 
     def _log(self, step: int, **metrics: Any) -> None:
         shown = "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())
@@ -429,6 +462,13 @@ class Trainer:
         if db != "memory:" and "://" not in db.removeprefix("sqlite://"):
             Path(db.removeprefix("sqlite://")).parent.mkdir(parents=True, exist_ok=True)
         return db
+
+
+def _default_loggers() -> list[str]:
+    """TensorBoard when it is installed (``lightrail[train]``), else none: ``metrics.jsonl`` has everything."""
+    import importlib.util
+
+    return ["tensorboard"] if all(importlib.util.find_spec(m) for m in ("torch", "tensorboard")) else []
 
 
 def _run_name(what: Any) -> str:

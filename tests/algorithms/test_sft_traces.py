@@ -284,6 +284,13 @@ def test_config_chains_sft_then_grpo_from_the_sft_weights(tiny_model, tmp_path, 
     assert (tmp_path / "run" / "sft" / "metrics.jsonl").exists() and (
         tmp_path / "run" / "grpo" / "metrics.jsonl"
     ).exists()
+    # one TensorBoard log for the chained run, in its folder, each stage's records under the stage's name
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "run" / "tb"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"sft/train/loss", "grpo/train/reward_mean", "grpo/val/val_success"} <= tags, sorted(tags)
 
 
 @pytest.mark.parametrize(
