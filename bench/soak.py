@@ -14,7 +14,8 @@ itself after the run:
 * ``trained_twice``: rollouts with more than one successful attempt (a result a trainer would count twice);
 * ``rss_growth_pct``: the restarted store server's anonymous resident memory (heap, SQLite's page cache; not the
   pages of the database file it maps, which the kernel may drop), mean of the last quarter of its samples over the
-  mean of the first quarter, minus 1.
+  mean of the first quarter, minus 1; ``runner_rss_growth_pct`` the same for the first runner, which is never
+  killed (the others are), over the whole run.
 
 Then, on the soaked server (10,000 rollouts in it): the role matrix (``tests/_role_matrix.py``: every route ×
 every role; ``unauthorized_accepted`` counts requests beyond their token's role that succeeded) and the fuzzer
@@ -80,7 +81,7 @@ class Runners:
         return proc
 
     def kill_one(self, rng: random.Random) -> None:
-        alive = [p for p in self.procs if p.poll() is None]
+        alive = [p for p in self.procs[1:] if p.poll() is None]  # the first runner is spared: its memory is watched
         victim = rng.choice(alive)
         victim.send_signal(signal.SIGKILL)
         victim.wait()
@@ -96,6 +97,12 @@ class Runners:
                 p.wait(20)
             except subprocess.TimeoutExpired:
                 p.kill()
+
+
+def quarters(samples: list[float]) -> tuple[float, float]:
+    """Mean of the first and of the last quarter of a series of samples."""
+    quarter = max(len(samples) // 4, 1)
+    return sum(samples[:quarter]) / quarter, sum(samples[-quarter:]) / quarter
 
 
 def check(db: Path, total: int) -> dict[str, int]:
@@ -149,6 +156,8 @@ def main() -> None:
         runners.start()
     kills = restarts = 0
     samples: list[tuple[float, float]] = []  # (seconds, RSS MB) of the current store server
+    runner_samples: list[float] = []  # RSS MB of the first runner, never killed, over the whole run
+    survivor = runners.procs[0]
     last_kill = time.monotonic()
     done = 0
     try:
@@ -159,6 +168,8 @@ def main() -> None:
                 done = total - counts["queued"] - counts["running"]
                 if server.proc is not None and (rss := rss_mb(server.proc.pid)) is not None:
                     samples.append((time.monotonic() - started, rss))
+                if (rss := rss_mb(survivor.pid)) is not None:
+                    runner_samples.append(rss)
                 if done >= total:
                     break
                 if not restarts and done >= total * 0.25:
@@ -197,9 +208,8 @@ def main() -> None:
         log(f"fuzz {name}: {result.cases} cases, by status {dict(sorted(result.by_status.items()))}")
         for line in result.failures[:10]:
             log(f"  {line}")
-    quarter = max(len(samples) // 4, 1)
-    first = sum(r for _, r in samples[:quarter]) / quarter
-    last = sum(r for _, r in samples[-quarter:]) / quarter
+    first, last = quarters([r for _, r in samples])
+    runner_first, runner_last = quarters(runner_samples)
     out.update(
         {
             "runner_kills": kills,
@@ -207,6 +217,9 @@ def main() -> None:
             "rss_first_quarter_mb": round(first, 1),
             "rss_last_quarter_mb": round(last, 1),
             "rss_growth_pct": round((last / first - 1) * 100, 1),
+            "runner_rss_first_quarter_mb": round(runner_first, 1),
+            "runner_rss_last_quarter_mb": round(runner_last, 1),
+            "runner_rss_growth_pct": round((runner_last / runner_first - 1) * 100, 1),
             "rollouts_per_s": round(total / (minutes * 60), 1),
             "minutes": round(minutes, 2),
             "matrix_requests": matrix.checked,
@@ -223,6 +236,7 @@ def main() -> None:
         "lost==0": out["lost"] == 0,
         "trained_twice==0": out["trained_twice"] == 0,
         "rss_growth_pct<=10": out["rss_growth_pct"] <= 10,
+        "runner_rss_growth_pct<=10": out["runner_rss_growth_pct"] <= 10,
         "unauthorized_accepted==0": out["unauthorized_accepted"] == 0 and out["matrix_problems"] == 0,
         "fuzz_cases>=2000": out["fuzz_cases"] >= 2000,
         "fuzz_5xx==0": out["fuzz_5xx"] == 0,
