@@ -9,7 +9,8 @@ path attributes each call to its attempt.
   `GatewayServer` inside a running event loop).
 * `Backend` -- what the gateway forwards to; `OpenAIUpstream` (vLLM or any OpenAI-compatible server),
   `ScriptedBackend` (a fake for tests and benchmarks), or the embedded engine (`lightrail.engine.Engine`).
-* Spans are written off the request path by a `lightrail.tracing.SpanBatcher` (batched, retried, never dropped).
+* Spans go through a `lightrail.tracing.SpanBatcher` (batched, retried, never dropped); a routed call is answered
+  once its span is stored.
 """
 
 from __future__ import annotations

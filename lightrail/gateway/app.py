@@ -19,7 +19,10 @@ Every routed call that passed auth and the attempt check is recorded as one `Spa
 ``Attr.SPAN_LLM_CALL`` -- failed calls too, with status ERROR and the error message. A valid W3C ``traceparent``
 header makes the span a child of the caller's span (its trace id and parent id): with OpenTelemetry on in the
 runner (`lightrail.tracing.otel`), the framework span that made the call, so the call is attributed to its agent. Spans go to a
-`lightrail.tracing.SpanBatcher` (the runner's batcher) that writes them in batches in the background: the request path has no store round trip.
+`lightrail.tracing.SpanBatcher` (the runner's batcher) that writes them in batches; a routed call is answered once its
+span is stored (concurrent calls share the write), so the runner's finish, which follows the agent's last answer,
+always finds every call of the attempt in the store, and a gateway killed after answering has lost nothing it
+acknowledged. Served (session) calls are recorded in the background: their answer does not wait for the store.
 
 Concurrency model: single event loop; the state shared between requests (attempt cache, seq counter) is
 only touched between awaits; span seqs come from `lightrail.types.next_seq`, the counter the runner uses too. Nothing is logged per request at INFO.
@@ -242,6 +245,10 @@ class _Gateway:
             span = _call_span(attempt, seq, dialect, start, data, exchange, generation, response, failure)
             _link_to_caller(span, request)
             self.recorder.submit(span)
+            # Answer only once the span is stored: a call the agent saw is in the store before the agent can
+            # act on it, so the runner's finish (after the agent returns) comes after every call of its attempt,
+            # and a gateway killed after answering has lost nothing acknowledged. Concurrent calls share the write.
+            await self.recorder.flush()
         elif session is not None and self.sessions is not None:
             session_id, source = session
             if session_id is None and response is not None:

@@ -79,3 +79,36 @@ def test_serve_commands_refuse_an_exposed_bind_without_a_token(command, tmp_path
     )
     assert done.returncode == 2, done.stderr
     assert "refusing to bind 0.0.0.0 without a token" in done.stderr and "--insecure-no-token" in done.stderr
+
+
+async def test_a_routed_call_is_stored_before_it_is_answered(tmp_path):
+    """The moment an agent has its answer, the call is in the store (a store server in its own process, as on a
+    cluster): the runner finishes an attempt only after its agent returned, so a finished attempt never misses its
+    last call, and a gateway that dies after answering has lost nothing an agent saw. Sequential and concurrent."""
+    import asyncio
+
+    from lightrail.store import StoreClient
+    from lightrail.trainer import StoreServerProcess
+    from lightrail.types import LLM, Attr, RolloutSpec, Task
+
+    server = StoreServerProcess(tmp_path / "store.db", token="s")
+    store = StoreClient(server.url, token="s")
+    try:
+        await store.enqueue([RolloutSpec(task=Task(input={}), rollout_id="r")])
+        attempt = (await store.lease("w")).attempt
+        async with GatewayServer(ScriptedBackend(), store, token="t") as gateway:
+            routed = LLM(endpoint=gateway.url, model="m").base_url("r", attempt.attempt_id)
+            client = AsyncOpenAI(base_url=routed, api_key="t", max_retries=0)
+
+            async def call(text: str) -> None:
+                reply = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": text}])
+                stored = {s.attributes.get(Attr.RESPONSE_ID) for s in await store.query_spans("r")}
+                assert reply.id in stored, text
+
+            for i in range(10):
+                await call(f"one {i}")
+            await asyncio.gather(*(call(f"many {i}") for i in range(16)))
+            await client.close()
+    finally:
+        await store.close()
+        server.stop()

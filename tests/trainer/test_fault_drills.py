@@ -1,8 +1,10 @@
 """Fault drill: the trainer itself SIGKILLed mid-run (its store server and runners go with it), then
 ``lightrail train --resume``: the run continues from its newest complete checkpoint, the rollouts the dead session
 left unfinished are cancelled rather than run against a gateway that is gone, every step is in ``metrics.jsonl``
-once, and nothing acknowledged is lost. (Runner and store-server kills are drilled in
-``tests/trainer/test_external_runners.py``, ``tests/store/test_durability.py`` and ``tests/store/test_postgres.py``.)
+once, and nothing acknowledged is lost. A store server killed under a training run, and a standalone gateway
+killed under runners, are drilled below. (Runner kills are drilled in ``tests/trainer/test_external_runners.py``,
+store kills without a trainer in ``tests/store/test_durability.py`` and ``tests/store/test_postgres.py``.)
+The gateway a training run starts lives in the trainer's process: killing it is the trainer drill.
 """
 
 from __future__ import annotations
@@ -16,6 +18,17 @@ import sys
 import time
 from pathlib import Path
 
+from lightrail.store import SyncStoreClient
+from lightrail.types import (
+    LLM,
+    AttemptStatus,
+    Attr,
+    Resources,
+    RetryPolicy,
+    RolloutSpec,
+    RolloutStatus,
+    Task,
+)
 from tests.trainer.test_config import CONFIG, ROOT, _write
 
 STEPS = 4
@@ -134,3 +147,78 @@ def _train_steps(run: Path) -> list[int]:
     if not path.exists():
         return []
     return [m["step"] for m in map(json.loads, path.read_text().splitlines()) if m["kind"] == "train"]
+
+
+def test_a_gateway_killed_and_restarted_loses_no_call_an_agent_saw(tmp_path):
+    """A ``lightrail gateway serve`` process (the tiny model, recording into a store server) serves the runners'
+    agents, three calls per rollout; it is SIGKILLed while calls are in flight and started again on the same port.
+    The agents' clients retry through the outage, every rollout succeeds once, and every response an agent
+    received is recorded as a call of its attempt: the gateway answers only once the call's span is stored."""
+    from tests._served import Served, free_port
+
+    store_port, gateway_port, token, gateway_token = free_port(), free_port(), "drill-token", "drill-gateway"
+    db, total = tmp_path / "store.db", 48
+    store_cmd = [sys.executable, "-m", "lightrail.cli", "store", "serve", "--db", str(db), "--port", str(store_port)]
+    store_url = f"http://127.0.0.1:{store_port}"
+    gateway_cmd = [sys.executable, "-m", "lightrail.cli", "gateway", "serve", "--model", "tiny", "--port",
+                   str(gateway_port), "--store", store_url, "--store-token", token, "--token", gateway_token]  # fmt: skip
+    env = {"LIGHTRAIL_TOKEN": token}
+    store = Served(store_cmd, store_port, tmp_path / "store.log", env)
+    store.wait_healthy(60)
+    gateway = Served(gateway_cmd, gateway_port, tmp_path / "gateway-1.log")
+    runners: list[subprocess.Popen] = []
+    try:
+        gateway.wait_healthy(120)
+        with SyncStoreClient(store_url, token=token) as client:
+            llm = LLM(endpoint=gateway.root, model="tiny", api_key=gateway_token)
+            version = client.put_resources(Resources(items={"llm": llm})).version
+            policy = RetryPolicy(lease_s=30.0, max_attempts=3)
+            client.enqueue([RolloutSpec(task=Task(input={"n": n}), resources_version=version, policy=policy)
+                            for n in range(total)])  # fmt: skip
+            for name in ("a", "b"):
+                runner = [sys.executable, "-m", "lightrail.cli", "runner", "--store", store_url, "--agent",
+                          "drill_agents:three_calls", "-k", "4", "--worker-id", name]  # fmt: skip
+                runner_env = {**os.environ, **env, "PYTHONPATH": str(Path(__file__).parent)}
+                log = (tmp_path / f"runner-{name}.log").open("wb")
+                runners.append(subprocess.Popen(runner, env=runner_env, stdout=log, stderr=subprocess.STDOUT))
+            deadline = time.monotonic() + 300
+            while _finished(client) < total // 4:  # agents are calling: kill the gateway under them
+                assert time.monotonic() < deadline, gateway.log_tail()
+                time.sleep(0.05)
+            os.killpg(gateway.proc.pid, signal.SIGKILL)
+            gateway.proc.wait(30)
+            killed_at = _finished(client)
+            gateway = Served(gateway_cmd, gateway_port, tmp_path / "gateway-2.log")  # same port, same store
+            gateway.wait_healthy(120)
+            while _finished(client) < total:
+                assert time.monotonic() < deadline, (tmp_path / "runner-a.log").read_text()[-3000:]
+                time.sleep(0.1)
+            rollouts = client.query_rollouts()
+            attempts = {r.rollout_id: client.query_attempts(r.rollout_id) for r in rollouts}
+            spans = {r.rollout_id: client.query_spans(r.rollout_id) for r in rollouts}
+    finally:
+        for runner in runners:
+            runner.kill()
+            runner.wait(10)
+        gateway.stop()
+        store.stop()
+
+    assert killed_at < total  # the kill came while rollouts were still running
+    unseen = 0
+    for rollout in rollouts:
+        assert rollout.status is RolloutStatus.SUCCEEDED, rollout
+        won = [a for a in attempts[rollout.rollout_id] if a.status is AttemptStatus.SUCCEEDED]
+        assert len(won) == 1  # trained on once
+        mine = [s for s in spans[rollout.rollout_id] if s.attempt_id == won[0].attempt_id]
+        (seen,) = [s.attributes["response_ids"] for s in mine if s.attributes.get(Attr.EVENT_NAME) == "seen"]
+        recorded = [s.attributes[Attr.RESPONSE_ID] for s in mine if s.name == Attr.SPAN_LLM_CALL]
+        assert len(seen) == 3 and set(seen) <= set(recorded), (rollout.rollout_id, seen, recorded)
+        unseen += len(recorded) - len(seen)
+    # A call answered in the instant the gateway died can be stored though its answer never arrived (its retry is
+    # recorded too): at most one per agent holding a call then.
+    assert unseen <= 8
+
+
+def _finished(client) -> int:
+    counts = client.counts()
+    return sum(n for status, n in counts.items() if status not in (RolloutStatus.QUEUED, RolloutStatus.RUNNING))
