@@ -51,6 +51,7 @@ __all__ = [
     "Resources",
     "RetryPolicy",
     "Rollout",
+    "RolloutPage",
     "RolloutSpec",
     "RolloutStatus",
     "Span",
@@ -234,6 +235,16 @@ class Rollout(msgspec.Struct, kw_only=True):
     reward: float | None = None
     """The final reward reported by the attempt that ended the rollout."""
     metadata: dict[str, JSON] = msgspec.field(default_factory=dict)
+
+
+class RolloutPage(msgspec.Struct, kw_only=True):
+    """A page of rollouts, newest first (`Store.query_rollouts_page`)."""
+
+    rollouts: list[Rollout]
+    total: int
+    """How many rollouts match the filters in all (not only this page)."""
+    next_before: int | None = None
+    """Pass as ``before`` for the next (older) page; None when this page reaches the oldest match."""
 
 
 class ErrorInfo(msgspec.Struct, kw_only=True):

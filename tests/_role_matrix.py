@@ -73,6 +73,7 @@ def role_matrix(url: str, admin_token: str) -> MatrixResult:
                 {"specs": [RolloutSpec(rollout_id=f"matrix-m{n}", task=Task(input={}))]},
             ),
             "query_rollouts": ("POST", "/v1/rollouts/query", {"rollout_ids": [first]}),
+            "page_rollouts": ("POST", "/v1/rollouts/page", {"limit": 5}),
             "cancel": ("POST", "/v1/rollouts/cancel", {"rollout_ids": [victim]}),
             "wait": ("POST", "/v1/rollouts/wait", {"rollout_ids": [], "timeout_s": 0}),
             "get_rollout": ("GET", f"/v1/rollouts/{first}", None),

@@ -8,6 +8,8 @@ that only needs the client never loads the server stack and vice versa.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 
 from lightrail.store.sessions import Feedback, FeedbackResult
@@ -19,6 +21,7 @@ from lightrail.types import (
     Lease,
     Resources,
     Rollout,
+    RolloutPage,
     RolloutSpec,
     RolloutStatus,
     Span,
@@ -69,6 +72,17 @@ class QueryRolloutsRequest(msgspec.Struct, kw_only=True):
 
     status: list[RolloutStatus] | None = None
     rollout_ids: list[str] | None = None
+
+
+class PageRolloutsRequest(msgspec.Struct, kw_only=True):
+    """Body of ``POST /v1/rollouts/page`` (`Store.query_rollouts_page`); a None filter matches everything."""
+
+    status: list[RolloutStatus] | None = None
+    mode: str | None = None
+    metadata: dict[str, str] | None = None
+    limit: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 50
+    offset: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)] = 0
+    before: Annotated[int, msgspec.Meta(ge=1, le=2**63 - 1)] | None = None
 
 
 class AddSpansRequest(msgspec.Struct, kw_only=True):
@@ -188,6 +202,14 @@ ROUTES: tuple[RouteSpec, ...] = (
         "Rollouts filtered by status and/or ids.",
         QueryRolloutsRequest,
         RolloutsResponse,
+    ),
+    RouteSpec(
+        "POST",
+        "/v1/rollouts/page",
+        "page_rollouts",
+        "A page of rollouts, newest first, filtered by status, mode and metadata, with the total that match.",
+        PageRolloutsRequest,
+        RolloutPage,
     ),
     RouteSpec(
         "POST",

@@ -16,7 +16,7 @@ Semantics every implementation keeps:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from lightrail.store.tokens import TokenRecord
@@ -28,6 +28,7 @@ from lightrail.types import (
     Lease,
     Resources,
     Rollout,
+    RolloutPage,
     RolloutSpec,
     RolloutStatus,
     Span,
@@ -41,7 +42,32 @@ __all__ = [
     "Store",
     "StoreError",
     "StoreUnavailableError",
+    "check_page",
+    "metadata_path",
 ]
+
+MAX_PAGE = 1000
+"""The most rollouts one `Store.query_rollouts_page` call returns."""
+
+
+def check_page(limit: int, offset: int, before: int | None, metadata: Mapping[str, str] | None) -> None:
+    """Refuse a page request no store can answer (`ValueError` naming the field)."""
+    for key in metadata or {}:
+        metadata_path(key)
+    if not 1 <= limit <= MAX_PAGE:
+        raise ValueError(f"limit must be between 1 and {MAX_PAGE}, got {limit}")
+    if offset < 0:
+        raise ValueError(f"offset must be >= 0, got {offset}")
+    if before is not None and before < 1:
+        raise ValueError(f"before must be a position >= 1 (a page's next_before), got {before}")
+
+
+def metadata_path(key: str) -> str:
+    """The JSON path of a top-level metadata key, for stores that filter in SQL; a key that is not a plain name
+    (letters, digits, ``_``, ``-``, ``.``-free) is a `ValueError`."""
+    if not key or not all(c.isalnum() or c in "_-" for c in key) or not key.isascii():
+        raise ValueError(f"metadata keys to filter on are plain names (letters, digits, _ and -), got {key!r}")
+    return f'$."{key}"'
 
 
 class StoreError(Exception):
@@ -152,6 +178,22 @@ class Store(Protocol):
     async def query_rollouts(
         self, *, status: Iterable[RolloutStatus] | None = None, rollout_ids: Iterable[str] | None = None
     ) -> list[Rollout]: ...
+
+    async def query_rollouts_page(
+        self,
+        *,
+        status: Iterable[RolloutStatus] | None = None,
+        mode: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+        limit: int = 50,
+        offset: int = 0,
+        before: int | None = None,
+    ) -> RolloutPage:
+        """Rollouts matching every given filter (``status`` any of; ``mode``; ``metadata``: each key holds that
+        string), newest first: ``offset`` skipped, at most ``limit``, only those enqueued before the position
+        ``before`` (a previous page's ``next_before``: deep pages cost what the first does). ``total`` counts every
+        match. Read without loading the other rollouts (what a dashboard or ``lightrail rollouts`` pages with)."""
+        ...
 
     async def query_attempts(self, rollout_id: str) -> list[Attempt]:
         """Attempts of a rollout, first to last."""

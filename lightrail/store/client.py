@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 from urllib.parse import quote
 
@@ -55,6 +55,7 @@ from lightrail.store._wire import (
     LeaseRequest,
     LeaseResponse,
     OpenSessionRequest,
+    PageRolloutsRequest,
     QueryRolloutsRequest,
     ResourcesResponse,
     RolloutIdsRequest,
@@ -72,6 +73,7 @@ from lightrail.store.base import (
     StaleAttemptError,
     StoreError,
     StoreUnavailableError,
+    check_page,
 )
 from lightrail.store.sessions import Feedback, FeedbackResult
 from lightrail.store.tokens import TokenRecord
@@ -83,6 +85,7 @@ from lightrail.types import (
     Lease,
     Resources,
     Rollout,
+    RolloutPage,
     RolloutSpec,
     RolloutStatus,
     Span,
@@ -124,6 +127,7 @@ class _Call(NamedTuple):
 _Op = Generator[_Call, Any, T]
 
 _dec_rollouts = msgspec.json.Decoder(RolloutsResponse)
+_dec_page = msgspec.json.Decoder(RolloutPage)
 _dec_rollout = msgspec.json.Decoder(Rollout)
 _dec_lease = msgspec.json.Decoder(LeaseResponse)
 _dec_attempt = msgspec.json.Decoder(Attempt)
@@ -229,6 +233,26 @@ def _query_rollouts(status: Iterable[RolloutStatus] | None, rollout_ids: Iterabl
         rollout_ids=None if rollout_ids is None else list(rollout_ids),
     )
     return (yield _Call("POST", "/v1/rollouts/query", _dec_rollouts, _encode(request))).rollouts
+
+
+def _page_rollouts(
+    status: Iterable[RolloutStatus] | None,
+    mode: str | None,
+    metadata: Mapping[str, str] | None,
+    limit: int,
+    offset: int,
+    before: int | None,
+) -> _Op[RolloutPage]:
+    check_page(limit, offset, before, metadata)
+    request = PageRolloutsRequest(
+        status=None if status is None else [RolloutStatus(s) for s in status],
+        mode=mode,
+        metadata=None if metadata is None else dict(metadata),
+        limit=limit,
+        offset=offset,
+        before=before,
+    )
+    return (yield _Call("POST", "/v1/rollouts/page", _dec_page, _encode(request)))
 
 
 def _query_attempts(rollout_id: str) -> _Op[list[Attempt]]:
@@ -554,6 +578,19 @@ class StoreClient(_Base):
         """Rollouts filtered by status and/or ids."""
         return await self._run(_query_rollouts(status, rollout_ids))
 
+    async def query_rollouts_page(
+        self,
+        *,
+        status: Iterable[RolloutStatus] | None = None,
+        mode: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+        limit: int = 50,
+        offset: int = 0,
+        before: int | None = None,
+    ) -> RolloutPage:
+        """A page of rollouts, newest first (see `Store.query_rollouts_page`)."""
+        return await self._run(_page_rollouts(status, mode, metadata, limit, offset, before))
+
     async def query_attempts(self, rollout_id: str) -> list[Attempt]:
         """Attempts of a rollout, first to last."""
         return await self._run(_query_attempts(rollout_id))
@@ -682,6 +719,19 @@ class SyncStoreClient(_Base):
     def add_spans(self, spans: Sequence[Span]) -> int:
         """See `StoreClient.add_spans`."""
         return self._run(_add_spans(spans))
+
+    def query_rollouts_page(
+        self,
+        *,
+        status: Iterable[RolloutStatus] | None = None,
+        mode: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+        limit: int = 50,
+        offset: int = 0,
+        before: int | None = None,
+    ) -> RolloutPage:
+        """See `StoreClient.query_rollouts_page`."""
+        return self._run(_page_rollouts(status, mode, metadata, limit, offset, before))
 
     def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:
         """See `StoreClient.query_spans`."""

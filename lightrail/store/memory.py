@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import msgspec
 
@@ -22,7 +22,7 @@ from lightrail.store._lifecycle import (
     new_session,
     rollout_status_after,
 )
-from lightrail.store.base import ConflictError, NotFoundError, StaleAttemptError
+from lightrail.store.base import ConflictError, NotFoundError, StaleAttemptError, check_page
 from lightrail.store.tokens import TokenRecord
 from lightrail.types import (
     Attempt,
@@ -31,6 +31,7 @@ from lightrail.types import (
     Lease,
     Resources,
     Rollout,
+    RolloutPage,
     RolloutSpec,
     RolloutStatus,
     Span,
@@ -305,6 +306,33 @@ class MemoryStore:
         wanted = None if status is None else set(status)
         pool = self._rollouts.values() if rollout_ids is None else (self._rollout(r) for r in rollout_ids)
         return [_copy(r) for r in pool if wanted is None or r.status in wanted]
+
+    async def query_rollouts_page(
+        self,
+        *,
+        status: Iterable[RolloutStatus] | None = None,
+        mode: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+        limit: int = 50,
+        offset: int = 0,
+        before: int | None = None,
+    ) -> RolloutPage:
+        check_page(limit, offset, before, metadata)
+        wanted = None if status is None else set(status)
+        tags = dict(metadata or {})
+        matching = [
+            (position, r)
+            for position, r in enumerate(self._rollouts.values(), 1)
+            if (wanted is None or r.status in wanted)
+            and (mode is None or r.mode == mode)
+            and all(r.metadata.get(k) == v for k, v in tags.items())
+        ]
+        older = [(p, r) for p, r in reversed(matching) if before is None or p < before]
+        page = older[offset : offset + limit]
+        more = len(older) > offset + limit
+        return RolloutPage(
+            rollouts=[_copy(r) for _, r in page], total=len(matching), next_before=page[-1][0] if more else None
+        )
 
     async def query_attempts(self, rollout_id: str) -> list[Attempt]:
         self._rollout(rollout_id)

@@ -44,7 +44,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -59,7 +59,13 @@ from lightrail.store._lifecycle import (
     new_session,
     rollout_status_after,
 )
-from lightrail.store.base import ConflictError, NotFoundError, StaleAttemptError, StoreUnavailableError
+from lightrail.store.base import (
+    ConflictError,
+    NotFoundError,
+    StaleAttemptError,
+    StoreUnavailableError,
+    check_page,
+)
 from lightrail.store.sqlite import SchemaVersionError
 from lightrail.store.tokens import TokenRecord
 from lightrail.types import (
@@ -72,6 +78,7 @@ from lightrail.types import (
     Resources,
     RetryPolicy,
     Rollout,
+    RolloutPage,
     RolloutSpec,
     RolloutStatus,
     Span,
@@ -939,6 +946,50 @@ class PostgresStore:
                 )
             )
         return [self._to_rollout(row) for row in rows]
+
+    async def query_rollouts_page(
+        self,
+        *,
+        status: Iterable[RolloutStatus] | None = None,
+        mode: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+        limit: int = 50,
+        offset: int = 0,
+        before: int | None = None,
+    ) -> RolloutPage:
+        """See `Store.query_rollouts_page`; positions are ``pos`` (enqueue order)."""
+        check_page(limit, offset, before, metadata)
+        where: list[str] = ["true"]
+        params: list[Any] = []
+        if status is not None:
+            params.append(sorted({RolloutStatus(s).value for s in status}))
+            where.append(f"status = ANY(${len(params)}::text[])")
+        if mode is not None:
+            params.append(mode)
+            where.append(f"mode = ${len(params)}")
+        for key, value in (metadata or {}).items():
+            params += [key, value]
+            where.append(f"(convert_from(metadata, 'UTF8')::jsonb ->> ${len(params) - 1}) = ${len(params)}")
+        condition = " AND ".join(where)
+        page_params = [*params, *([before] if before is not None else []), limit + 1, offset]
+        n = len(params)
+        older = "" if before is None else f" AND pos < ${n + 1}"
+        tail = n + (2 if before is not None else 1)
+
+        async def read(conn: Any) -> tuple[int, list[Any]]:
+            total = await conn.fetchval(f"SELECT count(*) FROM rollouts WHERE {condition}", *params)
+            rows = await conn.fetch(
+                f"SELECT {_ROLLOUT_COLUMNS}, pos FROM rollouts WHERE {condition}{older} "
+                f"ORDER BY pos DESC LIMIT ${tail} OFFSET ${tail + 1}",
+                *page_params,
+            )
+            return total, rows
+
+        total, rows = await self._run(read, transaction=True)
+        page = [self._to_rollout(row) for row in rows[:limit]]
+        return RolloutPage(
+            rollouts=page, total=total, next_before=rows[limit - 1]["pos"] if len(rows) > limit else None
+        )
 
     async def query_attempts(self, rollout_id: str) -> list[Attempt]:
         """Attempts of a rollout, first to last."""

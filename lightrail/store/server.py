@@ -57,6 +57,7 @@ from lightrail.store._wire import (
     LeaseRequest,
     LeaseResponse,
     OpenSessionRequest,
+    PageRolloutsRequest,
     QueryRolloutsRequest,
     ResourcesResponse,
     RolloutIdsRequest,
@@ -263,6 +264,17 @@ def _handlers(get_store: Callable[[], Store], tokens: TokenVerifier) -> dict[str
         req: QueryRolloutsRequest = await body(request, "query_rollouts")
         rollouts = await get_store().query_rollouts(status=req.status, rollout_ids=req.rollout_ids)
         return _ok(RolloutsResponse(rollouts=rollouts))
+
+    async def page_rollouts(request: Request) -> Response:
+        req: PageRolloutsRequest = await body(request, "page_rollouts")
+        try:
+            page = await get_store().query_rollouts_page(
+                status=req.status, mode=req.mode, metadata=req.metadata, limit=req.limit, offset=req.offset,
+                before=req.before,
+            )  # fmt: skip
+        except ValueError as exc:  # a metadata key that is not a plain name
+            return _error(400, str(exc), "ValidationError", "$.metadata")
+        return _ok(page)
 
     async def cancel(request: Request) -> Response:
         req: RolloutIdsRequest = await body(request, "cancel")

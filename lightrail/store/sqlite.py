@@ -30,7 +30,7 @@ import contextlib
 import os
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -43,7 +43,14 @@ from lightrail.store._lifecycle import (
     new_session,
     rollout_status_after,
 )
-from lightrail.store.base import ConflictError, NotFoundError, StaleAttemptError, StoreError
+from lightrail.store.base import (
+    ConflictError,
+    NotFoundError,
+    StaleAttemptError,
+    StoreError,
+    check_page,
+    metadata_path,
+)
 from lightrail.store.tokens import TokenRecord
 from lightrail.types import (
     LLM,
@@ -55,6 +62,7 @@ from lightrail.types import (
     Resources,
     RetryPolicy,
     Rollout,
+    RolloutPage,
     RolloutSpec,
     RolloutStatus,
     Span,
@@ -747,6 +755,42 @@ class SQLiteStore:
                     (_encode([s.value for s in wanted]),),
                 ).fetchall()
         return [self._to_rollout(row) for row in rows]
+
+    async def query_rollouts_page(
+        self,
+        *,
+        status: Iterable[RolloutStatus] | None = None,
+        mode: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+        limit: int = 50,
+        offset: int = 0,
+        before: int | None = None,
+    ) -> RolloutPage:
+        """See `Store.query_rollouts_page`; positions are rowids (enqueue order). A single status reads the status
+        index in rowid order, so the first page costs the same at any store size."""
+        check_page(limit, offset, before, metadata)
+        where: list[str] = ["1"]
+        params: list[Any] = []
+        if status is not None:
+            where.append("status IN (SELECT value FROM json_each(?))")
+            params.append(_encode(sorted({RolloutStatus(s).value for s in status})))
+        if mode is not None:
+            where.append("mode = ?")
+            params.append(mode)
+        for key, value in (metadata or {}).items():
+            where.append("json_extract(CAST(metadata AS TEXT), ?) = ?")
+            params += [metadata_path(key), value]
+        condition = " AND ".join(where)
+        older = "" if before is None else " AND rowid < ?"
+        with self._read() as db:
+            total = db.execute(f"SELECT count(*) FROM rollouts WHERE {condition}", params).fetchone()[0]
+            rows = db.execute(
+                f"SELECT rowid, {_ROLLOUT_COLUMNS} FROM rollouts WHERE {condition}{older} "
+                "ORDER BY rowid DESC LIMIT ? OFFSET ?",
+                [*params, *([before] if before is not None else []), limit + 1, offset],
+            ).fetchall()
+        page = [self._to_rollout(row[1:]) for row in rows[:limit]]
+        return RolloutPage(rollouts=page, total=total, next_before=rows[limit - 1][0] if len(rows) > limit else None)
 
     async def query_attempts(self, rollout_id: str) -> list[Attempt]:
         """Attempts of a rollout, first to last."""

@@ -86,6 +86,7 @@ _ANY_READER = frozenset({Role.ADMIN, Role.READ})
 ROUTE_ROLES: dict[str, frozenset[Role]] = {
     "enqueue": frozenset({Role.ADMIN}),
     "query_rollouts": _ANY_READER,
+    "page_rollouts": _ANY_READER,
     "cancel": frozenset({Role.ADMIN}),
     "wait": _ANY_READER,
     "get_rollout": _ANY_READER,

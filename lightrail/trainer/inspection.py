@@ -8,9 +8,11 @@ its own). Untagged rollouts (enqueued by other code) are cut into sessions in en
 starting when a rollout is enqueued more than ``gap_s`` after every earlier untagged rollout had ended. Runs are
 numbered 1, 2, ... by their first rollout, which keeps the numbers stable as a store grows.
 
-**Paging.** The `Store` protocol has no limit or offset: `rollouts_page` reads the rollouts once (statuses filtered
-by the store) and slices; attempts and spans are read only for the rollouts shown (or, for the digest, the ones
-that may hold a failed attempt, at most ``limit`` of them).
+**Paging.** `rollouts_page` asks the store for one page (`Store.query_rollouts_page`: status, mode and a run's tag
+filtered and paged by the store), so a page costs the same in a store of 100,000 rollouts. Only a run named by its
+number, or an untagged session, needs the runs derived, which reads every rollout once. Attempts and spans are read
+only for the rollouts shown (or, for the digest, the ones that may hold a failed attempt, at most ``limit`` of
+them).
 
 Rendering uses rich with plain text when the output is not a terminal (no colours, no wrapping of ids).
 """
@@ -23,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from lightrail.store.base import Store
+from lightrail.store.base import MAX_PAGE, Store
 from lightrail.trainer.report import FailureGroup, attempt_error, digest_failures, failed_attempts, may_have_failed
 from lightrail.types import Attempt, AttemptStatus, Attr, Rollout, RolloutStatus, Span
 
@@ -155,6 +157,11 @@ async def rollouts_page(
     gap_s: float = DEFAULT_GAP_S,
 ) -> tuple[list[Rollout], int]:
     """The matching rollouts newest first, ``offset`` skipped, at most ``limit``; and how many match in all."""
+    tags = None if run is None or run.isdigit() else {RUN_TAGS[0]: run}
+    if limit <= MAX_PAGE and (run is None or tags is not None):  # the store pages; else read all, derive runs
+        page = await store.query_rollouts_page(status=status, mode=mode, metadata=tags, limit=limit, offset=offset)
+        if run is None or page.total:  # a tag no rollout carries as "run" may still name a run (apo_run)
+            return page.rollouts, page.total
     if run is not None:
         chosen = _pick_run(derive_runs(await store.query_rollouts(), gap_s), run).rollouts
         wanted = None if status is None else set(status)

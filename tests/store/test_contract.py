@@ -294,6 +294,53 @@ async def test_queries_and_counts(store):
         await store.heartbeat("at-missing")
 
 
+async def test_rollouts_page_newest_first_filtered_with_a_cursor(store):
+    """A page reads only what it shows: newest first, filters combined, ``total`` over every match, and
+    ``next_before`` leads through the older pages without repeats or gaps, also while new rollouts arrive."""
+    mine = await store.enqueue(
+        [
+            RolloutSpec(
+                task=Task(input={"q": i}),
+                mode="val" if i % 3 == 0 else "train",
+                metadata={"run": "a" if i < 8 else "b", "n": i},
+            )
+            for i in range(12)
+        ]  # fmt: skip
+    )
+    for _ in range(2):  # the two oldest succeed
+        lease = await store.lease("w")
+        await store.finish(lease.attempt.attempt_id, AttemptStatus.SUCCEEDED, reward=1.0)
+    ids = [r.rollout_id for r in mine]
+
+    first = await store.query_rollouts_page(limit=5)
+    assert [r.rollout_id for r in first.rollouts] == ids[::-1][:5] and first.total == 12
+    seen, page = [], first
+    while True:
+        seen += [r.rollout_id for r in page.rollouts]
+        if page.next_before is None:
+            break
+        if len(seen) == 5:  # a rollout enqueued between pages is newer than the cursor: not in the older pages
+            await store.enqueue(specs(1))
+        page = await store.query_rollouts_page(limit=5, before=page.next_before)
+    assert seen == ids[::-1]
+
+    offset = await store.query_rollouts_page(limit=2, offset=3, metadata={"run": "a"})
+    assert [r.rollout_id for r in offset.rollouts] == [ids[4], ids[3]] and offset.total == 8
+    val_a = await store.query_rollouts_page(mode="val", metadata={"run": "a"})
+    assert [r.rollout_id for r in val_a.rollouts] == [ids[6], ids[3], ids[0]] and val_a.next_before is None
+    done = await store.query_rollouts_page(status=[RolloutStatus.SUCCEEDED])
+    assert [r.rollout_id for r in done.rollouts] == [ids[1], ids[0]] and done.rollouts[0].reward == 1.0
+    queued_b = await store.query_rollouts_page(
+        status=[RolloutStatus.QUEUED, RolloutStatus.RUNNING], metadata={"run": "b"}
+    )
+    assert queued_b.total == 4
+    nothing = await store.query_rollouts_page(metadata={"run": "c"})
+    assert nothing.rollouts == [] and nothing.total == 0 and nothing.next_before is None
+    for bad in ({"limit": 0}, {"limit": 1001}, {"offset": -1}, {"before": 0}, {"metadata": {"a'b": "x"}}):
+        with pytest.raises(ValueError):
+            await store.query_rollouts_page(**bad)
+
+
 async def test_cancel_with_an_unknown_id_cancels_nothing(store):
     (rollout,) = await store.enqueue(specs(1))
     with pytest.raises(NotFoundError):

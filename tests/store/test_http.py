@@ -102,6 +102,16 @@ async def test_wrong_field_type_is_400_naming_the_field(http, store):
     assert r.status_code == 400 and "worker_id" in r.json()["error"]["message"]
 
 
+async def test_a_page_request_out_of_bounds_is_400_naming_the_field(http):
+    for body, field in (({"limit": 0}, "$.limit"), ({"limit": 5000}, "$.limit"), ({"before": 0}, "$.before"),
+                        ({"metadata": {"run;drop": "x"}}, "$.metadata")):  # fmt: skip
+        r = await http.post("/v1/rollouts/page", json=body, headers=AUTH)
+        assert r.status_code == 400, body
+        assert r.json()["error"]["field"] == field
+    r = await http.post("/v1/rollouts/page", json={"limit": 3}, headers=AUTH)
+    assert r.status_code == 200 and r.json() == {"rollouts": [], "total": 0, "next_before": None}
+
+
 async def test_unknown_rollout_and_attempt_are_404(http, store):
     assert (await http.get("/v1/rollouts/ro-nope", headers=AUTH)).status_code == 404
     r = await http.post("/v1/attempts/at-nope/heartbeat", headers=AUTH)
