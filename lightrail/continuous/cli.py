@@ -45,7 +45,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         epilog=_EXAMPLE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    learn.add_argument("config", metavar="CONFIG.yaml", help="learn settings (see the example below)")
+    learn.add_argument(
+        "config", metavar="CONFIG.yaml", help="learn settings (the example below; every field: docs/config.md)"
+    )
     learn.add_argument("--once", action="store_true", help="run one round and exit (for cron)")
     learn.add_argument(
         "--force", action="store_true", help="run the round with fewer than min_sessions new sessions (at least one)"

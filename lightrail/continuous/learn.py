@@ -57,8 +57,11 @@ class GateSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     tolerance: float = 0.0
     """Promote when the candidate's success is at least the current policy's minus this."""
     n_runners: int = 2
+    """Runner processes the gate starts."""
     concurrency: int = 8
+    """Rollouts each gate runner holds at once."""
     sampling: dict[str, Any] = msgspec.field(default_factory=lambda: {"temperature": 0.0, "max_tokens": 64})
+    """Sampling parameters of the gate's calls (greedy by default, so both policies are judged alike)."""
     success_threshold: float = 1.0
     """A gate rollout counts as a success when its reward is at least this."""
     runner_python: str | None = None
@@ -77,6 +80,7 @@ class LearnConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     data: str
     """``module:function`` returning ``(train_tasks, val_tasks)``; the gate runs the val tasks."""
     data_args: dict[str, Any] = msgspec.field(default_factory=dict)
+    """Keyword arguments of ``data``."""
     model: str | None = None
     """The initial policy (version 0) when the policies folder is new: a model directory or ``smollm2``."""
     method: Literal["ppo", "sft"] = "ppo"
@@ -93,13 +97,17 @@ class LearnConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_staleness: int = 4
     """Rows sampled by a policy more than this many versions older than the current one are dropped."""
     baseline_decay: float = 0.8
+    """Weight of the earlier rounds in the running mean reward that advantages are measured against."""
     sft_min_reward: float = 1.0
+    """``method: sft``: sessions rewarded at least this are trained on."""
     credit: str = "per_turn"
+    """How a session's advantage is spread over its calls (a credit estimator's name, as ``grpo.credit``)."""
     agents: list[str] | None = None
     """Train only these agents' calls (None: every call)."""
     config: dict[str, Any] = msgspec.field(default_factory=dict)
     """`GRPOConfig` fields (lr, clip_low/high, kl_coef, lora, ...)."""
     gate: GateSettings = msgspec.field(default_factory=GateSettings)
+    """How a candidate is judged before it is promoted (the ``gate`` section)."""
     every_s: float = 300.0
     """``lightrail learn`` without ``--once``: seconds between rounds."""
     keep_rejected: bool = True

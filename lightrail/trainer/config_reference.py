@@ -379,6 +379,16 @@ def sections() -> list[Section]:
     ]
 
 
+def learn_sections() -> list[Section]:
+    """Every section of a ``lightrail learn`` config."""
+    from lightrail.continuous.learn import GateSettings, LearnConfig
+
+    return [
+        Section("", _summary(LearnConfig), _struct_fields(LearnConfig)),
+        Section("gate", _summary(GateSettings), _struct_fields(GateSettings)),
+    ]
+
+
 # `apo.kwargs_from_config` cannot check a ``str | Path`` value (msgspec refuses that union), so a printed config
 # must not name ``prompts_dir`` unless the user did.
 _PRINTED_ONLY_WHEN_GIVEN = {"apo": ("prompts_dir",)}
@@ -402,8 +412,23 @@ def render_markdown() -> str:
         "`examples/*/config.yaml` are complete examples.",
         "",
     ]
-    for section in sections():
-        lines += [f"## `{section.path}`" if section.path else "## Top level", "", section.summary, ""]
+    lines += _render_sections(sections(), "")
+    lines += [
+        "# `lightrail learn` configuration reference",
+        "",
+        "Every field of a `lightrail learn CONFIG.yaml` file (continuous learning from served sessions); "
+        "`lightrail learn --help` shows an example, and `--set gate.tolerance=0.05` overrides a field.",
+        "",
+    ]
+    lines += _render_sections(learn_sections(), "learn: ")
+    return "\n".join(lines)
+
+
+def _render_sections(chosen: list[Section], prefix: str) -> list[str]:
+    lines: list[str] = []
+    for section in chosen:
+        title = f"{prefix}`{section.path}`" if section.path else (f"{prefix}top level" if prefix else "Top level")
+        lines += [f"## {title}", "", section.summary, ""]
         lines += ["| field | type | default | meaning |", "|---|---|---|---|"]
         for f in section.fields:
             default = "*required*" if f.default == _REQUIRED else f"`{_cell(f.default)}`"
@@ -411,7 +436,7 @@ def render_markdown() -> str:
                 default = _cell(f.default)
             lines.append(f"| `{f.name}` | {_cell(f.type)} | {default} | {_cell(f.meaning)} |")
         lines.append("")
-    return "\n".join(lines)
+    return lines
 
 
 def resolved_config(config: Any) -> dict[str, Any]:

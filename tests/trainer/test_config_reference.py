@@ -63,6 +63,19 @@ def test_every_field_of_every_section_is_documented():
     assert top["agent"].default == "required" and top["model"].default == "tiny"
 
 
+def test_every_field_of_the_learn_config_is_documented():
+    from lightrail.continuous.learn import GateSettings, LearnConfig
+    from lightrail.trainer.config_reference import learn_sections
+
+    by_path = {s.path: s for s in learn_sections()}
+    assert {f.name for f in by_path[""].fields} == set(LearnConfig.__struct_fields__)
+    assert {f.name for f in by_path["gate"].fields} == set(GateSettings.__struct_fields__)
+    for section in by_path.values():
+        missing = [f.name for f in section.fields if not f.meaning.strip()]
+        assert not missing, f"learn {section.path or 'top level'}: no meaning for {missing}"
+    assert "# `lightrail learn` configuration reference" in render_markdown()
+
+
 def _print_config(tmp_path, capsys, text: str, *overrides: str) -> dict:
     path = tmp_path / "config.yaml"
     path.write_text(textwrap.dedent(text))
