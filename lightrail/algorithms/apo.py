@@ -302,7 +302,7 @@ class APO:
             json.dumps({"candidate": best.id, "score": _last_score(best), "prompts": prompts}, indent=2)
         )
         for name, text in prompts.items():
-            (self.out_dir / f"best_prompt.{name}.txt").write_text(text)
+            (self.out_dir / f"best_prompt.{name}.txt").write_bytes(text.encode())  # exactly: a "\r" stays one
         self.report = {
             "val_before": val_before,
             "val_after": val_after,

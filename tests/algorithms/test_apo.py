@@ -221,7 +221,10 @@ def test_demonstrations_come_from_successful_traces(tmp_path, tiny_model):
     round1 = [r for r in rollouts if r.metadata.get("apo_round") == 1]
     demo_tasks = {d["task_id"] for c in children for d in c["demos"]}
     assert round1 and not demo_tasks & {r.task.task_id for r in round1}
-    assert apo.report["val_after"] == 1.0 and (tmp_path / "run" / "best_prompt.prompt_template.txt").read_text() == best
+    assert apo.report["val_after"] == 1.0
+    # the exported file holds the prompt exactly (the tiny model's text can hold a "\r" that read_text would turn
+    # into "\n")
+    assert (tmp_path / "run" / "best_prompt.prompt_template.txt").read_bytes().decode() == best
 
 
 def test_a_pool_smaller_than_the_slots_proposes_each_pick_once(tmp_path, tiny_model):
