@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, Protocol, cast
+from typing import Any, Literal, Protocol, cast, get_args
 
 import msgspec
 
@@ -40,7 +40,7 @@ __all__ = ["LOGGER_KINDS", "LoggerSettings", "Tracker", "Trackers", "open_tracke
 log = logging.getLogger(__name__)
 
 LoggerKind = Literal["tensorboard", "mlflow", "wandb"]
-LOGGER_KINDS: tuple[str, ...] = ("tensorboard", "mlflow", "wandb")
+LOGGER_KINDS: tuple[str, ...] = get_args(LoggerKind)
 
 
 class LoggerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

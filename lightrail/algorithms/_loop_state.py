@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,15 @@ def latest_checkpoint(out_dir: Path) -> Path | None:
     root = out_dir / "checkpoints"
     found = [p for p in root.glob("step-*") if (p / LOOP_STATE).exists()] if root.exists() else []
     return max(found, key=lambda p: int(p.name.split("-")[1]), default=None)
+
+
+def append_metrics(out_dir: Path, record: dict[str, Any], track: Callable[[dict[str, Any]], None] | None) -> None:
+    """One record as a line of ``metrics.jsonl``, then mirrored to the run's experiment trackers (``track``: the
+    trainer's `TrainerContext.track`, None before setup)."""
+    with (out_dir / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps(record) + "\n")
+    if track is not None:
+        track(record)
 
 
 def rewrite_metrics(out_dir: Path, history: Sequence[dict[str, Any]]) -> None:

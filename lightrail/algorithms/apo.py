@@ -76,6 +76,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from lightrail.algorithms._loop_state import append_metrics
 from lightrail.types import LLM, PromptTemplate, Resources, Rollout, RolloutSpec, RolloutStatus, Task
 
 if TYPE_CHECKING:
@@ -741,10 +742,7 @@ class APO:
         if key in self._logged:  # written before a crash that came before the state was saved
             return
         self._logged.add(key)
-        with (self.out_dir / "metrics.jsonl").open("a") as f:
-            f.write(json.dumps({"key": key, **metrics}) + "\n")
-        if self._track is not None:
-            self._track(metrics)
+        append_metrics(self.out_dir, {"key": key, **metrics}, self._track)  # trackers skip the key (not a number)
 
 
 # -- pure helpers ------------------------------------------------------------------------------------------------

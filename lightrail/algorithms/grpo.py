@@ -48,7 +48,13 @@ from lightrail.adapters import (
     select_trainable,
     to_rows,
 )
-from lightrail.algorithms._loop_state import latest_checkpoint, read_loop_state, rewrite_metrics, write_loop_state
+from lightrail.algorithms._loop_state import (
+    append_metrics,
+    latest_checkpoint,
+    read_loop_state,
+    rewrite_metrics,
+    write_loop_state,
+)
 from lightrail.types import LLM, Rollout, RolloutStatus, Span, Task
 
 if TYPE_CHECKING:
@@ -387,10 +393,7 @@ class GRPO:
 
     def _record(self, metrics: dict[str, Any]) -> None:
         self._history.append(metrics)
-        with (self.out_dir / "metrics.jsonl").open("a") as f:
-            f.write(json.dumps(metrics) + "\n")
-        if self._track is not None:
-            self._track(metrics)
+        append_metrics(self.out_dir, metrics, self._track)
 
     def _last_val(self) -> float | None:
         vals = [m["val_success"] for m in self._history if m["kind"] == "val"]

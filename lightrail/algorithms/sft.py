@@ -47,7 +47,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lightrail.adapters import AgentFilter, ChatSample, Exclusions, build_episode, episode_messages
-from lightrail.algorithms._loop_state import latest_checkpoint, read_loop_state, rewrite_metrics, write_loop_state
+from lightrail.algorithms._loop_state import (
+    append_metrics,
+    latest_checkpoint,
+    read_loop_state,
+    rewrite_metrics,
+    write_loop_state,
+)
 from lightrail.algorithms.rejection import TraceFilter, keep_best
 from lightrail.engine.chat import ChatFormat
 from lightrail.types import LLM, Rollout, RolloutStatus, Span, TrainingRow
@@ -578,10 +584,7 @@ class SFT:
 
     def _record(self, metrics: dict[str, Any]) -> None:
         self._history.append(metrics)
-        with (self.out_dir / "metrics.jsonl").open("a") as f:
-            f.write(json.dumps(metrics) + "\n")
-        if self._track is not None:
-            self._track(metrics)
+        append_metrics(self.out_dir, metrics, self._track)
 
     async def _checkpoint(self) -> Path:
         path = self.out_dir / "checkpoints" / f"step-{self.step}"

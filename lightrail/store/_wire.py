@@ -12,6 +12,7 @@ from typing import Annotated
 
 import msgspec
 
+from lightrail.store.base import MAX_PAGE
 from lightrail.store.sessions import Feedback, FeedbackResult
 from lightrail.store.tokens import Role, TokenRecord
 from lightrail.types import (
@@ -80,7 +81,7 @@ class PageRolloutsRequest(msgspec.Struct, kw_only=True):
     status: list[RolloutStatus] | None = None
     mode: str | None = None
     metadata: dict[str, str] | None = None
-    limit: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 50
+    limit: Annotated[int, msgspec.Meta(ge=1, le=MAX_PAGE)] = 50
     offset: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)] = 0
     before: Annotated[int, msgspec.Meta(ge=1, le=2**63 - 1)] | None = None
 

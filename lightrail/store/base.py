@@ -42,6 +42,7 @@ __all__ = [
     "Store",
     "StoreError",
     "StoreUnavailableError",
+    "MAX_PAGE",
     "check_page",
     "metadata_path",
 ]
@@ -64,7 +65,7 @@ def check_page(limit: int, offset: int, before: int | None, metadata: Mapping[st
 
 def metadata_path(key: str) -> str:
     """The JSON path of a top-level metadata key, for stores that filter in SQL; a key that is not a plain name
-    (letters, digits, ``_``, ``-``, ``.``-free) is a `ValueError`."""
+    (ASCII letters, digits, ``_`` and ``-``) is a `ValueError`."""
     if not key or not all(c.isalnum() or c in "_-" for c in key) or not key.isascii():
         raise ValueError(f"metadata keys to filter on are plain names (letters, digits, _ and -), got {key!r}")
     return f'$."{key}"'

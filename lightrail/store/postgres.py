@@ -971,19 +971,19 @@ class PostgresStore:
             params += [key, value]
             where.append(f"(convert_from(metadata, 'UTF8')::jsonb ->> ${len(params) - 1}) = ${len(params)}")
         condition = " AND ".join(where)
-        page_params = [*params, *([before] if before is not None else []), limit + 1, offset]
-        n = len(params)
-        older = "" if before is None else f" AND pos < ${n + 1}"
-        tail = n + (2 if before is not None else 1)
+        page_where, page_params = list(where), list(params)
+        if before is not None:
+            page_params.append(before)
+            page_where.append(f"pos < ${len(page_params)}")
+        page_params += [limit + 1, offset]
+        page_sql = (
+            f"SELECT {_ROLLOUT_COLUMNS}, pos FROM rollouts WHERE {' AND '.join(page_where)} "
+            f"ORDER BY pos DESC LIMIT ${len(page_params) - 1} OFFSET ${len(page_params)}"
+        )
 
         async def read(conn: Any) -> tuple[int, list[Any]]:
             total = await conn.fetchval(f"SELECT count(*) FROM rollouts WHERE {condition}", *params)
-            rows = await conn.fetch(
-                f"SELECT {_ROLLOUT_COLUMNS}, pos FROM rollouts WHERE {condition}{older} "
-                f"ORDER BY pos DESC LIMIT ${tail} OFFSET ${tail + 1}",
-                *page_params,
-            )
-            return total, rows
+            return total, await conn.fetch(page_sql, *page_params)
 
         total, rows = await self._run(read, transaction=True)
         page = [self._to_rollout(row) for row in rows[:limit]]

@@ -781,13 +781,16 @@ class SQLiteStore:
             where.append("json_extract(CAST(metadata AS TEXT), ?) = ?")
             params += [metadata_path(key), value]
         condition = " AND ".join(where)
-        older = "" if before is None else " AND rowid < ?"
+        page_where, page_params = list(where), list(params)
+        if before is not None:
+            page_where.append("rowid < ?")
+            page_params.append(before)
         with self._read() as db:
             total = db.execute(f"SELECT count(*) FROM rollouts WHERE {condition}", params).fetchone()[0]
             rows = db.execute(
-                f"SELECT rowid, {_ROLLOUT_COLUMNS} FROM rollouts WHERE {condition}{older} "
+                f"SELECT rowid, {_ROLLOUT_COLUMNS} FROM rollouts WHERE {' AND '.join(page_where)} "
                 "ORDER BY rowid DESC LIMIT ? OFFSET ?",
-                [*params, *([before] if before is not None else []), limit + 1, offset],
+                [*page_params, limit + 1, offset],
             ).fetchall()
         page = [self._to_rollout(row[1:]) for row in rows[:limit]]
         return RolloutPage(rollouts=page, total=total, next_before=rows[limit - 1][0] if len(rows) > limit else None)
