@@ -513,6 +513,16 @@ class Attr:
     SPAN_EVENT = "lightrail.event"
     SPAN_EXCEPTION = "lightrail.exception"
     SPAN_ROLLOUT = "lightrail.rollout"
+    SPAN_TRAINING = "lightrail.training"
+    """Written by the trainer after an update, one per trained attempt: which of its calls were trained, at which
+    step, with what return and advantage (``TRAINING_CALLS``); what the dashboard shows on each call."""
+
+    # training annotation (SPAN_TRAINING)
+    TRAINING_STEP = "lightrail.training.step"
+    TRAINING_ALGORITHM = "lightrail.training.algorithm"
+    TRAINING_CALLS = "lightrail.training.calls"
+    """A list of ``{"response_id", "choice", "turn", "agent", "return", "advantage", "tokens"}``, one per trained
+    choice."""
 
     # LLM call
     REQUEST = "lightrail.request"

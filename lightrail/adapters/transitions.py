@@ -17,9 +17,9 @@ from lightrail.adapters._model import AdapterReport, Episode
 from lightrail.adapters.credit import CreditAssignment, PerTurn
 from lightrail.adapters.episode import AGENT_NAME_KEYS, build_episode
 from lightrail.adapters.rewards import ToolRewardRule
-from lightrail.types import Span, Transition
+from lightrail.types import Attr, Span, Transition, next_seq
 
-__all__ = ["episode_transitions", "spans_to_transitions"]
+__all__ = ["episode_transitions", "spans_to_transitions", "training_spans"]
 
 _isfinite = math.isfinite
 
@@ -113,3 +113,25 @@ def spans_to_transitions(
     final = final_reward if final_reward is not None else episode.final_reward
     returns = credit(episode.calls, 0.0 if final is None else final, episode.intermediate)
     return episode_transitions(episode, returns, agents=agents), episode.report
+
+
+def training_spans(transitions: Sequence[Transition], *, step: int, algorithm: str) -> list[Span]:
+    """One `Attr.SPAN_TRAINING` span per attempt of ``transitions``: what an update trained on (each choice's
+    response id, turn, agent, return, advantage and length), stored next to the calls so that a rollout can be
+    read back with the credit it received (``lightrail dashboard``)."""
+    by_attempt: dict[tuple[str, str], list[dict]] = {}
+    for t in transitions:
+        by_attempt.setdefault((t.rollout_id, t.attempt_id), []).append({
+            "response_id": t.metadata.get("response_id"), "choice": t.metadata.get("choice"), "turn": t.turn,
+            "agent": t.agent_name, "return": t.reward, "advantage": t.advantage, "tokens": len(t.response_ids),
+        })  # fmt: skip
+    return [
+        Span(
+            rollout_id=rollout_id,
+            attempt_id=attempt_id,
+            seq=next_seq(),
+            name=Attr.SPAN_TRAINING,
+            attributes={Attr.TRAINING_STEP: step, Attr.TRAINING_ALGORITHM: algorithm, Attr.TRAINING_CALLS: calls},
+        )  # fmt: skip
+        for (rollout_id, attempt_id), calls in by_attempt.items()
+    ]

@@ -48,6 +48,7 @@ from lightrail.adapters import (
     select_trainable,
     to_rows,
 )
+from lightrail.adapters.transitions import training_spans
 from lightrail.algorithms._loop_state import (
     append_metrics,
     latest_checkpoint,
@@ -307,6 +308,8 @@ class GRPO:
         if not update["skipped"]:
             await self._rollouts.sync(self._updater, self._rollouts.policy_version + 1)
         self.step += 1
+        if not update["skipped"]:  # what this step trained on, next to the calls (the dashboard shows it per call)
+            await ctx.store.add_spans(training_spans(transitions, step=self.step, algorithm="grpo"))
         rewards = [r.reward if r.reward is not None else 0.0 for r in trainable]
         advantages = [t.advantage for t in transitions if t.advantage is not None]
         metrics = {
