@@ -12,6 +12,7 @@ _COMMANDS = [
     "lightrail.trainer.demo",  # demo
     "lightrail.trainer.cli",  # train, dev
     "lightrail.trainer.inspection_cli",  # runs, rollouts, show, failures
+    "lightrail.dashboard.cli",  # dashboard
     "lightrail.agent.cli",  # runner
     "lightrail.store.cli",  # store serve
     "lightrail.store.token_cli",  # token create|list|revoke

@@ -67,6 +67,10 @@ def test_store_and_gateway_serve_https_to_clients_that_trust_the_ca(tls_files, t
             with pytest.raises(httpx.HTTPError):  # plain HTTP to a TLS port: no HTTP answer comes back
                 httpx.get(f"http://127.0.0.1:{gateway_port}/health", timeout=5)
 
+            signed_in = trusted.post(f"{store_server.root}/ui/login", data={"token": "s3cret", "next": "/ui/"})
+            assert signed_in.status_code == 303  # the dashboard's cookie travels over HTTPS only
+            assert "Secure" in signed_in.headers["set-cookie"] and "HttpOnly" in signed_in.headers["set-cookie"]
+
             store = SyncStoreClient(store_server.root, token="s3cret")
             spans = []
             for _ in range(100):  # the gateway records in the background: poll, bounded

@@ -91,7 +91,9 @@ __all__ = [
     "create_app",
     "open_server_store",
     "serve",
+    "serve_app",
     "serve_in_thread",
+    "tls_options",
 ]
 
 log = logging.getLogger("lightrail.store.server")
@@ -442,11 +444,16 @@ def _guarded(endpoint: Callable[[Request], Any]) -> Callable[[Request], Any]:
 # ---------------------------------------------------------------------------------------------------------------
 
 
+_UI = "/ui"
+_UI_PAGES = "/ui/"
+
+
 class _Guard:
     """Who a request acts as, and the request-body limit, without wrapping the response path.
 
     The admin token (``--token``) is compared in constant time; any other bearer is looked up as a scoped token
-    (`TokenVerifier`); the `Principal` goes into the scope for the routes' role checks. ``/health`` stays open, and
+    (`TokenVerifier`); the `Principal` goes into the scope for the routes' role checks. ``/health`` stays open, the
+    dashboard (``/ui``) checks the same tokens itself (it also reads them from its cookie and answers a page), and
     a server without a token serves everyone as admin (loopback only: the serve command refuses otherwise)."""
 
     def __init__(self, app: Any, *, token: str | None, max_body_bytes: int, tokens: TokenVerifier):
@@ -469,7 +476,8 @@ class _Guard:
         expected = self.expected
         # The route path without the mount prefix, so /health stays open when this app is mounted elsewhere.
         path = scope["path"][len(scope.get("root_path", "")) :] if scope.get("root_path") else scope["path"]
-        if expected is not None and path != "/health" and not hmac.compare_digest(authorization, expected):
+        public = path == "/health" or path == _UI or path.startswith(_UI_PAGES)  # the dashboard signs in its own way
+        if expected is not None and not public and not hmac.compare_digest(authorization, expected):
             principal = None
             if authorization.startswith(b"Bearer "):
                 principal = await self.tokens.principal(authorization[7:].decode("latin-1"))
@@ -529,13 +537,16 @@ def create_app(
     *,
     token: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    dashboard: bool = True,
+    secure_cookie: bool = False,
 ) -> Any:
-    """The store's ASGI app.
+    """The store's ASGI app, with the dashboard under ``/ui`` (`lightrail.dashboard`) unless ``dashboard`` is False.
 
     ``store`` is a `Store`, or a zero-argument factory called at startup inside the server's event loop (the
     app then owns the store and closes it at shutdown; a passed-in store is left open for its owner).
     With a ``token``, every route except ``GET /health`` needs ``Authorization: Bearer <token>`` (the admin role)
-    or a scoped token the store holds, within its role (`lightrail.store.tokens`).
+    or a scoped token the store holds, within its role (`lightrail.store.tokens`); the dashboard takes the same tokens
+    (admin or read) and keeps one in a cookie after its sign-in form (``secure_cookie``: HTTPS only).
     """
     state: dict[str, Store] = {}
     factory: Callable[[], Store] | None = None
@@ -570,6 +581,10 @@ def create_app(
     ]  # fmt: skip
     traces = _guarded(_authorized("otlp_traces", _otlp_traces(get_store, max_body_bytes)))
     routes.append(Route(OTLP_TRACES_PATH, traces, methods=["POST"], name="otlp_traces"))
+    if dashboard:
+        from lightrail.dashboard.app import dashboard_routes, token_verifier
+
+        routes += dashboard_routes(get_store, token_verifier(token, tokens.principal), secure_cookie=secure_cookie)
 
     async def http_error(request: Request, exc: Exception) -> Response:
         return _error_response(exc)  # unknown route (404) or method (405) as JSON, like every other error
@@ -685,7 +700,7 @@ def _url(host: str, sock: socket.socket, tls: bool = False) -> str:
     return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
 
-def _tls(cert: str | os.PathLike[str] | None, key: str | os.PathLike[str] | None) -> dict[str, Any]:
+def tls_options(cert: str | os.PathLike[str] | None, key: str | os.PathLike[str] | None) -> dict[str, Any]:
     """uvicorn's TLS settings for a certificate and its key (both or neither)."""
     if cert is None or key is None:
         if cert is not None or key is not None:
@@ -719,15 +734,23 @@ def serve(
     connections made before startup finishes wait in the listen backlog. ``tls_cert`` and ``tls_key`` (PEM files)
     serve HTTPS.
     """
+    tls = tls_options(tls_cert, tls_key)
+    app = create_app(
+        _store_factory(store_path_or_store), token=token, max_body_bytes=max_body_bytes, secure_cookie=bool(tls)
+    )
+    serve_app(app, "lightrail store", host=host, port=port, tls=tls)
+
+
+def serve_app(app: Any, name: str, *, host: str, port: int, tls: dict[str, Any]) -> None:
+    """Serve an ASGI app until interrupted, printing ``<name> listening on <url>`` once the socket listens (the
+    store server, and ``lightrail dashboard``). ``tls`` is what `_tls` made of the PEM files (empty: HTTP)."""
     import uvicorn
 
-    tls = _tls(tls_cert, tls_key)
-    app = create_app(_store_factory(store_path_or_store), token=token, max_body_bytes=max_body_bytes)
     sock = _bind(host, port)
     url = _url(host, sock, bool(tls))
     server = uvicorn.Server(_uvicorn_config(app, host, sock.getsockname()[1], timeout_graceful_shutdown=5, **tls))
-    print(f"lightrail store listening on {url}", flush=True)
-    log.info("lightrail store listening on %s", url)
+    print(f"{name} listening on {url}", flush=True)
+    log.info("%s listening on %s", name, url)
     try:
         server.run(sockets=[sock])
     finally:
@@ -773,8 +796,8 @@ def serve_in_thread(
     """
     import uvicorn
 
-    tls = _tls(tls_cert, tls_key)
-    app = create_app(_store_factory(path), token=token, max_body_bytes=max_body_bytes)
+    tls = tls_options(tls_cert, tls_key)
+    app = create_app(_store_factory(path), token=token, max_body_bytes=max_body_bytes, secure_cookie=bool(tls))
     sock = _bind(host, port)
     url = _url(host, sock, bool(tls))
     config = _uvicorn_config(app, host, sock.getsockname()[1], timeout_graceful_shutdown=1, **tls)

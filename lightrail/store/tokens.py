@@ -31,6 +31,7 @@ from typing import Any
 import msgspec
 
 __all__ = [
+    "DASHBOARD_ROLES",
     "ROUTE_ROLES",
     "Principal",
     "Role",
@@ -83,6 +84,8 @@ class Principal(msgspec.Struct, frozen=True):
 ADMIN = Principal(Role.ADMIN)
 
 _ANY_READER = frozenset({Role.ADMIN, Role.READ})
+DASHBOARD_ROLES = _ANY_READER
+"""Who may open the dashboard's pages (`lightrail.dashboard`): they read everything the store holds."""
 ROUTE_ROLES: dict[str, frozenset[Role]] = {
     "enqueue": frozenset({Role.ADMIN}),
     "query_rollouts": _ANY_READER,

@@ -380,22 +380,30 @@ def _ordered(spans: Iterable[Span]) -> list[Span]:
     return sorted(spans, key=lambda s: (s.start_time, s.seq))
 
 
-def span_tree(spans: Sequence[Span]) -> Any:
-    """A rich `Tree` of an attempt's spans by parent id, children in start order. Spans whose parent is not among
-    them (the gateway's call spans without a ``traceparent``) hang under the runner's rollout span."""
-    from rich.tree import Tree
-
+def span_children(spans: Sequence[Span]) -> tuple[list[Span], dict[str, list[Span]]]:
+    """An attempt's spans as a tree by parent id: the roots and each span's children, all in start order. Spans
+    whose parent is not among them (the gateway's call spans without a ``traceparent``) hang under the runner's
+    rollout span when there is exactly one."""
     by_id = {s.span_id: s for s in spans}
-    children: dict[str | None, list[Span]] = {}
+    roots: list[Span] = []
+    children: dict[str, list[Span]] = {}
     for span in _ordered(spans):
-        parent = span.parent_id if span.parent_id in by_id else None
-        children.setdefault(parent, []).append(span)
-    roots = children.get(None, [])
+        if span.parent_id in by_id:
+            children.setdefault(span.parent_id, []).append(span)
+        else:
+            roots.append(span)
     top = [s for s in roots if s.name == Attr.SPAN_ROLLOUT]
     if len(top) == 1:
-        children.setdefault(top[0].span_id, []).extend(s for s in roots if s is not top[0])
-        children[top[0].span_id] = _ordered(children[top[0].span_id])
+        children[top[0].span_id] = _ordered(children.get(top[0].span_id, []) + [s for s in roots if s is not top[0]])
         roots = top
+    return roots, children
+
+
+def span_tree(spans: Sequence[Span]) -> Any:
+    """A rich `Tree` of an attempt's spans (`span_children`)."""
+    from rich.tree import Tree
+
+    roots, children = span_children(spans)
     tree = Tree(f"attempt {spans[0].attempt_id}", guide_style="dim")
 
     def add(node: Any, span: Span) -> None:

@@ -134,7 +134,7 @@ def _console() -> Any:
     return Console(width=int(columns) if columns.isdigit() else 200, highlight=False)
 
 
-def _store_location(command: str, args: argparse.Namespace) -> str | None:
+def store_location(command: str, args: argparse.Namespace) -> str | None:
     location = args.store
     if not location:
         print(f"lightrail {command}: give --store PATH|URL or set ${STORE_ENV}", file=sys.stderr)
@@ -162,7 +162,7 @@ def _with_store(command: str, args: argparse.Namespace, body: Any) -> int:
 
     from lightrail.store import NotFoundError, StoreError, open_store
 
-    location = _store_location(command, args)
+    location = store_location(command, args)
     if location is None:
         return 2
 

@@ -1,0 +1,95 @@
+"""``lightrail dashboard``: the dashboard alone, in front of any store.
+
+Only argparse at import time; Starlette, Jinja2 and the store load inside the handler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from lightrail._net import add_tls_arguments, refuse_to_serve
+
+__all__ = ["add_parser"]
+
+DEFAULT_PORT = 4748
+TOKEN_ENV = "LIGHTRAIL_DASHBOARD_TOKEN"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    from lightrail.trainer.inspection_cli import STORE_ENV
+
+    dashboard = subparsers.add_parser(
+        "dashboard",
+        help="browse runs, rollouts, spans, resources and failures in a web page",
+        description=(
+            "Serve the dashboard for a store: runs with their curves (live while they go), rollouts filtered and\n"
+            "paged by the store, one rollout's attempts, span tree on a timeline, LLM calls with token logprobs and\n"
+            "rewards, resources versions with diffs, the failure digest.\n"
+            "A store server serves the same pages at <store URL>/ui; this command serves them for a SQLite file,\n"
+            "a PostgreSQL database or a store server reached with a read token.\n"
+            "Binds 127.0.0.1 by default; binding any other address requires --token (asked for by a sign-in form)."
+        ),
+        epilog=(
+            "examples:\n"
+            "  lightrail dashboard --store runs/calc            # a run folder holding store.db\n"
+            '  lightrail dashboard --store http://store:4747 --store-token "$(cat read.token)"\n'
+            "  LIGHTRAIL_DASHBOARD_TOKEN=s3cret lightrail dashboard --store runs/calc --host 0.0.0.0"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    dashboard.add_argument(
+        "--store",
+        default=os.environ.get(STORE_ENV),
+        metavar="PATH|URL",
+        help="SQLite file (or a run folder holding store.db), postgresql:// URL or store server URL "
+        f"(default: ${STORE_ENV})",
+    )
+    dashboard.add_argument(
+        "--store-token",
+        dest="store_token",
+        default=os.environ.get("LIGHTRAIL_TOKEN"),
+        help="bearer token for a store server URL; a read token is enough (default: $LIGHTRAIL_TOKEN)",
+    )
+    dashboard.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    dashboard.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help=f"port to bind, 0 for any free one (default: {DEFAULT_PORT})"
+    )
+    dashboard.add_argument(
+        "--token",
+        default=os.environ.get(TOKEN_ENV),
+        help=f"the token the sign-in form asks for (default: ${TOKEN_ENV}; none: anyone who reaches the port)",
+    )
+    dashboard.add_argument(
+        "--insecure-no-token",
+        action="store_true",
+        help="allow binding a non-loopback address without a token (anyone who can reach it reads the store)",
+    )
+    add_tls_arguments(dashboard)
+    dashboard.set_defaults(handler=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from lightrail.trainer.inspection_cli import store_location
+
+    if refuse_to_serve("lightrail dashboard", args, TOKEN_ENV):
+        return 2
+    location = store_location("dashboard", args)
+    if location is None:
+        return 2
+    from lightrail.dashboard.app import create_dashboard_app
+    from lightrail.store import open_store
+    from lightrail.store.server import serve_app, tls_options
+
+    tls = tls_options(args.tls_cert, args.tls_key)
+    app = create_dashboard_app(lambda: open_store(location, token=args.store_token), token=args.token or None,
+                               secure_cookie=bool(tls))  # fmt: skip
+    try:
+        serve_app(app, "lightrail dashboard", host=args.host, port=args.port, tls=tls)
+    except KeyboardInterrupt:
+        pass
+    except OSError as exc:
+        print(f"lightrail dashboard: {exc}", file=sys.stderr)
+        return 1
+    return 0

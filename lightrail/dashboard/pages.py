@@ -1,0 +1,134 @@
+"""The dashboard's page handlers: read the store (`views`), render a template. Each is ``handler(request, store,
+render)``; `lightrail.dashboard.app` wraps them with sign-in and turns NotFoundError into a 404 page and ValueError
+(a bad query parameter) into a 400 page."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from lightrail.dashboard import views
+from lightrail.store.base import MAX_PAGE, NotFoundError, Store
+from lightrail.trainer.inspection import RUN_TAGS, failure_digest, last_error, rollouts_page
+from lightrail.trainer.report import may_have_failed
+
+Render = Any
+
+PAGE = 50
+RESOURCE_PAGE = 20
+
+
+def _int(request: Request, name: str, default: int, *, low: int = 0, high: int | None = None) -> int:
+    raw = request.query_params.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a whole number, got {raw!r}") from None
+    if value < low or (high is not None and value > high):
+        raise ValueError(f"{name} must be between {low} and {high if high is not None else 'any'}, got {value}")
+    return value
+
+
+async def runs(request: Request, store: Store, render: Render) -> Response:
+    all_runs = await views.runs(store)
+    return render(request, "runs.html", title="Runs", runs=all_runs, counts=await store.counts())
+
+
+async def run(request: Request, store: Store, render: Render) -> Response:
+    key = request.path_params["run"]
+    all_runs = await views.runs(store)
+    chosen = views.find_run(all_runs, key)
+    if chosen is None:
+        raise NotFoundError(f"no run {key!r} in this store")
+    charts = await asyncio.to_thread(views.run_charts, chosen, views.metrics_file(chosen))
+    newest = chosen.rollouts[-10:][::-1]
+    return render(request, "run.html", title=f"Run {chosen.number}", run=chosen, charts=charts, newest=newest,
+                  has_metrics=views.metrics_file(chosen) is not None, run_key=chosen.tag or str(chosen.number))  # fmt: skip
+
+
+async def rollouts(request: Request, store: Store, render: Render) -> Response:
+    q = request.query_params
+    search = q.get("q", "").strip()
+    if search:  # a rollout id: open it
+        try:
+            await store.get_rollout(search)
+        except NotFoundError:
+            pass
+        else:
+            return RedirectResponse(f"{request.url.path}/{search}", 303)
+    status = views.parse_statuses(q.getlist("status"))
+    mode = q.get("mode") or None
+    run_key = q.get("run") or None
+    limit = _int(request, "limit", PAGE, low=1, high=MAX_PAGE)
+    offset = _int(request, "offset", 0)
+    page, total = await rollouts_page(store, status=status, mode=mode, run=run_key, limit=limit, offset=offset)
+    errors: dict[str, str] = {}
+    failed = [r for r in page if may_have_failed(r)]
+    for r, attempts in zip(failed, await asyncio.gather(*(store.query_attempts(r.rollout_id) for r in failed)),
+                           strict=True):  # fmt: skip
+        errors[r.rollout_id] = last_error(attempts)
+
+    def link(**change: Any) -> str:
+        params = [(k, v) for k, v in q.multi_items() if k not in change and k != "q"]
+        params += [(k, str(v)) for k, v in change.items() if v is not None]
+        from urllib.parse import urlencode
+
+        return f"{request.url.path}?{urlencode(params)}"
+
+    return render(
+        request, "rollouts.html", title="Rollouts", rollouts=page, total=total, offset=offset, limit=limit,
+        status=[s.value for s in status or ()], mode=mode or "", run_key=run_key or "", search=search,
+        missing=search, errors=errors, duration=views.duration, run_tags=RUN_TAGS,
+        prev_link=link(offset=max(offset - limit, 0)) if offset else None,
+        next_link=link(offset=offset + limit) if offset + limit < total else None,
+    )  # fmt: skip
+
+
+async def rollout(request: Request, store: Store, render: Render) -> Response:
+    rollout_id = request.path_params["rollout_id"]
+    chosen = await store.get_rollout(rollout_id)
+    attempts = await store.query_attempts(rollout_id)
+    index = _int(request, "attempt", 0, low=1) if request.query_params.get("attempt") else None
+    attempt = views.pick_attempt(attempts, index)
+    if index is not None and attempt is None:
+        raise NotFoundError(f"rollout {rollout_id} has attempts {[a.index for a in attempts]}, not {index}")
+    spans = [] if attempt is None else await store.query_spans(rollout_id, attempt.attempt_id)
+    return render(
+        request, "rollout.html", title=f"Rollout {rollout_id}", rollout=chosen, attempts=attempts, attempt=attempt,
+        spans=spans, rows=views.timeline(spans), calls=views.call_views(spans), rewards=views.rewards(spans),
+        duration=views.duration(chosen), run_tag=next((chosen.metadata[k] for k in RUN_TAGS if k in chosen.metadata),
+                                                      None),
+    )  # fmt: skip
+
+
+async def resources(request: Request, store: Store, render: Render) -> Response:
+    latest = await store.get_resources()
+    newest = latest.version if latest is not None else 0
+    before = _int(request, "before", newest + 1, low=1)
+    top = min(before - 1, newest)
+    numbers = list(range(top, max(top - RESOURCE_PAGE, 0), -1))
+    wanted = sorted({n for n in numbers} | {n - 1 for n in numbers if n > 1}, reverse=True)
+    loaded = dict(zip(wanted, await asyncio.gather(*(store.get_resources(n) for n in wanted)), strict=True))
+    versions = [
+        (loaded[n], views.resource_items(loaded[n], loaded.get(n - 1)))  # type: ignore[arg-type]
+        for n in numbers
+        if loaded.get(n) is not None
+    ]
+    older = numbers[-1] if numbers and numbers[-1] > 1 else None
+    return render(request, "resources.html", title="Resources", versions=versions, older=older, newest=newest)
+
+
+async def failures(request: Request, store: Store, render: Render) -> Response:
+    run_key = request.query_params.get("run") or None
+    limit = _int(request, "limit", 500, low=0)
+    try:
+        groups, read, candidates = await failure_digest(store, run=run_key, limit=limit)
+    except LookupError as exc:
+        raise NotFoundError(str(exc)) from None
+    return render(request, "failures.html", title="Failures", groups=groups, read=read, candidates=candidates,
+                  run_key=run_key or "", limit=limit)  # fmt: skip

@@ -1,0 +1,171 @@
+"""The dashboard over HTTP (no browser): who may see it, what a bad request gets, and that every page answers
+on a store filled by a real run, through the store server and through ``lightrail dashboard``."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from lightrail.types import LLM, PromptTemplate, Resources
+from tests.dashboard._helpers import ADMIN_TOKEN, read_store
+
+
+def get(server, path: str, token: str | None = None, **kw) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.get(server.url + path, headers=headers, follow_redirects=False, **kw)
+
+
+def test_pages_need_a_token_that_may_read(server):
+    for path in ("/ui/", "/ui/rollouts?status=failed", "/ui/resources", "/ui/failures"):
+        for token in (None, "not-a-token", "lr_read_forged.secret"):
+            answer = get(server, path, token)
+            assert answer.status_code == 303, (path, token, answer.status_code)
+            assert answer.headers["location"].startswith("/ui/login?next=")
+        runner = get(server, path, server.runner_token)
+        assert runner.status_code == 403 and "role is runner" in runner.text
+        assert get(server, path, server.read_token).status_code == 200
+        assert get(server, path, ADMIN_TOKEN).status_code == 200
+    # the API keeps answering JSON 401s; the stylesheet and the sign-in form are public
+    assert get(server, "/v1/counts").status_code == 401
+    assert get(server, "/ui/static/dashboard.css").status_code == 200
+    assert get(server, "/ui/login").status_code == 200
+
+
+def test_signing_in_sets_a_strict_cookie_and_goes_only_to_dashboard_pages(server):
+    with httpx.Client(base_url=server.url) as client:
+        wrong = client.post("/ui/login", data={"token": "nope", "next": "/ui/failures"})
+        assert (
+            wrong.status_code == 401
+            and "not valid here" in wrong.text
+            and "lightrail_ui" not in wrong.headers.get("set-cookie", "")
+        )
+        runner = client.post("/ui/login", data={"token": server.runner_token, "next": "/ui/failures"})
+        assert runner.status_code == 401
+        ok = client.post("/ui/login", data={"token": server.read_token, "next": "/ui/failures"})
+        assert ok.status_code == 303 and ok.headers["location"] == "/ui/failures"
+        cookie = ok.headers["set-cookie"]
+        assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/ui" in cookie
+        assert client.get("/ui/failures").status_code == 200  # the cookie signs the next pages in
+        assert client.get("/v1/counts").status_code == 401  # but never the API
+        for elsewhere in ("//evil.example/x", "https://evil.example/", "/v1/counts", "/ui\\..\\x"):
+            answer = client.post("/ui/login", data={"token": server.read_token, "next": elsewhere})
+            assert answer.headers["location"] == "/ui/", elsewhere
+        client.post("/ui/logout")
+        assert client.get("/ui/failures", follow_redirects=False).status_code == 303
+
+
+def test_a_missing_rollout_or_a_bad_parameter_is_a_page_not_a_crash(server):
+    missing = get(server, "/ui/rollouts/ro-does-not-exist", ADMIN_TOKEN)
+    assert missing.status_code == 404 and "ro-does-not-exist" in missing.text and "<html" in missing.text
+    assert get(server, "/ui/runs/no-such-run", ADMIN_TOKEN).status_code == 404
+    for query, says in (("offset=abc", "offset must be a whole number"), ("status=exploded", "unknown status"),
+                        ("limit=0", "limit must be between 1")):  # fmt: skip
+        answer = get(server, f"/ui/rollouts?{query}", ADMIN_TOKEN)
+        assert answer.status_code == 400 and says in answer.text, query
+    assert "'self'" in missing.headers["content-security-policy"]
+
+
+def test_the_rollouts_table_is_the_stores_page(server, trained):
+    failed = read_store(trained / "store.db", lambda s: s.query_rollouts_page(status=["failed"], limit=3))
+    answer = get(server, "/ui/rollouts?status=failed&limit=3", server.read_token)
+    shown = re.findall(r'<a href="/ui/rollouts/(ro-[^"]+)">', answer.text)
+    assert shown == [r.rollout_id for r in failed.rollouts]
+    assert f"1–{len(failed.rollouts)} of {failed.total} rollouts" in answer.text
+    assert "ValueError: bad question" in answer.text
+
+
+def test_api_keys_never_reach_the_resources_page(server, trained):
+    async def publish(store):
+        return await store.put_resources(Resources(items={
+            "llm": LLM(endpoint="http://127.0.0.1:9/v1", model="policy", api_key="sk-secret-key", routed=False),
+            "prompt": PromptTemplate(template="Answer {question} briefly."),
+        }))  # fmt: skip
+
+    published = read_store(trained / "store.db", publish)
+    page = get(server, "/ui/resources", ADMIN_TOKEN).text
+    assert f"Version {published.version}" in page and "Answer {question} briefly." in page
+    assert "sk-secret-key" not in page
+
+
+def test_the_dashboard_command_serves_a_store_file_and_refuses_open_binds(trained):
+    refused = subprocess.run([sys.executable, "-m", "lightrail", "dashboard", "--store", str(trained), "--host",
+                              "0.0.0.0"], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert refused.returncode == 2 and "refusing to bind 0.0.0.0 without a token" in refused.stderr
+    process = subprocess.Popen(
+        [sys.executable, "-m", "lightrail", "dashboard", "--store", str(trained), "--port", "0", "--token", "t0k"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        line = process.stdout.readline()
+        url = line.strip().rsplit(" ", 1)[-1]
+        assert line.startswith("lightrail dashboard listening on http://127.0.0.1:"), line
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                answer = httpx.get(url + "/ui/rollouts", headers={"Authorization": "Bearer t0k"})
+                break
+            except httpx.ConnectError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        assert answer.status_code == 200 and "rollouts, newest first" in answer.text
+        assert httpx.get(url + "/ui/rollouts").status_code == 303
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def test_the_dashboard_reads_a_store_server_with_a_read_token(server):
+    from starlette.testclient import TestClient
+
+    from lightrail.dashboard import create_dashboard_app
+    from lightrail.store import open_store
+
+    app = create_dashboard_app(lambda: open_store(server.url, token=server.read_token))
+    with TestClient(app) as client:
+        rollouts = client.get("/ui/rollouts?status=failed")
+        assert rollouts.status_code == 200 and "ValueError: bad question" in rollouts.text
+        first = re.search(r'<a href="/ui/rollouts/(ro-[^"]+)">', rollouts.text).group(1)
+        detail = client.get(f"/ui/rollouts/{first}")
+        assert detail.status_code == 200 and "Call 2" in detail.text and "Traceback" in detail.text
+        assert client.get("/ui/").status_code == 200 and client.get("/ui/resources").status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/ui/", "/ui/failures", "/ui/resources"])
+def test_every_page_renders_the_run(server, trained, path):
+    answer = get(server, path, ADMIN_TOKEN)
+    assert answer.status_code == 200
+    if path == "/ui/":
+        assert str(trained) in answer.text
+    if path == "/ui/failures":
+        # two validations x two failing tasks, one cause; the pattern is escaped HTML text
+        assert "4 failed attempts in 1 groups" in answer.text and "bad question &lt;n&gt; in &lt;str&gt;" in answer.text
+
+
+def test_a_trained_call_shows_its_step_and_advantage(server, trained):
+    from lightrail.types import Attr
+
+    async def training(store):
+        out = []
+        for rollout in await store.query_rollouts():
+            if rollout.mode == "train":
+                spans = await store.query_spans(rollout.rollout_id)
+                out += [(rollout, s) for s in spans if s.name == Attr.SPAN_TRAINING]
+        return out
+
+    annotated = read_store(trained / "store.db", training)
+    rollouts = read_store(trained / "store.db", lambda s: s.query_rollouts())
+    assert {rollout.rollout_id for rollout, _ in annotated} == {
+        r.rollout_id for r in rollouts if r.mode == "train" and r.metadata.get("run") == str(trained)
+    }  # one step of 2 tasks x 2 samples: every train rollout was trained on
+    rollout, span = annotated[0]
+    page = get(server, f"/ui/rollouts/{rollout.rollout_id}", ADMIN_TOKEN).text
+    calls = span.attributes[Attr.TRAINING_CALLS]
+    assert len(calls) == 2 and page.count("trained at step 1 · advantage") == 2
+    for call in calls:
+        assert f"advantage {call['advantage']:+.3f} · return {call['return']:.3g}" in page
