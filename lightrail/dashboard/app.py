@@ -79,10 +79,13 @@ def _environment() -> Any:
 
 
 def dashboard_routes(
-    get_store: Callable[[], Store], verify: Verify | None, *, secure_cookie: bool = False
+    get_store: Callable[[], Store], verify: Verify | None, *, secure_cookie: bool = False, tokenizer: str | None = None
 ) -> list[Route]:
-    """The dashboard's routes for an app whose store ``get_store`` returns."""
-    from lightrail.dashboard import pages
+    """The dashboard's routes for an app whose store ``get_store`` returns. ``tokenizer`` (a model folder) shows
+    generated tokens as text with their logprobs, where the agent did not ask for logprobs itself."""
+    import functools
+
+    from lightrail.dashboard import pages, views
 
     env = _environment()
 
@@ -114,8 +117,15 @@ def dashboard_routes(
             except ValueError as exc:  # a bad query parameter
                 return render(request, "error.html", 400, title="Bad request", message=str(exc))
 
-        endpoint.__name__ = handler.__name__
+        endpoint.__name__ = getattr(handler, "__name__", "page")
         return endpoint
+
+    decoder: list[views.Decode] = []
+
+    def decode(ids: list[int]) -> list[str]:  # the tokenizer loads on the first rollout page that needs it
+        if not decoder:
+            decoder.append(views.tokenizer_decoder(tokenizer))  # type: ignore[arg-type]  # only with a tokenizer
+        return decoder[0](ids)
 
     async def login(request: Request) -> Response:
         target = _safe_next(request.query_params.get("next", ""))
@@ -156,7 +166,11 @@ def dashboard_routes(
         Route(f"{PREFIX}/", page(pages.runs), name="ui_runs"),
         Route(PREFIX + "/runs/{run:path}", page(pages.run), name="ui_run"),
         Route(f"{PREFIX}/rollouts", page(pages.rollouts), name="ui_rollouts"),
-        Route(PREFIX + "/rollouts/{rollout_id}", page(pages.rollout), name="ui_rollout"),
+        Route(
+            PREFIX + "/rollouts/{rollout_id}",
+            page(functools.partial(pages.rollout, decode=decode if tokenizer else None)),
+            name="ui_rollout",
+        ),
         Route(f"{PREFIX}/resources", page(pages.resources), name="ui_resources"),
         Route(f"{PREFIX}/failures", page(pages.failures), name="ui_failures"),
         Route(f"{PREFIX}/login", login, methods=["GET", "POST"], name="ui_login"),
@@ -175,11 +189,15 @@ def _safe_next(target: str) -> str:
 
 
 def create_dashboard_app(
-    store: Store | Callable[[], Store], *, token: str | None = None, secure_cookie: bool = False
+    store: Store | Callable[[], Store],
+    *,
+    token: str | None = None,
+    secure_cookie: bool = False,
+    tokenizer: str | None = None,
 ) -> Any:
     """The dashboard alone in front of ``store`` (any `Store`: a SQLite file, PostgreSQL, a store server through
     `StoreClient`), signed in with ``token`` when given. A factory is called at startup inside the server's loop and
-    its store closed at shutdown. ``/`` redirects to ``/ui/``."""
+    its store closed at shutdown. ``/`` redirects to ``/ui/``. ``tokenizer``: see `dashboard_routes`."""
     import contextlib
 
     from starlette.applications import Starlette
@@ -199,7 +217,9 @@ def create_dashboard_app(
             if owned:
                 await state.pop("store").close()
 
-    routes = dashboard_routes(lambda: state["store"], token_verifier(token), secure_cookie=secure_cookie)
+    routes = dashboard_routes(
+        lambda: state["store"], token_verifier(token), secure_cookie=secure_cookie, tokenizer=tokenizer
+    )
 
     async def home(request: Request) -> Response:
         return RedirectResponse(f"{PREFIX}/", 307)

@@ -66,6 +66,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="allow binding a non-loopback address without a token (anyone who can reach it reads the store)",
     )
+    dashboard.add_argument(
+        "--tokenizer",
+        metavar="MODEL_DIR",
+        help="a model folder whose tokenizer shows each generated token as text next to its logprob (needs the "
+        "train extra; default: token ids, unless the agent asked for logprobs itself)",
+    )
     add_tls_arguments(dashboard)
     dashboard.set_defaults(handler=_serve)
 
@@ -78,13 +84,16 @@ def _serve(args: argparse.Namespace) -> int:
     location = store_location("dashboard", args)
     if location is None:
         return 2
+    if args.tokenizer and not os.path.isdir(args.tokenizer):
+        print(f"lightrail dashboard: --tokenizer {args.tokenizer}: no such model folder", file=sys.stderr)
+        return 2
     from lightrail.dashboard.app import create_dashboard_app
     from lightrail.store import open_store
     from lightrail.store.server import serve_app, tls_options
 
     tls = tls_options(args.tls_cert, args.tls_key)
     app = create_dashboard_app(lambda: open_store(location, token=args.store_token), token=args.token or None,
-                               secure_cookie=bool(tls))  # fmt: skip
+                               secure_cookie=bool(tls), tokenizer=args.tokenizer)  # fmt: skip
     try:
         serve_app(app, "lightrail dashboard", host=args.host, port=args.port, tls=tls)
     except KeyboardInterrupt:

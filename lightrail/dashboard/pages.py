@@ -5,6 +5,7 @@ render)``; `lightrail.dashboard.app` wraps them with sign-in and turns NotFoundE
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from starlette.requests import Request
@@ -89,7 +90,7 @@ async def rollouts(request: Request, store: Store, render: Render) -> Response:
     )  # fmt: skip
 
 
-async def rollout(request: Request, store: Store, render: Render) -> Response:
+async def rollout(request: Request, store: Store, render: Render, decode: views.Decode | None = None) -> Response:
     rollout_id = request.path_params["rollout_id"]
     chosen = await store.get_rollout(rollout_id)
     attempts = await store.query_attempts(rollout_id)
@@ -98,9 +99,11 @@ async def rollout(request: Request, store: Store, render: Render) -> Response:
     if index is not None and attempt is None:
         raise NotFoundError(f"rollout {rollout_id} has attempts {[a.index for a in attempts]}, not {index}")
     spans = [] if attempt is None else await store.query_spans(rollout_id, attempt.attempt_id)
+    # with a tokenizer, off the loop: the first page loads it, and decoding is per token
+    calls = await asyncio.to_thread(views.call_views, spans, decode) if decode else views.call_views(spans)
     return render(
         request, "rollout.html", title=f"Rollout {rollout_id}", rollout=chosen, attempts=attempts, attempt=attempt,
-        spans=spans, rows=views.timeline(spans), calls=views.call_views(spans), rewards=views.rewards(spans),
+        spans=spans, rows=views.timeline(spans), calls=calls, rewards=views.rewards(spans),
         duration=views.duration(chosen), run_tag=next((chosen.metadata[k] for k in RUN_TAGS if k in chosen.metadata),
                                                       None),
     )  # fmt: skip
@@ -126,9 +129,11 @@ async def resources(request: Request, store: Store, render: Render) -> Response:
 async def failures(request: Request, store: Store, render: Render) -> Response:
     run_key = request.query_params.get("run") or None
     limit = _int(request, "limit", 500, low=0)
+    minutes = _int(request, "minutes", 0, low=0)
+    since = time.time() - 60 * minutes if minutes else None
     try:
-        groups, read, candidates = await failure_digest(store, run=run_key, limit=limit)
+        groups, read, candidates = await failure_digest(store, run=run_key, limit=limit, since=since)
     except LookupError as exc:
         raise NotFoundError(str(exc)) from None
     return render(request, "failures.html", title="Failures", groups=groups, read=read, candidates=candidates,
-                  run_key=run_key or "", limit=limit)  # fmt: skip
+                  run_key=run_key or "", limit=limit, minutes=minutes or "")  # fmt: skip

@@ -13,7 +13,7 @@ import json
 import math
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -260,7 +260,20 @@ def content_text(content: Any) -> str:
     return json.dumps(content, default=str, ensure_ascii=False)
 
 
-def _tokens(recorded: dict[str, Any], response_choice: dict[str, Any]) -> list[Token]:
+Decode = Callable[[list[int]], list[str]]
+"""Token ids to the text of each token (a tokenizer's), for showing logprobs on the response text."""
+
+
+def tokenizer_decoder(path: str) -> Decode:
+    """Per-token text from the tokenizer of a model folder (``from_pretrained``, local files only; transformers is
+    imported here, on first use)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return lambda ids: [tokenizer.decode([i]) for i in ids]
+
+
+def _tokens(recorded: dict[str, Any], response_choice: dict[str, Any], decode: Decode | None) -> list[Token]:
     logprobs = recorded.get("logprobs") if isinstance(recorded.get("logprobs"), list) else None
     shown = response_choice.get("logprobs")
     content = shown.get("content") if isinstance(shown, dict) else None
@@ -269,14 +282,15 @@ def _tokens(recorded: dict[str, Any], response_choice: dict[str, Any]) -> list[T
     ids = recorded.get("token_ids")
     if not isinstance(ids, list):
         ids = []
+    texts = decode(ids) if decode is not None and ids else [f"#{tid}" for tid in ids]
     return [
-        Token(f"#{tid}", logprobs[i] if logprobs is not None and i < len(logprobs) else None)
-        for i, tid in enumerate(ids)
+        Token(text, logprobs[i] if logprobs is not None and i < len(logprobs) else None) for i, text in enumerate(texts)
     ]
 
 
-def call_views(spans: Sequence[Span]) -> list[CallView]:
-    """Each LLM call of the attempt in order: the messages it sent, what came back, token logprobs."""
+def call_views(spans: Sequence[Span], decode: Decode | None = None) -> list[CallView]:
+    """Each LLM call of the attempt in order: the messages it sent, what came back, token logprobs (each token's
+    text from the response's own logprobs when the agent asked for them, else from ``decode``, else its id)."""
     views: list[CallView] = []
     previous: list[Any] = []
     trained: dict[Any, list[dict[str, Any]]] = {}
@@ -316,7 +330,7 @@ def call_views(spans: Sequence[Span]) -> list[CallView]:
             choices.append(Choice(
                 message=message, text=content_text(message.get("content")),
                 tool_calls=[c for c in message.get("tool_calls") or [] if isinstance(c, dict)],
-                tokens=_tokens(recorded[i] if i < len(recorded) else {}, choice),
+                tokens=_tokens(recorded[i] if i < len(recorded) else {}, choice, decode),
                 finish_reason=choice.get("finish_reason"),
             ))  # fmt: skip
         trainable = isinstance(a.get(Attr.PROMPT_IDS), list) and any(r.get("token_ids") for r in recorded)

@@ -175,13 +175,21 @@ async def rollouts_page(
 
 
 async def failure_digest(
-    store: Store, *, run: str | None = None, limit: int = 500, gap_s: float = DEFAULT_GAP_S
+    store: Store,
+    *,
+    run: str | None = None,
+    limit: int = 500,
+    gap_s: float = DEFAULT_GAP_S,
+    since: float | None = None,
 ) -> tuple[list[FailureGroup], int, int]:
     """The digest of failed attempts among the newest ``limit`` rollouts that may hold one (of a run, or of the
-    whole store); returns it with how many rollouts were read and how many could have been."""
+    whole store; enqueued at or after ``since``, a Unix time, when given); returns it with how many rollouts were
+    read and how many could have been."""
     rollouts = await store.query_rollouts()
     if run is not None:
         rollouts = _pick_run(derive_runs(rollouts, gap_s), run).rollouts
+    if since is not None:
+        rollouts = [r for r in rollouts if r.created_at >= since]
     candidates = [r for r in rollouts if may_have_failed(r)]
     read = candidates[-limit:] if limit > 0 else candidates
     return digest_failures(await failed_attempts(store, read)), len(read), len(candidates)

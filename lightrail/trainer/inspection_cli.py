@@ -10,6 +10,7 @@ import argparse
 import os
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +121,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default=500,
         metavar="N",
         help="read the attempts of at most the N newest rollouts that failed or were retried (default: 500; 0: all)",
+    )
+    failures.add_argument(
+        "--since",
+        type=float,
+        default=None,
+        metavar="MINUTES",
+        help="only rollouts enqueued in the last MINUTES minutes (default: any time)",
     )
     failures.set_defaults(handler=_failures)
 
@@ -250,16 +258,21 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _failures(args: argparse.Namespace) -> int:
-    if args.limit < 0:
-        print("lightrail failures: --limit must be >= 0", file=sys.stderr)
+    if args.limit < 0 or (args.since is not None and args.since <= 0):
+        print("lightrail failures: --limit must be >= 0 and --since > 0", file=sys.stderr)
         return 2
+    since = None if args.since is None else time.time() - 60 * args.since
 
     async def body(store: Any, console: Any, location: str) -> int:
         from lightrail.trainer.inspection import failure_digest
         from lightrail.trainer.report import render_digest
 
-        digest, read, candidates = await failure_digest(store, run=args.run, limit=args.limit, gap_s=args.gap * 60)
+        digest, read, candidates = await failure_digest(
+            store, run=args.run, limit=args.limit, gap_s=args.gap * 60, since=since
+        )
         scope = f"run {args.run}" if args.run else _label(location)
+        if args.since is not None:
+            scope += f", last {args.since:g} minutes"
         render_digest(digest, console, title=f"failure digest of {scope}")
         if read < candidates:
             console.print(

@@ -169,3 +169,47 @@ def test_a_trained_call_shows_its_step_and_advantage(server, trained):
     assert len(calls) == 2 and page.count("trained at step 1 · advantage") == 2
     for call in calls:
         assert f"advantage {call['advantage']:+.3f} · return {call['return']:.3g}" in page
+
+
+def test_with_a_tokenizer_each_generated_token_is_shown_as_text(trained):
+    from html import unescape
+
+    from starlette.testclient import TestClient
+    from transformers import AutoTokenizer
+
+    from lightrail.dashboard import create_dashboard_app
+    from lightrail.store import open_store
+    from lightrail.types import Attr, RolloutStatus
+
+    async def first_call(store):
+        rollout = next(r for r in await store.query_rollouts() if r.status is RolloutStatus.SUCCEEDED)
+        spans = await store.query_spans(rollout.rollout_id)
+        return min((s for s in spans if s.name == Attr.SPAN_LLM_CALL), key=lambda s: (s.start_time, s.seq))
+
+    call = read_store(trained / "store.db", first_call)
+    ids = call.attributes[Attr.CHOICES][0]["token_ids"]
+    assert ids
+    model = trained.parent / "model"
+    app = create_dashboard_app(lambda: open_store(str(trained / "store.db")), tokenizer=str(model))
+    with TestClient(app) as client:
+        page = client.get(f"/ui/rollouts/{call.rollout_id}").text
+    first = page[page.index('id="call-1"') : page.index('id="call-2"')]
+    shown = [
+        unescape(t) for t in re.findall(r'<span class="tok shade-\d" title="logprob [^"]*">(.*?)</span>', first, re.S)
+    ]
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    assert shown == [tokenizer.decode([i]) for i in ids]  # the text of each token, not its id
+
+
+def test_the_failure_digest_covers_a_time_window(server, trained):
+    import time
+
+    from lightrail.trainer.inspection import failure_digest
+
+    recent = get(server, "/ui/failures?minutes=60", ADMIN_TOKEN)
+    assert "4 failed attempts in 1 groups" in recent.text
+    groups, read, candidates = read_store(trained / "store.db", lambda s: failure_digest(s, since=time.time() + 1))
+    assert (groups, read, candidates) == ([], 0, 0)  # nothing was enqueued after now
+    everything = read_store(trained / "store.db", lambda s: failure_digest(s))
+    assert sum(g.count for g in everything[0]) == 4
+    assert get(server, "/ui/failures?minutes=-5", ADMIN_TOKEN).status_code == 400
