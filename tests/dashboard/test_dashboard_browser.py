@@ -7,8 +7,13 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from lightrail.types import Attr, RolloutSpec, RolloutStatus, Task
 from tests.dashboard._helpers import XSS, read_store
+
+# the first test may install Debian's chromium (apt-get: a few minutes on a fresh machine)
+pytestmark = pytest.mark.timeout(1200)
 
 
 def sign_in(page, server, token: str, path: str = "/ui/") -> None:
