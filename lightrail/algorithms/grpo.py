@@ -291,8 +291,9 @@ class GRPO:
         version = await ctx.publish({"llm": self.llm})
         tasks = self._next_tasks(ctx.train_tasks)
         rollouts = await ctx.run_rollouts(
-            tasks, mode="train", n_samples=self.n_samples, resources_version=version.version
-        )
+            tasks, mode="train", n_samples=self.n_samples, resources_version=version.version,
+            metadata={"step": self.step + 1},
+        )  # fmt: skip
         t_rollouts = time.monotonic() - t0
         episodes = {
             r.rollout_id: build_episode(s, tool_rewards_rule=self.tool_rewards)
@@ -348,7 +349,9 @@ class GRPO:
             return None
         llm = msgspec.structs.replace(self.llm, sampling=self.val_sampling)  # same endpoint, greedy by default
         version = await ctx.publish({"llm": llm})
-        rollouts = await ctx.run_rollouts(ctx.val_tasks, mode="val", resources_version=version.version)
+        rollouts = await ctx.run_rollouts(
+            ctx.val_tasks, mode="val", resources_version=version.version, metadata={"step": self.step}
+        )
         from lightrail.trainer.report import print_failure_digest
 
         await print_failure_digest(ctx.store, rollouts, title=f"validation at step {self.step}: failure digest")

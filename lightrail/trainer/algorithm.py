@@ -69,11 +69,13 @@ class TrainerContext:
         n_samples: int = 1,
         resources_version: int | None = None,
         timeout_s: float | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> list[Rollout]:
         """Enqueue ``n_samples`` rollouts per task and wait until all are terminal (or ``timeout_s`` passes);
         returns them in enqueue order (samples of a task adjacent: a GRPO group). Waiting is event-driven
-        (`Store.wait`); rollouts whose runner died are retried by the store, never waited on forever."""
-        metadata = {"run": self.run} if self.run is not None else {}
+        (`Store.wait`); rollouts whose runner died are retried by the store, never waited on forever. Each rollout
+        carries ``metadata`` (e.g. the training step, which the dashboard shows) and the run tag."""
+        metadata = {**(metadata or {}), **({"run": self.run} if self.run is not None else {})}
         specs = [
             RolloutSpec(
                 task=task,

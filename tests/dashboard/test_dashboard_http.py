@@ -213,3 +213,14 @@ def test_the_failure_digest_covers_a_time_window(server, trained):
     everything = read_store(trained / "store.db", lambda s: failure_digest(s))
     assert sum(g.count for g in everything[0]) == 4
     assert get(server, "/ui/failures?minutes=-5", ADMIN_TOKEN).status_code == 400
+
+
+def test_the_rollouts_table_shows_each_rollouts_training_step(server, trained):
+    rollouts = read_store(trained / "store.db", lambda s: s.query_rollouts())
+    ours = [r for r in rollouts if r.metadata.get("run") == str(trained)]
+    # GRPO tags its rollouts with the step: step 1's samples, and validation before (0) and after (1) it
+    assert sorted({(r.mode, r.metadata["step"]) for r in ours}) == [("train", 1), ("val", 0), ("val", 1)]
+    page = get(server, f"/ui/rollouts?run={trained}&mode=val&limit=100", ADMIN_TOKEN).text
+    rows = re.findall(r'<a href="/ui/rollouts/(ro-[^"]+)">.*?<td>val</td>\s*<td class="num">(\d*)</td>', page, re.S)
+    by_id = {r.rollout_id: r for r in ours}
+    assert len(rows) == 8 and all(by_id[rid].metadata["step"] == int(step) for rid, step in rows)
