@@ -184,16 +184,17 @@ def timeline(spans: Sequence[Span]) -> list[SpanRow]:
     axis."""
     if not spans:
         return []
-    start = min(s.start_time for s in spans)
-    end = max(max(s.end_time or s.start_time for s in spans), start + 1e-6)
+    timed = [s for s in spans if s.name != Attr.SPAN_TRAINING] or spans  # annotations written after the attempt
+    start = min(s.start_time for s in timed)
+    end = max(max(s.end_time or s.start_time for s in timed), start + 1e-6)
     roots, children = span_children(spans)
     rows: list[SpanRow] = []
     calls = 0
 
     def add(span: Span, depth: int) -> None:
         nonlocal calls
-        left = 100 * (span.start_time - start) / (end - start)
-        width = 100 * ((span.end_time or span.start_time) - span.start_time) / (end - start)
+        left = min(100 * (span.start_time - start) / (end - start), 99.6)
+        width = min(100 * ((span.end_time or span.start_time) - span.start_time) / (end - start), 100 - left)
         label, detail = _describe(span)
         number = None
         if span.name == Attr.SPAN_LLM_CALL:

@@ -1,0 +1,40 @@
+"""The pure parts of the dashboard: the span timeline and the SVG charts."""
+
+from __future__ import annotations
+
+import re
+
+from lightrail.dashboard.charts import line_chart
+from lightrail.dashboard.views import timeline
+from lightrail.types import Attr, Span
+
+
+def _span(name: str, start: float, end: float | None, parent: str | None = None, **attributes) -> Span:
+    return Span(rollout_id="ro-1", attempt_id="at-1", seq=int(start * 10), name=name, span_id=f"s{start}",
+                parent_id=parent, start_time=start, end_time=end, attributes=attributes)  # fmt: skip
+
+
+def test_the_timeline_places_spans_on_the_attempts_time_axis_in_tree_order():
+    root = _span(Attr.SPAN_ROLLOUT, 100.0, 110.0)
+    call = _span(Attr.SPAN_LLM_CALL, 102.0, 107.0, parent=root.span_id)
+    tool = _span("search", 107.5, 108.0, parent=root.span_id, **{Attr.KIND: "tool", Attr.TOOL_NAME: "search"})
+    annotation = {Attr.TRAINING_STEP: 3, Attr.TRAINING_ALGORITHM: "grpo", Attr.TRAINING_CALLS: [{}]}
+    trained = _span(Attr.SPAN_TRAINING, 500.0, None, **annotation)
+    rows = timeline([tool, trained, call, root])
+    assert [(r.span.span_id, r.depth) for r in rows] == [
+        (root.span_id, 0), (call.span_id, 1), (tool.span_id, 1), (trained.span_id, 1)
+    ]  # fmt: skip
+    assert (rows[0].left, rows[0].width) == (0.0, 100.0)  # the annotation written later does not stretch the axis
+    assert (rows[1].left, rows[1].width) == (20.0, 50.0)
+    assert rows[1].number == 1 and rows[2].label == "search" and rows[2].detail == "search"
+    assert (rows[3].label, rows[3].detail, rows[3].kind) == ("trained (grpo step 3)", "1 calls", "training")
+
+
+def test_a_chart_spans_its_points_and_says_its_last_values():
+    svg = str(line_chart("reward <b>", {"train": [(0, 0.1), (2, 0.55)], "val": [(0, 0.0), (2, 0.5)]}))
+    assert 'aria-label="reward &lt;b&gt;: train 0.55 at step 2; val 0.5 at step 2"' in svg
+    ticks = [float(t) for t in re.findall(r'class="tick" text-anchor="end">([-\d.e]+)<', svg)]
+    assert min(ticks) <= 0.0 and max(ticks) >= 0.55  # the y axis ends on a tick at or above the highest point
+    ys = [float(y) for points in re.findall(r'points="([^"]+)"', svg) for y in re.findall(r",([\d.]+)", points)]
+    assert all(38 <= y <= 134 for y in ys)  # every point inside the plot area
+    assert "nothing recorded yet" in str(line_chart("kl", {"kl": []}))
