@@ -364,6 +364,7 @@ class Trainer:
 
                 url, label, token = server.url, redact_url(db), server.token
                 store = owned_store = StoreClient(url, token=token)
+                self.console.print(f"[dim]watch it live: lightrail dashboard --store {db}[/dim]")
             await cancel_unfinished(store, run)
             if self.n_runners:
                 runner_sets.append(
