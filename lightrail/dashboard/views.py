@@ -209,6 +209,14 @@ def timeline(spans: Sequence[Span]) -> list[SpanRow]:
     return rows
 
 
+def number(value: Any) -> float | None:
+    """``value`` as a finite float, or None (span attributes come from agents: anything can be there)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
 @dataclass
 class Token:
     text: str
@@ -219,33 +227,92 @@ class Token:
         """0 (certain) .. 4 (unlikely): the background class the response text shows the token with."""
         if self.logprob is None:
             return 0
-        p = math.exp(self.logprob)
+        p = math.exp(min(self.logprob, 0.0))
         return 0 if p > 0.9 else 1 if p > 0.6 else 2 if p > 0.3 else 3 if p > 0.1 else 4
 
 
 @dataclass
-class Choice:
-    message: dict[str, Any]
+class ToolCall:
+    name: str
+    arguments: str
+    call_id: str
+
+
+@dataclass
+class Message:
+    """A chat message as recorded, reduced to what the page shows (every field a string)."""
+
+    role: str
     text: str
-    tool_calls: list[dict[str, Any]]
+    name: str = ""
+    tool_call_id: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+
+    def said(self) -> tuple[str, str, list[tuple[str, str]]]:
+        """What the message says, for telling whether a request repeats the history (the recorded answer carries
+        fields the agent drops when it sends the answer back)."""
+        return (self.role, self.text, [(c.name, c.arguments) for c in self.tool_calls])
+
+
+def _text(value: Any) -> str:
+    return "" if value is None else value if isinstance(value, str) else json.dumps(value, default=str)
+
+
+def _tool_calls(value: Any) -> list[ToolCall]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        return [ToolCall(_text(value), "", "")]
+    calls = []
+    for call in value:
+        function = call.get("function") if isinstance(call, dict) else call
+        if isinstance(function, dict):
+            name, arguments = _text(function.get("name")), _text(function.get("arguments"))
+        else:
+            name, arguments = _text(function), ""
+        calls.append(ToolCall(name, arguments, _text(call.get("id")) if isinstance(call, dict) else ""))
+    return calls
+
+
+def message(value: Any, role: str = "?") -> Message:
+    if not isinstance(value, dict):
+        return Message(role=role, text=_text(value))
+    return Message(
+        role=_text(value.get("role")) or role, text=content_text(value.get("content")), name=_text(value.get("name")),
+        tool_call_id=_text(value.get("tool_call_id")), tool_calls=_tool_calls(value.get("tool_calls")),
+    )  # fmt: skip
+
+
+@dataclass
+class Choice:
+    message: Message
     tokens: list[Token]
     """The generated tokens with their logprobs (text from the response's logprobs when the agent asked for them,
-    else the token ids)."""
-    finish_reason: str | None
+    else from a tokenizer, else the token ids)."""
+    finish_reason: str
+
+
+@dataclass
+class Trained:
+    """What one update trained on a call (`Attr.SPAN_TRAINING`)."""
+
+    step: Any
+    choice: Any
+    advantage: float | None
+    returned: float | None
 
 
 @dataclass
 class CallView:
     number: int
     span: Span
-    messages: list[dict[str, Any]]
+    messages: list[Message]
     new_from: int
     """Index of the first message the previous call did not already send (agents resend the history)."""
     choices: list[Choice]
     trainable: bool
     """Whether the call carries what training needs (the engine's prompt and generated token ids)."""
-    training: list[dict[str, Any]]
-    """What updates trained on this call (`Attr.SPAN_TRAINING`): step, choice, return, advantage, tokens."""
+    training: list[Trained]
     agent: str | None
     error: str
     request_extra: dict[str, Any] = field(default_factory=dict)
@@ -257,7 +324,9 @@ def content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "\n".join(p.get("text", f"<{p.get('type')}>") if isinstance(p, dict) else str(p) for p in content)
+        return "\n".join(
+            _text(p.get("text", f"<{p.get('type')}>")) if isinstance(p, dict) else _text(p) for p in content
+        )
     return json.dumps(content, default=str, ensure_ascii=False)
 
 
@@ -275,82 +344,86 @@ def tokenizer_decoder(path: str) -> Decode:
 
 
 def _tokens(recorded: dict[str, Any], response_choice: dict[str, Any], decode: Decode | None) -> list[Token]:
-    logprobs = recorded.get("logprobs") if isinstance(recorded.get("logprobs"), list) else None
     shown = response_choice.get("logprobs")
     content = shown.get("content") if isinstance(shown, dict) else None
     if isinstance(content, list) and content and all(isinstance(t, dict) and "token" in t for t in content):
-        return [Token(str(t["token"]), t.get("logprob")) for t in content]
+        return [Token(_text(t["token"]), number(t.get("logprob"))) for t in content]
     ids = recorded.get("token_ids")
     if not isinstance(ids, list):
-        ids = []
-    texts = decode(ids) if decode is not None and ids else [f"#{tid}" for tid in ids]
-    return [
-        Token(text, logprobs[i] if logprobs is not None and i < len(logprobs) else None) for i, text in enumerate(texts)
-    ]
+        return []
+    logprobs = recorded.get("logprobs")
+    logprobs = [number(v) for v in logprobs] if isinstance(logprobs, list) else []
+    if decode is not None and ids and all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        texts = decode(ids)
+    else:
+        texts = [f"#{tid}" for tid in ids]
+    return [Token(text, logprobs[i] if i < len(logprobs) else None) for i, text in enumerate(texts)]
+
+
+def _training(spans: Sequence[Span]) -> dict[str, list[Trained]]:
+    """What the training annotations of an attempt say, by the response id of the call."""
+    out: dict[str, list[Trained]] = {}
+    for span in spans:
+        calls = span.attributes.get(Attr.TRAINING_CALLS) if span.name == Attr.SPAN_TRAINING else None
+        for call in calls if isinstance(calls, list) else []:
+            if isinstance(call, dict) and isinstance(call.get("response_id"), str):
+                out.setdefault(call["response_id"], []).append(Trained(
+                    step=span.attributes.get(Attr.TRAINING_STEP), choice=call.get("choice"),
+                    advantage=number(call.get("advantage")), returned=number(call.get("return")),
+                ))  # fmt: skip
+    return out
 
 
 def call_views(spans: Sequence[Span], decode: Decode | None = None) -> list[CallView]:
     """Each LLM call of the attempt in order: the messages it sent, what came back, token logprobs (each token's
-    text from the response's own logprobs when the agent asked for them, else from ``decode``, else its id)."""
+    text from the response's own logprobs when the agent asked for them, else from ``decode``, else its id), and
+    what training did with it."""
     views: list[CallView] = []
-    previous: list[Any] = []
-    trained: dict[Any, list[dict[str, Any]]] = {}
-    for span in spans:
-        calls = span.attributes.get(Attr.TRAINING_CALLS) if span.name == Attr.SPAN_TRAINING else None
-        for call in calls if isinstance(calls, list) else []:
-            if isinstance(call, dict) and call.get("response_id") is not None:
-                step = span.attributes.get(Attr.TRAINING_STEP)
-                trained.setdefault(call["response_id"], []).append({**call, "step": step})
-    number = 0
+    previous: list[Message] = []
+    trained = _training(spans)
+    count = 0
     for row in timeline(spans):
         span = row.span
         if span.name != Attr.SPAN_LLM_CALL:
             continue
-        number += 1
+        count += 1
         a = span.attributes
         request = a.get(Attr.REQUEST)
         if not isinstance(request, dict):
-            request = {}
-        messages = request.get("messages")
-        if not isinstance(messages, list):
-            messages = [{"role": "prompt", "content": request.get("prompt", "")}] if "prompt" in request else []
-        messages = [m if isinstance(m, dict) else {"role": "?", "content": str(m)} for m in messages]
+            request = {} if request is None else {"request": request}
+        sent = request.get("messages")
+        if not isinstance(sent, list):
+            sent = [{"role": "prompt", "content": request.get("prompt", "")}] if "prompt" in request else []
+        messages = [message(m) for m in sent]
         same = len(previous) <= len(messages) and all(
-            _said(m) == _said(p) for m, p in zip(messages, previous, strict=False)
+            m.said() == p.said() for m, p in zip(messages, previous, strict=False)
         )
         new_from = len(previous) if previous and same else 0
         response = a.get(Attr.RESPONSE)
-        if not isinstance(response, dict):
-            response = {}
-        recorded = [c for c in a.get(Attr.CHOICES) or [] if isinstance(c, dict)]
+        answers = response.get("choices") if isinstance(response, dict) else None
+        recorded = a.get(Attr.CHOICES)
+        recorded = [c if isinstance(c, dict) else {} for c in recorded] if isinstance(recorded, list) else []
         choices = []
-        for i, choice in enumerate(response.get("choices") or []):
+        for i, choice in enumerate(answers if isinstance(answers, list) else []):
             if not isinstance(choice, dict):
                 continue
-            message = choice.get("message") or {"role": "completion", "content": choice.get("text", "")}
+            said = choice.get("message") or {"role": "completion", "content": choice.get("text", "")}
             choices.append(Choice(
-                message=message, text=content_text(message.get("content")),
-                tool_calls=[c for c in message.get("tool_calls") or [] if isinstance(c, dict)],
+                message=message(said, "assistant"),
                 tokens=_tokens(recorded[i] if i < len(recorded) else {}, choice, decode),
-                finish_reason=choice.get("finish_reason"),
+                finish_reason=_text(choice.get("finish_reason")),
             ))  # fmt: skip
         trainable = isinstance(a.get(Attr.PROMPT_IDS), list) and any(r.get("token_ids") for r in recorded)
-        extra = {k: v for k, v in request.items() if k not in ("messages", "prompt")}
+        response_id = a.get(Attr.RESPONSE_ID)
         views.append(CallView(
-            number=number, span=span, messages=messages, new_from=new_from, choices=choices, trainable=trainable,
-            training=trained.get(a.get(Attr.RESPONSE_ID), []) if a.get(Attr.RESPONSE_ID) is not None else [],
-            agent=str(a[Attr.AGENT_NAME]) if a.get(Attr.AGENT_NAME) else None,
-            error=span.status.message if span.status.code == "error" else "", request_extra=extra,
+            number=count, span=span, messages=messages, new_from=new_from, choices=choices, trainable=trainable,
+            training=trained.get(response_id, []) if isinstance(response_id, str) else [],
+            agent=_text(a[Attr.AGENT_NAME]) if a.get(Attr.AGENT_NAME) else None,
+            error=span.status.message if span.status.code == "error" else "",
+            request_extra={k: v for k, v in request.items() if k not in ("messages", "prompt")},
         ))  # fmt: skip
         previous = [*messages, *([choices[0].message] if choices else [])]
     return views
-
-
-def _said(message: Any) -> tuple[Any, str, Any]:
-    if not isinstance(message, dict):
-        return (None, str(message), None)
-    calls = [c.get("function") if isinstance(c, dict) else c for c in message.get("tool_calls") or ()]
-    return (message.get("role"), content_text(message.get("content")), calls or None)
 
 
 def rewards(spans: Sequence[Span]) -> list[dict[str, Any]]:

@@ -224,3 +224,37 @@ def test_the_rollouts_table_shows_each_rollouts_training_step(server, trained):
     rows = re.findall(r'<a href="/ui/rollouts/(ro-[^"]+)">.*?<td>val</td>\s*<td class="num">(\d*)</td>', page, re.S)
     by_id = {r.rollout_id: r for r in ours}
     assert len(rows) == 8 and all(by_id[rid].metadata["step"] == int(step) for rid, step in rows)
+
+
+def test_malformed_spans_from_an_agent_still_render(server, trained):
+    """Spans come from agents and frameworks (OTLP ingest): odd shapes are shown as they are, never a 500."""
+    from lightrail.types import Attr, RolloutSpec, Span, Task
+
+    async def odd(store):
+        await store.enqueue([RolloutSpec(task=Task(input="odd"), rollout_id="ro-odd")])
+        lease = await store.lease("w-odd")
+        attempt = lease.attempt
+        weird_call = {
+            Attr.REQUEST: {"messages": ["plain string", {"role": "user", "content": [{"type": "image"}, 3]},
+                                        {"role": "assistant", "tool_calls": "not a list"},
+                                        {"role": "assistant", "tool_calls": [{"function": "f(x)"}, 7]}]},
+            Attr.RESPONSE: {"choices": [{"message": {"content": 5, "tool_calls": [{"function": {"name": None}}]},
+                                         "logprobs": {"content": [{"token": "a", "logprob": "high"}]}}, "x"]},
+            Attr.CHOICES: [{"token_ids": [1, "two"], "logprobs": ["low", None]}],
+            Attr.RESPONSE_ID: "resp-odd", Attr.PROMPT_IDS: "not ids",
+        }  # fmt: skip
+        await store.add_spans([
+            Span(rollout_id="ro-odd", attempt_id=attempt.attempt_id, seq=1, name=Attr.SPAN_LLM_CALL,
+                 attributes=weird_call, start_time=10.0, end_time=5.0),
+            Span(rollout_id="ro-odd", attempt_id=attempt.attempt_id, seq=2, name=Attr.SPAN_LLM_CALL,
+                 attributes={Attr.REQUEST: "text", Attr.RESPONSE: [1, 2], Attr.CHOICES: {"a": 1}}),
+            Span(rollout_id="ro-odd", attempt_id=attempt.attempt_id, seq=3, name=Attr.SPAN_TRAINING,
+                 attributes={Attr.TRAINING_CALLS: [{"response_id": "resp-odd", "advantage": "big", "return": []}, 4]}),
+            Span(rollout_id="ro-odd", attempt_id=attempt.attempt_id, seq=4, name=Attr.SPAN_REWARD,
+                 attributes={Attr.REWARD: "lots"}),
+        ])  # fmt: skip
+
+    read_store(trained / "store.db", odd)
+    page = get(server, "/ui/rollouts/ro-odd", ADMIN_TOKEN)
+    assert page.status_code == 200, page.text[-3000:]
+    assert "plain string" in page.text and "not a list" in page.text and "f(x)" in page.text
