@@ -90,6 +90,7 @@ def dashboard_routes(
     env = _environment()
 
     def render(request: Request, template: str, code: int = 200, **context: Any) -> Response:
+        context.setdefault("live_period_ms", 3000)
         html = env.get_template(template).render(request=request, live=request.query_params.get("live") != "0",
                                                  signed_in=COOKIE in request.cookies, **context)  # fmt: skip
         return HTMLResponse(html, code, headers=_HEADERS)
@@ -127,8 +128,18 @@ def dashboard_routes(
             decoder.append(views.tokenizer_decoder(tokenizer))  # type: ignore[arg-type]  # only with a tokenizer
         return decoder[0](ids)
 
+    def cross_site(request: Request) -> bool:
+        """A form posted from another site (signing a user in or out behind their back)."""
+        fetched_from = request.headers.get("sec-fetch-site")  # browsers send it; "none": typed or bookmarked
+        if fetched_from is not None:
+            return fetched_from not in ("same-origin", "none")
+        origin = request.headers.get("origin")  # "null" under Referrer-Policy no-referrer: nothing to compare
+        return origin not in (None, "null") and urllib.parse.urlsplit(origin).netloc != request.headers.get("host")
+
     async def login(request: Request) -> Response:
         target = _safe_next(request.query_params.get("next", ""))
+        if request.method == "POST" and cross_site(request):
+            return render(request, "error.html", 403, title="Forbidden", message="sign in from this dashboard's page")
         if request.method == "GET":
             return render(request, "login.html", title="Sign in", target=target, failed=False)
         form = urllib.parse.parse_qs((await request.body()).decode("utf-8", "replace"))
@@ -143,6 +154,8 @@ def dashboard_routes(
         return response
 
     async def logout(request: Request) -> Response:
+        if cross_site(request):
+            return render(request, "error.html", 403, title="Forbidden", message="sign out from this dashboard's page")
         response = RedirectResponse(f"{PREFIX}/login", 303, headers=_HEADERS)
         response.delete_cookie(COOKIE, path=PREFIX)
         return response
@@ -167,7 +180,7 @@ def dashboard_routes(
         Route(PREFIX + "/runs/{run:path}", page(pages.run), name="ui_run"),
         Route(f"{PREFIX}/rollouts", page(pages.rollouts), name="ui_rollouts"),
         Route(
-            PREFIX + "/rollouts/{rollout_id}",
+            PREFIX + "/rollouts/{rollout_id:path}",
             page(functools.partial(pages.rollout, decode=decode if tokenizer else None)),
             name="ui_rollout",
         ),

@@ -72,6 +72,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="a model folder whose tokenizer shows each generated token as text next to its logprob (needs the "
         "train extra; default: token ids, unless the agent asked for logprobs itself)",
     )
+    dashboard.add_argument(
+        "--secure-cookie",
+        action="store_true",
+        help="mark the sign-in cookie Secure (HTTPS only) when a TLS proxy serves this dashboard (with --tls-cert it "
+        "always is)",
+    )
     add_tls_arguments(dashboard)
     dashboard.set_defaults(handler=_serve)
 
@@ -93,7 +99,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     tls = tls_options(args.tls_cert, args.tls_key)
     app = create_dashboard_app(lambda: open_store(location, token=args.store_token), token=args.token or None,
-                               secure_cookie=bool(tls), tokenizer=args.tokenizer)  # fmt: skip
+                               secure_cookie=bool(tls) or args.secure_cookie, tokenizer=args.tokenizer)  # fmt: skip
     try:
         serve_app(app, "lightrail dashboard", host=args.host, port=args.port, tls=tls)
     except KeyboardInterrupt:

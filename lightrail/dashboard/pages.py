@@ -7,49 +7,71 @@ from __future__ import annotations
 import asyncio
 import time
 from typing import Any
+from urllib.parse import quote, urlencode
 
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from lightrail.dashboard import views
 from lightrail.store.base import MAX_PAGE, NotFoundError, Store
-from lightrail.trainer.inspection import RUN_TAGS, failure_digest, last_error, rollouts_page
+from lightrail.trainer.inspection import RUN_TAGS, Run, derive_runs, failure_digest, last_error, rollouts_page
 from lightrail.trainer.report import may_have_failed
 
 Render = Any
 
 PAGE = 50
 RESOURCE_PAGE = 20
+SLOW_LIVE_MS = 15_000
+"""How often an open tab refreshes the pages that read every rollout (runs, a run, the failure digest)."""
 
 
-def _int(request: Request, name: str, default: int, *, low: int = 0, high: int | None = None) -> int:
+def _int(request: Request, name: str, default: int, *, low: int = 0, high: int = 2**62) -> int:
     raw = request.query_params.get(name)
     if raw in (None, ""):
         return default
     try:
-        value = int(raw)
+        value = int(raw) if len(raw) <= 30 else None
     except ValueError:
-        raise ValueError(f"{name} must be a whole number, got {raw!r}") from None
-    if value < low or (high is not None and value > high):
-        raise ValueError(f"{name} must be between {low} and {high if high is not None else 'any'}, got {value}")
+        value = None
+    if value is None:
+        raise ValueError(f"{name} must be a whole number, got {raw[:40]!r}")
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be between {low} and {high}, got {value}")
     return value
 
 
+_RUNS_TTL_S = 5.0
+_runs_cache: list[tuple[Store, float, list[Run]]] = []
+
+
+async def _runs(store: Store) -> list[Run]:
+    """The store's runs, newest first. Deriving them reads every rollout (0.7 s at 100,000), so pages share one
+    result for a few seconds (an open tab polls), and the grouping runs off the event loop the store serves on."""
+    if _runs_cache and _runs_cache[0][0] is store and time.monotonic() - _runs_cache[0][1] < _RUNS_TTL_S:
+        return _runs_cache[0][2]
+    rollouts = await store.query_rollouts()
+    runs = (await asyncio.to_thread(derive_runs, rollouts))[::-1]
+    _runs_cache[:] = [(store, time.monotonic(), runs)]  # the newest store's only (one store per app)
+    return runs
+
+
 async def runs(request: Request, store: Store, render: Render) -> Response:
-    all_runs = await views.runs(store)
-    return render(request, "runs.html", title="Runs", runs=all_runs, counts=await store.counts())
+    all_runs = await _runs(store)
+    return render(request, "runs.html", title="Runs", runs=all_runs, counts=await store.counts(),
+                  live_period_ms=SLOW_LIVE_MS)  # fmt: skip
 
 
 async def run(request: Request, store: Store, render: Render) -> Response:
     key = request.path_params["run"]
-    all_runs = await views.runs(store)
+    all_runs = await _runs(store)
     chosen = views.find_run(all_runs, key)
     if chosen is None:
         raise NotFoundError(f"no run {key!r} in this store")
     charts = await asyncio.to_thread(views.run_charts, chosen, views.metrics_file(chosen))
     newest = chosen.rollouts[-10:][::-1]
     return render(request, "run.html", title=f"Run {chosen.number}", run=chosen, charts=charts, newest=newest,
-                  has_metrics=views.metrics_file(chosen) is not None, run_key=chosen.tag or str(chosen.number))  # fmt: skip
+                  has_metrics=views.metrics_file(chosen) is not None, run_key=chosen.tag or str(chosen.number),
+                  live_period_ms=SLOW_LIVE_MS)  # fmt: skip
 
 
 async def rollouts(request: Request, store: Store, render: Render) -> Response:
@@ -61,7 +83,7 @@ async def rollouts(request: Request, store: Store, render: Render) -> Response:
         except NotFoundError:
             pass
         else:
-            return RedirectResponse(f"{request.url.path}/{search}", 303)
+            return RedirectResponse(f"{request.url.path}/{quote(search, safe='')}", 303)
     status = views.parse_statuses(q.getlist("status"))
     mode = q.get("mode") or None
     run_key = q.get("run") or None
@@ -77,8 +99,6 @@ async def rollouts(request: Request, store: Store, render: Render) -> Response:
     def link(**change: Any) -> str:
         params = [(k, v) for k, v in q.multi_items() if k not in change and k != "q"]
         params += [(k, str(v)) for k, v in change.items() if v is not None]
-        from urllib.parse import urlencode
-
         return f"{request.url.path}?{urlencode(params)}"
 
     return render(
@@ -128,12 +148,12 @@ async def resources(request: Request, store: Store, render: Render) -> Response:
 
 async def failures(request: Request, store: Store, render: Render) -> Response:
     run_key = request.query_params.get("run") or None
-    limit = _int(request, "limit", 500, low=0)
-    minutes = _int(request, "minutes", 0, low=0)
+    limit = _int(request, "limit", 500, low=1, high=10_000)
+    minutes = _int(request, "minutes", 0, low=0, high=10**8)
     since = time.time() - 60 * minutes if minutes else None
     try:
         groups, read, candidates = await failure_digest(store, run=run_key, limit=limit, since=since)
     except LookupError as exc:
         raise NotFoundError(str(exc)) from None
     return render(request, "failures.html", title="Failures", groups=groups, read=read, candidates=candidates,
-                  run_key=run_key or "", limit=limit, minutes=minutes or "")  # fmt: skip
+                  run_key=run_key or "", limit=limit, minutes=minutes or "", live_period_ms=SLOW_LIVE_MS)  # fmt: skip

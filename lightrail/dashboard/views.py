@@ -21,8 +21,7 @@ from typing import Any
 from markupsafe import Markup
 
 from lightrail.dashboard.charts import line_chart
-from lightrail.store.base import Store
-from lightrail.trainer.inspection import Run, derive_runs, span_children
+from lightrail.trainer.inspection import Run, span_children
 from lightrail.types import LLM, Attempt, Attr, PromptTemplate, Resources, Rollout, RolloutStatus, Span
 
 __all__ = ["CallView", "SpanRow", "call_views", "run_charts", "timeline"]
@@ -49,11 +48,6 @@ def pretty(value: Any) -> str:
 
 
 # -- runs -------------------------------------------------------------------------------------------------------
-
-
-async def runs(store: Store) -> list[Run]:
-    """Every run in the store, newest first."""
-    return derive_runs(await store.query_rollouts())[::-1]
 
 
 def find_run(all_runs: Sequence[Run], key: str) -> Run | None:
@@ -189,24 +183,32 @@ def timeline(spans: Sequence[Span]) -> list[SpanRow]:
     end = max(max(s.end_time or s.start_time for s in timed), start + 1e-6)
     roots, children = span_children(spans)
     rows: list[SpanRow] = []
+    seen: set[str] = set()
     calls = 0
-
-    def add(span: Span, depth: int) -> None:
-        nonlocal calls
-        left = min(100 * (span.start_time - start) / (end - start), 99.6)
-        width = min(100 * ((span.end_time or span.start_time) - span.start_time) / (end - start), 100 - left)
-        label, detail = _describe(span)
-        number = None
-        if span.name == Attr.SPAN_LLM_CALL:
-            calls += 1
-            number = calls
-        rows.append(SpanRow(span, depth, round(left, 2), round(max(width, 0.4), 2), _kind(span), label, detail, number))
-        for child in children.get(span.span_id, []):
-            add(child, depth + 1)
-
-    for root in roots:
-        add(root, 0)
+    # depth first without recursion (agents nest deeply); spans caught in a parent cycle, which no root reaches,
+    # are shown as roots of their own afterwards
+    for top in [*roots, *_ordered_spans(spans)]:
+        stack = [(top, 0)]
+        while stack:
+            span, depth = stack.pop()
+            if span.span_id in seen:
+                continue
+            seen.add(span.span_id)
+            left = min(100 * (span.start_time - start) / (end - start), 99.6)
+            width = min(100 * ((span.end_time or span.start_time) - span.start_time) / (end - start), 100 - left)
+            label, detail = _describe(span)
+            call_number = None
+            if span.name == Attr.SPAN_LLM_CALL:
+                calls += 1
+                call_number = calls
+            rows.append(SpanRow(span, depth, round(left, 2), round(max(width, 0.4), 2), _kind(span), label, detail,
+                                call_number))  # fmt: skip
+            stack.extend((child, depth + 1) for child in reversed(children.get(span.span_id, [])))
     return rows
+
+
+def _ordered_spans(spans: Sequence[Span]) -> list[Span]:
+    return sorted(spans, key=lambda s: (s.start_time, s.seq))
 
 
 def number(value: Any) -> float | None:

@@ -83,6 +83,9 @@ def test_html_from_the_agent_is_shown_as_text_never_run(page, server, trained):
     assert shown.inner_text() == XSS  # the markup is there, as text
     assert page.title().startswith("Rollout ")  # the script and the onerror handler would have renamed the page
     assert page.locator("main script, main img").count() == 0  # and no element was made of the agent's text
+    page.goto(server.url + "/ui/rollouts?mode=val")  # the task column of the table shows it as text too
+    assert XSS[:40] in page.locator("table.rollouts").inner_text()
+    assert page.locator("main script, main img").count() == 0
 
 
 def test_pages_update_live_without_a_reload(page, server, trained):

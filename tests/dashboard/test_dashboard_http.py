@@ -51,7 +51,13 @@ def test_signing_in_sets_a_strict_cookie_and_goes_only_to_dashboard_pages(server
         cookie = ok.headers["set-cookie"]
         assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/ui" in cookie
         assert client.get("/ui/failures").status_code == 200  # the cookie signs the next pages in
-        assert client.get("/v1/counts").status_code == 401  # but never the API
+        cookie_only = {"Cookie": f"lightrail_ui={server.read_token}"}  # (httpx itself keeps it to Path=/ui)
+        assert httpx.get(server.url + "/v1/counts", headers=cookie_only).status_code == 401  # but never the API
+        elsewhere = client.post("/ui/logout", headers={"Origin": "https://evil.example"})
+        assert elsewhere.status_code == 403  # another site cannot sign the user out (or in)
+        planted = client.post("/ui/login", data={"token": server.read_token}, headers={"Sec-Fetch-Site": "cross-site"})
+        assert planted.status_code == 403 and "set-cookie" not in planted.headers
+        assert client.get("/ui/failures").status_code == 200
         for elsewhere in ("//evil.example/x", "https://evil.example/", "/v1/counts", "/ui\\..\\x"):
             answer = client.post("/ui/login", data={"token": server.read_token, "next": elsewhere})
             assert answer.headers["location"] == "/ui/", elsewhere
@@ -64,7 +70,8 @@ def test_a_missing_rollout_or_a_bad_parameter_is_a_page_not_a_crash(server):
     assert missing.status_code == 404 and "ro-does-not-exist" in missing.text and "<html" in missing.text
     assert get(server, "/ui/runs/no-such-run", ADMIN_TOKEN).status_code == 404
     for query, says in (("offset=abc", "offset must be a whole number"), ("status=exploded", "unknown status"),
-                        ("limit=0", "limit must be between 1")):  # fmt: skip
+                        ("limit=0", "limit must be between 1"), ("offset=99999999999999999999", "offset must be"),
+                        ("offset=" + "9" * 400, "offset must be a whole number")):  # fmt: skip
         answer = get(server, f"/ui/rollouts?{query}", ADMIN_TOKEN)
         assert answer.status_code == 400 and says in answer.text, query
     assert "'self'" in missing.headers["content-security-policy"]
@@ -226,12 +233,12 @@ def test_the_rollouts_table_shows_each_rollouts_training_step(server, trained):
     assert len(rows) == 8 and all(by_id[rid].metadata["step"] == int(step) for rid, step in rows)
 
 
-def test_malformed_spans_from_an_agent_still_render(server, trained):
+def test_malformed_spans_from_an_agent_still_render(tmp_path):
     """Spans come from agents and frameworks (OTLP ingest): odd shapes are shown as they are, never a 500."""
     from lightrail.types import Attr, RolloutSpec, Span, Task
 
     async def odd(store):
-        await store.enqueue([RolloutSpec(task=Task(input="odd"), rollout_id="ro-odd")])
+        await store.enqueue([RolloutSpec(task=Task(input="odd"), rollout_id="ro/odd?")])
         lease = await store.lease("w-odd")
         attempt = lease.attempt
         weird_call = {
@@ -244,17 +251,25 @@ def test_malformed_spans_from_an_agent_still_render(server, trained):
             Attr.RESPONSE_ID: "resp-odd", Attr.PROMPT_IDS: "not ids",
         }  # fmt: skip
         await store.add_spans([
-            Span(rollout_id="ro-odd", attempt_id=attempt.attempt_id, seq=1, name=Attr.SPAN_LLM_CALL,
+            Span(rollout_id="ro/odd?", attempt_id=attempt.attempt_id, seq=1, name=Attr.SPAN_LLM_CALL,
                  attributes=weird_call, start_time=10.0, end_time=5.0),
-            Span(rollout_id="ro-odd", attempt_id=attempt.attempt_id, seq=2, name=Attr.SPAN_LLM_CALL,
+            Span(rollout_id="ro/odd?", attempt_id=attempt.attempt_id, seq=2, name=Attr.SPAN_LLM_CALL,
                  attributes={Attr.REQUEST: "text", Attr.RESPONSE: [1, 2], Attr.CHOICES: {"a": 1}}),
-            Span(rollout_id="ro-odd", attempt_id=attempt.attempt_id, seq=3, name=Attr.SPAN_TRAINING,
+            Span(rollout_id="ro/odd?", attempt_id=attempt.attempt_id, seq=3, name=Attr.SPAN_TRAINING,
                  attributes={Attr.TRAINING_CALLS: [{"response_id": "resp-odd", "advantage": "big", "return": []}, 4]}),
-            Span(rollout_id="ro-odd", attempt_id=attempt.attempt_id, seq=4, name=Attr.SPAN_REWARD,
+            Span(rollout_id="ro/odd?", attempt_id=attempt.attempt_id, seq=4, name=Attr.SPAN_REWARD,
                  attributes={Attr.REWARD: "lots"}),
         ])  # fmt: skip
 
-    read_store(trained / "store.db", odd)
-    page = get(server, "/ui/rollouts/ro-odd", ADMIN_TOKEN)
+    from starlette.testclient import TestClient
+
+    from lightrail.dashboard import create_dashboard_app
+    from lightrail.store import open_store
+
+    read_store(tmp_path / "store.db", odd)
+    with TestClient(create_dashboard_app(lambda: open_store(str(tmp_path / "store.db")))) as client:
+        found = client.get("/ui/rollouts", params={"q": "ro/odd?"}, follow_redirects=False)
+        assert found.status_code == 303 and found.headers["location"] == "/ui/rollouts/ro%2Fodd%3F"
+        page = client.get(found.headers["location"])  # an id with a slash and a question mark opens too
     assert page.status_code == 200, page.text[-3000:]
     assert "plain string" in page.text and "not a list" in page.text and "f(x)" in page.text

@@ -38,3 +38,12 @@ def test_a_chart_spans_its_points_and_says_its_last_values():
     ys = [float(y) for points in re.findall(r'points="([^"]+)"', svg) for y in re.findall(r",([\d.]+)", points)]
     assert all(38 <= y <= 134 for y in ys)  # every point inside the plot area
     assert "nothing recorded yet" in str(line_chart("kl", {"kl": []}))
+
+
+def test_deep_and_cyclic_span_trees_are_shown_whole():
+    chain = [_span("step", float(i), float(i) + 0.5, parent=f"s{float(i - 1)}" if i else None) for i in range(3000)]
+    rows = timeline(chain)
+    assert [r.depth for r in rows] == list(range(3000))  # no recursion limit
+    a = Span(rollout_id="ro-1", attempt_id="at-1", seq=1, name="a", span_id="a", parent_id="b", start_time=1.0)
+    b = Span(rollout_id="ro-1", attempt_id="at-1", seq=2, name="b", span_id="b", parent_id="a", start_time=2.0)
+    assert sorted(r.span.span_id for r in timeline([a, b])) == ["a", "b"]  # a parent cycle drops nothing

@@ -3,14 +3,18 @@
 // the <details> the reader opened. No framework, no build.
 (function () {
   "use strict";
-  var PERIOD_MS = 3000;
+  var PERIOD_MS = parseInt(document.body.getAttribute("data-live-period"), 10) || 3000;
   var toggle = document.getElementById("live-toggle");
   var status = document.getElementById("live-status");
   var busy = false;
 
-  function openDetails(root) {
+  // <details> the reader opened, by their data-key (a span id, a call number), so a part that gained rows above
+  // them reopens the same ones
+  function openKeys(root) {
     var open = [];
-    root.querySelectorAll("details").forEach(function (d, i) { if (d.open) open.push(i); });
+    root.querySelectorAll("details[data-key]").forEach(function (d) {
+      if (d.open) open.push(d.getAttribute("data-key"));
+    });
     return open;
   }
 
@@ -29,10 +33,11 @@
         parts.forEach(function (part) {
           var next = fresh.getElementById(part.id);
           if (!next || next.innerHTML === part.innerHTML) return;
-          var open = openDetails(part);
+          var open = openKeys(part);
           part.innerHTML = next.innerHTML;
-          var details = part.querySelectorAll("details");
-          open.forEach(function (i) { if (details[i]) details[i].open = true; });
+          part.querySelectorAll("details[data-key]").forEach(function (d) {
+            if (open.indexOf(d.getAttribute("data-key")) >= 0) d.open = true;
+          });
         });
         if (status) status.textContent = "updated " + new Date().toLocaleTimeString();
       })
