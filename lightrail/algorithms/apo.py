@@ -30,7 +30,9 @@ One round::
   messages (user, assistant with ``tool_calls``, ``tool`` results, final answer) are appended to it. Small models
   follow worked examples given as turns far better than as text: SmolLM2-135M solved 0 of 30 held-out calculator
   problems with a perfect example as text in the system prompt. Tasks used as demonstrations by a round's candidates
-  are kept out of its batch (a demonstration of the very task would score the copy, not the prompt).
+  are kept out of its batch (a demonstration of the very task would score the copy, not the prompt). A small model
+  may never succeed on its own: ``demo_traces`` (a `TraceFilter`: this store or another run's) adds the successful
+  stored rollouts of the same agent run with another model (a stronger one, production) to the pool.
 * **Budget.** ``max_rollouts`` counts search rollouts (the held-out validations before and after are reported
   apart, ``val_rollouts``): a round that does not fit is evaluated on fewer tasks, and the search stops when not
   even one task per candidate fits; the total never exceeds it. ``max_optimizer_calls`` counts critique and edit
@@ -63,6 +65,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import random
 import re
 import secrets
@@ -77,6 +80,8 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from lightrail.algorithms._loop_state import append_metrics
+from lightrail.algorithms.rejection import TraceFilter
+from lightrail.store.base import Store
 from lightrail.types import LLM, PromptTemplate, Resources, Rollout, RolloutSpec, RolloutStatus, Task
 
 if TYPE_CHECKING:
@@ -89,6 +94,8 @@ PROMPTS_DIR = Path(__file__).parent / "apo_prompts"
 _STATE = "apo_state.json"
 _FINISHED = (RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.TIMEOUT)
 DEMO_HEADER = "Worked examples:"
+DEMO_TRACES_MAX = 256
+"""At most this many of the newest successful rollouts ``demo_traces`` picks are read as demonstrations."""
 
 
 @dataclass
@@ -147,6 +154,7 @@ class APO:
         demo_format: str = "text",
         bootstrap_rollouts: int = 0,
         bootstrap_sampling: dict[str, Any] | None = None,
+        demo_traces: TraceFilter | None = None,
         trace_examples: int = 4,
         trace_chars: int = 1500,
         prompts_dir: str | Path | None = None,
@@ -206,6 +214,8 @@ class APO:
                 raise ValueError(f"demo_format 'messages': prompts[{self.demo_template!r}] must be a JSON list ('[]')")
             if len(prompts) == 1 and optimizer is not None:
                 raise ValueError("demo_format 'messages' with an optimizer needs another template to edit")
+        self.demo_traces = demo_traces if demonstrations else None
+        self._stored_pool: list[dict[str, Any]] | None = None
         self.bootstrap_rollouts = bootstrap_rollouts if demonstrations else 0
         self.bootstrap_sampling = {"temperature": 1.0, **(bootstrap_sampling or {})}
         self.trace_examples = trace_examples
@@ -524,7 +534,7 @@ class APO:
                     picked.append(group.pop(0))
         blocks = []
         for i, x in enumerate(picked, 1):
-            convo = render_conversation(await self._conversation(ctx, x))[: self.trace_chars]
+            convo = render_conversation(await self._conversation(ctx.store, x))[: self.trace_chars]
             task = json.dumps(x.task.input, ensure_ascii=False)[:500]
             blocks.append(f"### Run {i} (reward {x.reward if x.reward is not None else 0.0})\nTask: {task}\n{convo}")
         return "\n\n".join(blocks) or "(no finished runs)"
@@ -532,15 +542,20 @@ class APO:
     # -- demonstrations ---------------------------------------------------------------------------------------
 
     async def _demo_pool(self, ctx: TrainerContext) -> list[dict[str, Any]]:
-        """Successful rollouts of this run's search so far, rendered as demonstrations."""
+        """Successful rollouts of this run's search so far, rendered as demonstrations, then those ``demo_traces``
+        picks from a store."""
         ids = [
             rid for per_round in self._state["last_rollouts"].values() for runs in per_round.values() for rid in runs
         ]
+        pool = await self._demonstrations(ctx.store, await ctx.store.query_rollouts(rollout_ids=ids))
+        return pool + await self._stored_demos(ctx)
+
+    async def _demonstrations(self, store: Store, rollouts: Sequence[Rollout]) -> list[dict[str, Any]]:
         pool = []
-        for x in await ctx.store.query_rollouts(rollout_ids=ids):
+        for x in rollouts:
             if not _succeeded(x, self.success_threshold):
                 continue
-            convo = await self._conversation(ctx, x)
+            convo = await self._conversation(store, x)
             if not convo:
                 continue
             text = render_demonstration(convo)
@@ -549,6 +564,36 @@ class APO:
                  "messages": demonstration_messages(convo)}
             )  # fmt: skip
         return pool
+
+    async def _stored_demos(self, ctx: TrainerContext) -> list[dict[str, Any]]:
+        """The successful rollouts ``demo_traces`` picks (the newest `DEMO_TRACES_MAX`; this run's own search
+        rollouts left out, they are in the pool already), read once per session: their conversations become
+        demonstrations like the search's own successes (a stronger model's or production's runs of the same agent
+        teach a small model that rarely succeeds on its own)."""
+        if self.demo_traces is None:
+            return []
+        if self._stored_pool is None:
+            source: Store = ctx.store
+            if self.demo_traces.store is not None:
+                from lightrail.store import open_store
+
+                source = open_store(self.demo_traces.store, token=os.environ.get("LIGHTRAIL_TOKEN"))
+            try:
+                picked, _ = self.demo_traces.apply(await source.query_rollouts())
+                run_id = self._state["run_id"]
+                picked = [
+                    x for x in picked
+                    if x.metadata.get("apo_run") != run_id and _succeeded(x, self.success_threshold)
+                ][-DEMO_TRACES_MAX:]  # fmt: skip
+                self._stored_pool = await self._demonstrations(source, picked)
+            finally:
+                if source is not ctx.store:
+                    await source.close()
+            self._record(
+                "demo_traces",
+                {"kind": "demo_traces", "successes": len(picked), "demonstrations": len(self._stored_pool)},
+            )
+        return self._stored_pool
 
     async def _bootstrap(self, ctx: TrainerContext) -> None:
         """Once per run, when the search has fewer than ``demo_k`` successful traces (a zero-shot prompt a small model
@@ -607,13 +652,13 @@ class APO:
             parent=parent.id, round=r, origin="demos", slot=slot, instructions=dict(parent.instructions), demos=demos
         )
 
-    async def _conversation(self, ctx: TrainerContext, rollout: Rollout) -> list[dict[str, Any]]:
+    async def _conversation(self, store: Store, rollout: Rollout) -> list[dict[str, Any]]:
         """The last chat call's messages plus its answer, from the spans of the rollout's last attempt."""
         if rollout.rollout_id not in self._convos:
             from lightrail.adapters.messages import spans_to_messages
 
-            attempts = await ctx.store.query_attempts(rollout.rollout_id)
-            spans = await ctx.store.query_spans(rollout.rollout_id, attempts[-1].attempt_id) if attempts else []
+            attempts = await store.query_attempts(rollout.rollout_id)
+            spans = await store.query_spans(rollout.rollout_id, attempts[-1].attempt_id) if attempts else []
             samples = spans_to_messages(spans)
             self._convos[rollout.rollout_id] = samples[-1].messages if samples else []
         return self._convos[rollout.rollout_id]
@@ -888,7 +933,9 @@ def kwargs_from_config(section: dict[str, Any], where: str = "apo") -> dict[str,
     if "prompts" not in options:
         raise ValueError(f"{where}.prompts: required (resource name -> initial template)")
     for key, value in options.items():
-        annotation = eval(parameters[key].annotation, {"Path": Path, "Any": Any, "LLM": LLM})  # noqa: S307 - our own signature
+        annotation = eval(
+            parameters[key].annotation, {"Path": Path, "Any": Any, "LLM": LLM, "TraceFilter": TraceFilter}
+        )  # noqa: S307 - our own signature
         try:
             kwargs[key] = msgspec.convert(value, annotation, strict=False)
         except msgspec.ValidationError as exc:

@@ -181,6 +181,8 @@ _CONFIG_FORMS: dict[str, dict[str, tuple[str, str, str]]] = {
         "optimizer": ("self | mapping", "null", "The model that writes critiques and edits: ``self`` (the policy), "
                       "`LLM` fields (any OpenAI-compatible endpoint), or null (demonstrations only)."),
         "seed": ("int", "the top-level seed", "Seeds task sampling and demonstration choice."),
+        "demo_traces": ("mapping", "null", "Stored rollouts (the ``sft.traces`` fields) whose successes join the "
+                        "demonstrations, e.g. a stronger model's or production's runs of the same agent."),
     },
     "sft": {
         "teacher": ("mapping", "null", "Distillation: run the training tasks with this teacher (the ``sft.teacher`` "

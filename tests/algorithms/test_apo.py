@@ -15,6 +15,7 @@ import uvicorn
 
 from lightrail import Trainer
 from lightrail.algorithms import APO
+from lightrail.algorithms.rejection import TraceFilter
 from lightrail.engine.models import build_tiny_model
 from lightrail.gateway import ScriptedBackend, create_gateway_app
 from lightrail.store import MemoryStore, open_store
@@ -262,6 +263,10 @@ def test_config_section(tmp_path):
     for bad in ({"prompts_dir": 3}, {"out_dir": None}):
         with pytest.raises(ValueError, match=f"apo.{next(iter(bad))}: expected a path"):
             kwargs_from_config({"prompts": {"p": "hi"}, **bad})
+    traces = kwargs_from_config({"prompts": {"p": "hi"}, "demo_traces": {"store": "old.db", "modes": ["val"]}})
+    assert traces["demo_traces"] == TraceFilter(store="old.db", modes=("val",))
+    with pytest.raises(ValueError, match="apo.demo_traces"):
+        kwargs_from_config({"prompts": {"p": "hi"}, "demo_traces": {"stores": "old.db"}})
 
 
 def test_demonstrations_as_messages_found_by_bootstrap(tmp_path, tiny_model):
@@ -292,6 +297,38 @@ def test_demonstrations_as_messages_found_by_bootstrap(tmp_path, tiny_model):
         assert demo["messages"][0] == {"role": "user", "content": source.task.input["question"]}
         assert demo["messages"][-1]["role"] == "assistant"
     assert apo.report["best_prompt"]["prompt_template"] == SEED  # the text template is left alone
+
+
+def test_demonstrations_from_another_runs_traces(tmp_path, tiny_model):
+    """``demo_traces``: a search whose own rollouts never succeed builds its candidates from the successful
+    rollouts of an earlier run's store (a stronger model's or production's, here an earlier APO run's bootstrap)."""
+    train, val = _problems(16, 2)
+    settings = dict(
+        prompts={"prompt_template": SEED, "examples": "[]"}, demo_format="messages", demo_template="examples",
+        rounds=1, beam_width=1, demo_children=1, demo_k=2, batch_size=3, val_sampling={"max_tokens": 4},
+    )  # fmt: skip
+    earlier = APO(tiny_model, **settings, bootstrap_rollouts=16, sampling={"temperature": 0.5, "max_tokens": 6},
+                  out_dir=tmp_path / "earlier")  # fmt: skip
+    _fit(earlier, tmp_path / "earlier.db", "apo_agents:few_shot_agent", train, val)
+    earlier_rollouts, _ = _stored(tmp_path / "earlier.db")
+    succeeded = {r.rollout_id for r in earlier_rollouts if r.reward == 1.0 and r.mode == "train"}
+    assert succeeded
+
+    traces = TraceFilter(store=str(tmp_path / "earlier.db"))
+    apo = APO(tiny_model, **settings, demo_traces=traces, sampling={"temperature": 0.5, "max_tokens": 6},
+              out_dir=tmp_path / "run")  # fmt: skip
+    _fit(apo, tmp_path / "store.db", "apo_agents:few_shot_agent", train, val)
+
+    lines = _metrics(tmp_path / "run")
+    assert not [m for m in lines if m["kind"] == "bootstrap"]
+    (found,) = [m for m in lines if m["kind"] == "demo_traces"]
+    assert found["successes"] == found["demonstrations"] == len(succeeded)
+    state = json.loads((tmp_path / "run" / "apo_state.json").read_text())
+    (child,) = [c for c in state["candidates"] if c["origin"] == "demos"]
+    assert {d["rollout_id"] for d in child["demos"]} <= succeeded  # the earlier run's successes
+    own, _ = _stored(tmp_path / "store.db")
+    assert not {d["rollout_id"] for d in child["demos"]} & {r.rollout_id for r in own}
+    assert apo.report["best_candidate"] == child["id"] and apo.report["val_after"] == 1.0
 
 
 class CrashWhileRecording(APO):
