@@ -3,6 +3,7 @@
     python bench/apo.py                      # demonstrations path only (no optimizer LLM)
     python bench/apo.py --optimizer self     # + textual gradients written by SmolLM2 itself (reported, no target)
     python bench/apo.py --quick              # fewer rounds and held-out problems
+    python bench/apo.py --teacher-traces 64  # demonstrations from the scripted teacher's recorded runs (demo_traces)
 
 Everything runs through the real loop: runner processes, the gateway, the embedded engine, a SQLite store.
 Held-out success (greedy) of the seed prompt and of the best prompt found; target: ``val_after - val_before`` ≥ 0.15
@@ -28,11 +29,46 @@ AGENT = str(Path(__file__).resolve().parent / "_apo_agent.py") + ":calculator_pr
 
 
 def _bootstrap(out: Path) -> dict | None:
+    record = _record(out, "bootstrap")
+    return None if record is None else {"rollouts": record["rollouts"], "successes": record["successes"]}
+
+
+def _record(out: Path, kind: str) -> dict | None:
     for line in (out / "metrics.jsonl").read_text().splitlines():
         record = json.loads(line)
-        if record["kind"] == "bootstrap":
-            return {"rollouts": record["rollouts"], "successes": record["successes"]}
+        if record["kind"] == kind:
+            return record
     return None
+
+
+def _teacher_traces(out: Path, train: list[dict], args: argparse.Namespace):
+    """The teacher's runs of the same agent on the last N training problems, recorded through a gateway in front of
+    the teacher into ``out/teacher.db`` (as production traffic or a stronger model's runs would be); returns the
+    `TraceFilter` that gives them to APO."""
+    import secrets
+
+    from examples.calculator.teacher_server import TeacherServer
+    from lightrail import Trainer
+    from lightrail.algorithms.rejection import TraceFilter
+    from lightrail.store.server import serve_in_thread
+    from lightrail.types import PromptTemplate
+
+    t0 = time.monotonic()
+    token = secrets.token_urlsafe(12)
+    out.mkdir(parents=True, exist_ok=True)
+    server = serve_in_thread(out / "teacher.db", token=token)
+    try:
+        with TeacherServer(train, seed=args.seed, store_url=server.url, store_token=token) as teacher:
+            resources = {"llm": teacher.llm(), "prompt_template": PromptTemplate(template=SYSTEM),
+                         "examples": PromptTemplate(template="[]")}  # fmt: skip
+            report = Trainer(n_runners=2, concurrency=8, store=server.url, token=token).dev(
+                AGENT, train[-args.teacher_traces :], resources
+            )
+    finally:
+        server.stop()
+    solved = sum(1 for row in report.rows if row.reward == 1.0)
+    log(f"teacher traces: {solved} of {len(report.rows)} solved in {time.monotonic() - t0:.0f} s")
+    return TraceFilter(store=str(out / "teacher.db"), modes=("val",))
 
 
 def main() -> None:
@@ -45,6 +81,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-demos", action="store_true", help="textual gradients only (with --optimizer self)")
     parser.add_argument("--bootstrap", type=int, default=64, help="rollouts at temperature 1 to find first successes")
+    parser.add_argument(
+        "--teacher-traces", type=int, default=0, metavar="N",
+        help="first run the agent with the scripted imperfect teacher on N training problems, recorded in a store, "
+        "and give APO those traces (demo_traces) instead of bootstrapping",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     facts = machine_facts()
@@ -61,12 +102,14 @@ def main() -> None:
     train, val = make_splits(200, n_val, seed=args.seed)
     started = time.monotonic()
     model = prepare_model("smollm2")
+    traces = _teacher_traces(out, train, args) if args.teacher_traces else None
     apo = APO(
         model,
         prompts={"prompt_template": SYSTEM, "examples": "[]"},  # zero-shot: no worked example
         demo_format="messages",
         demo_template="examples",
-        bootstrap_rollouts=args.bootstrap,
+        bootstrap_rollouts=0 if traces else args.bootstrap,
+        demo_traces=traces,
         optimizer="self" if args.optimizer == "self" else None,
         rounds=rounds,
         beam_width=2,
@@ -97,6 +140,7 @@ def main() -> None:
         "val_rollouts": report["val_rollouts"],
         "optimizer_calls": report["optimizer_calls"],
         "bootstrap": _bootstrap(out),
+        "teacher_traces": _record(out, "demo_traces"),
         "best_candidate": report["best_candidate"],
         "best_score": report["best_score"],
         "best_prompt": report["best_prompt"]["prompt_template"],

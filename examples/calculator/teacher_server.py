@@ -3,8 +3,9 @@
 A gateway with a `ScriptedBackend` whose script plays `teacher.demonstration`: to a question it answers the way the
 teacher would (skip the tool with a slipped digit, or call the calculator, sometimes on a wrong expression); to a
 tool result it answers ``Answer: <result>``. The k-th time a question is asked the teacher draws from its own
-seeded RNG, so repeated samples differ and a run is reproducible. Served unrouted (nothing recorded here): the
-student's trainer records the calls in its own gateway.
+seeded RNG, so repeated samples differ and a run is reproducible. Nothing is recorded unless a store is given
+(``store_url``): then the calls of routed rollouts are recorded there like a policy's (the teacher's traces);
+otherwise the student's trainer records the calls in its own gateway.
 
     with TeacherServer(problems) as teacher:
         llm = teacher.llm()        # LLM(endpoint=..., model="teacher", api_key=...)
@@ -55,8 +56,17 @@ class TeacherServer:
     """`teacher_backend` served by a gateway on 127.0.0.1 in a background thread (its own event loop), so
     blocking code (``lightrail train``, ``Trainer.fit``) can use it. A context manager; `llm` is its `LLM`."""
 
-    def __init__(self, problems: list[dict], *, seed: int = 0, **rates: float) -> None:
+    def __init__(
+        self,
+        problems: list[dict],
+        *,
+        seed: int = 0,
+        store_url: str | None = None,
+        store_token: str | None = None,
+        **rates: float,
+    ) -> None:
         self.backend = teacher_backend(problems, seed=seed, **rates)
+        self.store_url, self.store_token = store_url, store_token
         self.token = secrets.token_urlsafe(12)
         self.url = ""
         self._loop = asyncio.new_event_loop()
@@ -70,7 +80,13 @@ class TeacherServer:
         self._thread.start()
 
         async def start() -> Any:
-            return await GatewayServer(self.backend, MemoryStore(), token=self.token).start()
+            # with a store: the calls of routed rollouts are recorded there, as a policy's are (teacher traces)
+            store: Any = MemoryStore()
+            if self.store_url is not None:
+                from lightrail.store.client import StoreClient
+
+                store = StoreClient(self.store_url, token=self.store_token)
+            return await GatewayServer(self.backend, store, token=self.token).start()
 
         self._server = asyncio.run_coroutine_threadsafe(start(), self._loop).result(30)
         self.url = self._server.url
