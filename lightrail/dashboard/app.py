@@ -211,28 +211,12 @@ def create_dashboard_app(
     """The dashboard alone in front of ``store`` (any `Store`: a SQLite file, PostgreSQL, a store server through
     `StoreClient`), signed in with ``token`` when given. A factory is called at startup inside the server's loop and
     its store closed at shutdown. ``/`` redirects to ``/ui/``. ``tokenizer``: see `dashboard_routes`."""
-    import contextlib
-
     from starlette.applications import Starlette
 
-    state: dict[str, Store] = {}
-    owned = not isinstance(store, Store)
+    from lightrail.store.server import store_lifespan
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Any):
-        state["store"] = store() if not isinstance(store, Store) else store
-        opening = getattr(state["store"], "open", None)
-        if owned and opening is not None:
-            await opening()
-        try:
-            yield
-        finally:
-            if owned:
-                await state.pop("store").close()
-
-    routes = dashboard_routes(
-        lambda: state["store"], token_verifier(token), secure_cookie=secure_cookie, tokenizer=tokenizer
-    )
+    get_store, lifespan = store_lifespan(store)
+    routes = dashboard_routes(get_store, token_verifier(token), secure_cookie=secure_cookie, tokenizer=tokenizer)
 
     async def home(request: Request) -> Response:
         return RedirectResponse(f"{PREFIX}/", 307)

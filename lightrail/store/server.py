@@ -93,6 +93,7 @@ __all__ = [
     "serve",
     "serve_app",
     "serve_in_thread",
+    "store_lifespan",
     "tls_options",
 ]
 
@@ -532,6 +533,34 @@ def open_server_store(url: str | os.PathLike[str]) -> Store:
     return open_store(url)
 
 
+def store_lifespan(store: Store | Callable[[], Store]) -> tuple[Callable[[], Store], Callable[[Any], Any]]:
+    """``(get_store, lifespan)`` for an app serving ``store``: a `Store` is served as is and left open for its owner;
+    a zero-argument factory is called at startup inside the server's event loop, connected at once (a bad database
+    fails startup, not a request) and closed at shutdown."""
+    state: dict[str, Store] = {}
+    factory = None if isinstance(store, Store) else store
+    if isinstance(store, Store):
+        state["store"] = store
+
+    def get_store() -> Store:
+        return state["store"]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any):
+        if factory is not None:
+            state["store"] = factory()
+            opening = getattr(state["store"], "open", None)
+            if opening is not None:  # PostgresStore connects explicitly
+                await opening()
+        try:
+            yield
+        finally:
+            if factory is not None:
+                await state.pop("store").close()
+
+    return get_store, lifespan
+
+
 def create_app(
     store: Store | Callable[[], Store],
     *,
@@ -548,30 +577,7 @@ def create_app(
     or a scoped token the store holds, within its role (`lightrail.store.tokens`); the dashboard takes the same tokens
     (admin or read) and keeps one in a cookie after its sign-in form (``secure_cookie``: HTTPS only).
     """
-    state: dict[str, Store] = {}
-    factory: Callable[[], Store] | None = None
-    if isinstance(store, Store):
-        state["store"] = store
-    else:
-        factory = store
-    owned = factory is not None
-
-    def get_store() -> Store:
-        return state["store"]
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Any):
-        if factory is not None:
-            state["store"] = factory()
-            opening = getattr(state["store"], "open", None)
-            if opening is not None:  # connect now (PostgresStore): a bad database fails startup, not a request
-                await opening()
-        try:
-            yield
-        finally:
-            if owned:
-                await state.pop("store").close()
-
+    get_store, lifespan = store_lifespan(store)
     tokens = TokenVerifier(get_store)
     handlers = _handlers(get_store, tokens)
     routes = [
