@@ -586,6 +586,12 @@ class APO:
                     if x.metadata.get("apo_run") != run_id and _succeeded(x, self.success_threshold)
                 ][-DEMO_TRACES_MAX:]  # fmt: skip
                 self._stored_pool = await self._demonstrations(source, picked)
+                # another run's task ids are its own: a demonstration of one of our training problems must keep
+                # that problem out of the batches all the same, so it takes the id of our task with its input
+                ours = {_input_key(t.input): t.task_id for t in ctx.train_tasks}
+                inputs = {x.rollout_id: _input_key(x.task.input) for x in picked}
+                for demo in self._stored_pool:
+                    demo["task_id"] = ours.get(inputs[demo["rollout_id"]], demo["task_id"])
             finally:
                 if source is not ctx.store:
                     await source.close()
@@ -791,6 +797,10 @@ class APO:
 
 
 # -- pure helpers ------------------------------------------------------------------------------------------------
+
+
+def _input_key(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
 
 
 def render_conversation(messages: Sequence[dict[str, Any]]) -> str:

@@ -328,6 +328,12 @@ def test_demonstrations_from_another_runs_traces(tmp_path, tiny_model):
     assert {d["rollout_id"] for d in child["demos"]} <= succeeded  # the earlier run's successes
     own, _ = _stored(tmp_path / "store.db")
     assert not {d["rollout_id"] for d in child["demos"]} & {r.rollout_id for r in own}
+    # the earlier run's tasks had other ids: a demonstrated problem is still kept out of the batch it is scored on
+    demonstrated = {json.dumps(r.task.input, sort_keys=True) for r in earlier_rollouts
+                    if r.rollout_id in {d["rollout_id"] for d in child["demos"]}}  # fmt: skip
+    round1 = [r for r in own if r.metadata.get("apo_round") == 1]
+    assert round1 and not demonstrated & {json.dumps(r.task.input, sort_keys=True) for r in round1}
+    assert not {d["task_id"] for d in child["demos"]} & {r.task.task_id for r in earlier_rollouts}  # renamed
     assert apo.report["best_candidate"] == child["id"] and apo.report["val_after"] == 1.0
 
 

@@ -108,15 +108,18 @@ def test_pages_update_live_without_a_reload(page, server, trained):
     page.locator("table.rollouts").get_by_role("link", name="ro-live-1").wait_for(state="detached")
 
 
+_UNLABELLED = """() => [...document.querySelectorAll('input:not([type=hidden]), select, button')]
+    .filter(e => !(e.labels && e.labels.length) && !e.getAttribute('aria-label') && !e.textContent.trim())
+    .map(e => e.outerHTML)"""
+
+
 def test_keyboard_and_labels(page, server):
-    sign_in(page, server, server.read_token, "/ui/rollouts?status=succeeded")
-    unlabelled = page.evaluate(
-        """() => [...document.querySelectorAll('input:not([type=hidden]), select, button')]
-              .filter(e => !(e.labels && e.labels.length) && !e.getAttribute('aria-label') && !e.textContent.trim())
-              .map(e => e.outerHTML)"""
-    )
-    assert unlabelled == []
-    assert page.evaluate("[...document.querySelectorAll('th')].every(th => th.getAttribute('scope'))")
+    sign_in(page, server, server.read_token, "/ui/")
+    for path in ("/ui/", "/ui/failures", "/ui/resources", "/ui/rollouts?status=succeeded"):
+        page.goto(server.url + path)
+        assert page.evaluate(_UNLABELLED) == [], path  # every control has a name
+        assert page.evaluate("[...document.querySelectorAll('th')].every(th => th.getAttribute('scope'))"), path
+        assert page.locator("h1").count() == 1 and page.locator("nav[aria-label]").count() >= 1, path
     page.keyboard.press("Tab")  # the first stop skips the navigation
     assert page.evaluate("document.activeElement.textContent") == "Skip to content"
     page.keyboard.press("Enter")
