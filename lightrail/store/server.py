@@ -744,18 +744,21 @@ def serve(
     app = create_app(
         _store_factory(store_path_or_store), token=token, max_body_bytes=max_body_bytes, secure_cookie=bool(tls)
     )
-    serve_app(app, "lightrail store", host=host, port=port, tls=tls)
+    serve_app(app, "lightrail store", host=host, port=port, tls=tls, then="dashboard: {url}/ui/ (same tokens)")
 
 
-def serve_app(app: Any, name: str, *, host: str, port: int, tls: dict[str, Any]) -> None:
+def serve_app(app: Any, name: str, *, host: str, port: int, tls: dict[str, Any], then: str = "") -> None:
     """Serve an ASGI app until interrupted, printing ``<name> listening on <url>`` once the socket listens (the
-    store server, and ``lightrail dashboard``). ``tls`` is what `_tls` made of the PEM files (empty: HTTP)."""
+    store server, and ``lightrail dashboard``), then the line ``then`` (``{url}`` filled in) if given. ``tls`` is
+    what `tls_options` made of the PEM files (empty: HTTP)."""
     import uvicorn
 
     sock = _bind(host, port)
     url = _url(host, sock, bool(tls))
     server = uvicorn.Server(_uvicorn_config(app, host, sock.getsockname()[1], timeout_graceful_shutdown=5, **tls))
     print(f"{name} listening on {url}", flush=True)
+    if then:
+        print(then.format(url=url), flush=True)
     log.info("%s listening on %s", name, url)
     try:
         server.run(sockets=[sock])
