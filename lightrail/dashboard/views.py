@@ -465,8 +465,16 @@ class ItemView:
 
 
 def item_text(item: LLM | PromptTemplate) -> str:
+    """What a resource says, as lines worth diffing: a template as written, or indented when it is a JSON list or
+    object (few-shot messages, e.g. APO's ``demo_format: messages``); an LLM without its key."""
     if isinstance(item, PromptTemplate):
-        return item.template
+        text = item.template
+        if text[:1] in "[{":
+            try:
+                return json.dumps(json.loads(text), indent=2, ensure_ascii=False)
+            except ValueError:
+                pass
+        return text
     sampling = json.dumps(item.sampling, sort_keys=True) if item.sampling else "{}"
     return f"endpoint {item.endpoint}\nmodel {item.model}\nsampling {sampling}\nrouted {item.routed}"
 

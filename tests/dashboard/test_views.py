@@ -47,3 +47,27 @@ def test_deep_and_cyclic_span_trees_are_shown_whole():
     a = Span(rollout_id="ro-1", attempt_id="at-1", seq=1, name="a", span_id="a", parent_id="b", start_time=1.0)
     b = Span(rollout_id="ro-1", attempt_id="at-1", seq=2, name="b", span_id="b", parent_id="a", start_time=2.0)
     assert sorted(r.span.span_id for r in timeline([a, b])) == ["a", "b"]  # a parent cycle drops nothing
+
+
+def test_resource_diffs_are_by_line_and_json_templates_are_indented():
+    from lightrail.dashboard.views import resource_items
+    from lightrail.types import LLM, PromptTemplate, Resources
+
+    old = Resources(version=1, items={
+        "examples": PromptTemplate(template='[{"role": "user", "content": "2+2"}]'),
+        "llm": LLM(endpoint="http://x/v1", model="m", api_key="sk-secret"),
+        "prompt": PromptTemplate(template="Solve it.\nShow work."),
+    })  # fmt: skip
+    new = Resources(version=2, items={
+        "examples": PromptTemplate(template='[{"role": "user", "content": "3+3"}]'),
+        "llm": LLM(endpoint="http://x/v1", model="m", api_key="sk-other"),
+        "prompt": PromptTemplate(template="Solve it carefully.\nShow work."),
+        "extra": PromptTemplate(template="{not json"),
+    })  # fmt: skip
+    items = {item.name: item for item in resource_items(new, old)}
+    assert items["examples"].diff == [("ctx", "@@ -2,5 +2,5 @@"), ("ctx", "   {"), ("ctx", '     "role": "user",'),
+                                      ("del", '-    "content": "2+2"'), ("add", '+    "content": "3+3"'),
+                                      ("ctx", "   }"), ("ctx", " ]")]  # fmt: skip
+    assert items["prompt"].status == "changed" and ("add", "+Solve it carefully.") in items["prompt"].diff
+    assert items["llm"].status == "" and items["llm"].diff is None and "sk-" not in items["llm"].text
+    assert (items["extra"].status, items["extra"].text) == ("new", "{not json")
