@@ -30,8 +30,6 @@ __all__ = ["COOKIE", "PREFIX", "Verify", "create_dashboard_app", "dashboard_rout
 
 PREFIX = "/ui"
 COOKIE = "lightrail_ui"
-PAGE = 50
-"""Rollouts per page of the rollouts table."""
 
 Verify = Callable[[str], Awaitable[Principal | None]]
 """Who a bearer token is (None: nobody). A server without a token passes no verifier: everyone reads."""

@@ -14,7 +14,15 @@ from starlette.responses import RedirectResponse, Response
 
 from lightrail.dashboard import views
 from lightrail.store.base import MAX_PAGE, NotFoundError, Store
-from lightrail.trainer.inspection import RUN_TAGS, Run, derive_runs, failure_digest, last_error, rollouts_page
+from lightrail.trainer.inspection import (
+    Run,
+    derive_runs,
+    failure_digest,
+    last_error,
+    rollout_details,
+    rollouts_page,
+    run_tag,
+)
 from lightrail.trainer.report import may_have_failed
 
 Render = Any
@@ -104,7 +112,7 @@ async def rollouts(request: Request, store: Store, render: Render) -> Response:
     return render(
         request, "rollouts.html", title="Rollouts", rollouts=page, total=total, offset=offset, limit=limit,
         status=[s.value for s in status or ()], mode=mode or "", run_key=run_key or "", search=search,
-        missing=search, errors=errors, duration=views.duration, run_tags=RUN_TAGS,
+        missing=search, errors=errors, duration=views.duration,
         prev_link=link(offset=max(offset - limit, 0)) if offset else None,
         next_link=link(offset=offset + limit) if offset + limit < total else None,
     )  # fmt: skip
@@ -112,20 +120,20 @@ async def rollouts(request: Request, store: Store, render: Render) -> Response:
 
 async def rollout(request: Request, store: Store, render: Render, decode: views.Decode | None = None) -> Response:
     rollout_id = request.path_params["rollout_id"]
-    chosen = await store.get_rollout(rollout_id)
-    attempts = await store.query_attempts(rollout_id)
     index = _int(request, "attempt", 0, low=1) if request.query_params.get("attempt") else None
-    attempt = views.pick_attempt(attempts, index)
-    if index is not None and attempt is None:
-        raise NotFoundError(f"rollout {rollout_id} has attempts {[a.index for a in attempts]}, not {index}")
-    spans = [] if attempt is None else await store.query_spans(rollout_id, attempt.attempt_id)
+    try:
+        details = await rollout_details(store, rollout_id, index)
+    except LookupError as exc:  # no attempt with that index (a missing rollout is a NotFoundError already)
+        if isinstance(exc, NotFoundError):
+            raise
+        raise NotFoundError(str(exc)) from None
+    chosen, attempts, attempt, spans = details.rollout, details.attempts, details.attempt, details.spans
     # with a tokenizer, off the loop: the first page loads it, and decoding is per token
     calls = await asyncio.to_thread(views.call_views, spans, decode) if decode else views.call_views(spans)
     return render(
         request, "rollout.html", title=f"Rollout {rollout_id}", rollout=chosen, attempts=attempts, attempt=attempt,
         spans=spans, rows=views.timeline(spans), calls=calls, rewards=views.rewards(spans),
-        duration=views.duration(chosen), run_tag=next((chosen.metadata[k] for k in RUN_TAGS if k in chosen.metadata),
-                                                      None),
+        duration=views.duration(chosen), run_tag=run_tag(chosen),
     )  # fmt: skip
 
 

@@ -21,8 +21,8 @@ from typing import Any
 from markupsafe import Markup
 
 from lightrail.dashboard.charts import line_chart
-from lightrail.trainer.inspection import Run, span_children
-from lightrail.types import LLM, Attempt, Attr, PromptTemplate, Resources, Rollout, RolloutStatus, Span
+from lightrail.trainer.inspection import Run, ordered_spans, span_children
+from lightrail.types import LLM, Attr, PromptTemplate, Resources, Rollout, RolloutStatus, Span
 
 __all__ = ["CallView", "SpanRow", "call_views", "run_charts", "timeline"]
 
@@ -187,7 +187,7 @@ def timeline(spans: Sequence[Span]) -> list[SpanRow]:
     calls = 0
     # depth first without recursion (agents nest deeply); spans caught in a parent cycle, which no root reaches,
     # are shown as roots of their own afterwards
-    for top in [*roots, *_ordered_spans(spans)]:
+    for top in [*roots, *ordered_spans(spans)]:
         stack = [(top, 0)]
         while stack:
             span, depth = stack.pop()
@@ -205,10 +205,6 @@ def timeline(spans: Sequence[Span]) -> list[SpanRow]:
                                 call_number))  # fmt: skip
             stack.extend((child, depth + 1) for child in reversed(children.get(span.span_id, [])))
     return rows
-
-
-def _ordered_spans(spans: Sequence[Span]) -> list[Span]:
-    return sorted(spans, key=lambda s: (s.start_time, s.seq))
 
 
 def number(value: Any) -> float | None:
@@ -431,7 +427,7 @@ def call_views(spans: Sequence[Span], decode: Decode | None = None) -> list[Call
 def rewards(spans: Sequence[Span]) -> list[dict[str, Any]]:
     """The rewards the attempt gave, in order: name, value, final or intermediate, the call it was linked to."""
     out = []
-    for span in sorted(spans, key=lambda s: (s.start_time, s.seq)):
+    for span in ordered_spans(spans):
         if span.name == Attr.SPAN_REWARD:
             a = span.attributes
             out.append({
@@ -440,14 +436,6 @@ def rewards(spans: Sequence[Span]) -> list[dict[str, Any]]:
                 "at": when(span.start_time),
             })  # fmt: skip
     return out
-
-
-def pick_attempt(attempts: Sequence[Attempt], index: int | None) -> Attempt | None:
-    if not attempts:
-        return None
-    if index is None:
-        return attempts[-1]
-    return next((a for a in attempts if a.index == index), None)
 
 
 # -- resources --------------------------------------------------------------------------------------------------

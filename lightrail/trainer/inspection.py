@@ -384,7 +384,8 @@ def _clip(text: str, limit: int | None) -> str:
     return text[:limit] + f"… ({len(text) - limit} more characters; --full shows all)"
 
 
-def _ordered(spans: Iterable[Span]) -> list[Span]:
+def ordered_spans(spans: Iterable[Span]) -> list[Span]:
+    """Spans in the order they started (``seq`` breaks ties)."""
     return sorted(spans, key=lambda s: (s.start_time, s.seq))
 
 
@@ -395,14 +396,16 @@ def span_children(spans: Sequence[Span]) -> tuple[list[Span], dict[str, list[Spa
     by_id = {s.span_id: s for s in spans}
     roots: list[Span] = []
     children: dict[str, list[Span]] = {}
-    for span in _ordered(spans):
+    for span in ordered_spans(spans):
         if span.parent_id in by_id:
             children.setdefault(span.parent_id, []).append(span)
         else:
             roots.append(span)
     top = [s for s in roots if s.name == Attr.SPAN_ROLLOUT]
     if len(top) == 1:
-        children[top[0].span_id] = _ordered(children.get(top[0].span_id, []) + [s for s in roots if s is not top[0]])
+        children[top[0].span_id] = ordered_spans(
+            children.get(top[0].span_id, []) + [s for s in roots if s is not top[0]]
+        )
         roots = top
     return roots, children
 
@@ -471,7 +474,7 @@ def _conversation(spans: Sequence[Span], limit: int | None) -> Iterable[str]:
     """Lines of the conversation the attempt's LLM calls had: each call's messages not already shown by the call
     before it (agents resend the whole history), then its answer."""
     shown: list[Any] = []
-    calls = [s for s in _ordered(spans) if s.name == Attr.SPAN_LLM_CALL]
+    calls = [s for s in ordered_spans(spans) if s.name == Attr.SPAN_LLM_CALL]
     for number, span in enumerate(calls, 1):
         request, response = span.attributes.get(Attr.REQUEST), span.attributes.get(Attr.RESPONSE)
         yield f"[dim]── call {number}[/dim]"
