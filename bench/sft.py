@@ -46,7 +46,7 @@ def _config(model: Path, out: Path, teacher_url: str, teacher_key: str, args: ar
         "n_samples": 1,
         "min_reward": 1.0,
         "steps": args.sft_steps,
-        "batch_size": 32,
+        "batch_size": args.sft_batch,
         "max_len": 500,
         "val_sampling": {"temperature": 0.0, "max_tokens": 48},
         "checkpoint_every": 0,
@@ -103,15 +103,16 @@ def main() -> None:
     parser.add_argument("--only", choices=["sft"], help="the SFT alone (algorithm: sft), no GRPO")
     parser.add_argument("--sft-steps", type=int, default=None)
     parser.add_argument("--sft-lr", type=float, default=1e-3)
+    parser.add_argument("--sft-batch", type=int, default=8, help="rows per SFT step")
     parser.add_argument("--grpo-steps", type=int, default=None)
     parser.add_argument("--n-train", type=int, default=None)
     parser.add_argument("--n-val", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("runs") / time.strftime("bench-sft-%Y%m%d-%H%M%S"))
     args = parser.parse_args()
-    args.sft_steps = args.sft_steps or (30 if args.quick else 150)
-    args.grpo_steps = args.grpo_steps or (4 if args.quick else 20)
-    args.n_train = args.n_train or (300 if args.quick else 600)
+    args.sft_steps = args.sft_steps or (60 if args.quick else 600)
+    args.grpo_steps = args.grpo_steps or (4 if args.quick else 40)
+    args.n_train = args.n_train or (300 if args.quick else 1000)
     args.n_val = args.n_val or (40 if args.quick else 200)
     out: dict = {"quick": args.quick, **machine_facts()}
     log(f"machine: {out}")
@@ -142,7 +143,13 @@ def main() -> None:
                 chained_grpo_minutes=round(report["train_minutes"], 2),
                 load_1m_after=machine_facts()["load_1m"],
             )
-    out.update(sft_steps=args.sft_steps, grpo_steps=args.grpo_steps, n_train=args.n_train, n_val=args.n_val)
+    out.update(
+        sft_steps=args.sft_steps,
+        sft_batch=args.sft_batch,
+        grpo_steps=args.grpo_steps,
+        n_train=args.n_train,
+        n_val=args.n_val,
+    )
     targets = {}
     if "sft_val" in out:
         targets["sft_val>=0.35"] = out["sft_val"] >= 0.35

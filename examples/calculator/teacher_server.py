@@ -18,18 +18,25 @@ import json
 import random
 import secrets
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from examples.calculator.teacher import demonstration
 from lightrail.gateway.fake import ScriptedBackend, ScriptedReply
 from lightrail.types import LLM
 
-__all__ = ["TeacherServer", "teacher_backend"]
+__all__ = ["TeacherServer", "teacher_backend", "teacher_script"]
 
 
 def teacher_backend(problems: list[dict], *, seed: int = 0, **rates: float) -> ScriptedBackend:
     """A `ScriptedBackend` answering the calculator agent's calls as the imperfect teacher (``rates``: see
     `teacher.demonstration`). Questions it was not given are answered ``Answer: 0``."""
+    return ScriptedBackend(teacher_script(problems, seed=seed, **rates), model="teacher")
+
+
+def teacher_script(problems: list[dict], *, seed: int = 0, **rates: float) -> Callable[[Any], str | ScriptedReply]:
+    """The script of `teacher_backend`: a request in, the teacher's reply out (the question is the request's last
+    user message; a tool result is answered ``Answer: <result>``)."""
     by_question = {p["question"]: p for p in problems}
     asked: dict[str, int] = {}
 
@@ -49,7 +56,7 @@ def teacher_backend(problems: list[dict], *, seed: int = 0, **rates: float) -> S
             return ScriptedReply(tool_calls=[(fn["name"], json.loads(fn["arguments"]))])
         return turn["content"]
 
-    return ScriptedBackend(script, model="teacher")
+    return script
 
 
 class TeacherServer:

@@ -5,9 +5,10 @@
 * **Rejection sampling** (no ``teacher``): finished rollouts already in a store (this run's, or another run's via
   ``traces=TraceFilter(store=...)``, narrowed by time window, task metadata and mode), the best of them by reward
   (`lightrail.algorithms.rejection`: a threshold and/or best-of-n per task).
-* **Distillation** (``teacher=LLM(...)``, any OpenAI-compatible endpoint): the agent runs on the training tasks
-  through the runners with the teacher as its model, behind a recording gateway (`OpenAIUpstream`), and the
-  successful rollouts are kept the same way.
+* **Distillation** (``teacher=LLM(...)``, any OpenAI-compatible endpoint, or a program: any gateway `Backend`,
+  e.g. a scripted teacher): the agent runs on the training tasks through the runners with the teacher as its
+  model, behind a recording gateway (`OpenAIUpstream` in front of an endpoint), and the successful rollouts are
+  kept the same way.
 
 Either way, each kept rollout's last attempt's spans become one `ChatSample` per LLM call (`episode_messages`);
 only the calls of the trained agents (``agents``, an `AgentFilter`, as in `GRPO`) are kept, and `call_rows` turns
@@ -60,6 +61,7 @@ from lightrail.types import LLM, Rollout, RolloutStatus, Span, TrainingRow
 
 if TYPE_CHECKING:
     from lightrail.algorithms.updater import GRPOConfig
+    from lightrail.gateway.backends import Backend
     from lightrail.gateway.server import GatewaySettings
     from lightrail.trainer.algorithm import TrainerContext
 
@@ -179,7 +181,7 @@ def _append_row(
 
 class SFT:
     """Supervised fine-tuning on the best recorded traces: rejection sampling from a store, or distillation from a
-    teacher `LLM` run through the runners (see the module docstring).
+    teacher (an `LLM` endpoint or a gateway `Backend`) run through the runners (see the module docstring).
 
     ``model`` is a local Hugging Face directory (the student). Kept rollouts: reward at least ``min_reward`` (None:
     any), at most ``best_of`` per task (None: all). With a ``teacher``, each training task is run ``n_samples``
@@ -199,7 +201,7 @@ class SFT:
         self,
         model: str | Path,
         *,
-        teacher: LLM | None = None,
+        teacher: LLM | Backend | None = None,
         traces: TraceFilter | None = None,
         n_samples: int = 1,
         tasks: int | None = None,
@@ -307,15 +309,17 @@ class SFT:
             from lightrail.gateway.backends import OpenAIUpstream
             from lightrail.gateway.server import GatewayServer, GatewaySettings
 
-            upstream = OpenAIUpstream(
-                self.teacher.base_url(),
-                api_key=self.teacher.api_key,
-                model=self.teacher.model,
-                request_token_ids=False,  # the messages are the data; hosted APIs reject vLLM's extension
-            )
+            backend: Any = self.teacher
+            if isinstance(self.teacher, LLM):
+                backend = OpenAIUpstream(
+                    self.teacher.base_url(),
+                    api_key=self.teacher.api_key,
+                    model=self.teacher.model,
+                    request_token_ids=False,  # the messages are the data; hosted APIs reject vLLM's extension
+                )
             where = self.gateway or GatewaySettings()
             self._teacher_gateway = await GatewayServer(
-                upstream, ctx.store, token=secrets.token_urlsafe(16),
+                backend, ctx.store, token=secrets.token_urlsafe(16),
                 host=where.host, port=where.port, advertise_url=where.advertise_url,
             ).start()  # fmt: skip
 
@@ -439,11 +443,12 @@ class SFT:
 
     async def _teacher_rollouts(self, ctx: TrainerContext) -> list[Rollout]:
         assert self.teacher is not None and self._teacher_gateway is not None
+        if isinstance(self.teacher, LLM):
+            model, sampling = self.teacher.model, dict(self.teacher.sampling)
+        else:  # a program: its first model name, whatever the agent's default sampling is
+            model, sampling = self.teacher.model_names()[0], {}
         llm = LLM(
-            endpoint=self._teacher_gateway.url,
-            model=self.teacher.model,
-            sampling=dict(self.teacher.sampling),
-            api_key=self._teacher_gateway.token,
+            endpoint=self._teacher_gateway.url, model=model, sampling=sampling, api_key=self._teacher_gateway.token
         )
         version = await ctx.publish({"llm": llm})
         tasks = list(ctx.train_tasks)

@@ -25,6 +25,7 @@ A config names the agent and its data by import reference, the model, how runner
     # algorithm: [sft, grpo]                       # SFT first, then GRPO from the SFT stage's weights
     # sft:                                         # keyword arguments of lightrail.algorithms.SFT
     #   teacher: {endpoint: http://teacher:8000/v1, model: big, api_key_env: TEACHER_KEY}   # distillation
+    #   teacher: {script: examples.calc_agent.teacher:teacher}   # or a program: fn(train_tasks, seed=) -> Backend
     #   traces: {store: runs/old/store.db, since: 1.7e9, task_metadata: {level: easy}}    # or: rejection sampling
     #   min_reward: 1.0                            # keep rollouts rewarded at least this; best_of: 1 per task
     #   steps: 300
@@ -340,9 +341,10 @@ def _apo_kwargs(config: TrainConfig) -> dict[str, Any]:
 _CHAIN = ("sft", "grpo")
 
 
-def _sft_kwargs(config: TrainConfig) -> dict[str, Any]:
+def _sft_kwargs(config: TrainConfig, train_tasks: list[dict] | None = None) -> dict[str, Any]:
     """The config's ``sft`` section as `SFT` keyword arguments: ``teacher`` (`LLM` fields, ``api_key_env`` names the
-    variable holding its key), ``traces`` (`TraceFilter` fields), ``agents``/``agents_pattern``, ``config``
+    variable holding its key; or ``{script: module:function}``, a program: ``function(train_tasks, seed=...)``
+    returns a gateway `Backend`, built once ``train_tasks`` are given), ``traces`` (`TraceFilter` fields), ``agents``/``agents_pattern``, ``config``
     (`GRPOConfig` fields), the rest checked against `SFT`'s signature."""
     from lightrail.adapters import AgentFilter
     from lightrail.algorithms.rejection import TraceFilter
@@ -357,6 +359,14 @@ def _sft_kwargs(config: TrainConfig) -> dict[str, Any]:
         if not isinstance(teacher, dict):
             raise ConfigError(f"sft.teacher: expected a mapping of LLM fields, got {teacher!r}")
         teacher = dict(teacher)
+        if "script" in teacher:
+            if set(teacher) != {"script"}:
+                raise ConfigError(f"sft.teacher: a script teacher takes no other setting, got {sorted(teacher)}")
+            make = _resolve(teacher["script"], "sft.teacher.script")
+            if train_tasks is not None:
+                kwargs["teacher"] = make(train_tasks, seed=config.seed)
+            teacher = None
+    if teacher is not None:
         key_env = teacher.pop("api_key_env", None)
         fields = set(LLM.__struct_fields__) - {"routed"}
         unknown = sorted(set(teacher) - fields)
@@ -374,7 +384,7 @@ def _sft_kwargs(config: TrainConfig) -> dict[str, Any]:
             raise ConfigError(f"sft.teacher.{_readable(exc)}") from None
     traces = options.pop("traces", None)
     if traces is not None:
-        if teacher is not None:
+        if "teacher" in config.sft:
             raise ConfigError("sft: give teacher (distillation) or traces (rejection sampling), not both")
         try:
             kwargs["traces"] = msgspec.convert(traces, TraceFilter)
@@ -463,12 +473,12 @@ def train(config: TrainConfig) -> TrainResult:
     elif config.algorithm == "sft":
         from lightrail.algorithms.sft import SFT
 
-        grpo = SFT(model, **_sft_kwargs(config))
+        grpo = SFT(model, **_sft_kwargs(config, train_tasks))
     elif config.algorithm == list(_CHAIN):
         from lightrail.algorithms.chain import Chain
         from lightrail.algorithms.sft import SFT
 
-        sft = SFT(model, **_sft_kwargs(config))
+        sft = SFT(model, **_sft_kwargs(config, train_tasks))
         grpo = Chain([sft, GRPO(sft.output_model, **{**_grpo_kwargs(config), "out_dir": config.run_dir / "grpo"})])
     else:
         grpo = GRPO(model, **_grpo_kwargs(config))

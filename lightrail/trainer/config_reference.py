@@ -186,7 +186,8 @@ _CONFIG_FORMS: dict[str, dict[str, tuple[str, str, str]]] = {
     },
     "sft": {
         "teacher": ("mapping", "null", "Distillation: run the training tasks with this teacher (the ``sft.teacher`` "
-                    "fields) and train on its best rollouts."),
+                    "fields: an endpoint, or ``{script: module:function}``, a program) and train on its best "
+                    "rollouts."),
         "traces": ("mapping", "{} when no teacher", "Rejection sampling: train on the best stored rollouts that "
                    "pass this filter (the ``sft.traces`` fields)."),
         "agents": ("list[str] | str", "null", "Train only the calls of these agents (null: every call)."),
@@ -333,6 +334,16 @@ def sections() -> list[Section]:
     teacher.append(
         ConfigField("api_key_env", "str", "null", "Name of the environment variable holding the key (``sft.teacher``).")
     )
+    teacher.append(
+        ConfigField(
+            "script",
+            "str",
+            "null",
+            "Instead of an endpoint, a teacher program: ``module:function``, called as ``function(train_tasks, "
+            "seed=...)``, returns a gateway backend (e.g. a ``ScriptedBackend``) that plays the agent's model; no "
+            "other field then (``examples/calc_agent/teacher.py``).",
+        )  # fmt: skip
+    )
     return [
         Section("", _summary(TrainConfig), _struct_fields(TrainConfig)),
         Section("trainer", _summary(RunnerSettings), _struct_fields(RunnerSettings)),
@@ -374,7 +385,8 @@ def sections() -> list[Section]:
         ),
         Section(
             "sft.teacher",
-            "An OpenAI-compatible endpoint (`LLM` fields); also the form of ``apo.llm`` and ``apo.optimizer``.",
+            "An OpenAI-compatible endpoint (`LLM` fields; also the form of ``apo.llm`` and ``apo.optimizer``), or a "
+            "teacher program (``script``).",
             teacher,
         ),
         Section("sft.traces", _summary(TraceFilter), _struct_fields(TraceFilter)),

@@ -269,6 +269,7 @@ def test_train_with_the_config(tmp_path, tools):
         CONFIG,
         overrides=[
             *ONE_TINY_STEP,
+            "algorithm=grpo",  # GRPO alone; the recipe's SFT stage is the next test's
             f"out_dir={tmp_path / 'run'}",
             "trainer.n_runners=1",
             "trainer.concurrency=4",
@@ -310,6 +311,68 @@ def test_train_with_the_config(tmp_path, tools):
     step = train_step_metrics(result.report)
     # exactly the solver's calls became transitions; the checker's were recorded but not trained
     assert step["transitions"] == solver_calls_trained and step["excluded"] == 0
+
+
+def test_the_recipe_distils_the_teacher_through_autogen_then_trains_the_solver(tmp_path):
+    """config.yaml's recipe, shortened and on the tiny model: SFT runs the AutoGen team with the teacher program as
+    its model through a runner, keeps the chats that ended right and trains every call in them (the solver's turns
+    and the checker's CORRECT, which the student must learn too); GRPO then starts from the SFT stage's weights and
+    trains only the solver's calls."""
+    from lightrail.trainer.config import load_config, train
+
+    config = load_config(
+        CONFIG,
+        overrides=[
+            "model=tiny",
+            f"out_dir={tmp_path / 'run'}",
+            "trainer.n_runners=1",
+            "trainer.concurrency=4",
+            "data_args.n_train=8",
+            "data_args.n_val=2",
+            "sft.steps=2",
+            "sft.batch_size=4",
+            "sft.val_sampling={temperature: 0.0, max_tokens: 16}",
+            "grpo.steps=1",
+            "grpo.tasks_per_step=2",
+            "grpo.n_samples=2",
+            "grpo.val_every=0",
+            "grpo.checkpoint_every=0",
+            "grpo.sampling={temperature: 1.0, max_tokens: 16}",
+            "grpo.val_sampling={temperature: 0.0, max_tokens: 16}",
+        ],
+    )
+    assert config.algorithm == ["sft", "grpo"] and config.model == "tiny"
+    result = train(config)
+
+    rollouts, spans_of = _spans_by_rollout(result.store)
+    episodes = {r.rollout_id: build_episode(spans_of[r.rollout_id]) for r in rollouts}
+    by_teacher = [
+        r for r in rollouts if episodes[r.rollout_id].calls[0].span.attributes[Attr.REQUEST]["model"] == "teacher"
+    ]
+    assert len(by_teacher) == 8 and {r.task.input["question"] for r in by_teacher} == {
+        t["question"] for t in splits(seed=0, n_train=8, n_val=2)[0]
+    }
+    for rollout in by_teacher:  # the teacher played both agents: the solver's turns, then the checker's CORRECT
+        calls = episodes[rollout.rollout_id].calls
+        assert [c.agent_name for c in calls][-1] == CHECKER and set(c.agent_name for c in calls[:-1]) == {SOLVER}
+        assert calls[-1].span.attributes[Attr.RESPONSE]["choices"][0]["message"]["content"] == "CORRECT"
+    right = [r for r in by_teacher if r.reward == 1.0]
+    assert 0 < len(right) < 8  # an imperfect teacher: some chats end wrong, and only the right ones are kept
+
+    sft = result.report["stages"]["sft"]
+    assert sft["kept_rollouts"] == len(right) and sft["steps"] == 2
+    with open(tmp_path / "run" / "sft" / "metrics.jsonl", encoding="utf-8") as f:
+        (data,) = [m for m in map(json.loads, f) if m["kind"] == "data"]
+    trained_calls = sum(len(episodes[r.rollout_id].calls) for r in right)
+    assert data["calls_trained"] == data["calls"] == trained_calls  # every agent's calls of the kept chats
+    assert (tmp_path / "run" / "sft" / "model" / "config.json").exists()  # where the GRPO stage started from
+
+    assert result.report["steps"] == 1 and result.report["stages"]["grpo"]["steps"] == 1
+    step = train_step_metrics(result.report)
+    grpo_train = [r for r in rollouts if r.mode == "train" and r not in by_teacher]
+    assert len(grpo_train) == 2 * 2
+    solver_calls = sum(1 for r in grpo_train for c in episodes[r.rollout_id].calls if c.agent_name == SOLVER)
+    assert step["transitions"] == solver_calls  # GRPO trains the solver alone
 
 
 def test_unreachable_server_is_an_infra_error_and_context_overflow_scores_zero(tmp_path):
