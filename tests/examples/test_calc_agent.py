@@ -401,3 +401,21 @@ def test_unreachable_server_is_an_infra_error_and_context_overflow_scores_zero(t
     assert (row.status, row.reward) == (RolloutStatus.SUCCEEDED, 0.0)
     [row] = unreachable.rows
     assert row.status is RolloutStatus.INFRA_ERROR and row.attempts == 3  # retried, then given up: not a reward
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+def test_the_recipe_learns_held_out(tmp_path):
+    """config.yaml's recipe, reduced (bench/showcases.py has the full figures): the small model distilled from the
+    teacher through AutoGen solves held-out problems, and GRPO on the solver raises held-out success from there."""
+    from lightrail.trainer.config import load_config, train
+
+    config = load_config(
+        CONFIG,
+        overrides=[f"out_dir={tmp_path / 'run'}", "data_args.n_val=100", "grpo.steps=20", "grpo.val_every=0"],
+    )
+    report = train(config).report
+    sft = report["stages"]["sft"]
+    assert sft["val_after"] >= 0.2, sft  # the base model solves none
+    assert report["val_before"] == pytest.approx(sft["val_after"], abs=0.05)  # GRPO starts from SFT's weights
+    assert report["val_after"] >= report["val_before"] + 0.05, report
