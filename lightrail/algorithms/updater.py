@@ -83,7 +83,10 @@ class GRPOConfig:
     """Decoupled (AdamW) decay, applied to matrices only -- never to norms' gains or biases."""
     max_grad_norm: float | None = 1.0
     warmup_steps: int = 0
-    """Linear learning-rate warm-up over this many optimizer steps, constant afterwards."""
+    """Linear learning-rate warm-up over this many optimizer steps, constant afterwards (unless ``decay_steps``)."""
+    decay_steps: int = 0
+    """With a value above 0, the rate falls linearly from ``lr`` to 0 at this optimizer step (for SFT: its
+    ``steps``, so the last steps settle instead of bouncing at full rate); 0 keeps it constant."""
     clip_low: float = 0.2
     clip_high: float = 0.2
     """``clip_high > clip_low`` is DAPO's "clip-higher"."""
@@ -131,6 +134,8 @@ class GRPOConfig:
             raise ValueError(f"loss_norm_tokens must be >= 1, not {self.loss_norm_tokens}")
         if self.micro_batch_tokens < 1 or self.temperature <= 0:
             raise ValueError("micro_batch_tokens and temperature must be positive")
+        if self.warmup_steps < 0 or self.decay_steps < 0:
+            raise ValueError("warmup_steps and decay_steps must be >= 0")
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -247,6 +252,13 @@ def _validate(rows: Sequence[TrainingRow]) -> None:
             raise ValueError(f"row {i} (rollout {r.rollout_id!r}): token 0 has no context and cannot be trained")
 
 
+def lr_factor(step: int, warmup_steps: int, decay_steps: int) -> float:
+    """The learning rate of optimizer step ``step`` (0-based) as a fraction of ``lr``: a linear warm-up to 1 over
+    ``warmup_steps``, then constant, or with ``decay_steps`` a linear fall to 0 at that step."""
+    warm = min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
+    return warm * max(0.0, 1.0 - step / decay_steps) if decay_steps > 0 else warm
+
+
 class PolicyUpdater:
     """Owns the trainable policy (full model or LoRA adapter), its AdamW optimizer and the GRPO step.
 
@@ -297,9 +309,8 @@ class PolicyUpdater:
             lr=config.lr,
             betas=config.betas,
         )
-        warmup = config.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup > 0 else 1.0
+            self.optimizer, lambda s: lr_factor(s, config.warmup_steps, config.decay_steps)
         )
         self._softcap = getattr(model.config, "final_logit_softcapping", None)
 

@@ -75,3 +75,17 @@ def test_failed_save_leaves_the_previous_checkpoint(tmp_path):
         raise RuntimeError("crash mid-save")
     assert (dest / "a.txt").read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+def test_learning_rate_warms_up_then_decays_linearly_to_zero():
+    from lightrail.algorithms.updater import lr_factor
+
+    assert [lr_factor(s, 0, 0) for s in (0, 5, 500)] == [1.0, 1.0, 1.0]  # constant by default
+    assert [lr_factor(s, 4, 0) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert [lr_factor(s, 0, 4) for s in range(6)] == [1.0, 0.75, 0.5, 0.25, 0.0, 0.0]
+    assert lr_factor(1, 4, 10) == pytest.approx(0.5 * 0.9)  # both: the warm-up scales the decayed rate
+    upd = PolicyUpdater(tiny_llama(), GRPOConfig(lr=1e-3, warmup_steps=2, decay_steps=4, micro_batch_tokens=60))
+    lrs = [upd.step(make_rows(4, seed=s))["lr"] for s in range(5)]
+    assert lrs == pytest.approx([5e-4, 7.5e-4, 5e-4, 2.5e-4, 0.0])  # the rate each step trained with
+    with pytest.raises(ValueError, match="decay_steps must be >= 0"):
+        GRPOConfig(decay_steps=-1)
