@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 __all__ = ["add_parser"]
 
@@ -104,16 +105,30 @@ def _train(args: argparse.Namespace) -> int:
         return 2
     report = result.report
 
-    def shown(value: float | None) -> str:
-        return "n/a (no held-out tasks)" if value is None else f"{value:.2f}"
-
-    print(
-        f"held-out success: {shown(report['val_before'])} -> {shown(report['val_after'])} "
-        f"in {report['train_minutes']:.1f} min of training\n"
-        f"reward curve: {report['reward_curve']}\ncheckpoint:   {report['checkpoint']}\n"
-        f"metrics:      {report['metrics']}\nstore:        {redact_url(result.store)}"
-    )
+    print(summary(report, redact_url(result.store)))
     return 0
+
+
+def summary(report: dict[str, Any], store: str) -> str:
+    """What ``lightrail train`` prints at the end, for any algorithm's report (GRPO, SFT, APO, a chain): held-out
+    success before and after, the minutes, and where the outputs are (only those the algorithm wrote)."""
+
+    def shown(value: float | None) -> str:
+        return "not measured" if value is None else f"{value:.2f}"  # no held-out tasks, or none before SFT
+
+    minutes = report.get("train_minutes", report.get("minutes"))
+    lines = [
+        f"held-out success: {shown(report.get('val_before'))} -> {shown(report.get('val_after'))}"
+        + (f" in {minutes:.1f} min of training" if minutes is not None else "")
+    ]
+    outputs = {"reward curve": "reward_curve", "checkpoint": "checkpoint", "model": "model", "metrics": "metrics"}
+    lines += [f"{label + ':':<14}{report[key]}" for label, key in outputs.items() if report.get(key)]
+    if report.get("best_candidate") is not None:
+        lines.append(
+            f"{'best prompt:':<14}candidate {report['best_candidate']} (score {shown(report.get('best_score'))})"
+        )
+    lines.append(f"{'store:':<14}{store}")
+    return "\n".join(lines)
 
 
 def add_dev_parser(subparsers: argparse._SubParsersAction) -> None:

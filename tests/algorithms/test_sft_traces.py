@@ -293,6 +293,53 @@ def test_config_chains_sft_then_grpo_from_the_sft_weights(tiny_model, tmp_path, 
     assert {"sft/train/loss", "grpo/train/reward_mean", "grpo/val/val_success"} <= tags, sorted(tags)
 
 
+SFT_FROM_A_PROGRAM = """
+name: sft-program
+agent: examples.calculator.train:calculator_agent
+data: examples.calculator.data:make_splits
+data_args: {n_train: 6, n_val: 2, seed: 3}
+trainer: {n_runners: 1, concurrency: 8}
+algorithm: sft
+sft:
+  teacher: {script: examples.calculator.teacher_server:teacher_backend}
+  steps: 2
+  batch_size: 4
+  val_sampling: {max_tokens: 32}
+"""
+
+
+def test_lightrail_train_distils_from_a_teacher_program_and_says_where_the_model_is(
+    tiny_model, tmp_path, monkeypatch, capsys
+):
+    """``sft.teacher: {script: module:function}``: the function gets the training tasks and returns the backend the
+    agent then runs against (no server to start); ``lightrail train`` ends by printing where SFT's outputs are."""
+    from pathlib import Path
+
+    from lightrail.cli import main
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])  # references resolve from the project root
+    path = tmp_path / "sft.yaml"
+    path.write_text(SFT_FROM_A_PROGRAM)
+    run = tmp_path / "run"
+    assert main(["train", str(path), "--out", str(run), "--model", str(tiny_model)]) == 0
+    out = capsys.readouterr().out
+    assert "held-out success: not measured -> 0." in out  # SFT validates after training (before: validate_before)
+    assert f"model:        {run / 'model'}" in out and f"metrics:      {run / 'metrics.jsonl'}" in out
+    assert "reward curve:" not in out  # SFT draws none
+    report = json.loads((run / "report.json").read_text())
+
+    async def teacher_runs():
+        store = SQLiteStore(run / "store.db")
+        try:
+            return [r for r in await store.query_rollouts() if r.mode == "train"]
+        finally:
+            await store.close()
+
+    runs = asyncio.run(teacher_runs())
+    assert len(runs) == 6  # every training task, once, answered by the program
+    assert report["kept_rollouts"] == sum(r.reward == 1.0 for r in runs) > 0
+
+
 @pytest.mark.parametrize(
     ("override", "message"),
     [
