@@ -74,7 +74,7 @@ def _config(model: Path, out: Path, teacher_url: str, teacher_key: str, args: ar
             "sampling": {"temperature": 1.0, "max_tokens": 48},
             "val_sampling": {"temperature": 0.0, "max_tokens": 48},
             "tool_rewards": {"success": 0.1, "error": -0.1},
-            "config": {"lr": 1.0e-4, "warmup_steps": 5, "kl_coef": 0.05},
+            "config": {"lr": args.grpo_lr, "warmup_steps": 5, "kl_coef": 0.05},
         }
     path = out.with_suffix(".yaml")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -105,6 +105,7 @@ def main() -> None:
     parser.add_argument("--sft-lr", type=float, default=1e-3)
     parser.add_argument("--sft-batch", type=int, default=8, help="rows per SFT step")
     parser.add_argument("--grpo-steps", type=int, default=None)
+    parser.add_argument("--grpo-lr", type=float, default=1e-4, help="the GRPO stage's learning rate (the demo's: 1e-4)")
     parser.add_argument("--n-train", type=int, default=None)
     parser.add_argument("--n-val", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
@@ -147,6 +148,7 @@ def main() -> None:
         sft_steps=args.sft_steps,
         sft_batch=args.sft_batch,
         grpo_steps=args.grpo_steps,
+        grpo_lr=args.grpo_lr,
         n_train=args.n_train,
         n_val=args.n_val,
     )

@@ -344,8 +344,8 @@ _CHAIN = ("sft", "grpo")
 def _sft_kwargs(config: TrainConfig, train_tasks: list[dict] | None = None) -> dict[str, Any]:
     """The config's ``sft`` section as `SFT` keyword arguments: ``teacher`` (`LLM` fields, ``api_key_env`` names the
     variable holding its key; or ``{script: module:function}``, a program: ``function(train_tasks, seed=...)``
-    returns a gateway `Backend`, built once ``train_tasks`` are given), ``traces`` (`TraceFilter` fields), ``agents``/``agents_pattern``, ``config``
-    (`GRPOConfig` fields), the rest checked against `SFT`'s signature."""
+    returns a gateway `Backend`, built once ``train_tasks`` are given), ``traces`` (`TraceFilter` fields),
+    ``agents``/``agents_pattern``, ``config`` (`GRPOConfig` fields), the rest checked against `SFT`'s signature."""
     from lightrail.adapters import AgentFilter
     from lightrail.algorithms.rejection import TraceFilter
     from lightrail.algorithms.sft import SFT
@@ -364,7 +364,7 @@ def _sft_kwargs(config: TrainConfig, train_tasks: list[dict] | None = None) -> d
                 raise ConfigError(f"sft.teacher: a script teacher takes no other setting, got {sorted(teacher)}")
             make = _resolve(teacher["script"], "sft.teacher.script")
             if train_tasks is not None:
-                kwargs["teacher"] = make(train_tasks, seed=config.seed)
+                kwargs["teacher"] = _teacher_program(make, teacher["script"], train_tasks, config.seed)
             teacher = None
     if teacher is not None:
         key_env = teacher.pop("api_key_env", None)
@@ -408,6 +408,22 @@ def _sft_kwargs(config: TrainConfig, train_tasks: list[dict] | None = None) -> d
     for key, value in options.items():
         kwargs[key] = _checked(f"sft.{key}", value, parameters[key].annotation)
     return kwargs
+
+
+def _teacher_program(make: Any, reference: str, train_tasks: list[dict], seed: int) -> Any:
+    """``make(train_tasks, seed=seed)``, checked to be a gateway backend."""
+    from lightrail.gateway.backends import Backend
+
+    try:
+        backend = make(train_tasks, seed=seed)
+    except TypeError as exc:
+        raise ConfigError(f"sft.teacher.script: {reference}(train_tasks, seed=...) failed: {exc}") from None
+    if not isinstance(backend, Backend):
+        raise ConfigError(
+            f"sft.teacher.script: {reference} returned a {type(backend).__name__}, not a gateway backend "
+            "(chat, complete and model_names, e.g. lightrail.gateway.fake.ScriptedBackend)"
+        )
+    return backend
 
 
 def _field(cls: type, name: str) -> dataclasses.Field:
@@ -464,6 +480,8 @@ def train(config: TrainConfig) -> TrainResult:
     except TypeError as exc:
         raise ConfigError(f"data_args: {config.data}(**{config.data_args}) failed: {exc}") from None
     config.run_dir.mkdir(parents=True, exist_ok=True)
+    # the SFT section is settled before the model is built: a teacher program that fails, fails first
+    sft_kwargs = _sft_kwargs(config, train_tasks) if config.algorithm in ("sft", list(_CHAIN)) else {}
     model = _build_model(config, config.data.partition(":")[0])
     if config.algorithm == "apo":
         from lightrail.algorithms.apo import APO
@@ -473,12 +491,12 @@ def train(config: TrainConfig) -> TrainResult:
     elif config.algorithm == "sft":
         from lightrail.algorithms.sft import SFT
 
-        grpo = SFT(model, **_sft_kwargs(config, train_tasks))
+        grpo = SFT(model, **sft_kwargs)
     elif config.algorithm == list(_CHAIN):
         from lightrail.algorithms.chain import Chain
         from lightrail.algorithms.sft import SFT
 
-        sft = SFT(model, **_sft_kwargs(config, train_tasks))
+        sft = SFT(model, **sft_kwargs)
         grpo = Chain([sft, GRPO(sft.output_model, **{**_grpo_kwargs(config), "out_dir": config.run_dir / "grpo"})])
     else:
         grpo = GRPO(model, **_grpo_kwargs(config))

@@ -367,6 +367,23 @@ def test_config_sft_section_errors_name_the_field(tmp_path, override, message):
     assert message in str(err.value)
 
 
+def test_a_teacher_program_that_returns_no_backend_is_named(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from lightrail.trainer.config import ConfigError, load_config, train
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    path = tmp_path / "sft.yaml"
+    path.write_text(SFT_FROM_A_PROGRAM)
+    for script, message in [
+        ("examples.calculator.teacher:demonstrations", "returned a list, not a gateway backend"),
+        ("examples.calculator.data:make_splits", "make_splits(train_tasks, seed=...) failed"),
+    ]:
+        config = load_config(path, [f"sft.teacher={{script: '{script}'}}", "model=tiny", f"out_dir={tmp_path}"])
+        with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            train(config)
+
+
 def test_lora_sft_exports_the_merged_policy_it_trained(tiny_model, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM
