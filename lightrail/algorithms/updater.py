@@ -85,8 +85,9 @@ class GRPOConfig:
     warmup_steps: int = 0
     """Linear learning-rate warm-up over this many optimizer steps, constant afterwards (unless ``decay_steps``)."""
     decay_steps: int = 0
-    """With a value above 0, the rate falls linearly from ``lr`` to 0 at this optimizer step (for SFT: its
-    ``steps``, so the last steps settle instead of bouncing at full rate); 0 keeps it constant."""
+    """With a value above 0, after the warm-up the rate falls linearly from ``lr`` to 0 at this optimizer step (for
+    SFT: its ``steps``, so the last steps settle instead of bouncing at full rate; steps past it train at 0); 0 keeps
+    it constant. A resumed run keeps the schedule of the config it resumes with."""
     clip_low: float = 0.2
     clip_high: float = 0.2
     """``clip_high > clip_low`` is DAPO's "clip-higher"."""
@@ -136,6 +137,8 @@ class GRPOConfig:
             raise ValueError("micro_batch_tokens and temperature must be positive")
         if self.warmup_steps < 0 or self.decay_steps < 0:
             raise ValueError("warmup_steps and decay_steps must be >= 0")
+        if self.decay_steps and self.decay_steps <= self.warmup_steps:
+            raise ValueError(f"decay_steps ({self.decay_steps}) must come after warmup_steps ({self.warmup_steps})")
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -254,9 +257,13 @@ def _validate(rows: Sequence[TrainingRow]) -> None:
 
 def lr_factor(step: int, warmup_steps: int, decay_steps: int) -> float:
     """The learning rate of optimizer step ``step`` (0-based) as a fraction of ``lr``: a linear warm-up to 1 over
-    ``warmup_steps``, then constant, or with ``decay_steps`` a linear fall to 0 at that step."""
-    warm = min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
-    return warm * max(0.0, 1.0 - step / decay_steps) if decay_steps > 0 else warm
+    ``warmup_steps``, then constant, or with ``decay_steps`` a linear fall from 1 (at the warm-up's end) to 0 at
+    step ``decay_steps``."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if decay_steps > 0:
+        return max(0.0, (decay_steps - step) / (decay_steps - warmup_steps))
+    return 1.0
 
 
 class PolicyUpdater:

@@ -116,18 +116,21 @@ def summary(report: dict[str, Any], store: str) -> str:
     def shown(value: float | None) -> str:
         return "not measured" if value is None else f"{value:.2f}"  # no held-out tasks, or none before SFT
 
-    minutes = report.get("train_minutes", report.get("minutes"))
+    stages = report.get("stages") or {"": report}  # a chain: its stages' minutes add up, each lists its outputs
+    minutes = [m for r in stages.values() if (m := r.get("minutes", r.get("train_minutes"))) is not None]
     lines = [
         f"held-out success: {shown(report.get('val_before'))} -> {shown(report.get('val_after'))}"
-        + (f" in {minutes:.1f} min of training" if minutes is not None else "")
+        + (f" in {sum(minutes):.1f} min" if minutes else "")
     ]
     outputs = {"reward curve": "reward_curve", "checkpoint": "checkpoint", "model": "model", "metrics": "metrics"}
-    lines += [f"{label + ':':<14}{report[key]}" for label, key in outputs.items() if report.get(key)]
+    for name, stage in stages.items():
+        prefix = f"{name} " if name else ""
+        lines += [f"{prefix + label + ':':<18}{stage[key]}" for label, key in outputs.items() if stage.get(key)]
     if report.get("best_candidate") is not None:
         lines.append(
-            f"{'best prompt:':<14}candidate {report['best_candidate']} (score {shown(report.get('best_score'))})"
+            f"{'best prompt:':<18}candidate {report['best_candidate']} (score {shown(report.get('best_score'))})"
         )
-    lines.append(f"{'store:':<14}{store}")
+    lines.append(f"{'store:':<18}{store}")
     return "\n".join(lines)
 
 

@@ -362,6 +362,8 @@ def _sft_kwargs(config: TrainConfig, train_tasks: list[dict] | None = None) -> d
         if "script" in teacher:
             if set(teacher) != {"script"}:
                 raise ConfigError(f"sft.teacher: a script teacher takes no other setting, got {sorted(teacher)}")
+            if not isinstance(teacher["script"], str):
+                raise ConfigError(f"sft.teacher.script: expected 'module:function', got {teacher['script']!r}")
             make = _resolve(teacher["script"], "sft.teacher.script")
             if train_tasks is not None:
                 kwargs["teacher"] = _teacher_program(make, teacher["script"], train_tasks, config.seed)
@@ -384,7 +386,7 @@ def _sft_kwargs(config: TrainConfig, train_tasks: list[dict] | None = None) -> d
             raise ConfigError(f"sft.teacher.{_readable(exc)}") from None
     traces = options.pop("traces", None)
     if traces is not None:
-        if "teacher" in config.sft:
+        if config.sft.get("teacher") is not None:
             raise ConfigError("sft: give teacher (distillation) or traces (rejection sampling), not both")
         try:
             kwargs["traces"] = msgspec.convert(traces, TraceFilter)
@@ -411,13 +413,17 @@ def _sft_kwargs(config: TrainConfig, train_tasks: list[dict] | None = None) -> d
 
 
 def _teacher_program(make: Any, reference: str, train_tasks: list[dict], seed: int) -> Any:
-    """``make(train_tasks, seed=seed)``, checked to be a gateway backend."""
+    """``make(train_tasks, seed=seed)``, checked to be a gateway backend (errors raised inside the program are its
+    own and propagate as they are)."""
     from lightrail.gateway.backends import Backend
 
     try:
-        backend = make(train_tasks, seed=seed)
-    except TypeError as exc:
-        raise ConfigError(f"sft.teacher.script: {reference}(train_tasks, seed=...) failed: {exc}") from None
+        inspect.signature(make).bind(train_tasks, seed=seed)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"sft.teacher.script: {reference} cannot be called as (train_tasks, seed=...): {exc}"
+        ) from None
+    backend = make(train_tasks, seed=seed)
     if not isinstance(backend, Backend):
         raise ConfigError(
             f"sft.teacher.script: {reference} returned a {type(backend).__name__}, not a gateway backend "

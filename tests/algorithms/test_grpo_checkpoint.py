@@ -83,9 +83,12 @@ def test_learning_rate_warms_up_then_decays_linearly_to_zero():
     assert [lr_factor(s, 0, 0) for s in (0, 5, 500)] == [1.0, 1.0, 1.0]  # constant by default
     assert [lr_factor(s, 4, 0) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
     assert [lr_factor(s, 0, 4) for s in range(6)] == [1.0, 0.75, 0.5, 0.25, 0.0, 0.0]
-    assert lr_factor(1, 4, 10) == pytest.approx(0.5 * 0.9)  # both: the warm-up scales the decayed rate
+    # both: up to the full rate over the warm-up, then down from it to 0 at step decay_steps
+    assert [lr_factor(s, 2, 6) for s in range(7)] == [0.5, 1.0, 1.0, 0.75, 0.5, 0.25, 0.0]
     upd = PolicyUpdater(tiny_llama(), GRPOConfig(lr=1e-3, warmup_steps=2, decay_steps=4, micro_batch_tokens=60))
     lrs = [upd.step(make_rows(4, seed=s))["lr"] for s in range(5)]
-    assert lrs == pytest.approx([5e-4, 7.5e-4, 5e-4, 2.5e-4, 0.0])  # the rate each step trained with
+    assert lrs == pytest.approx([5e-4, 1e-3, 1e-3, 5e-4, 0.0])  # the rate each step trained with
     with pytest.raises(ValueError, match="decay_steps must be >= 0"):
         GRPOConfig(decay_steps=-1)
+    with pytest.raises(ValueError, match=r"decay_steps \(3\) must come after warmup_steps \(3\)"):
+        GRPOConfig(warmup_steps=3, decay_steps=3)

@@ -276,6 +276,13 @@ def test_config_chains_sft_then_grpo_from_the_sft_weights(tiny_model, tmp_path, 
         result = train(config)
     report = result.report
     assert set(report["stages"]) == {"sft", "grpo"} and report["steps"] == 1
+    from lightrail.trainer.cli import summary  # what `lightrail train` prints: both stages' minutes and outputs
+
+    printed = summary(report, "store.db")
+    minutes = report["stages"]["sft"]["minutes"] + report["stages"]["grpo"]["train_minutes"]
+    assert f" in {minutes:.1f} min" in printed.splitlines()[0]
+    assert f"{'sft model:':<18}{tmp_path / 'run' / 'sft' / 'model'}" in printed.splitlines()
+    assert any(line.startswith("grpo checkpoint:") for line in printed.splitlines())
     assert report["stages"]["sft"]["steps"] == 3 and report["stages"]["sft"]["val_after"] is not None
     sft_model = tmp_path / "run" / "sft" / "model"
     assert report["stages"]["sft"]["model"] == str(sft_model)
@@ -324,7 +331,7 @@ def test_lightrail_train_distils_from_a_teacher_program_and_says_where_the_model
     assert main(["train", str(path), "--out", str(run), "--model", str(tiny_model)]) == 0
     out = capsys.readouterr().out
     assert "held-out success: not measured -> 0." in out  # SFT validates after training (before: validate_before)
-    assert f"model:        {run / 'model'}" in out and f"metrics:      {run / 'metrics.jsonl'}" in out
+    assert f"{'model:':<18}{run / 'model'}" in out and f"{'metrics:':<18}{run / 'metrics.jsonl'}" in out
     assert "reward curve:" not in out  # SFT draws none
     report = json.loads((run / "report.json").read_text())
 
@@ -353,6 +360,11 @@ def test_lightrail_train_distils_from_a_teacher_program_and_says_where_the_model
             "sft.teacher={script: 'examples.calc_agent.teacher:teacher', model: t}",
             "sft.teacher: a script teacher takes no other setting",
         ),
+        ("sft.teacher={script: 5}", "sft.teacher.script: expected 'module:function', got 5"),
+        (
+            "sft={teacher: {script: 'examples.calc_agent.teacher:teacher'}, traces: {since: 1.0}}",
+            "sft: give teacher (distillation) or traces (rejection sampling), not both",
+        ),
         ("sft.config={kl_coef: 0.1}", "sft.config.kl_coef: SFT has no KL term"),
         ("sft.batch=3", "sft: unknown setting(s) ['batch']"),
     ],
@@ -367,6 +379,16 @@ def test_config_sft_section_errors_name_the_field(tmp_path, override, message):
     assert message in str(err.value)
 
 
+def test_config_sft_teacher_null_next_to_traces_is_rejection_sampling(tmp_path):
+    from lightrail.trainer.config import _sft_kwargs, load_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text("agent: a:b\ndata: c:d\nalgorithm: sft\n")
+    config = load_config(path, ["sft={teacher: null, traces: {since: 1.0}}"])
+    kwargs = _sft_kwargs(config)
+    assert "teacher" not in kwargs and kwargs["traces"] == TraceFilter(since=1.0)
+
+
 def test_a_teacher_program_that_returns_no_backend_is_named(tmp_path, monkeypatch):
     from pathlib import Path
 
@@ -377,7 +399,7 @@ def test_a_teacher_program_that_returns_no_backend_is_named(tmp_path, monkeypatc
     path.write_text(SFT_FROM_A_PROGRAM)
     for script, message in [
         ("examples.calculator.teacher:demonstrations", "returned a list, not a gateway backend"),
-        ("examples.calculator.data:make_splits", "make_splits(train_tasks, seed=...) failed"),
+        ("examples.calculator.data:make_splits", "make_splits cannot be called as (train_tasks, seed=...)"),
     ]:
         config = load_config(path, [f"sft.teacher={{script: '{script}'}}", "model=tiny", f"out_dir={tmp_path}"])
         with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
