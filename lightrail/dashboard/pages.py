@@ -123,9 +123,9 @@ async def rollout(request: Request, store: Store, render: Render, decode: views.
     index = _int(request, "attempt", 0, low=1) if request.query_params.get("attempt") else None
     try:
         details = await rollout_details(store, rollout_id, index)
-    except LookupError as exc:  # no attempt with that index (a missing rollout is a NotFoundError already)
-        if isinstance(exc, NotFoundError):
-            raise
+    except NotFoundError:  # no such rollout
+        raise
+    except LookupError as exc:  # no attempt with that index
         raise NotFoundError(str(exc)) from None
     chosen, attempts, attempt, spans = details.rollout, details.attempts, details.attempt, details.spans
     # with a tokenizer, off the loop: the first page loads it, and decoding is per token

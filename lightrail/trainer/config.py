@@ -349,44 +349,16 @@ def _sft_kwargs(config: TrainConfig, train_tasks: list[dict] | None = None) -> d
     from lightrail.adapters import AgentFilter
     from lightrail.algorithms.rejection import TraceFilter
     from lightrail.algorithms.sft import SFT
-    from lightrail.types import LLM
 
     options = dict(config.sft)
     out_dir = config.run_dir / "sft" if isinstance(config.algorithm, list) else config.run_dir
     kwargs: dict[str, Any] = {"seed": config.seed, "out_dir": out_dir, "gateway": config.gateway}
     teacher = options.pop("teacher", None)
-    if teacher is not None:
-        if not isinstance(teacher, dict):
-            raise ConfigError(f"sft.teacher: expected a mapping of LLM fields, got {teacher!r}")
-        teacher = dict(teacher)
-        if "script" in teacher:
-            if set(teacher) != {"script"}:
-                raise ConfigError(f"sft.teacher: a script teacher takes no other setting, got {sorted(teacher)}")
-            if not isinstance(teacher["script"], str):
-                raise ConfigError(f"sft.teacher.script: expected 'module:function', got {teacher['script']!r}")
-            make = _resolve(teacher["script"], "sft.teacher.script")
-            if train_tasks is not None:
-                kwargs["teacher"] = _teacher_program(make, teacher["script"], train_tasks, config.seed)
-            teacher = None
-    if teacher is not None:
-        key_env = teacher.pop("api_key_env", None)
-        fields = set(LLM.__struct_fields__) - {"routed"}
-        unknown = sorted(set(teacher) - fields)
-        if unknown:
-            raise ConfigError(
-                f"sft.teacher: unknown setting(s) {unknown}; accepted: {sorted(fields | {'api_key_env'})}"
-            )
-        if key_env is not None:
-            if not isinstance(key_env, str) or key_env not in os.environ:
-                raise ConfigError(f"sft.teacher.api_key_env: ${key_env} is not set")
-            teacher["api_key"] = os.environ[key_env]
-        try:
-            kwargs["teacher"] = msgspec.convert({**teacher, "routed": False}, LLM)
-        except msgspec.ValidationError as exc:
-            raise ConfigError(f"sft.teacher.{_readable(exc)}") from None
+    if teacher is not None and (built := _sft_teacher(teacher, config.seed, train_tasks)) is not None:
+        kwargs["teacher"] = built
     traces = options.pop("traces", None)
     if traces is not None:
-        if config.sft.get("teacher") is not None:
+        if teacher is not None:
             raise ConfigError("sft: give teacher (distillation) or traces (rejection sampling), not both")
         try:
             kwargs["traces"] = msgspec.convert(traces, TraceFilter)
@@ -410,6 +382,36 @@ def _sft_kwargs(config: TrainConfig, train_tasks: list[dict] | None = None) -> d
     for key, value in options.items():
         kwargs[key] = _checked(f"sft.{key}", value, parameters[key].annotation)
     return kwargs
+
+
+def _sft_teacher(section: Any, seed: int, train_tasks: list[dict] | None) -> Any:
+    """``sft.teacher`` as `SFT`'s teacher: an `LLM` from its fields, or the backend its ``script`` program returns
+    (None until ``train_tasks`` are given: the reference is only checked)."""
+    from lightrail.types import LLM
+
+    if not isinstance(section, dict):
+        raise ConfigError(f"sft.teacher: expected a mapping of LLM fields, got {section!r}")
+    teacher = dict(section)
+    if "script" in teacher:
+        if set(teacher) != {"script"}:
+            raise ConfigError(f"sft.teacher: a script teacher takes no other setting, got {sorted(teacher)}")
+        if not isinstance(teacher["script"], str):
+            raise ConfigError(f"sft.teacher.script: expected 'module:function', got {teacher['script']!r}")
+        make = _resolve(teacher["script"], "sft.teacher.script")
+        return None if train_tasks is None else _teacher_program(make, teacher["script"], train_tasks, seed)
+    key_env = teacher.pop("api_key_env", None)
+    fields = set(LLM.__struct_fields__) - {"routed"}
+    unknown = sorted(set(teacher) - fields)
+    if unknown:
+        raise ConfigError(f"sft.teacher: unknown setting(s) {unknown}; accepted: {sorted(fields | {'api_key_env'})}")
+    if key_env is not None:
+        if not isinstance(key_env, str) or key_env not in os.environ:
+            raise ConfigError(f"sft.teacher.api_key_env: ${key_env} is not set")
+        teacher["api_key"] = os.environ[key_env]
+    try:
+        return msgspec.convert({**teacher, "routed": False}, LLM)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"sft.teacher.{_readable(exc)}") from None
 
 
 def _teacher_program(make: Any, reference: str, train_tasks: list[dict], seed: int) -> Any:
