@@ -200,15 +200,12 @@ async def rollout_details(store: Store, rollout_id: str, attempt: int | None = N
     last)."""
     rollout = await store.get_rollout(rollout_id)
     attempts = await store.query_attempts(rollout_id)
-    shown = None
-    if attempts:
-        if attempt is None:
-            shown = attempts[-1]
-        else:
-            matching = [a for a in attempts if a.index == attempt]
-            if not matching:
-                raise LookupError(f"rollout {rollout_id} has attempts {[a.index for a in attempts]}, not {attempt}")
-            shown = matching[0]
+    if attempt is None:
+        shown = attempts[-1] if attempts else None
+    else:  # an index the rollout does not have is an error, also when it has none yet
+        shown = next((a for a in attempts if a.index == attempt), None)
+        if shown is None:
+            raise LookupError(f"rollout {rollout_id} has attempts {[a.index for a in attempts]}, not {attempt}")
     spans = [] if shown is None else await store.query_spans(rollout_id, shown.attempt_id)
     return RolloutDetails(rollout, attempts, shown, spans)
 

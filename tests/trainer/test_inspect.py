@@ -227,3 +227,18 @@ def test_derive_runs_by_tag_then_by_idle_gap():
         (2, "x1", ["apo", "apo2"]),
         (3, None, ["d"]),
     ]
+
+
+def test_an_attempt_index_a_queued_rollout_does_not_have_is_an_error():
+    from lightrail import MemoryStore
+    from lightrail.trainer.inspection import rollout_details
+    from lightrail.types import RolloutSpec, Task
+
+    async def go():
+        store = MemoryStore()
+        (queued,) = await store.enqueue([RolloutSpec(task=Task(input={"q": 1}))])
+        assert (await rollout_details(store, queued.rollout_id)).attempt is None  # nothing to show yet: no error
+        with pytest.raises(LookupError, match=rf"rollout {queued.rollout_id} has attempts \[\], not 2"):
+            await rollout_details(store, queued.rollout_id, 2)
+
+    asyncio.run(go())
