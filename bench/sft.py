@@ -44,7 +44,7 @@ def _config(model: Path, out: Path, teacher_url: str, teacher_key: str, args: ar
             "sampling": {"max_tokens": 200},
         },
         "n_samples": 1,
-        "min_reward": 1.0,
+        "min_reward": args.sft_min_reward,
         "steps": args.sft_steps,
         "batch_size": args.sft_batch,
         "max_len": 500,
@@ -104,6 +104,12 @@ def main() -> None:
     parser.add_argument("--sft-steps", type=int, default=None)
     parser.add_argument("--sft-lr", type=float, default=1e-3)
     parser.add_argument("--sft-batch", type=int, default=8, help="rows per SFT step")
+    parser.add_argument(
+        "--sft-min-reward",
+        type=lambda v: None if v == "none" else float(v),
+        default=1.0,
+        help="keep teacher rollouts with at least this reward ('none': keep every one, the demo's warm start)",
+    )
     parser.add_argument("--grpo-steps", type=int, default=None)
     parser.add_argument("--grpo-lr", type=float, default=1e-4, help="the GRPO stage's learning rate (the demo's: 1e-4)")
     parser.add_argument("--n-train", type=int, default=None)
@@ -147,6 +153,7 @@ def main() -> None:
     out.update(
         sft_steps=args.sft_steps,
         sft_batch=args.sft_batch,
+        sft_min_reward=args.sft_min_reward,
         grpo_steps=args.grpo_steps,
         grpo_lr=args.grpo_lr,
         n_train=args.n_train,

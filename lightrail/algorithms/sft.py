@@ -269,6 +269,7 @@ class SFT:
         self._source: Any = None
         self._owned_source = False
         self._teacher_gateway: Any = None
+        self._teacher_backend: Any = None
         self._engine: Any = None
         self._student_gateway: Any = None
 
@@ -306,22 +307,35 @@ class SFT:
             self._source = open_store(self.traces.store, token=os.environ.get("LIGHTRAIL_TOKEN"))
             self._owned_source = True
         if self.teacher is not None:
-            from lightrail.gateway.backends import OpenAIUpstream
-            from lightrail.gateway.server import GatewayServer, GatewaySettings
+            self._teacher_backend = self._backend_of(self.teacher)
+            if not (self.resume and (self.out_dir / _TRACES).exists()):  # (else the pinned traces are reloaded)
+                from lightrail.gateway.server import GatewayServer, GatewaySettings
 
-            backend: Any = self.teacher
-            if isinstance(self.teacher, LLM):
-                backend = OpenAIUpstream(
-                    self.teacher.base_url(),
-                    api_key=self.teacher.api_key,
-                    model=self.teacher.model,
-                    request_token_ids=False,  # the messages are the data; hosted APIs reject vLLM's extension
-                )
-            where = self.gateway or GatewaySettings()
-            self._teacher_gateway = await GatewayServer(
-                backend, ctx.store, token=secrets.token_urlsafe(16),
-                host=where.host, port=where.port, advertise_url=where.advertise_url,
-            ).start()  # fmt: skip
+                where = self.gateway or GatewaySettings()
+                self._teacher_gateway = await GatewayServer(
+                    self._teacher_backend, ctx.store, token=secrets.token_urlsafe(16),
+                    host=where.host, port=where.port, advertise_url=where.advertise_url,
+                ).start()  # fmt: skip
+
+    @staticmethod
+    def _backend_of(teacher: LLM | Backend) -> Backend:
+        """What the teacher's recording gateway forwards to: an `OpenAIUpstream` for an `LLM`, else the program's
+        own backend. SFT owns it from here on: it is closed with the run."""
+        from lightrail.gateway.backends import OpenAIUpstream
+
+        if isinstance(teacher, LLM):
+            return OpenAIUpstream(
+                teacher.base_url(),
+                api_key=teacher.api_key,
+                model=teacher.model,
+                request_token_ids=False,  # the messages are the data; hosted APIs reject vLLM's extension
+            )
+        if not teacher.model_names():
+            raise ValueError(
+                f"the teacher backend ({type(teacher).__name__}) lists no model names: its model_names() must "
+                "name the model the agent is to call"
+            )
+        return teacher
 
     async def run(self, ctx: TrainerContext) -> None:
         """Collect (or reload) the kept traces, train ``steps`` steps, validate, write the model and the report."""
@@ -380,6 +394,11 @@ class SFT:
             if server is not None:
                 await server.stop()
         self._teacher_gateway = self._student_gateway = None
+        if self._teacher_backend is not None:
+            from lightrail.gateway.backends import close_backend
+
+            backend, self._teacher_backend = self._teacher_backend, None
+            await close_backend(backend)
         if self._engine is not None:
             await self._engine.close()
             self._engine = None

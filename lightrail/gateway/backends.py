@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 from collections.abc import AsyncIterator
 from typing import Any, Protocol, runtime_checkable
 
@@ -30,7 +31,7 @@ from lightrail.types import (
     ToolCall,
 )
 
-__all__ = ["Backend", "OpenAIUpstream", "UpstreamError", "VersionedUpstream"]
+__all__ = ["Backend", "OpenAIUpstream", "UpstreamError", "VersionedUpstream", "close_backend"]
 
 
 @runtime_checkable
@@ -49,6 +50,14 @@ class Backend(Protocol):
     def model_names(self) -> list[str]:
         """Names listed at ``/v1/models``."""
         ...
+
+
+async def close_backend(backend: object) -> None:
+    """Release what a backend holds (its ``aclose``, else its ``close``, sync or async); a backend with
+    neither holds nothing to release."""
+    closer = getattr(backend, "aclose", None) or getattr(backend, "close", None)
+    if closer is not None and inspect.isawaitable(result := closer()):
+        await result
 
 
 class UpstreamError(Exception):

@@ -154,6 +154,7 @@ async def _run(args: argparse.Namespace, redact: Any = None) -> None:
     import uvicorn
 
     from lightrail.gateway.app import create_gateway_app
+    from lightrail.gateway.backends import close_backend
     from lightrail.store import open_store
 
     backend = await _open_backend(args)
@@ -200,9 +201,7 @@ async def _run(args: argparse.Namespace, redact: Any = None) -> None:
     finally:
         if watcher is not None:
             await watcher.close()
-        closer = getattr(backend, "aclose", None) or getattr(backend, "close", None)
-        if closer is not None:
-            await closer()
+        await close_backend(backend)
         await store.close()
 
 

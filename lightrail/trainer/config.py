@@ -431,6 +431,11 @@ def _teacher_program(make: Any, reference: str, train_tasks: list[dict], seed: i
             f"sft.teacher.script: {reference} returned a {type(backend).__name__}, not a gateway backend "
             "(chat, complete and model_names, e.g. lightrail.gateway.fake.ScriptedBackend)"
         )
+    if not backend.model_names():
+        raise ConfigError(
+            f"sft.teacher.script: {reference} returned a {type(backend).__name__} that lists no model names "
+            "(model_names() is empty): the agent needs one to call"
+        )
     return backend
 
 

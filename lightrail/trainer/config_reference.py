@@ -341,7 +341,9 @@ def sections() -> list[Section]:
             "null",
             "Instead of an endpoint, a teacher program: ``module:function``, called as ``function(train_tasks, "
             "seed=...)``, returns a gateway backend (e.g. a ``ScriptedBackend``) that plays the agent's model; no "
-            "other field then (``examples/calc_agent/teacher.py``).",
+            "other field then (``examples/calc_agent/teacher.py``). It runs in the trainer's process (also with "
+            "``trainer.runner_python``, where only the agent is imported by the runners' interpreter), and SFT "
+            "closes the backend (its ``aclose``/``close``) when the run ends.",
         )  # fmt: skip
     )
     return [

@@ -237,6 +237,48 @@ def test_distillation_trains_the_student_to_reproduce_the_teacher(tiny_model, tm
     assert generated[: len(target) + 1] == [*target, tokenizer.eos_token_id], tokenizer.decode(generated)
 
 
+def test_sft_closes_the_teacher_backend_and_a_resumed_run_does_not_ask_it_again(tiny_model, tmp_path):
+    """A teacher backend (a program's) belongs to the run: closed when it ends; a resumed run reloads its pinned
+    traces without calling it or serving it."""
+    from examples.calculator.teacher_server import teacher_backend
+
+    class Closable:  # the scripted teacher, counting its closes
+        def __init__(self, problems):
+            self.inner, self.closed = teacher_backend(problems), 0
+
+        async def chat(self, request):
+            return await self.inner.chat(request)
+
+        async def complete(self, request):
+            return await self.inner.complete(request)
+
+        def model_names(self):
+            return self.inner.model_names()
+
+        async def aclose(self):
+            self.closed += 1
+
+    train, val = _problems()
+    store, settings = MemoryStore(), dict(steps=2, batch_size=4, val_sampling={"max_tokens": 16}, out_dir=tmp_path)
+    teacher = Closable(train + val)
+    sft = SFT(tiny_model, teacher=teacher, tasks=3, min_reward=None, checkpoint_every=1, **settings)
+    Trainer(n_runners=1, concurrency=8, store=store, algorithm=sft).fit(AGENT, train, val)
+    asked = len(teacher.inner.requests)
+    assert asked >= 3 and teacher.closed == 1 and sft.report["kept_rollouts"] > 0
+    again = SFT(tiny_model, teacher=teacher, tasks=3, min_reward=None, resume=True, **{**settings, "steps": 3})
+    Trainer(n_runners=1, concurrency=8, store=store, algorithm=again).fit(AGENT, train, val)
+    assert len(teacher.inner.requests) == asked and teacher.closed == 2 and again.report["steps"] == 3
+
+    class Nameless(Closable):
+        def model_names(self):
+            return []
+
+    with pytest.raises(ValueError, match=r"teacher backend \(Nameless\) lists no model names"):
+        Trainer(n_runners=1, store=store, algorithm=SFT(tiny_model, teacher=Nameless([]), **settings)).fit(
+            AGENT, train, val
+        )
+
+
 # -- sft then grpo from one config ----------------------------------------------------------------------------------
 
 CHAIN = """
@@ -395,11 +437,20 @@ def test_a_teacher_program_that_returns_no_backend_is_named(tmp_path, monkeypatc
     from lightrail.trainer.config import ConfigError, load_config, train
 
     monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    (tmp_path / "nameless_teacher.py").write_text(
+        "from lightrail.gateway.fake import ScriptedBackend\n\n\n"
+        "def teacher(tasks, seed):\n"
+        "    backend = ScriptedBackend(lambda request: 'Answer: 0')\n"
+        "    backend.model_names = lambda: []\n"
+        "    return backend\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
     path = tmp_path / "sft.yaml"
     path.write_text(SFT_FROM_A_PROGRAM)
     for script, message in [
         ("examples.calculator.teacher:demonstrations", "returned a list, not a gateway backend"),
         ("examples.calculator.data:make_splits", "make_splits cannot be called as (train_tasks, seed=...)"),
+        ("nameless_teacher:teacher", "returned a ScriptedBackend that lists no model names"),
     ]:
         config = load_config(path, [f"sft.teacher={{script: '{script}'}}", "model=tiny", f"out_dir={tmp_path}"])
         with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):

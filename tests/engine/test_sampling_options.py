@@ -210,7 +210,9 @@ async def test_seed_gives_the_same_tokens_alone_and_in_a_mixed_batch(tiny_model,
     late = asyncio.gather(*(mixed_engine.chat(r) for r in seeded[2:]))  # these join a running batch
     mixed = (await first)[len(others) :] + await late
     await mixed_engine.close()
-    assert mixed_engine.stats["batches"] == 2 and mixed_engine.stats["max_rows_in_batch"] > 8
+    # the first gather holds 8 rows: more than 8 at once means late rows joined it (how many admissions that took
+    # depends on timing under load, so the batch count is only a lower bound)
+    assert mixed_engine.stats["batches"] >= 2 and mixed_engine.stats["max_rows_in_batch"] > 8
 
     for a, b in zip(alone, mixed, strict=True):
         assert [c.token_ids for c in a.choices] == [c.token_ids for c in b.choices]
