@@ -50,7 +50,11 @@ def _config(model: Path, out: Path, teacher_url: str, teacher_key: str, args: ar
         "max_len": 500,
         "val_sampling": {"temperature": 0.0, "max_tokens": 48},
         "checkpoint_every": 0,
-        "config": {"lr": args.sft_lr, "warmup_steps": 10},
+        "config": {
+            "lr": args.sft_lr,
+            "warmup_steps": 10,
+            **({"decay_steps": args.sft_steps} if args.sft_decay else {}),
+        },
     }
     config = {
         "name": "bench-sft",
@@ -71,7 +75,7 @@ def _config(model: Path, out: Path, teacher_url: str, teacher_key: str, args: ar
             "n_samples": 8,
             "val_every": 0,
             "checkpoint_every": 0,
-            "sampling": {"temperature": 1.0, "max_tokens": 48},
+            "sampling": {"temperature": args.grpo_temperature, "max_tokens": 48},
             "val_sampling": {"temperature": 0.0, "max_tokens": 48},
             "tool_rewards": {"success": 0.1, "error": -0.1},
             "config": {"lr": args.grpo_lr, "warmup_steps": 5, "kl_coef": 0.05},
@@ -105,6 +109,9 @@ def main() -> None:
     parser.add_argument("--sft-lr", type=float, default=1e-3)
     parser.add_argument("--sft-batch", type=int, default=8, help="rows per SFT step")
     parser.add_argument(
+        "--sft-decay", action="store_true", help="the SFT rate falls linearly to 0 at the last step (decay_steps)"
+    )
+    parser.add_argument(
         "--sft-min-reward",
         type=lambda v: None if v == "none" else float(v),
         default=1.0,
@@ -112,6 +119,9 @@ def main() -> None:
     )
     parser.add_argument("--grpo-steps", type=int, default=None)
     parser.add_argument("--grpo-lr", type=float, default=1e-4, help="the GRPO stage's learning rate (the demo's: 1e-4)")
+    parser.add_argument(
+        "--grpo-temperature", type=float, default=1.0, help="the GRPO stage's sampling temperature (the demo's: 1.0)"
+    )
     parser.add_argument("--n-train", type=int, default=None)
     parser.add_argument("--n-val", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
@@ -154,8 +164,10 @@ def main() -> None:
         sft_steps=args.sft_steps,
         sft_batch=args.sft_batch,
         sft_min_reward=args.sft_min_reward,
+        sft_decay=args.sft_decay,
         grpo_steps=args.grpo_steps,
         grpo_lr=args.grpo_lr,
+        grpo_temperature=args.grpo_temperature,
         n_train=args.n_train,
         n_val=args.n_val,
     )

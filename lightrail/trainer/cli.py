@@ -123,14 +123,17 @@ def summary(report: dict[str, Any], store: str) -> str:
         + (f" in {sum(minutes):.1f} min" if minutes else "")
     ]
     outputs = {"reward curve": "reward_curve", "checkpoint": "checkpoint", "model": "model", "metrics": "metrics"}
-    for name, stage in stages.items():
-        prefix = f"{name} " if name else ""
-        lines += [f"{prefix + label + ':':<18}{stage[key]}" for label, key in outputs.items() if stage.get(key)]
+    rows = [
+        (f"{name} {label}" if name else label, str(stage[key]))
+        for name, stage in stages.items()
+        for label, key in outputs.items()
+        if stage.get(key)
+    ]
     if report.get("best_candidate") is not None:
-        lines.append(
-            f"{'best prompt:':<18}candidate {report['best_candidate']} (score {shown(report.get('best_score'))})"
-        )
-    lines.append(f"{'store:':<18}{store}")
+        rows.append(("best prompt", f"candidate {report['best_candidate']} (score {shown(report.get('best_score'))})"))
+    rows.append(("store", store))
+    width = max(len(label) for label, _ in rows) + 2  # "grpo reward curve: " lines up with "store: "
+    lines += [f"{label + ':':<{width}}{value}" for label, value in rows]
     return "\n".join(lines)
 
 

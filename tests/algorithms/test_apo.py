@@ -138,7 +138,7 @@ def test_beam_parallel_rounds_and_budgets(tmp_path, tiny_model, optimizer):
     assert best["candidate"] == "c4" and best["score"] == pytest.approx(0.9)
     from lightrail.trainer.cli import summary  # what `lightrail train` prints at the end of an APO run
 
-    assert f"{'best prompt:':<18}candidate c4 (score 0.90)" in summary(apo.report, "store.db").splitlines()
+    assert "best prompt: candidate c4 (score 0.90)" in summary(apo.report, "store.db").splitlines()
 
     rollouts, _ = _stored(tmp_path / "store.db")
     search = [r for r in rollouts if r.mode == "train"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import textwrap
 
 import pytest
@@ -323,8 +324,10 @@ def test_config_chains_sft_then_grpo_from_the_sft_weights(tiny_model, tmp_path, 
     printed = summary(report, "store.db")
     minutes = report["stages"]["sft"]["minutes"] + report["stages"]["grpo"]["train_minutes"]
     assert f" in {minutes:.1f} min" in printed.splitlines()[0]
-    assert f"{'sft model:':<18}{tmp_path / 'run' / 'sft' / 'model'}" in printed.splitlines()
-    assert any(line.startswith("grpo checkpoint:") for line in printed.splitlines())
+    outputs = dict(re.fullmatch(r"(.+?): +(\S.*)", line).groups() for line in printed.splitlines()[1:])
+    assert outputs["sft model"] == str(tmp_path / "run" / "sft" / "model") and "grpo checkpoint" in outputs
+    assert "grpo reward curve" in outputs and "store" in outputs
+    assert len({re.match(r".+?: +", line).end() for line in printed.splitlines()[1:]}) == 1  # values in one column
     assert report["stages"]["sft"]["steps"] == 3 and report["stages"]["sft"]["val_after"] is not None
     sft_model = tmp_path / "run" / "sft" / "model"
     assert report["stages"]["sft"]["model"] == str(sft_model)
@@ -373,7 +376,8 @@ def test_lightrail_train_distils_from_a_teacher_program_and_says_where_the_model
     assert main(["train", str(path), "--out", str(run), "--model", str(tiny_model)]) == 0
     out = capsys.readouterr().out
     assert "held-out success: not measured -> 0." in out  # SFT validates after training (before: validate_before)
-    assert f"{'model:':<18}{run / 'model'}" in out and f"{'metrics:':<18}{run / 'metrics.jsonl'}" in out
+    assert re.search(rf"^model: +{re.escape(str(run / 'model'))}$", out, re.M)
+    assert re.search(rf"^metrics: +{re.escape(str(run / 'metrics.jsonl'))}$", out, re.M)
     assert "reward curve:" not in out  # SFT draws none
     report = json.loads((run / "report.json").read_text())
 
