@@ -1,0 +1,85 @@
+"""The framework showcases learning, measured: each one's `lightrail train examples/NAME/config.yaml`, end to end.
+
+    LIGHTRAIL_TORCH_THREADS=2 .venv/bin/python bench/showcases.py --only calc_agent
+    LIGHTRAIL_TORCH_THREADS=2 .venv/bin/python bench/showcases.py --only calc_agent --set grpo.steps=10   # shorter
+
+Each showcase's config is its recipe (a small model distilled from an imperfect teacher through the agent's own
+framework, then GRPO through real runners, the gateway and the framework); this script runs it as
+``lightrail train`` would, one showcase after the other, and reads the run's report:
+
+* ``NAME_val_before`` / ``NAME_val_after``: held-out success at the GRPO stage's start (after the warm start) and
+  at its end (greedy, the config's ``n_val`` held-out tasks);
+* ``NAME_minutes``: the GRPO stage (its validations included); ``NAME_wall_minutes``: the whole command (model
+  build, teacher rollouts, SFT, GRPO);
+* ``NAME_sft_val`` / ``NAME_sft_minutes``: the warm start's own figures, when the recipe has one.
+
+Target per showcase: ``val_after - val_before >= 0.10`` with ``NAME_minutes <= 30`` (the SQL showcase: 0.15).
+Only showcases whose config is a CPU recipe are offered (``RECIPES``). Progress on stderr; the last stdout line is
+one JSON object with the machine's facts next to the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/ and bench/ when run from a checkout
+
+from bench._util import REPO, log, machine_facts  # noqa: E402
+
+RECIPES = {"calc_agent": 0.10}
+"""Showcases with a CPU recipe in their config.yaml, and the gain each must reach."""
+MAX_GRPO_MINUTES = 30
+
+
+def run_showcase(name: str, out: Path, overrides: list[str]) -> dict:
+    """Train ``examples/NAME/config.yaml`` into ``out/NAME`` and return its figures, keys prefixed by ``name``."""
+    from lightrail.trainer.config import load_config, train
+
+    t0 = time.monotonic()
+    config = load_config(REPO / "examples" / name / "config.yaml", [f"out_dir={out / name}", *overrides])
+    report = train(config).report
+    wall = (time.monotonic() - t0) / 60
+    figures = {
+        "val_before": report["val_before"],
+        "val_after": report["val_after"],
+        "minutes": round(report["train_minutes"], 2),
+        "wall_minutes": round(wall, 2),
+        "grpo_steps": report["steps"],
+    }
+    sft = report.get("stages", {}).get("sft")
+    if sft is not None:
+        figures.update(sft_val=sft["val_after"], sft_minutes=round(sft["minutes"], 2), sft_rows=sft["rows"])
+    return {f"{name}_{key}": value for key, value in figures.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=sorted(RECIPES), action="append", help="run this showcase (repeatable)")
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
+        help="a config override for every showcase run (as lightrail train --set)",
+    )  # fmt: skip
+    parser.add_argument("--out", type=Path, default=Path("runs") / time.strftime("bench-showcases-%Y%m%d-%H%M%S"))
+    args = parser.parse_args()
+    out: dict = {**machine_facts(), "overrides": args.overrides}
+    log(f"machine: {out}")
+    targets = {}
+    for name in args.only or sorted(RECIPES):
+        log(f"-- {name}: lightrail train examples/{name}/config.yaml")
+        figures = run_showcase(name, args.out, args.overrides)
+        out.update(figures)
+        gain = figures[f"{name}_val_after"] - figures[f"{name}_val_before"]
+        targets[f"{name}_gain>={RECIPES[name]}"] = gain >= RECIPES[name]
+        targets[f"{name}_minutes<={MAX_GRPO_MINUTES}"] = figures[f"{name}_minutes"] <= MAX_GRPO_MINUTES
+        log(f"   {name}: {json.dumps(figures)}")
+    out["load_1m_after"] = machine_facts()["load_1m"]
+    out["targets_met"] = targets
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
