@@ -233,6 +233,11 @@ class SFT:
             raise ValueError(f"best_of must be >= 1, not {best_of}")
         if config is not None and config.kl_coef:
             raise ValueError("SFT has no KL term: leave config.kl_coef at 0")
+        if teacher is not None and not isinstance(teacher, LLM) and not teacher.model_names():
+            raise ValueError(
+                f"the teacher backend ({type(teacher).__name__}) lists no model names: its model_names() must "
+                "name the model the agent is to call"
+            )
         self.model = Path(model)
         self.teacher = teacher
         self.traces = traces if traces is not None or teacher is not None else TraceFilter()
@@ -329,11 +334,6 @@ class SFT:
                 api_key=teacher.api_key,
                 model=teacher.model,
                 request_token_ids=False,  # the messages are the data; hosted APIs reject vLLM's extension
-            )
-        if not teacher.model_names():
-            raise ValueError(
-                f"the teacher backend ({type(teacher).__name__}) lists no model names: its model_names() must "
-                "name the model the agent is to call"
             )
         return teacher
 
