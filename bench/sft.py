@@ -78,6 +78,7 @@ def _config(model: Path, out: Path, teacher_url: str, teacher_key: str, args: ar
             "sampling": {"temperature": args.grpo_temperature, "max_tokens": 48},
             "val_sampling": {"temperature": 0.0, "max_tokens": 48},
             "tool_rewards": {"success": 0.1, "error": -0.1},
+            "filter_groups": args.grpo_filter_groups,
             "config": {"lr": args.grpo_lr, "warmup_steps": 5, "kl_coef": 0.05},
         }
     path = out.with_suffix(".yaml")
@@ -121,6 +122,11 @@ def main() -> None:
     parser.add_argument("--grpo-lr", type=float, default=1e-4, help="the GRPO stage's learning rate (the demo's: 1e-4)")
     parser.add_argument(
         "--grpo-temperature", type=float, default=1.0, help="the GRPO stage's sampling temperature (the demo's: 1.0)"
+    )
+    parser.add_argument(
+        "--grpo-filter-groups",
+        action="store_true",
+        help="the GRPO stage drops and replaces groups with no signal (DAPO)",
     )
     parser.add_argument("--n-train", type=int, default=None)
     parser.add_argument("--n-val", type=int, default=None)
@@ -168,6 +174,7 @@ def main() -> None:
         grpo_steps=args.grpo_steps,
         grpo_lr=args.grpo_lr,
         grpo_temperature=args.grpo_temperature,
+        grpo_filter_groups=args.grpo_filter_groups,
         n_train=args.n_train,
         n_val=args.n_val,
     )

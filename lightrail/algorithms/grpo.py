@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import math
 import random
 import secrets
 import statistics
@@ -56,7 +57,7 @@ from lightrail.algorithms._loop_state import (
     rewrite_metrics,
     write_loop_state,
 )
-from lightrail.types import LLM, Rollout, RolloutStatus, Span, Task
+from lightrail.types import LLM, Rollout, RolloutStatus, Span, Task, Transition
 
 if TYPE_CHECKING:
     from lightrail.algorithms._loss import LossNorm
@@ -75,6 +76,13 @@ class GRPO:
     sampling by ``sampling`` (OpenAI parameters handed to the agent through its `LLM` resource). Validation runs
     every val task once with ``val_sampling`` (greedy by default) before training, every ``val_every`` steps and
     at the end; a rollout counts as a success when its reward is at least ``success_threshold``.
+
+    ``filter_groups`` is DAPO's dynamic sampling: a group whose transitions all have advantage 0 (every sample
+    scored the same, no tool reward told them apart) teaches nothing but dilutes the token-mean loss, so it is left
+    out of the update, and more tasks are sampled until ``tasks_per_step`` informative groups are in hand: up to
+    ``max_sample_rounds`` rounds of rollouts per step, each of at most ``tasks_per_step`` tasks, sized by the share
+    of informative groups so far. Useful when a sharply warm-started student agrees with itself on most tasks; each
+    step then costs more rollouts.
 
     ``advantage`` picks the outcome-advantage estimator (`lightrail.adapters.advantages.ESTIMATORS`: ``grpo``
     (default), ``rloo``, ``dr_grpo``, ``reinforce_pp``, ``reinforce_pp_baseline``; formulas and sources in that
@@ -115,6 +123,8 @@ class GRPO:
         tool_rewards: ToolRewardRule | None = None,
         agents: AgentFilter | None = None,
         merge_calls: bool = False,
+        filter_groups: bool = False,
+        max_sample_rounds: int = 3,
         success_threshold: float = 1.0,
         out_dir: str | Path = "runs/grpo",
         checkpoint_every: int = 10,
@@ -130,6 +140,8 @@ class GRPO:
 
         if steps < 0 or tasks_per_step < 1 or n_samples < 1:
             raise ValueError("steps must be >= 0, tasks_per_step and n_samples >= 1")
+        if max_sample_rounds < 1:
+            raise ValueError(f"max_sample_rounds must be >= 1, got {max_sample_rounds}")
         if rollout_engine not in ROLLOUT_ENGINES:
             raise ValueError(f"rollout_engine must be one of {ROLLOUT_ENGINES}, not {rollout_engine!r}")
         self.advantage, self.loss_agg = check_estimator_options(advantage, loss_agg, config)
@@ -145,6 +157,8 @@ class GRPO:
         self.tool_rewards = tool_rewards
         self.agents = agents
         self.merge_calls = merge_calls
+        self.filter_groups = filter_groups
+        self.max_sample_rounds = max_sample_rounds
         self.success_threshold = success_threshold
         self.out_dir = Path(out_dir)
         self.checkpoint_every = checkpoint_every
@@ -289,20 +303,35 @@ class GRPO:
     async def _train_step(self, ctx: TrainerContext) -> dict[str, Any]:
         t0 = time.monotonic()
         version = await ctx.publish({"llm": self.llm})
-        tasks = self._next_tasks(ctx.train_tasks)
-        rollouts = await ctx.run_rollouts(
-            tasks, mode="train", n_samples=self.n_samples, resources_version=version.version,
-            metadata={"step": self.step + 1},
-        )  # fmt: skip
+        rollouts: list[Rollout] = []
+        episodes: dict[str, Any] = {}
+        n_tasks, rounds, filtered = self.tasks_per_step, 0, 0
+        while True:  # one round without filter_groups; with it, until enough groups carry a learning signal
+            rounds += 1
+            batch = await ctx.run_rollouts(
+                self._next_tasks(ctx.train_tasks, n_tasks), mode="train", n_samples=self.n_samples,
+                resources_version=version.version, metadata={"step": self.step + 1},
+            )  # fmt: skip
+            rollouts += batch
+            for r, s in await self._spans(ctx, batch):
+                episodes[r.rollout_id] = build_episode(s, tool_rewards_rule=self.tool_rewards)
+            trainable, excluded = select_trainable(rollouts, episodes)
+            transitions, groups = group_advantages(
+                ((r, episodes[r.rollout_id]) for r in trainable),
+                self.credit,
+                agents=self.agents,
+                estimator=self.advantage,
+            )
+            if not self.filter_groups:
+                break
+            informative = _informative_groups(transitions)
+            if len(informative) >= self.tasks_per_step or rounds >= self.max_sample_rounds:
+                filtered = groups.groups - len(informative)
+                transitions = [t for t in transitions if t.metadata.get("group_id") in informative]
+                break
+            share = max(len(informative) / max(groups.groups, 1), 0.25)
+            n_tasks = min(math.ceil((self.tasks_per_step - len(informative)) / share), self.tasks_per_step)
         t_rollouts = time.monotonic() - t0
-        episodes = {
-            r.rollout_id: build_episode(s, tool_rewards_rule=self.tool_rewards)
-            for r, s in await self._spans(ctx, rollouts)
-        }
-        trainable, excluded = select_trainable(rollouts, episodes)
-        transitions, groups = group_advantages(
-            ((r, episodes[r.rollout_id]) for r in trainable), self.credit, agents=self.agents, estimator=self.advantage
-        )
         rows, drift = to_rows(transitions, merge=self.merge_calls)
         update = await asyncio.to_thread(self._updater.step, rows, current_version=self._rollouts.policy_version)
         t_update = time.monotonic() - t0 - t_rollouts
@@ -323,6 +352,7 @@ class GRPO:
             "excluded": excluded.total,
             **{f"excluded_{reason}": n for reason, n in excluded.counts.items()},
             "zero_std_groups": groups.zero_std_groups,
+            **({"sample_rounds": rounds, "groups_filtered": filtered} if self.filter_groups else {}),
             "transitions": len(transitions),
             "drift_breaks": sum(d.breaks for d in drift),
             "adv_mean": statistics.fmean(advantages) if advantages else 0.0,
@@ -384,11 +414,11 @@ class GRPO:
 
         return list(await asyncio.gather(*(one(r) for r in rollouts)))
 
-    def _next_tasks(self, tasks: Sequence[Task]) -> list[Task]:
-        """The next ``tasks_per_step`` tasks of a seeded shuffle, reshuffled each epoch (resumable: the order and the
-        RNG are checkpointed)."""
+    def _next_tasks(self, tasks: Sequence[Task], n: int) -> list[Task]:
+        """The next ``n`` tasks of a seeded shuffle, reshuffled each epoch (resumable: the order and the RNG are
+        checkpointed)."""
         picked: list[Task] = []
-        while len(picked) < min(self.tasks_per_step, len(tasks)):
+        while len(picked) < min(n, len(tasks)):
             if not self._order:
                 self._order = list(range(len(tasks)))
                 self._rng.shuffle(self._order)
@@ -454,6 +484,11 @@ def resolve_loss_agg(advantage: str, loss_agg: str | None, config: GRPOConfig | 
 
 NATURAL_LOSS_NORM: dict[str, LossNorm] = {"dr_grpo": "sequence_sum_norm"}
 """Estimators whose paper defines its own loss aggregation; the others keep token-mean (verl's default)."""
+
+
+def _informative_groups(transitions: Sequence[Transition]) -> set[Any]:
+    """Group ids of the transitions with a non-zero advantage: the groups an update learns from."""
+    return {t.metadata.get("group_id") for t in transitions if abs(t.advantage or 0.0) > 1e-9}
 
 
 def _success(rollouts: Sequence[Rollout], threshold: float) -> float:

@@ -98,6 +98,10 @@ _MEANINGS = {
     "``token_mean``).",
     "GRPO.merge_calls": "Merge an episode's calls into one row when each prompt extends the previous call's "
     "prompt and answer (fewer, longer rows).",
+    "GRPO.filter_groups": "DAPO's dynamic sampling: leave groups whose transitions all have advantage 0 out of "
+    "the update and sample more tasks until ``tasks_per_step`` groups carry a signal (more rollouts per step).",
+    "GRPO.max_sample_rounds": "With ``filter_groups``: rounds of rollouts per step at most (the last round's "
+    "informative groups are trained on even when fewer than ``tasks_per_step``).",
     "GRPO.success_threshold": "A rollout succeeds when its reward is at least this (success rates, validation).",
     "GRPO.out_dir": "Where metrics, TensorBoard events, checkpoints and the report go.",
     "GRPO.checkpoint_every": "Save a checkpoint every N steps (and at the end); 0: only at the end.",
