@@ -3,7 +3,9 @@
 The usual chain is a supervised warm start then reinforcement learning: ``Chain([sft, GRPO(sft.output_model)])``
 (`lightrail train` builds it from ``algorithm: [sft, grpo]``). A stage that produces weights writes them where the
 next stage's ``model`` points (`SFT.output_model`); each stage is set up only when the previous one has finished,
-so it loads what its predecessor wrote.
+so it loads what its predecessor wrote. A stage's closing validation is the next stage's opening one when it
+measured the weights the next stage starts from in the same way (`_hand_over_validation`): a GRPO after SFT does not
+repeat a full pass over the val tasks (recorded in its ``metrics.jsonl`` with ``"reused": true``).
 
 Concurrency model: the stages' ``setup``/``run``/``close`` run in order on the trainer's event loop; a stage is
 closed before the next is set up, so gateway ports and engine memory are released in between.
@@ -52,7 +54,10 @@ class Chain:
 
     async def run(self, ctx: TrainerContext) -> None:
         reports: dict[str, Any] = {}
+        previous: Algorithm | None = None
         for name, stage in zip(self.names, self.stages, strict=True):
+            if previous is not None:
+                _hand_over_validation(previous, stage)
             stage_ctx = dataclasses.replace(ctx, track=_in_stage(ctx.track, name))
             try:
                 await stage.setup(stage_ctx)
@@ -60,11 +65,32 @@ class Chain:
             finally:
                 await stage.close()
             reports[name] = dict(getattr(stage, "report", {}) or {})
+            previous = stage
         before = next((r["val_before"] for r in reports.values() if r.get("val_before") is not None), None)
         self.report = {**reports[self.names[-1]], "val_before": before, "stages": reports}
 
     async def close(self) -> None:
         """Nothing: every stage was closed when it finished (or failed)."""
+
+
+def _hand_over_validation(previous: Any, stage: Any) -> None:
+    """Give ``stage`` the held-out success ``previous`` measured at its end when it measured the same thing: the
+    weights ``stage`` starts from (``previous.output_model`` is ``stage.model``), the same sampling and success
+    threshold, both on the embedded engine with the same options. A GRPO after SFT then skips its opening
+    validation (a full pass over the val tasks) instead of repeating the SFT's last one."""
+    val = (getattr(previous, "report", None) or {}).get("val_after")
+    output = getattr(previous, "output_model", None)
+    if val is None or output is None or not hasattr(stage, "val_before") or stage.val_before is not None:
+        return
+    same = (
+        Path(output) == Path(getattr(stage, "model", ""))
+        and getattr(previous, "val_sampling", None) == getattr(stage, "val_sampling", None)
+        and getattr(previous, "success_threshold", None) == getattr(stage, "success_threshold", None)
+        and getattr(stage, "rollout_engine", "embedded") == "embedded"
+        and getattr(previous, "engine_options", None) == getattr(stage, "engine_options", None)
+    )
+    if same:
+        stage.val_before = val
 
 
 def _in_stage(track: Callable[[dict[str, Any]], None], stage: str) -> Callable[[dict[str, Any]], None]:

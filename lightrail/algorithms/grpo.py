@@ -174,6 +174,9 @@ class GRPO:
 
             check_vllm_sampling(self.sampling)
         self.report: dict[str, Any] = {}
+        self.val_before: float | None = None
+        """Held-out success already measured on ``model`` (same val tasks, ``val_sampling``, ``success_threshold``,
+        embedded engine): set by a `Chain` from its previous stage, the opening validation is then not run again."""
         self.step = 0
         self._rng = random.Random(seed)
         self._order: list[int] = []
@@ -254,7 +257,13 @@ class GRPO:
         started = time.monotonic()
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        val_before = self._last_val() if self.step else await self._validate(ctx)
+        if self.step:
+            val_before = self._last_val()
+        elif self.val_before is not None:
+            val_before = self.val_before
+            self._record({"kind": "val", "step": 0, "policy_version": 0, "val_success": val_before, "reused": True})
+        else:
+            val_before = await self._validate(ctx)
         with Progress(
             TextColumn("[bold]GRPO[/bold]"),
             BarColumn(),

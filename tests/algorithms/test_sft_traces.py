@@ -8,6 +8,7 @@ import asyncio
 import json
 import re
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -333,6 +334,11 @@ def test_config_chains_sft_then_grpo_from_the_sft_weights(tiny_model, tmp_path, 
     assert report["stages"]["sft"]["model"] == str(sft_model)
     updater = json.loads((tmp_path / "run" / "grpo" / "checkpoints" / "step-1" / "updater.json").read_text())
     assert updater["base_model"]["path"] == str(sft_model.resolve())  # GRPO started from the SFT stage's weights
+    # the SFT's last validation measured GRPO's starting weights the same way: GRPO does not run it again
+    grpo_vals = [json.loads(line) for line in (tmp_path / "run" / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    grpo_vals = [m for m in grpo_vals if m["kind"] == "val"]
+    assert grpo_vals[0]["reused"] is True and grpo_vals[0]["val_success"] == report["stages"]["sft"]["val_after"]
+    assert report["val_before"] == report["stages"]["sft"]["val_after"] and "reused" not in grpo_vals[-1]
     assert (tmp_path / "run" / "sft" / "metrics.jsonl").exists() and (
         tmp_path / "run" / "grpo" / "metrics.jsonl"
     ).exists()
@@ -343,6 +349,33 @@ def test_config_chains_sft_then_grpo_from_the_sft_weights(tiny_model, tmp_path, 
     events.Reload()
     tags = set(events.Tags()["scalars"])
     assert {"sft/train/loss", "grpo/train/reward_mean", "grpo/val/val_success"} <= tags, sorted(tags)
+
+
+def test_a_chain_hands_over_a_validation_only_when_it_measured_the_next_stages_start():
+    from types import SimpleNamespace
+
+    from lightrail.algorithms.chain import _hand_over_validation
+
+    def pair(**next_stage):
+        sft = SimpleNamespace(
+            report={"val_after": 0.5}, output_model=Path("run/sft/model"), val_sampling={"temperature": 0.0},
+            success_threshold=1.0, engine_options={},
+        )  # fmt: skip
+        grpo = SimpleNamespace(
+            val_before=None, model=Path("run/sft/model"), val_sampling={"temperature": 0.0}, success_threshold=1.0,
+            rollout_engine="embedded", engine_options={},
+        )  # fmt: skip
+        for key, value in next_stage.items():
+            setattr(grpo, key, value)
+        _hand_over_validation(sft, grpo)
+        return grpo.val_before
+
+    assert pair() == 0.5
+    assert pair(model=Path("elsewhere")) is None  # other weights
+    assert pair(val_sampling={"temperature": 0.0, "max_tokens": 8}) is None  # measured differently
+    assert pair(success_threshold=0.5) is None
+    assert pair(rollout_engine="vllm") is None  # another engine's numerics
+    assert pair(val_before=0.1) == 0.1  # already known: kept
 
 
 SFT_FROM_A_PROGRAM = """
