@@ -79,6 +79,7 @@ def _config(model: Path, out: Path, teacher_url: str, teacher_key: str, args: ar
             "val_sampling": {"temperature": 0.0, "max_tokens": 48},
             "tool_rewards": {"success": 0.1, "error": -0.1},
             "filter_groups": args.grpo_filter_groups,
+            "merge_calls": args.grpo_merge_calls,
             "config": {"lr": args.grpo_lr, "warmup_steps": 5, "kl_coef": 0.05},
         }
     path = out.with_suffix(".yaml")
@@ -128,6 +129,9 @@ def main() -> None:
         action="store_true",
         help="the GRPO stage drops and replaces groups with no signal (DAPO)",
     )
+    parser.add_argument(
+        "--grpo-merge-calls", action="store_true", help="the GRPO stage trains each rollout's calls as one row"
+    )
     parser.add_argument("--n-train", type=int, default=None)
     parser.add_argument("--n-val", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
@@ -175,6 +179,7 @@ def main() -> None:
         grpo_lr=args.grpo_lr,
         grpo_temperature=args.grpo_temperature,
         grpo_filter_groups=args.grpo_filter_groups,
+        grpo_merge_calls=args.grpo_merge_calls,
         n_train=args.n_train,
         n_val=args.n_val,
     )
