@@ -9,11 +9,13 @@ One `lightrail train` run with ``algorithm: [sft, grpo]``; its SFT stage gives t
 
 1. SFT stage: the teacher (`examples/calculator/teacher_server.py`: the
    demo's imperfect teacher as an OpenAI-compatible endpoint) runs the agent on the training problems through 2
-   runner processes, behind the SFT's recording gateway; rollouts with reward 1 are kept; the ~6.6 M-parameter
-   Llama is fine-tuned on them; held-out success (greedy, ``n_val`` problems) is ``sft_val``; ``sft_minutes`` is the
-   whole stage (teacher rollouts, training, export, validation).
-2. GRPO stage (the demo's recipe) from the SFT stage's weights: ``chained_val_after`` (held-out success after GRPO)
-   and ``chained_minutes`` (the whole run, SFT stage included).
+   runner processes, behind the SFT's recording gateway; every teacher chat is kept (``--sft-min-reward 1`` keeps
+   the right ones only), mistakes included, as the demo's warm start does: the student inherits the teacher's
+   systematic habits, which GRPO then fixes; the ~6.6 M-parameter Llama is fine-tuned on them, 300 steps of 32
+   rows; held-out success (greedy, ``n_val`` problems) is ``sft_val``; ``sft_minutes`` is the whole stage
+   (teacher rollouts, training, export, validation).
+2. GRPO stage (the demo's recipe, each rollout's calls trained as one row) from the SFT stage's weights:
+   ``chained_val_after`` (held-out success after GRPO) and ``chained_minutes`` (the whole run, SFT stage included).
 
 Targets: ``sft_val >= 0.35`` with ``sft_minutes <= 5``; ``chained_val_after >= sft_val + 0.3`` with
 ``chained_minutes <= 15``. Progress on stderr; the last stdout line is one JSON object with the machine's facts
@@ -109,15 +111,15 @@ def main() -> None:
     parser.add_argument("--only", choices=["sft"], help="the SFT alone (algorithm: sft), no GRPO")
     parser.add_argument("--sft-steps", type=int, default=None)
     parser.add_argument("--sft-lr", type=float, default=1e-3)
-    parser.add_argument("--sft-batch", type=int, default=8, help="rows per SFT step")
+    parser.add_argument("--sft-batch", type=int, default=32, help="rows per SFT step")
     parser.add_argument(
         "--sft-decay", action="store_true", help="the SFT rate falls linearly to 0 at the last step (decay_steps)"
     )
     parser.add_argument(
         "--sft-min-reward",
         type=lambda v: None if v == "none" else float(v),
-        default=1.0,
-        help="keep teacher rollouts with at least this reward ('none': keep every one, the demo's warm start)",
+        default=None,
+        help="keep teacher rollouts with at least this reward (default 'none': keep every one, as the demo does)",
     )
     parser.add_argument("--grpo-steps", type=int, default=None)
     parser.add_argument("--grpo-lr", type=float, default=1e-4, help="the GRPO stage's learning rate (the demo's: 1e-4)")
@@ -130,16 +132,19 @@ def main() -> None:
         help="the GRPO stage drops and replaces groups with no signal (DAPO)",
     )
     parser.add_argument(
-        "--grpo-merge-calls", action="store_true", help="the GRPO stage trains each rollout's calls as one row"
+        "--grpo-merge-calls",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the GRPO stage trains each rollout's calls as one row (the same step, fewer tokens)",
     )
     parser.add_argument("--n-train", type=int, default=None)
     parser.add_argument("--n-val", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("runs") / time.strftime("bench-sft-%Y%m%d-%H%M%S"))
     args = parser.parse_args()
-    args.sft_steps = args.sft_steps or (60 if args.quick else 600)
+    args.sft_steps = args.sft_steps or (60 if args.quick else 300)
     args.grpo_steps = args.grpo_steps or (4 if args.quick else 40)
-    args.n_train = args.n_train or (300 if args.quick else 1000)
+    args.n_train = args.n_train or (300 if args.quick else 2000)
     args.n_val = args.n_val or (40 if args.quick else 200)
     out: dict = {"quick": args.quick, **machine_facts()}
     log(f"machine: {out}")
