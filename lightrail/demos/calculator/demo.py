@@ -177,6 +177,7 @@ def run_demo(settings: DemoSettings, console: Any = None) -> dict[str, Any]:
         val_sampling={"temperature": 0.0, "max_tokens": 48},
         val_every=settings.val_every,
         tool_rewards=ToolRewardRule(success=0.1, error=-0.1),
+        merge_calls=True,  # a rollout's turns in one row: the same step under the token mean, fewer tokens
         out_dir=settings.out / "grpo",
         seed=settings.seed,
     )
