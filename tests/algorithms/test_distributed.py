@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from grpo_helpers import make_rows
+from grpo_helpers import make_rows, tiny_grpo
 
 from lightrail.algorithms import GRPOConfig, LoraSettings, PolicyUpdater
 from lightrail.algorithms.distributed import DistributedPolicyUpdater, RankFailedError, shard_by_tokens
@@ -165,7 +165,7 @@ def test_workers_die_with_a_killed_trainer(model_dir, tmp_path):
 
 _TORCHRUN = """
 import sys
-from grpo_helpers import make_rows
+from grpo_helpers import make_rows, tiny_grpo
 from lightrail.algorithms import GRPOConfig
 from lightrail.algorithms.distributed import DistributedPolicyUpdater
 from safetensors.torch import save_file
@@ -200,21 +200,9 @@ def test_torchrun_ranks_update_like_one(model_dir, tmp_path):
 def test_grpo_trains_on_two_ranks(model_dir, tmp_path):
     from examples.calculator.data import make_splits
     from lightrail import MemoryStore, Trainer
-    from lightrail.algorithms.grpo import GRPO
 
     train, val = make_splits(4, 2, seed=1)
-    grpo = GRPO(
-        model_dir,
-        config=GRPOConfig(lr=1e-3, ranks=2),
-        steps=1,
-        tasks_per_step=2,
-        n_samples=4,
-        sampling={"temperature": 1.0, "max_tokens": 8},
-        val_sampling={"temperature": 0.0, "max_tokens": 8},
-        val_every=0,
-        checkpoint_every=0,
-        out_dir=tmp_path / "run",
-    )
+    grpo = tiny_grpo(model_dir, tmp_path / "run", config=GRPOConfig(lr=1e-3, ranks=2))
     Trainer(n_runners=1, concurrency=4, store=MemoryStore(), algorithm=grpo).fit("loop_agents:parity_agent", train, val)
     updater = grpo._updater
     assert isinstance(updater, DistributedPolicyUpdater) and updater.world_size == 2

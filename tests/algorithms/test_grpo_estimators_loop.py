@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from grpo_helpers import tiny_grpo
 
 from lightrail import MemoryStore, Trainer
-from lightrail.algorithms import GRPOConfig
-from lightrail.algorithms.grpo import GRPO
 from lightrail.engine.models import build_tiny_model
 
 AGENT = "loop_agents:parity_agent"  # reward: parity of the sampled reply's length (0 or 1)
@@ -29,19 +28,7 @@ def test_estimator_runs_through_the_loop(tmp_path, advantage, loss_norm, bound):
 
     train, val = make_splits(8, 2, seed=1)
     model = build_tiny_model(tmp_path / "model", size="tiny", seed=0)
-    grpo = GRPO(
-        model,
-        config=GRPOConfig(lr=1e-3),
-        advantage=advantage,
-        steps=1,
-        tasks_per_step=2,
-        n_samples=4,
-        sampling={"temperature": 1.0, "max_tokens": 8},
-        val_sampling={"temperature": 0.0, "max_tokens": 8},
-        val_every=0,
-        checkpoint_every=0,
-        out_dir=tmp_path / "run",
-    )
+    grpo = tiny_grpo(model, tmp_path / "run", advantage=advantage)
     Trainer(n_runners=1, concurrency=4, store=MemoryStore(), algorithm=grpo).fit(AGENT, train, val)
     assert grpo.report["advantage"] == advantage and grpo.report["loss_norm"] == loss_norm
     saved = json.loads((tmp_path / "run" / "checkpoints" / "step-1" / "updater.json").read_text())["config"]

@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 
+from grpo_helpers import tiny_grpo
+
 from lightrail import MemoryStore, Trainer
-from lightrail.algorithms import GRPOConfig
-from lightrail.algorithms.grpo import GRPO
 from lightrail.engine.models import build_tiny_model
 from lightrail.types import Attr
 
@@ -22,20 +22,8 @@ def test_uniform_groups_are_left_out_and_replaced_by_more_tasks(tmp_path):
     constant = {t["question"] for t in train if t["answer"] % 2 == 0}
     assert 5 < len(constant) < 35
     store = MemoryStore()
-    grpo = GRPO(
-        build_tiny_model(tmp_path / "model", size="tiny", seed=0),
-        config=GRPOConfig(lr=1e-3),
-        filter_groups=True,
-        max_sample_rounds=4,
-        steps=2,
-        tasks_per_step=3,
-        n_samples=4,
-        sampling={"temperature": 1.0, "max_tokens": 8},
-        val_sampling={"temperature": 0.0, "max_tokens": 8},
-        val_every=0,
-        checkpoint_every=0,
-        out_dir=tmp_path / "run",
-    )
+    model = build_tiny_model(tmp_path / "model", size="tiny", seed=0)
+    grpo = tiny_grpo(model, tmp_path / "run", filter_groups=True, max_sample_rounds=4, steps=2, tasks_per_step=3)
     Trainer(n_runners=1, concurrency=8, store=store, algorithm=grpo).fit(AGENT, train, val)
 
     steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
