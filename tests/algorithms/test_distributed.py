@@ -165,7 +165,7 @@ def test_workers_die_with_a_killed_trainer(model_dir, tmp_path):
 
 _TORCHRUN = """
 import sys
-from grpo_helpers import make_rows, tiny_grpo
+from grpo_helpers import make_rows
 from lightrail.algorithms import GRPOConfig
 from lightrail.algorithms.distributed import DistributedPolicyUpdater
 from safetensors.torch import save_file
