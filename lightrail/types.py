@@ -29,6 +29,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 __all__ = [
+    "AGENT_HEADER",
     "FinishReason",
     "ATTEMPT_TO_ROLLOUT",
     "Attr",
@@ -427,6 +428,9 @@ class ChatRequest(msgspec.Struct, kw_only=True):
     parallel_tool_calls: bool | None = None
     """False: at most one tool call per choice. None: the backend's default (several allowed)."""
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
+    agent: str | None = None
+    """The agent that made the call, when the caller says (`AGENT_HEADER`; a runner with OpenTelemetry on sets it):
+    a backend serving one policy per agent routes by it. Not part of OpenAI's body."""
 
 
 class CompletionRequest(msgspec.Struct, kw_only=True):
@@ -435,6 +439,8 @@ class CompletionRequest(msgspec.Struct, kw_only=True):
     model: str
     prompt: str
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
+    agent: str | None = None
+    """As `ChatRequest.agent`."""
 
 
 class ToolCall(msgspec.Struct, kw_only=True):
@@ -550,6 +556,8 @@ class Attr:
     MODEL = "gen_ai.request.model"
     RESPONSE_MODEL = "gen_ai.response.model"
     AGENT_NAME = "gen_ai.agent.name"
+    CALLER_AGENT = "lightrail.caller_agent"
+    """On LLM-call spans: the agent the caller said made the call (`AGENT_HEADER`), which picked its policy."""
 
     # attribution of spans that arrive over OpenTelemetry (span or resource attributes)
     ROLLOUT_ID = "lightrail.rollout_id"
@@ -580,6 +588,12 @@ class Attr:
     EXCEPTION_TYPE = "exception.type"
     EXCEPTION_MESSAGE = "exception.message"
     EXCEPTION_STACKTRACE = "exception.stacktrace"
+
+
+AGENT_HEADER = "x-lightrail-agent"
+"""HTTP header naming the agent that makes an LLM call. A runner with OpenTelemetry on sets it on the agent's
+requests (`lightrail.tracing.otel.current_agent`); the gateway hands it to the backend as `ChatRequest.agent` and
+records it on the call's span (`Attr.CALLER_AGENT`)."""
 
 
 class TrainingRow(msgspec.Struct, kw_only=True):

@@ -33,7 +33,7 @@ import random
 import secrets
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -57,7 +57,8 @@ from lightrail.algorithms._loop_state import (
     rewrite_metrics,
     write_loop_state,
 )
-from lightrail.types import LLM, Rollout, RolloutStatus, Span, Task, Transition
+from lightrail.algorithms.policies import PolicyMap, PolicyRouter
+from lightrail.types import LLM, Attr, Rollout, RolloutStatus, Span, Task, Transition
 
 if TYPE_CHECKING:
     from lightrail.algorithms._loss import LossNorm
@@ -101,6 +102,12 @@ class GRPO:
     ``vllm serve`` with that interpreter, ``vllm={"url": ...}`` attaches to a running one (options: see
     `lightrail.algorithms.vllm_rollouts.VLLMRollouts`); with a LoRA config the adapter is synced, otherwise the full weights.
 
+    ``policies={"write": ["write_query"], "rewrite": ["rewrite_query"]}`` trains one policy per group of agents
+    instead of one shared policy (`lightrail.algorithms.policies`): a model copy (with LoRA: an adapter) each, its own
+    optimizer, updates from its own agents' calls only; the gateway routes each call by the agent the runner names,
+    and calls of agents in no policy are served by the start model, unchanged. Needs the embedded engine and OTel on in
+    the runners. Metrics of an update are then per policy (``write/loss``...), checkpoints hold one folder per policy.
+
         >>> grpo = GRPO("runs/warm", config=GRPOConfig(lr=5e-4), steps=60)                # doctest: +SKIP
         >>> Trainer(n_runners=2, concurrency=8, algorithm=grpo).fit(agent, train, val)  # doctest: +SKIP
         >>> grpo.report["val_after"]                                                      # doctest: +SKIP
@@ -122,6 +129,7 @@ class GRPO:
         credit: CreditAssignment | None = None,
         tool_rewards: ToolRewardRule | None = None,
         agents: AgentFilter | None = None,
+        policies: Mapping[str, Sequence[str]] | None = None,
         merge_calls: bool = False,
         filter_groups: bool = False,
         max_sample_rounds: int = 3,
@@ -145,6 +153,15 @@ class GRPO:
         if rollout_engine not in ROLLOUT_ENGINES:
             raise ValueError(f"rollout_engine must be one of {ROLLOUT_ENGINES}, not {rollout_engine!r}")
         self.advantage, self.loss_agg = check_estimator_options(advantage, loss_agg, config)
+        self.policies = PolicyMap(policies) if policies is not None else None
+        if self.policies is not None:
+            if agents is not None:
+                raise ValueError("give agents or policies, not both: the policies name the agents they train")
+            if rollout_engine != "embedded":
+                raise ValueError("policies are served by the embedded engine today; rollout_engine='vllm' serves one")
+            if config is not None and config.ranks > 1:
+                raise ValueError("policies train in this process: config.ranks must be 1")
+            agents = self.policies.filter()
         self.model = Path(model)
         self.config = config
         self.steps = steps
@@ -182,7 +199,10 @@ class GRPO:
         self._order: list[int] = []
         self._history: list[dict[str, Any]] = []
         self._rollouts: Any = None
+        """The shared policy's rollout engine (the start model's, with several policies)."""
         self._updater: Any = None
+        """The shared policy's updater (None with several policies)."""
+        self._slots: list[_Slot] = []
         self._gateway: Any = None
         self._llm: LLM | None = None
         self._track: Any = None
@@ -201,34 +221,58 @@ class GRPO:
             # The engine reports logprobs of the temperature-scaled distribution; the ratio must use the same one.
             config = dataclasses.replace(config, temperature=float(self.sampling["temperature"]))
         config = self._loss_config(config)
-        self._rollouts = make_rollout_engine(
-            self.rollout_engine, self.model, served_name=self.served_name, out_dir=self.out_dir,
-            lora_rank=config.lora.r if config.lora else None, engine_options=self.engine_options, vllm=self.vllm,
-        )  # fmt: skip
-        await self._rollouts.start()
-        updater: type[PolicyUpdater] = PolicyUpdater
-        if config.ranks > 1:  # data-parallel update: this process is rank 0, the other ranks are worker processes
-            from lightrail.algorithms.distributed import DistributedPolicyUpdater as updater
-        self._updater = await asyncio.to_thread(updater, str(self.model), config)
+        if self.policies is None:
+            self._rollouts = make_rollout_engine(
+                self.rollout_engine, self.model, served_name=self.served_name, out_dir=self.out_dir,
+                lora_rank=config.lora.r if config.lora else None, engine_options=self.engine_options, vllm=self.vllm,
+            )  # fmt: skip
+            await self._rollouts.start()
+            updater: type[PolicyUpdater] = PolicyUpdater
+            if config.ranks > 1:  # data-parallel update: this process is rank 0, the other ranks are worker processes
+                from lightrail.algorithms.distributed import DistributedPolicyUpdater as updater
+            self._updater = await asyncio.to_thread(updater, str(self.model), config)
+            self._slots = [_Slot("", self._rollouts, self._updater)]
+            backend = self._rollouts.backend
+        else:
+            backend = await self._start_policies(config)
         checkpoint = latest_checkpoint(self.out_dir) if self.resume else None
         if checkpoint is not None:
-            await asyncio.to_thread(self._updater.load, checkpoint)
             state = read_loop_state(checkpoint, self._rng)
             self.step, self._order, self._history = state["step"], state["order"], state["history"]
-            if state["policy_version"] > self._rollouts.policy_version:  # 0: every update so far was skipped
-                await self._rollouts.sync(self._updater, state["policy_version"])
+            versions = state.get("policy_versions") or {"": state["policy_version"]}
+            for slot in self._slots:
+                await asyncio.to_thread(slot.updater.load, checkpoint / slot.name if slot.name else checkpoint)
+                if versions[slot.name] > slot.rollouts.policy_version:  # 0: every update so far was skipped
+                    await slot.rollouts.sync(slot.updater, versions[slot.name])
             rewrite_metrics(self.out_dir, self._history)
         from lightrail.gateway.server import GatewayServer, GatewaySettings
 
         where = self.gateway or GatewaySettings()
         self._gateway = await GatewayServer(
-            self._rollouts.backend, ctx.store, token=secrets.token_urlsafe(16),
+            backend, ctx.store, token=secrets.token_urlsafe(16),
             host=where.host, port=where.port, advertise_url=where.advertise_url,
         ).start()  # fmt: skip
         self._llm = LLM(
             endpoint=self._gateway.url, model=self.served_name, sampling=self.sampling, api_key=self._gateway.token
         )
         self._track = ctx.track
+
+    async def _start_policies(self, config: GRPOConfig) -> PolicyRouter:
+        """An engine and an updater per policy, the start model's engine for every other call, and the router."""
+        from lightrail.algorithms.rollout_engines import EmbeddedRollouts
+        from lightrail.algorithms.updater import PolicyUpdater
+
+        assert self.policies is not None
+        self._rollouts = EmbeddedRollouts(self.model, **{**self.engine_options, "name": f"{self.served_name}-base"})
+        await self._rollouts.start()
+        for name in self.policies.names:
+            served = f"{self.served_name}-{name}"
+            rollouts = EmbeddedRollouts(self.model, **{**self.engine_options, "name": served})
+            await rollouts.start()
+            updater = await asyncio.to_thread(PolicyUpdater, str(self.model), config)
+            self._slots.append(_Slot(name, rollouts, updater, self.policies.filter(name), served))
+        engines = {slot.name: slot.rollouts.backend for slot in self._slots}
+        return PolicyRouter(engines, self.policies.by_agent, self._rollouts.backend)
 
     @property
     def llm(self) -> LLM:
@@ -289,9 +333,10 @@ class GRPO:
             "val_after": val_after,
             "steps": self.step,
             "advantage": self.advantage,
-            "loss_norm": self._updater.config.loss_norm,
+            "loss_norm": self._slots[0].updater.config.loss_norm,
             "train_minutes": (time.monotonic() - started) / 60,
             "checkpoint": str(checkpoint),
+            **({"policies": {s.name: str(checkpoint / s.name) for s in self._slots}} if self.policies else {}),
             "reward_curve": str(_plot(self._history, self.out_dir / "reward_curve.png")),
             "metrics": str(self.out_dir / "metrics.jsonl"),
         }
@@ -301,11 +346,14 @@ class GRPO:
         if self._gateway is not None:
             await self._gateway.stop()
             self._gateway = None
+        for slot in self._slots:
+            if slot.rollouts is not self._rollouts:
+                await slot.rollouts.close()
+            await asyncio.to_thread(slot.updater.close)
+        self._slots = []
         if self._rollouts is not None:
             await self._rollouts.close()
             self._rollouts = None
-        if self._updater is not None:
-            await asyncio.to_thread(self._updater.close)
 
     # -- steps -----------------------------------------------------------------------------------------------
 
@@ -341,20 +389,19 @@ class GRPO:
             share = max(len(informative) / max(groups.groups, 1), 0.25)
             n_tasks = min(math.ceil((self.tasks_per_step - len(informative)) / share), self.tasks_per_step)
         t_rollouts = time.monotonic() - t0
-        rows, drift = to_rows(transitions, merge=self.merge_calls)
-        update = await asyncio.to_thread(self._updater.step, rows, current_version=self._rollouts.policy_version)
+        if self.policies is None:
+            update, trained = await self._update(self._slots[0], transitions)
+        else:
+            update, trained = await self._update_policies(transitions, episodes)
         t_update = time.monotonic() - t0 - t_rollouts
-        if not update["skipped"]:
-            await self._rollouts.sync(self._updater, self._rollouts.policy_version + 1)
         self.step += 1
-        if not update["skipped"]:  # what this step trained on, next to the calls (the dashboard shows it per call)
-            await ctx.store.add_spans(training_spans(transitions, step=self.step, algorithm="grpo"))
+        if trained:  # what this step trained on, next to the calls (the dashboard shows it per call)
+            await ctx.store.add_spans(training_spans(trained, step=self.step, algorithm="grpo"))
         rewards = [r.reward if r.reward is not None else 0.0 for r in trainable]
         advantages = [t.advantage for t in transitions if t.advantage is not None]
         metrics = {
             "kind": "train",
             "step": self.step,
-            "policy_version": self._rollouts.policy_version,
             "reward_mean": statistics.fmean(rewards) if rewards else 0.0,
             "success_rate": _success(trainable, self.success_threshold),
             "rollouts": len(rollouts),
@@ -362,11 +409,28 @@ class GRPO:
             **{f"excluded_{reason}": n for reason, n in excluded.counts.items()},
             "zero_std_groups": groups.zero_std_groups,
             **({"sample_rounds": rounds, "groups_filtered": filtered} if self.filter_groups else {}),
-            "transitions": len(transitions),
-            "drift_breaks": sum(d.breaks for d in drift),
             "adv_mean": statistics.fmean(advantages) if advantages else 0.0,
             "adv_std": statistics.pstdev(advantages) if len(advantages) > 1 else 0.0,
             "adv_abs_max": max((abs(a) for a in advantages), default=0.0),
+            **update,
+            "rollout_s": t_rollouts,
+            "update_s": t_update,
+            "step_s": time.monotonic() - t0,
+        }
+        self._record(metrics)
+        return metrics
+
+    async def _update(self, slot: _Slot, transitions: list[Transition]) -> tuple[dict[str, Any], list[Transition]]:
+        """One update of ``slot``'s policy on ``transitions``, its new weights served; its metrics and the
+        transitions it trained on (none when the update was skipped)."""
+        rows, drift = to_rows(transitions, merge=self.merge_calls)
+        update = await asyncio.to_thread(slot.updater.step, rows, current_version=slot.rollouts.policy_version)
+        if not update["skipped"]:
+            await slot.rollouts.sync(slot.updater, slot.rollouts.policy_version + 1)
+        metrics = {
+            "policy_version": slot.rollouts.policy_version,
+            "transitions": len(transitions),
+            "drift_breaks": sum(d.breaks for d in drift),
             "loss": update["loss"],
             "kl": update["approx_kl"],
             "kl_ref": update["kl_ref"],
@@ -376,12 +440,34 @@ class GRPO:
             "update_tokens_per_s": update["tokens_per_s"],
             "dropped_stale": update["rows_stale_dropped"],
             "skipped": bool(update["skipped"]),
-            "rollout_s": t_rollouts,
-            "update_s": t_update,
-            "step_s": time.monotonic() - t0,
         }
-        self._record(metrics)
-        return metrics
+        return metrics, [] if update["skipped"] else transitions
+
+    async def _update_policies(
+        self, transitions: list[Transition], episodes: dict[str, Any]
+    ) -> tuple[dict[str, Any], list[Transition]]:
+        """`_update` per policy, each on the calls of its agents that its engine served (the response model on the
+        call's span); metrics prefixed with the policy's name, plus ``misrouted``: calls of a policy's agent another
+        engine served (the runner could not name the agent), left out."""
+        served = {c.response_id: c.span.attributes.get(Attr.RESPONSE_MODEL) for e in episodes.values() for c in e.calls}
+        metrics: dict[str, Any] = {"transitions": 0, "misrouted": 0}
+        trained: list[Transition] = []
+        for slot in self._slots:
+            assert slot.agents is not None
+            mine = [t for t in transitions if slot.agents(t.agent_name)]
+            routed = [t for t in mine if served.get(t.metadata.get("response_id")) == slot.served]
+            update, done = await self._update(slot, routed)
+            metrics.update({f"{slot.name}/{key}": value for key, value in update.items()})
+            metrics["transitions"] += len(routed)
+            metrics["misrouted"] += len(mine) - len(routed)
+            trained += done
+        return metrics, trained
+
+    def _policy_version(self) -> int:
+        """The shared policy's version; with several policies, the number of updates made over all of them."""
+        if self.policies is None:
+            return int(self._rollouts.policy_version)
+        return sum(slot.rollouts.policy_version for slot in self._slots)
 
     async def _validate(self, ctx: TrainerContext) -> float | None:
         if not ctx.val_tasks:
@@ -402,7 +488,7 @@ class GRPO:
             {
                 "kind": "val",
                 "step": self.step,
-                "policy_version": self._rollouts.policy_version,
+                "policy_version": self._policy_version(),
                 "val_success": success,
                 "val_rollouts": len(rollouts),
                 "val_infra_excluded": len(rollouts) - len(finished),
@@ -446,18 +532,34 @@ class GRPO:
 
     async def _checkpoint(self) -> Path:
         path = self.out_dir / "checkpoints" / f"step-{self.step}"
-        await asyncio.to_thread(self._updater.save, path)
-        state = {
+        for slot in self._slots:  # one updater checkpoint, or one folder per policy
+            await asyncio.to_thread(slot.updater.save, path / slot.name if slot.name else path)
+        state: dict[str, Any] = {
             "step": self.step,
             "order": self._order,
             "history": self._history,
-            "policy_version": self._rollouts.policy_version,
+            "policy_version": self._policy_version(),
         }
+        if self.policies is not None:
+            state["policy_versions"] = {slot.name: slot.rollouts.policy_version for slot in self._slots}
         write_loop_state(path, state, self._rng)
         return path
 
 
 # ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Slot:
+    """One trained policy: its rollout engine and updater; with several policies, its name, agents and the model
+    name its engine answers to."""
+
+    name: str
+    """"" for the one shared policy."""
+    rollouts: Any
+    updater: Any
+    agents: AgentFilter | None = None
+    served: str = ""
 
 
 def check_estimator_options(

@@ -58,7 +58,7 @@ from lightrail.gateway.sse import CHUNK_CHARS
 from lightrail.store.base import NotFoundError, Store
 from lightrail.store.tokens import Role, TokenVerifier, owns_attempt
 from lightrail.tracing import SpanBatcher
-from lightrail.types import Attr, BackendError, ChatRequest, Span, SpanStatus, StatusCode, next_seq
+from lightrail.types import AGENT_HEADER, Attr, BackendError, ChatRequest, Span, SpanStatus, StatusCode, next_seq
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "create_gateway_app", "parse_traceparent"]
 
@@ -215,6 +215,7 @@ class _Gateway:
                 session = self.sessions.session_of(request.headers, data)
             exchange = dialect.exchange(data)
             backend_request = exchange.request
+            backend_request.agent = _caller_agent(request)
             if isinstance(backend_request, ChatRequest):
                 generation = await self.backend.chat(backend_request)
             else:
@@ -243,6 +244,8 @@ class _Gateway:
         if attempt is not None:
             await self.recorder.wait_capacity()  # backpressure: agents slow down to the store's pace
             span = _call_span(attempt, seq, dialect, start, data, exchange, generation, response, failure)
+            if exchange is not None and exchange.request.agent is not None:
+                span.attributes[Attr.CALLER_AGENT] = exchange.request.agent
             _link_to_caller(span, request)
             self.recorder.submit(span)
             # Answer only once the span is stored: a call the agent saw is in the store before the agent can
@@ -274,6 +277,18 @@ class _Gateway:
                     self.sessions.record(redacted, session_id, source, self.recorder)
                 http.headers[SESSION_HEADER] = session_id
         return http
+
+
+_MAX_AGENT_CHARS = 200
+
+
+def _caller_agent(request: Request) -> str | None:
+    """The `AGENT_HEADER` of ``request`` (the agent that makes the call), None without one; refused when longer than
+    200 characters (a name, not a payload)."""
+    agent = request.headers.get(AGENT_HEADER)
+    if agent is not None and len(agent) > _MAX_AGENT_CHARS:
+        raise InvalidRequest(f"The {AGENT_HEADER} header names an agent in at most {_MAX_AGENT_CHARS} characters.")
+    return agent or None
 
 
 def _link_to_caller(span: Span, request: Request) -> None:

@@ -25,7 +25,9 @@ work as OpenTelemetry spans through OpenInference instrumentors. `setup` turns t
   creates stays on (it exports only to the store); a provider the user made under that variable gets a warning;
 * outgoing ``httpx`` / ``httpx2`` requests (the openai client, LangChain, the Agents SDK, AutoGen and litellm all
   use one of them) carry the W3C ``traceparent`` of the current span, so the gateway makes its LLM-call span a child of the
-  framework span that made the call, and the adapter's ancestor walk finds the agent that made it. This is a
+  framework span that made the call, and the adapter's ancestor walk finds the agent that made it. They also carry
+  ``x-lightrail-agent`` (`current_agent`: the LangGraph node, or the agent of the current span), by which a gateway
+  serving one policy per agent picks the call's policy. This is a
   minimal injection around ``Client.send`` / ``AsyncClient.send`` (no extra client span per request, unlike
   opentelemetry-instrumentation-httpx, which also does not know httpx2).
 
@@ -54,6 +56,7 @@ import contextlib
 import importlib
 import importlib.util
 import logging
+import sys
 import threading
 from collections.abc import Iterable, Iterator
 from typing import Any, Literal
@@ -64,11 +67,12 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace import Span as SDKSpan
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
+from lightrail.adapters.episode import AGENT_NAME_KEYS
 from lightrail.tracing._context import AttemptContext, current_attempt
 from lightrail.tracing.semconv import normalize, status_code
-from lightrail.types import Attr, Span, SpanEvent, SpanStatus, next_seq
+from lightrail.types import AGENT_HEADER, Attr, Span, SpanEvent, SpanStatus, next_seq
 
-__all__ = ["FRAMEWORKS", "OTel", "current", "setup", "to_lightrail_span", "traceparent"]
+__all__ = ["FRAMEWORKS", "OTel", "current", "current_agent", "setup", "to_lightrail_span", "traceparent"]
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +160,9 @@ class _AttemptProcessor(SpanProcessor):
         self.unattributed = 0
         self._open: dict[int, AttemptContext] = {}
         self._by_trace: dict[int, AttemptContext] = {}
+        self.agents: dict[int, str] = {}
+        """Open span id -> the agent it runs in (its own name attributes at start, else its parent's): what
+        `current_agent` reads while an agent makes an LLM call."""
 
     def on_start(self, span: SDKSpan, parent_context: Any = None) -> None:
         if not self.active:
@@ -170,9 +177,16 @@ class _AttemptProcessor(SpanProcessor):
                 return
         if self.batch is not None:  # OTLP: the store attributes the span by these (the sink path adds them itself)
             span.set_attributes({Attr.ROLLOUT_ID: ctx.rollout_id, Attr.ATTEMPT_ID: ctx.attempt_id})
-        self._open[span.context.span_id] = ctx
+        span_id = span.context.span_id
+        self._open[span_id] = ctx
+        agent = _agent_at_start(span)
+        if agent is None and span.parent is not None:
+            agent = self.agents.get(span.parent.span_id)
+        if agent is not None:
+            self.agents[span_id] = agent
 
     def on_end(self, span: ReadableSpan) -> None:
+        self.agents.pop(span.context.span_id, None)
         ctx = self._open.pop(span.context.span_id, None)
         if ctx is None or not self.active:
             return
@@ -502,6 +516,52 @@ def traceparent() -> str | None:
     return f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{sc.trace_flags:02x}"
 
 
+def current_agent() -> str | None:
+    """The agent making the current call, as far as the runner can tell while it is made: the LangGraph node the
+    code runs in (LangGraph's runnable config), else the agent of the current OTel span (its own name attribute,
+    `lightrail.adapters.AGENT_NAME_KEYS`, or its nearest ancestor's, tracked by the span processor). None when
+    neither knows. Sent with every LLM request as `lightrail.types.AGENT_HEADER`."""
+    node = _langgraph_node()
+    if node is not None:
+        return node
+    if _processor is None:
+        return None
+    sc = trace.get_current_span().get_span_context()
+    return _processor.agents.get(sc.span_id) if sc.is_valid else None
+
+
+def _langgraph_node() -> str | None:
+    if "langgraph.config" not in sys.modules:  # a process that never ran a graph
+        return None
+    try:
+        config = sys.modules["langgraph.config"].get_config()
+    except Exception:  # outside a runnable: no config
+        return None
+    node = (config.get("metadata") or {}).get("langgraph_node")
+    return str(node) if node is not None else None
+
+
+def _agent_at_start(span: SDKSpan) -> str | None:
+    """The agent a span names in the attributes it starts with (OpenInference sets most at start)."""
+    a = span.attributes or {}
+    for key in (Attr.AGENT_NAME, *AGENT_NAME_KEYS):
+        name = a.get(key)
+        if name is not None:
+            return str(name)
+    if a.get("openinference.span.kind") == "AGENT":
+        return span.name
+    return None
+
+
+def _stamp(request: Any) -> None:
+    """``traceparent`` and `AGENT_HEADER` on an outgoing request, unless the caller set them."""
+    headers = request.headers
+    if "traceparent" not in headers and (value := traceparent()) is not None:
+        headers["traceparent"] = value
+    if AGENT_HEADER not in headers and (agent := current_agent()) is not None:
+        headers[AGENT_HEADER] = agent
+
+
 def _inject() -> None:
     for name in _HTTP_CLIENTS:
         if name in _originals or not _installed(name):
@@ -514,9 +574,7 @@ def _inject() -> None:
 
 def _traced(send: Any) -> Any:
     def traced_send(self: Any, request: Any, **kwargs: Any) -> Any:
-        value = traceparent()
-        if value is not None and "traceparent" not in request.headers:
-            request.headers["traceparent"] = value
+        _stamp(request)
         return send(self, request, **kwargs)
 
     return traced_send
@@ -524,9 +582,7 @@ def _traced(send: Any) -> Any:
 
 def _traced_async(send: Any) -> Any:
     async def traced_send(self: Any, request: Any, **kwargs: Any) -> Any:
-        value = traceparent()
-        if value is not None and "traceparent" not in request.headers:
-            request.headers["traceparent"] = value
+        _stamp(request)
         return await send(self, request, **kwargs)
 
     return traced_send

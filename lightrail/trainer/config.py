@@ -15,6 +15,7 @@ A config names the agent and its data by import reference, the model, how runner
     grpo:                                          # keyword arguments of lightrail.algorithms.GRPO
       steps: 20
       agents: [write_query, rewrite_query]         # train only these agents' calls (agents_pattern: a regex)
+      # policies: {write: [write_query], rewrite: [rewrite_query]}   # or one policy per group of agents
       credit: per_turn                             # identical | per_turn | discounted (credit_args: {gamma: 0.9})
       advantage: grpo                              # grpo | rloo | dr_grpo | reinforce_pp | reinforce_pp_baseline
       # loss_agg: token_mean                       # | seq_mean_token_mean | seq_mean_token_sum_norm (dr_grpo's)
@@ -324,6 +325,15 @@ def _grpo_kwargs(config: TrainConfig) -> dict[str, Any]:
         check_vllm_options(kwargs.get("vllm"))
     except ValueError as exc:
         raise ConfigError(f"grpo.vllm: {exc}") from None
+    if kwargs.get("policies") is not None:  # {policy: [agent, ...]}: one trained policy per group of agents
+        from lightrail.algorithms.policies import PolicyMap
+
+        try:
+            PolicyMap(kwargs["policies"])
+        except ValueError as exc:
+            raise ConfigError(f"grpo.{exc}") from None
+        if "agents" in kwargs:
+            raise ConfigError("grpo: give agents or policies, not both (the policies name the agents they train)")
     return kwargs
 
 

@@ -96,6 +96,10 @@ _MEANINGS = {
     "GRPO.loss_agg": "Loss aggregation: ``token_mean``, ``seq_mean_token_mean``, ``seq_mean_token_sum_norm`` (or "
     "a ``loss_norm`` name); null: the estimator's own (``seq_mean_token_sum_norm`` for ``dr_grpo``, else "
     "``token_mean``).",
+    "GRPO.policies": "One trained policy per group of agents, ``{write: [write_query], rewrite: [rewrite_query]}``"
+    " (instead of ``agents``): a model copy or LoRA adapter each, with its own optimizer; the gateway routes each "
+    "call by the agent the runner names; other agents' calls are served by the start model. null: one shared "
+    "policy.",
     "GRPO.merge_calls": "Merge an episode's calls into one row when each prompt extends the previous call's "
     "prompt and answer (fewer, longer rows).",
     "GRPO.filter_groups": "DAPO's dynamic sampling: leave groups whose transitions all have advantage 0 out of "

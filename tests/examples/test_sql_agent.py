@@ -438,3 +438,67 @@ async def test_train_config_names_every_call_by_its_node_and_trains_only_writer_
         assert step["transitions"] == trained_in_step
     finally:
         await store.close()
+
+
+@needs_langgraph
+async def test_two_policies_train_two_adapters_and_each_node_is_served_by_its_own(tmp_path, monkeypatch):
+    """``grpo.policies``: the writer's and the rewriter's calls are served by their own policies (the runner names
+    the node in each request), trained as two distinct LoRA adapters; the checker is served by the start model,
+    which no update touches. (The reward is the parity of the final query's length: the tiny model is never right.)"""
+    from safetensors.torch import load_file
+
+    from lightrail.store.sqlite import SQLiteStore
+    from lightrail.trainer.config import load_config, train
+
+    monkeypatch.chdir(ROOT)
+    overrides = [
+        f"out_dir={tmp_path / 'run'}",
+        *ONE_TINY_STEP,
+        "algorithm=grpo",
+        "agent=sql_parity:sql_agent_parity",  # the same graph, a reward that varies with the tiny model's output
+        "trainer.n_runners=1",
+        "trainer.concurrency=4",
+        "data_args={seed: 0, n_train: 8, n_val: 2}",
+        "grpo.sampling.max_tokens=16",  # short garbage: the rewriter's prompt stays inside the tiny model's context
+        "grpo.val_sampling.max_tokens=16",
+        "grpo.agents=null",
+        "grpo.policies={write: [write_query], rewrite: [rewrite_query]}",
+        "grpo.config={lr: 1.0e-2, lora: {r: 4}}",
+    ]
+    config = load_config(ROOT / "examples" / "sql_agent" / "config.yaml", overrides)
+    result = await asyncio.to_thread(train, config)
+    step = train_step_metrics(result.report)
+    assert step["misrouted"] == 0
+    for policy in ("write", "rewrite"):  # the tiny model's checker never approves: every rollout rewrites
+        assert step[f"{policy}/transitions"] > 0 and not step[f"{policy}/skipped"]
+        assert step[f"{policy}/policy_version"] == 1
+    assert step["transitions"] == step["write/transitions"] + step["rewrite/transitions"]
+
+    adapters = {
+        name: load_file(Path(path) / "trainable.safetensors") for name, path in result.report["policies"].items()
+    }
+    assert set(adapters) == {"write", "rewrite"}
+    assert adapters["write"].keys() == adapters["rewrite"].keys() and all("lora" in k for k in adapters["write"])
+    moved = [k for k in adapters["write"] if "lora_B" in k]  # B starts at zero: both adapters learned, differently
+    assert all(adapters[p][k].abs().sum() > 0 for p in adapters for k in moved)
+    assert any(not adapters["write"][k].equal(adapters["rewrite"][k]) for k in moved)
+
+    store = SQLiteStore(str(result.store))
+    served: Counter = Counter()
+    try:
+        for rollout in await store.query_rollouts():
+            for call in build_episode(await store.query_spans(rollout.rollout_id)).calls:
+                node = _node_of(_request_messages(call.span))
+                a = call.span.attributes
+                assert a[Attr.CALLER_AGENT] == node  # the runner named the node in the request
+                if call.prompt_ids is None:
+                    continue  # refused as too long: nothing was served
+                after = rollout.mode == "val" and rollout.metadata.get("step") == 1
+                served[node, a[Attr.RESPONSE_MODEL], a[Attr.POLICY_VERSION], after] += 1
+    finally:
+        await store.close()
+    models = {"write_query": "policy-write", "rewrite_query": "policy-rewrite", "check_query": "policy-base"}
+    for (node, model, version, after), _ in served.items():
+        assert model == models[node]
+        assert version == (1 if after and node != "check_query" else 0)  # the start model is never updated
+    assert {node for node, _, _, after in served if after} == NODES

@@ -102,6 +102,10 @@ def test_scale_out_sections_reach_the_trainer_and_the_gateway(tmp_path):
         ("trainer.runners.ray={adress: auto}", "adress"),
         ("grpo.vllm={pyhton: x}", "grpo.vllm: unknown vllm option(s) ['pyhton']"),
         ("grpo.rollout_engine=sglang", "rollout_engine"),
+        ("grpo.policies={w: [a], r: [b, a]}", "grpo.policies: agent 'a' is in both 'w' and 'r'"),
+        ("grpo.policies={w: []}", "grpo.policies.w: expected a non-empty list of agent names"),
+        ("grpo.policies={'a b': [x]}", "grpo.policies: 'a b' is not a policy name"),
+        ("grpo.policies={w: [a]}", "give agents or policies, not both"),
     ],
 )
 def test_bad_config_is_rejected_with_the_field_path(tmp_path, override, message):

@@ -1,0 +1,90 @@
+"""One policy per agent: several models trained side by side behind one gateway, each agent's calls served by its own.
+
+``GRPO(policies={"write": ["write_query"], "rewrite": ["rewrite_query"]})`` trains one copy of the model per policy
+(with a LoRA config: one adapter each, on the same base weights), each with its own optimizer and its own updates
+from its agents' calls. The agent stays unmodified and keeps calling one model name; the runner says which agent
+makes each call (`lightrail.types.AGENT_HEADER`, from the LangGraph node or the agent's OpenTelemetry span), and the
+gateway's backend, a `PolicyRouter`, sends the call to that agent's policy. Calls of agents in no policy (a fixed
+checker, an unnamed call) are served by the model the run started from, which never changes.
+
+Each policy's engine answers to its own model name, ``<served_name>-<policy>``, recorded on every call's span as the
+response model; a transition is trained only by the policy that served it (a call whose agent the runner could not
+name was served by the start model and is counted as ``misrouted``, not trained).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from lightrail.adapters.selection import AgentFilter
+from lightrail.types import ChatRequest, CompletionRequest, Generation
+
+__all__ = ["PolicyMap", "PolicyRouter"]
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+class PolicyMap:
+    """``{policy: [agent, ...]}`` checked: at least one policy, names of letters, digits, ``_.-`` (they name model
+    endpoints and checkpoint folders), every policy with at least one agent, no agent in two policies."""
+
+    def __init__(self, policies: Mapping[str, Sequence[str]]) -> None:
+        if not isinstance(policies, Mapping) or not policies:
+            raise ValueError(f"policies: expected a mapping of policy name to agent names, got {policies!r}")
+        self.agents: dict[str, tuple[str, ...]] = {}
+        self.by_agent: dict[str, str] = {}
+        for name, agents in policies.items():
+            if not isinstance(name, str) or not _NAME.fullmatch(name):
+                raise ValueError(f"policies: {name!r} is not a policy name (letters, digits, '_', '.', '-'; ≤ 64)")
+            if isinstance(agents, str) or not isinstance(agents, Sequence) or not agents:
+                raise ValueError(f"policies.{name}: expected a non-empty list of agent names, got {agents!r}")
+            for agent in agents:
+                if not isinstance(agent, str) or not agent:
+                    raise ValueError(f"policies.{name}: agent names are non-empty strings, got {agent!r}")
+                if agent in self.by_agent:
+                    raise ValueError(f"policies: agent {agent!r} is in both {self.by_agent[agent]!r} and {name!r}")
+                self.by_agent[agent] = name
+            self.agents[name] = tuple(agents)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.agents)
+
+    def filter(self, policy: str | None = None) -> AgentFilter:
+        """The agents ``policy`` trains (every policy's, for None)."""
+        return AgentFilter(self.agents[policy] if policy is not None else self.by_agent)
+
+    def __repr__(self) -> str:
+        return f"PolicyMap({ {name: list(agents) for name, agents in self.agents.items()} })"
+
+
+class PolicyRouter:
+    """A gateway backend over one engine per policy and the start model: a request goes to the engine its ``model``
+    names (``<served>-<policy>``, for a user who asks one policy directly), else to the policy of its ``agent``
+    (`ChatRequest.agent`), else to ``base``."""
+
+    def __init__(self, engines: Mapping[str, Any], by_agent: Mapping[str, str], base: Any) -> None:
+        self.engines = dict(engines)
+        self.by_agent = dict(by_agent)
+        self.base = base
+        self._by_model = {model: engine for engine in (base, *self.engines.values()) for model in engine.model_names()}
+
+    def pick(self, request: ChatRequest | CompletionRequest) -> Any:
+        engine = self._by_model.get(request.model)
+        if engine is not None:
+            return engine
+        policy = self.by_agent.get(request.agent) if request.agent is not None else None
+        return self.engines[policy] if policy is not None else self.base
+
+    async def chat(self, request: ChatRequest) -> Generation:
+        generation: Generation = await self.pick(request).chat(request)
+        return generation
+
+    async def complete(self, request: CompletionRequest) -> Generation:
+        generation: Generation = await self.pick(request).complete(request)
+        return generation
+
+    def model_names(self) -> list[str]:
+        return list(self._by_model)
