@@ -459,6 +459,7 @@ async def test_two_policies_train_two_adapters_and_each_node_is_served_by_its_ow
         "trainer.n_runners=1",
         "trainer.concurrency=4",
         "data_args={seed: 0, n_train: 8, n_val: 2}",
+        "grpo.n_samples=6",  # a group of 6 all scoring the same parity (no advantage, nothing to train): 1 in 32
         "grpo.sampling.max_tokens=16",  # short garbage: the rewriter's prompt stays inside the tiny model's context
         "grpo.val_sampling.max_tokens=16",
         "grpo.agents=null",
@@ -502,3 +503,17 @@ async def test_two_policies_train_two_adapters_and_each_node_is_served_by_its_ow
         assert model == models[node]
         assert version == (1 if after and node != "check_query" else 0)  # the start model is never updated
     assert {node for node, _, _, after in served if after} == NODES
+
+    # a second step resumed from the checkpoint: each policy continues from its own adapter and version
+    config = load_config(
+        ROOT / "examples" / "sql_agent" / "config.yaml", [*overrides, "grpo.steps=2", "grpo.resume=true"]
+    )
+    resumed = await asyncio.to_thread(train, config)
+    with open(resumed.report["metrics"], encoding="utf-8") as f:
+        steps = [m for m in map(json.loads, f) if m["kind"] == "train"]
+    assert [m["step"] for m in steps] == [1, 2] and steps[0] == step
+    assert (steps[1]["write/policy_version"], steps[1]["rewrite/policy_version"]) == (2, 2)
+    for name, path in resumed.report["policies"].items():
+        assert Path(path).parent.name == "step-2"
+        later = load_file(Path(path) / "trainable.safetensors")
+        assert any(not later[k].equal(adapters[name][k]) for k in moved)
