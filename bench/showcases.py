@@ -11,7 +11,10 @@ framework, then GRPO through real runners, the gateway and the framework); this 
   at its end (greedy, the config's ``n_val`` held-out tasks);
 * ``NAME_minutes``: the GRPO stage (its validations included); ``NAME_wall_minutes``: the whole command (model
   build, teacher rollouts, SFT, GRPO);
-* ``NAME_sft_val`` / ``NAME_sft_minutes``: the warm start's own figures, when the recipe has one.
+* ``NAME_sft_val`` / ``NAME_sft_minutes``: the warm start's own figures, when the recipe has one;
+* ``sql_agent_two_policies_val_before`` / ``_val_after`` / ``_minutes``: the SQL showcase's GRPO stage again from
+  the same warm-started model with the same budget, but with one policy for the writer and one for the rewriter
+  (``grpo.policies``) instead of one shared policy (``--no-two-policies`` skips it).
 
 Target per showcase: ``val_after - val_before >= 0.10`` with ``NAME_minutes <= 30`` (the SQL showcase: 0.15).
 Only showcases whose config is a CPU recipe are offered (``RECIPES``). Progress on stderr; the last stdout line is
@@ -30,9 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/ and be
 
 from bench._util import REPO, log, machine_facts  # noqa: E402
 
-RECIPES = {"calc_agent": 0.10}
+RECIPES = {"calc_agent": 0.10, "sql_agent": 0.15}
 """Showcases with a CPU recipe in their config.yaml, and the gain each must reach."""
 MAX_GRPO_MINUTES = 30
+TWO_POLICIES = {"sql_agent": "{write: [write_query], rewrite: [rewrite_query]}"}
+"""Showcases measured again with one policy per group of agents (``grpo.policies``) from the same warm start."""
 
 
 def run_showcase(name: str, out: Path, overrides: list[str]) -> dict:
@@ -52,8 +57,23 @@ def run_showcase(name: str, out: Path, overrides: list[str]) -> dict:
     }
     sft = report.get("stages", {}).get("sft")
     if sft is not None:
-        figures.update(sft_val=sft["val_after"], sft_minutes=round(sft["minutes"], 2), sft_rows=sft["rows"])
+        figures.update(
+            sft_val=sft["val_after"], sft_minutes=round(sft["minutes"], 2), sft_rows=sft["rows"], sft_model=sft["model"]
+        )
     return {f"{name}_{key}": value for key, value in figures.items()}
+
+
+def run_two_policies(name: str, model: str, out: Path, overrides: list[str]) -> dict:
+    """The showcase's GRPO stage from ``model`` (its warm start) with `TWO_POLICIES` instead of one shared policy."""
+    from lightrail.trainer.config import load_config, train
+
+    policies = [f"model={model}", "algorithm=grpo", "grpo.agents=null", f"grpo.policies={TWO_POLICIES[name]}"]
+    config = load_config(
+        REPO / "examples" / name / "config.yaml", [f"out_dir={out / (name + '-two-policies')}", *overrides, *policies]
+    )
+    report = train(config).report
+    figures = {"val_before": report["val_before"], "val_after": report["val_after"], "minutes": report["train_minutes"]}
+    return {f"{name}_two_policies_{key}": round(value, 4) for key, value in figures.items()}
 
 
 def main() -> None:
@@ -64,6 +84,10 @@ def main() -> None:
         help="a config override for every showcase run (as lightrail train --set)",
     )  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("runs") / time.strftime("bench-showcases-%Y%m%d-%H%M%S"))
+    parser.add_argument(
+        "--two-policies", action=argparse.BooleanOptionalAction, default=True,
+        help="also run the SQL showcase's GRPO stage with one policy per agent group (default: yes)",
+    )  # fmt: skip
     args = parser.parse_args()
     out: dict = {**machine_facts(), "overrides": args.overrides}
     log(f"machine: {out}")
@@ -76,6 +100,11 @@ def main() -> None:
         targets[f"{name}_gain>={RECIPES[name]}"] = gain >= RECIPES[name]
         targets[f"{name}_minutes<={MAX_GRPO_MINUTES}"] = figures[f"{name}_minutes"] <= MAX_GRPO_MINUTES
         log(f"   {name}: {json.dumps(figures)}")
+        if args.two_policies and name in TWO_POLICIES and f"{name}_sft_model" in figures:
+            log(f"-- {name}: the GRPO stage again with grpo.policies={TWO_POLICIES[name]}")
+            two = run_two_policies(name, figures[f"{name}_sft_model"], args.out, args.overrides)
+            out.update(two)
+            log(f"   {name} two policies: {json.dumps(two)}")
     out["load_1m_after"] = machine_facts()["load_1m"]
     out["targets_met"] = targets
     print(json.dumps(out))

@@ -388,6 +388,7 @@ async def test_train_config_names_every_call_by_its_node_and_trains_only_writer_
     overrides = [
         f"out_dir={tmp_path / 'run'}",
         *ONE_TINY_STEP,
+        "algorithm=grpo",  # the config's SFT stage is tested below
         "trainer.n_runners=1",
         "trainer.concurrency=4",
         "data_args={seed: 0, n_train: 8, n_val: 2}",
@@ -419,12 +420,8 @@ async def test_train_config_names_every_call_by_its_node_and_trains_only_writer_
             assert episode.final_reward == rollout.reward  # the reward landed as the final-reward span
             nodes = [_node_of(_request_messages(c.span)) for c in episode.calls]
             assert nodes[:2] == ["write_query", "check_query"] and len(nodes) % 2 == 0
-            # the config's agent shows the writer and the rewriter its worked example as an earlier turn
-            (example_question, example_sql) = ONE_SHOT[0]
-            example = [f"Question: {example_question}", f"```sql\n{example_sql}\n```"]
-            for call, node in zip(episode.calls, nodes, strict=True):
-                messages = [m["content"] for m in _request_messages(call.span)]
-                assert messages[1:3] == example if node != "check_query" else len(messages) == 2
+            # the config's agent shows no worked example: every call is the node's system prompt and one message
+            assert all(len(_request_messages(call.span)) == 2 for call in episode.calls)
             # every call the engine answered is named by the node that made it (a prompt too long for the tiny
             # model's 512-token context is refused: no response, no ids, nothing to train)
             answered = [(c, node) for c, node in zip(episode.calls, nodes, strict=True) if c.prompt_ids is not None]
@@ -438,6 +435,77 @@ async def test_train_config_names_every_call_by_its_node_and_trains_only_writer_
         assert step["transitions"] == trained_in_step
     finally:
         await store.close()
+
+
+@needs_langgraph
+async def test_the_configs_recipe_sft_from_the_teacher_program_then_grpo_on_writer_and_rewriter(tmp_path, monkeypatch):
+    """The config's recipe (``algorithm: [sft, grpo]``), shortened: SFT runs the LangGraph app with the teacher
+    program (`teacher.py`) as the model of all three nodes through a runner (the writer's query, the checker's
+    CORRECT), trains on the writer's and the checker's calls of every chat; GRPO then starts from the SFT stage's
+    weights and trains the writer and the rewriter only."""
+    from examples.sql_agent.teacher import SYSTEMATIC
+    from lightrail.store.sqlite import SQLiteStore
+    from lightrail.trainer.config import load_config, train
+
+    monkeypatch.chdir(ROOT)
+    overrides = [
+        "model=tiny",
+        f"out_dir={tmp_path / 'run'}",
+        "sft.steps=2",
+        "sft.batch_size=4",
+        "sft.val_sampling={temperature: 0.0, max_tokens: 16}",
+        "trainer.n_runners=1",
+        "trainer.concurrency=4",
+        "data_args={seed: 0, n_train: 12, n_val: 2}",
+        "grpo.steps=1",
+        "grpo.tasks_per_step=2",
+        "grpo.n_samples=2",
+        "grpo.checkpoint_every=0",
+        "grpo.sampling={temperature: 1.0, max_tokens: 16}",
+        "grpo.val_sampling={temperature: 0.0, max_tokens: 16}",
+    ]
+    config = load_config(ROOT / "examples" / "sql_agent" / "config.yaml", overrides)
+    assert config.algorithm == ["sft", "grpo"] and config.sft["min_reward"] is None
+    result = await asyncio.to_thread(train, config)
+
+    train_tasks = splits(seed=0, n_train=12, n_val=2)[0]
+    store = SQLiteStore(str(result.store))
+    try:
+        rollouts = await store.query_rollouts()
+        episodes = {r.rollout_id: build_episode(await store.query_spans(r.rollout_id)) for r in rollouts}
+    finally:
+        await store.close()
+    by_teacher = [r for r in rollouts if _request_model(episodes[r.rollout_id].calls[0]) == "teacher"]
+    assert sorted(r.task.input["question"] for r in by_teacher) == sorted(t["question"] for t in train_tasks)
+    for rollout in by_teacher:  # the teacher's queries run, its checker approves: one write, one check
+        calls = episodes[rollout.rollout_id].calls
+        assert [c.agent_name for c in calls] == ["write_query", "check_query"]
+        assert calls[1].span.attributes[Attr.RESPONSE]["choices"][0]["message"]["content"] == "CORRECT"
+    assert {r.reward for r in by_teacher} <= {0.0, 1.0} and len(by_teacher) == 12
+    habits = [r for r in by_teacher if r.task.input["template"] in SYSTEMATIC]
+    assert all(r.reward == 1.0 for r in by_teacher if r not in habits and "month" not in r.task.input["sql"])
+
+    sft = result.report["stages"]["sft"]
+    assert sft["kept_rollouts"] == 12 and sft["steps"] == 2  # every chat, right or wrong
+    with open(tmp_path / "run" / "sft" / "metrics.jsonl", encoding="utf-8") as f:
+        (data,) = [m for m in map(json.loads, f) if m["kind"] == "data"]
+    assert (data["calls_trained"], data["calls_other_agents"]) == (24, 0)
+
+    step = train_step_metrics(result.report)
+    grpo_train = [r for r in rollouts if r.mode == "train" and r not in by_teacher]
+    assert len(grpo_train) == 2 * 2
+    trained = sum(
+        1
+        for r in grpo_train
+        for c in episodes[r.rollout_id].calls
+        if c.agent_name in ("write_query", "rewrite_query") and c.prompt_ids is not None
+    )
+    assert step["transitions"] == trained > 0  # GRPO trains the writer and the rewriter, never the checker
+
+
+def _request_model(call) -> str:
+    request = call.span.attributes[Attr.REQUEST]
+    return (json.loads(request) if isinstance(request, str) else request)["model"]
 
 
 @needs_langgraph
