@@ -1,4 +1,5 @@
-"""What the showcase-agent tests share: `lightrail train` overrides for one tiny GRPO step, and that step's metrics."""
+"""What the showcase-agent tests share: `lightrail train` overrides for one tiny GRPO step or a shortened SFT-then-GRPO
+recipe, and that step's metrics."""
 
 from __future__ import annotations
 
@@ -7,6 +8,23 @@ from typing import Any
 
 ONE_TINY_STEP = ["model=tiny", "grpo.steps=1", "grpo.tasks_per_step=2", "grpo.n_samples=2", "grpo.val_every=0"]
 """The tiny random model, one step of 2 tasks × 2 samples, validation only before and after."""
+
+SHORT_RECIPE = [
+    "model=tiny",
+    "sft.steps=2",
+    "sft.batch_size=4",
+    "sft.val_sampling={temperature: 0.0, max_tokens: 16}",
+    "trainer.n_runners=1",
+    "trainer.concurrency=4",
+    "grpo.steps=1",
+    "grpo.tasks_per_step=2",
+    "grpo.n_samples=2",
+    "grpo.checkpoint_every=0",
+    "grpo.sampling={temperature: 1.0, max_tokens: 16}",
+    "grpo.val_sampling={temperature: 0.0, max_tokens: 16}",
+]
+"""A config's ``[sft, grpo]`` recipe shortened: the tiny random model, 2 SFT steps of 4 rows, one runner of 4
+rollouts, one GRPO step of 2 tasks × 2 samples, 16-token answers, no checkpoint."""
 
 
 def train_step_metrics(report: dict[str, Any]) -> dict[str, Any]:

@@ -28,7 +28,7 @@ pytest.importorskip("autogen_agentchat", reason="the AutoGen showcase needs: pip
 from autogen_agentchat.messages import TextMessage
 from autogen_core import CancellationToken
 from autogen_core.tools import StaticWorkbench
-from one_step import ONE_TINY_STEP, train_step_metrics
+from one_step import ONE_TINY_STEP, SHORT_RECIPE, train_step_metrics
 
 from examples.calc_agent.agent import (
     CHECKER,
@@ -321,23 +321,7 @@ def test_the_configs_recipe_sft_from_the_teacher_program_then_grpo_on_the_solver
 
     config = load_config(
         CONFIG,
-        overrides=[
-            "model=tiny",
-            f"out_dir={tmp_path / 'run'}",
-            "sft.steps=2",
-            "sft.batch_size=4",
-            "sft.val_sampling={temperature: 0.0, max_tokens: 16}",
-            "trainer.n_runners=1",
-            "trainer.concurrency=4",
-            "data_args.n_train=8",
-            "data_args.n_val=2",
-            "grpo.steps=1",
-            "grpo.tasks_per_step=2",
-            "grpo.n_samples=2",
-            "grpo.checkpoint_every=0",
-            "grpo.sampling={temperature: 1.0, max_tokens: 16}",
-            "grpo.val_sampling={temperature: 0.0, max_tokens: 16}",
-        ],
+        overrides=[*SHORT_RECIPE, f"out_dir={tmp_path / 'run'}", "data_args.n_train=8", "data_args.n_val=2"],
     )
     assert config.algorithm == ["sft", "grpo"] and config.sft["agents"] == [SOLVER]
     result = train(config)

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from one_step import ONE_TINY_STEP, train_step_metrics
+from one_step import ONE_TINY_STEP, SHORT_RECIPE, train_step_metrics
 
 from examples.sql_agent.agent import CHECK, ONE_SHOT, REWRITE, WRITE, extract_sql
 from examples.sql_agent.data import MONTHS, TEMPLATES, splits, tokenizer_corpus
@@ -448,22 +448,7 @@ async def test_the_configs_recipe_sft_from_the_teacher_program_then_grpo_on_writ
     from lightrail.trainer.config import load_config, train
 
     monkeypatch.chdir(ROOT)
-    overrides = [
-        "model=tiny",
-        f"out_dir={tmp_path / 'run'}",
-        "sft.steps=2",
-        "sft.batch_size=4",
-        "sft.val_sampling={temperature: 0.0, max_tokens: 16}",
-        "trainer.n_runners=1",
-        "trainer.concurrency=4",
-        "data_args={seed: 0, n_train: 12, n_val: 2}",
-        "grpo.steps=1",
-        "grpo.tasks_per_step=2",
-        "grpo.n_samples=2",
-        "grpo.checkpoint_every=0",
-        "grpo.sampling={temperature: 1.0, max_tokens: 16}",
-        "grpo.val_sampling={temperature: 0.0, max_tokens: 16}",
-    ]
+    overrides = [*SHORT_RECIPE, f"out_dir={tmp_path / 'run'}", "data_args={seed: 0, n_train: 12, n_val: 2}"]
     config = load_config(ROOT / "examples" / "sql_agent" / "config.yaml", overrides)
     assert config.algorithm == ["sft", "grpo"] and config.sft["min_reward"] is None
     result = await asyncio.to_thread(train, config)
