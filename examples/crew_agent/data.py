@@ -92,7 +92,7 @@ def tokenizer_corpus() -> list[str]:
         "country_facts Facts about one country: capital, region, currency code, calling code, population.",
     ]
     return [
-        *crewai_phrases,
+        *crewai_phrases * 20,  # repeated: the tokenizer merges only what recurs, and every call carries these phrases
         *(describe(c["name"]) for c in countries()),
         *(t["question"] for t in train + val),
         *(f"Answer: {t['answer']}" for t in train + val),

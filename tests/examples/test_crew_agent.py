@@ -4,7 +4,9 @@ environment (``.venv-crewai``: runner processes under ``runner_python``) through
 * a scripted model (the gateway's `ScriptedBackend`) drives the whole happy path: the researcher calls the tool,
   the writer answers from the researcher's notes, the reward is 1.0;
 * ``lightrail train examples/crew_agent/config.yaml`` (one GRPO step, the tiny model, OpenTelemetry on): every
-  gateway LLM call is linked to the CrewAI agent that made it, and only the configured agent's calls are trained.
+  gateway LLM call is linked to the CrewAI agent that made it, and only the configured agent's calls are trained;
+* the imperfect teacher (`teacher.py`) through the crew: right where it has no habit, wrong in its habits;
+* the config's recipe shortened: SFT from the teacher's crew runs (both agents), then GRPO on the writer.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import re
 from pathlib import Path
 
 import pytest
-from one_step import ONE_TINY_STEP, train_step_metrics
+from one_step import ONE_TINY_STEP, SHORT_RECIPE, train_step_metrics
 
 from examples.crew_agent.countries import countries, countryinfo_data_dir, describe, extract
 from examples.crew_agent.data import splits, tokenizer_corpus
@@ -204,6 +206,7 @@ async def test_train_config_links_every_call_to_its_crew_agent_and_trains_only_t
     overrides = [
         f"out_dir={tmp_path / 'run'}",
         *ONE_TINY_STEP,
+        "algorithm=grpo",  # GRPO alone from the tiny model (the recipe's SFT stage: the next test)
         f"trainer.runner_python={CREWAI_PYTHON}",
         "trainer.n_runners=1",
         "trainer.concurrency=4",
@@ -244,3 +247,90 @@ async def test_train_config_links_every_call_to_its_crew_agent_and_trains_only_t
         assert trained >= len(rollouts)
     finally:
         await store.close()
+
+
+@needs_crewai_env
+async def test_the_teacher_through_the_crew_is_right_but_for_its_habits(tmp_path):
+    """The teacher program as the crew's model (habits always, no slips): the researcher's lookups reach the writer,
+    which answers right on every kind but the two it has a habit on (a capital with its country, the currency code
+    for a calling code), which score 0.1."""
+    from examples.crew_agent.teacher import SYSTEMATIC, teacher
+    from lightrail import LLM, Trainer
+    from lightrail.store import StoreClient
+    from lightrail.trainer import StoreServerProcess
+
+    _, val = splits(seed=0, n_train=0, n_val=40)
+    kinds = ("capital", "calling_code", "currency", "region", "population")
+    tasks = [next(t for t in val if t["kind"] == kind) for kind in kinds]
+    server = StoreServerProcess(tmp_path / "store.db")
+    store = StoreClient(server.url, token=server.token)
+    try:
+        async with GatewayServer(teacher(tasks, habit=1.0, slip=0.0), store) as gateway:
+            trainer = Trainer(n_runners=1, concurrency=5, store=server.url, token=server.token, runner_python=CREWAI_PYTHON, otel=True)  # fmt: skip
+            # no max_tokens: the scripted backend's tokens are bytes, which would cut two tool calls short
+            report = await trainer.dev_async(AGENT, tasks, {"llm": LLM(endpoint=gateway.url, model="teacher")}, timeout_s=120)  # fmt: skip
+        assert [r.status for r in report.rows] == [RolloutStatus.SUCCEEDED] * 5
+        assert {k: r.reward for k, r in zip(kinds, report.rows, strict=True)} == {
+            kind: 0.1 if kind in SYSTEMATIC else 1.0 for kind in kinds
+        }
+        capital = build_episode(await store.query_spans(report.rows[0].rollout_id)).calls[-1]
+        answer = capital.span.attributes[Attr.RESPONSE]["choices"][0]["message"]["content"]
+        assert answer == f"Answer: {tasks[0]['answer']}, {tasks[0]['countries'][0]}"
+    finally:
+        await store.close()
+        server.stop()
+
+
+@needs_crewai_env
+async def test_the_configs_recipe_sft_from_the_teacher_through_the_crew_then_grpo_on_the_writer(tmp_path, monkeypatch):
+    """The config's recipe (``algorithm: [sft, grpo]``), shortened: SFT runs the crew with the teacher program as
+    the model of both agents (``n_samples`` runs of each question) and trains on the researcher's and the writer's
+    calls of every chat, habits included; GRPO then starts from the SFT stage's weights and trains the writer only."""
+    from lightrail.store.sqlite import SQLiteStore
+    from lightrail.trainer.config import load_config, train
+
+    monkeypatch.chdir(ROOT)
+    overrides = [
+        *SHORT_RECIPE,
+        f"out_dir={tmp_path / 'run'}",
+        f"trainer.runner_python={CREWAI_PYTHON}",
+        "data_args={seed: 0, n_train: 6, n_val: 2}",
+    ]
+    config = load_config(ROOT / "examples" / "crew_agent" / "config.yaml", overrides)
+    assert config.algorithm == ["sft", "grpo"] and config.sft["min_reward"] is None
+    result = await asyncio.to_thread(train, config)
+
+    store = SQLiteStore(str(result.store))
+    try:
+        rollouts = await store.query_rollouts()
+        episodes = {r.rollout_id: build_episode(await store.query_spans(r.rollout_id)) for r in rollouts}
+    finally:
+        await store.close()
+    by_teacher = [r for r in rollouts if _request_model(episodes[r.rollout_id].calls[0]) == "teacher"]
+    questions = [t["question"] for t in splits(seed=0, n_train=6, n_val=2)[0]]
+    assert sorted(r.task.input["question"] for r in by_teacher) == sorted(questions * config.sft["n_samples"])
+    teacher_calls = 0
+    for rollout in by_teacher:  # the researcher looks up, then hands its notes on; the writer answers
+        calls = episodes[rollout.rollout_id].calls
+        assert [c.agent_name for c in calls] == ["researcher", "researcher", "writer"]
+        assert rollout.status is RolloutStatus.SUCCEEDED and rollout.reward > 0
+        teacher_calls += len(calls)
+
+    sft = result.report["stages"]["sft"]
+    assert sft["kept_rollouts"] == len(by_teacher) and sft["steps"] == 2  # every chat, right or wrong
+    with open(tmp_path / "run" / "sft" / "metrics.jsonl", encoding="utf-8") as f:
+        (data,) = [m for m in map(json.loads, f) if m["kind"] == "data"]
+    assert (data["calls_trained"], data["calls_other_agents"]) == (teacher_calls, 0)
+
+    step = train_step_metrics(result.report)
+    grpo_train = [r for r in rollouts if r.mode == "train" and r not in by_teacher]
+    assert len(grpo_train) == 2 * 2
+    writer = sum(
+        1 for r in grpo_train for c in episodes[r.rollout_id].calls if c.agent_name == "writer" and c.prompt_ids
+    )
+    assert step["transitions"] == writer  # GRPO trains the writer, never the researcher
+
+
+def _request_model(call) -> str:
+    request = call.span.attributes[Attr.REQUEST]
+    return (json.loads(request) if isinstance(request, str) else request)["model"]
