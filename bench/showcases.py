@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/ and be
 
 from bench._util import REPO, log, machine_facts  # noqa: E402
 
-RECIPES = {"calc_agent": 0.10, "sql_agent": 0.15}
+RECIPES = {"calc_agent": 0.10, "crew_agent": 0.10, "rag_agent": 0.10, "sql_agent": 0.15}
 """Showcases with a CPU recipe in their config.yaml, and the gain each must reach."""
 MAX_GRPO_MINUTES = 30
 TWO_POLICIES = {"sql_agent": "{write: [write_query], rewrite: [rewrite_query]}"}

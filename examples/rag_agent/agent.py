@@ -25,18 +25,11 @@ from agents import Agent, ModelSettings, OpenAIProvider, RunConfig, Runner, func
 from agents.exceptions import MaxTurnsExceeded, ModelBehaviorError
 from openai import AsyncOpenAI, BadRequestError
 
+from examples.rag_agent.prompts import EDITOR_INSTRUCTIONS, RESEARCHER_INSTRUCTIONS, editor_brief
+
 RESEARCHER = "researcher"
 EDITOR = "editor"
 WORKFLOW_NAME = "rag_agent"
-
-RESEARCHER_INSTRUCTIONS = (
-    "You research questions about countries. Use the search tool to look facts up; most questions need two "
-    "searches (first find the country, then the fact about it). Reply with the facts you found and your answer."
-)
-EDITOR_INSTRUCTIONS = (
-    "You are given a question and a researcher's notes. Reply with one line 'Answer: <answer>', the answer as "
-    "short as possible (a name or a code)."
-)
 
 #: One worked example for models that need to be shown the tool once (SmolLM2): two searches, then an answer.
 #: Agents SDK input items (Responses format), sent as they are: function calls with their outputs. The
@@ -174,7 +167,7 @@ async def answer(
         config = run_config(client)
         with trace(WORKFLOW_NAME):
             notes = await _final_output(researcher, _after(examples, question), max_turns, config)
-            brief = f"Question: {question}\nResearcher's notes: {notes or '(none)'}"
+            brief = editor_brief(question, notes)
             return await _final_output(editor, _after(editor_examples, brief), 1, config)
 
 

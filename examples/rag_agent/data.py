@@ -21,6 +21,8 @@ import random
 from collections import Counter
 from pathlib import Path
 
+from examples.rag_agent.prompts import EDITOR_INSTRUCTIONS, RESEARCHER_INSTRUCTIONS, editor_brief
+
 KINDS = ("currency_by_capital", "subregion_by_capital", "capital_of_neighbour", "largest_neighbour")
 """Question templates; each needs two retrieval hops (see `_questions`)."""
 
@@ -147,33 +149,46 @@ def _is_val(country: str, val_fraction: float) -> bool:
 
 
 def splits(
-    seed: int = 0, n_train: int = 256, n_val: int = 64, val_fraction: float = 0.25
+    seed: int = 0,
+    n_train: int = 256,
+    n_val: int = 64,
+    val_fraction: float = 0.25,
+    kinds: list[str] | tuple[str, ...] | None = None,
 ) -> tuple[list[dict], list[dict]]:
-    """``n_train`` training and ``n_val`` held-out questions, shuffled by ``seed``.
+    """``n_train`` training and ``n_val`` held-out questions, shuffled by ``seed``; only questions of ``kinds``
+    (some of `KINDS`) when given.
 
     A question's split is decided by a hash of the country it starts from (not by the seed), so the held-out
     questions never start from a country a training question starts from, whatever the seed. Raises ValueError
-    when a split has fewer questions than asked for (the data has 567 train and 208 val questions).
+    for an unknown kind and when a split has fewer questions than asked for (the data has 567 train and 208 val
+    questions of all kinds; 463 and 170 without ``largest_neighbour``).
     """
     if n_train < 0 or n_val < 0:
         raise ValueError(f"n_train and n_val must be >= 0, got {n_train}, {n_val}")
-    questions = _questions()
+    unknown = sorted(set(kinds or ()) - set(KINDS))
+    if unknown or (kinds is not None and not kinds):
+        raise ValueError(f"kinds must be some of {list(KINDS)}, got {list(kinds or ())}")
+    questions = [q for q in _questions() if kinds is None or q["kind"] in kinds]
     random.Random(seed).shuffle(questions)
     val = [q for q in questions if _is_val(q["country"], val_fraction)]
     train = [q for q in questions if not _is_val(q["country"], val_fraction)]
     if len(train) < n_train or len(val) < n_val:
         raise ValueError(
             f"asked for {n_train} train / {n_val} val questions; the data has {len(train)} / {len(val)} "
-            f"(val_fraction={val_fraction})"
+            f"(val_fraction={val_fraction}, kinds={list(kinds) if kinds else 'all'})"
         )
     return train[:n_train], val[:n_val]
 
 
 def tokenizer_corpus() -> list[str]:
-    """Text the tiny model's tokenizer is trained on: passages, questions and answers in the agent's format."""
+    """Text the tiny model's tokenizer is trained on: passages, questions and answers in the agent's format, and
+    the agents' instructions and the editor's brief, repeated (the tokenizer merges only what recurs, and every
+    call carries them: 102 tokens of researcher instructions become ~40)."""
     questions = _questions()
+    prompts = [RESEARCHER_INSTRUCTIONS, EDITOR_INSTRUCTIONS, editor_brief("", "")]
     return [
         *passages(),
         *(q["question"] for q in questions),
         *(f"Answer: {q['answers'][0]}" for q in questions),
+        *prompts * 20,
     ]

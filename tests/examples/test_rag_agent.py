@@ -4,7 +4,9 @@
   OpenTelemetry on: the researcher searches twice (real MiniLM retrieval), the editor answers, the reward is 1.0,
   and the Agents SDK's tool spans carry the search results;
 * ``lightrail train examples/rag_agent/config.yaml`` (one GRPO step, the tiny model): every gateway LLM call is
-  linked to the Agents SDK agent that made it, and only the researcher's calls are trained.
+  linked to the Agents SDK agent that made it, and only the researcher's calls are trained;
+* the imperfect teacher (`teacher.py`) through the workflow: right where it has no habit, wrong in its habits;
+* the config's recipe shortened: SFT from the teacher's runs (both agents), then GRPO on the researcher.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ import re
 from pathlib import Path
 
 import pytest
-from one_step import ONE_TINY_STEP, train_step_metrics
+from one_step import ONE_TINY_STEP, SHORT_RECIPE, train_step_metrics
 
 from examples.rag_agent.data import KINDS, countries, passages, splits, tokenizer_corpus
+from examples.rag_agent.prompts import EDITOR_INSTRUCTIONS, RESEARCHER_INSTRUCTIONS
 from examples.rag_agent.reward import extract_answer, format_ok, reward, token_f1
 from lightrail.adapters import AgentFilter, ToolRewardRule, build_episode, spans_to_transitions
 from lightrail.gateway import GatewayServer
@@ -42,6 +45,19 @@ def test_splits_have_their_sizes_are_deterministic_and_held_out_by_country():
     assert {t["kind"] for t in val} == set(KINDS)
     with pytest.raises(ValueError, match="the data has 567 / 208"):
         splits(n_train=10**4, n_val=0)
+
+
+def test_splits_of_some_kinds_hold_only_those_and_unknown_kinds_are_refused():
+    kinds = ["currency_by_capital", "capital_of_neighbour"]
+    train, val = splits(seed=0, n_train=100, n_val=40, kinds=kinds)
+    assert {t["kind"] for t in train} == {t["kind"] for t in val} == set(kinds)
+    everything = splits(seed=0, n_train=567, n_val=208)
+    assert all(t in everything[0] for t in train) and all(t in everything[1] for t in val)  # same split by country
+    with pytest.raises(ValueError, match="the data has 463 / 170"):
+        splits(n_train=500, kinds=["currency_by_capital", "subregion_by_capital", "capital_of_neighbour"])
+    for bad in (["currency"], []):
+        with pytest.raises(ValueError, match="kinds must be some of"):
+            splits(kinds=bad)
 
 
 def _raw_countries() -> list[dict]:
@@ -88,6 +104,7 @@ def test_passages_state_the_facts_and_the_tokenizer_corpus_covers_the_domain():
     text = tokenizer_corpus()
     train, _ = splits()
     assert train[0]["question"] in text and f"Answer: {train[0]['answers'][0]}" in text and corpus[0] in text
+    assert RESEARCHER_INSTRUCTIONS in text and EDITOR_INSTRUCTIONS in text  # every call starts with one of them
 
 
 # -- reward -----------------------------------------------------------------------------------------------------
@@ -291,6 +308,7 @@ def test_lightrail_train_with_the_tiny_model_trains_only_the_researcher(tmp_path
     monkeypatch.chdir(ROOT)  # the config's import references resolve from the project root
     overrides = [
         *ONE_TINY_STEP,
+        "algorithm=grpo",  # GRPO alone from the tiny model (the recipe's SFT stage: the last test)
         f"out_dir={tmp_path / 'run'}",
         "data_args={seed: 0, n_train: 4, n_val: 2}",
         "trainer={n_runners: 1, concurrency: 4, otel: true}",
@@ -335,3 +353,98 @@ def test_lightrail_train_with_the_tiny_model_trains_only_the_researcher(tmp_path
     step = train_step_metrics(result.report)
     assert step["rollouts"] == 4 and step["excluded"] == 0
     assert step["transitions"] == trained_calls  # GRPO trained the researcher's calls, none of the editor's
+
+
+@needs_agents_sdk
+async def test_the_teacher_through_the_workflow_is_right_but_for_its_habits(tmp_path):
+    """The teacher program as the workflow's model (habits always, no slips): two searches and the currency; the
+    region for a subregion (partial credit at best); the country's own capital for its neighbour's (one search,
+    never right). The editor copies the researcher's answer."""
+    from examples.rag_agent.teacher import teacher
+    from lightrail import LLM, Trainer
+    from lightrail.store import StoreClient
+    from lightrail.trainer import StoreServerProcess
+
+    kinds = ("currency_by_capital", "subregion_by_capital", "capital_of_neighbour")
+    _, val = splits(seed=0, n_train=0, n_val=60, kinds=kinds)
+    tasks = [next(t for t in val if t["kind"] == kind) for kind in kinds]
+    by_name = {c["name"]: c for c in countries()}
+    server = StoreServerProcess(tmp_path / "store.db")
+    store = StoreClient(server.url, token=server.token)
+    try:
+        async with GatewayServer(teacher(tasks, habit=1.0, slip=0.0), store) as gateway:
+            trainer = Trainer(n_runners=1, concurrency=3, store=server.url, token=server.token, otel=True)
+            # no max_tokens: the scripted backend's tokens are bytes
+            report = await trainer.dev_async(AGENT, tasks, {"llm": LLM(endpoint=gateway.url, model="teacher")}, timeout_s=120)  # fmt: skip
+        assert [r.status for r in report.rows] == [RolloutStatus.SUCCEEDED] * 3
+        answers, searches = [], []
+        for row in report.rows:
+            spans = await store.query_spans(row.rollout_id)
+            tools = [s for s in spans if s.attributes.get(Attr.KIND) == "tool"]
+            searches.append(len(tools))
+            answers.append(extract_answer(_output_text(build_episode(spans).calls[-1])))
+        currency, subregion, neighbour = tasks
+        own = by_name[neighbour["country"]]
+        assert answers == [currency["answers"][0], by_name[subregion["country"]]["region"], own["capital"]]
+        assert searches == [2, 1, 1]
+        assert report.rows[0].reward == 1.0 and report.rows[1].reward < 1.0 and report.rows[2].reward < 1.0
+    finally:
+        await store.close()
+        server.stop()
+
+
+def _output_text(call) -> str:
+    """The text a call answered (a Responses API call is recorded in the chat shape)."""
+    return call.span.attributes[Attr.RESPONSE]["choices"][0]["message"]["content"] or ""
+
+
+@needs_agents_sdk
+def test_the_configs_recipe_sft_from_the_teacher_through_the_workflow_then_grpo_on_the_researcher(
+    tmp_path, monkeypatch
+):
+    """The config's recipe (``algorithm: [sft, grpo]``), shortened: SFT runs the Agents SDK workflow with the teacher
+    program as the model of both agents and trains on the researcher's and the editor's calls of every chat, habits
+    included; GRPO then starts from the SFT stage's weights and trains the researcher only."""
+    from lightrail.store import SQLiteStore
+    from lightrail.trainer.config import load_config, train
+
+    monkeypatch.chdir(ROOT)
+    overrides = [*SHORT_RECIPE, f"out_dir={tmp_path / 'run'}", "data_args.n_train=6", "data_args.n_val=2"]
+    config = load_config(ROOT / "examples/rag_agent/config.yaml", overrides=overrides)
+    assert config.algorithm == ["sft", "grpo"] and config.sft["min_reward"] is None
+    result = train(config)
+
+    async def read():
+        store = SQLiteStore(result.store)
+        try:
+            rollouts = await store.query_rollouts()
+            return [(r, build_episode(await store.query_spans(r.rollout_id))) for r in rollouts]
+        finally:
+            await store.close()
+
+    rollouts = asyncio.run(read())
+    by_teacher = [(r, e) for r, e in rollouts if _request_model(e.calls[0]) == "teacher"]
+    questions = [t["question"] for t in splits(**config.data_args)[0]]
+    assert sorted(r.task.input["question"] for r, _ in by_teacher) == sorted(questions * config.sft["n_samples"])
+    teacher_calls = 0
+    for rollout, episode in by_teacher:  # the researcher searches then writes its notes; the editor answers
+        names = [c.agent_name for c in episode.calls]
+        assert names[-1] == "editor" and set(names[:-1]) == {"researcher"} and len(names) >= 3
+        assert rollout.status is RolloutStatus.SUCCEEDED
+        teacher_calls += len(names)
+    sft = result.report["stages"]["sft"]
+    assert sft["kept_rollouts"] == len(by_teacher) and sft["steps"] == 2  # every chat, right or wrong
+    with open(tmp_path / "run" / "sft" / "metrics.jsonl", encoding="utf-8") as f:
+        (data,) = [m for m in map(json.loads, f) if m["kind"] == "data"]
+    assert (data["calls_trained"], data["calls_other_agents"]) == (teacher_calls, 0)
+
+    step = train_step_metrics(result.report)
+    grpo_train = [(r, e) for r, e in rollouts if r.mode == "train" and (r, e) not in by_teacher]
+    assert len(grpo_train) == 2 * 2
+    researcher = sum(1 for _, e in grpo_train for c in e.calls if c.agent_name == "researcher" and c.choices)
+    assert step["transitions"] == researcher  # GRPO trains the researcher, never the editor
+
+
+def _request_model(call) -> str:
+    request = call.span.attributes[Attr.REQUEST]
+    return (json.loads(request) if isinstance(request, str) else request)["model"]
