@@ -3,7 +3,7 @@
 As the researcher it calls ``country_facts`` once for every country the question names (both at once for a
 which-of-two question), then hands the tool's lines on as its notes. As the writer it answers from those notes in
 one line, ``Answer: <answer>``, but not always right: on two question kinds it has a habit (``SYSTEMATIC``),
-followed 70 % of the time (``habit``):
+followed 70 % of the time it does not slip (``habit``; ~60 % of all runs):
 
 * ``capital``: it adds the country, ``Answer: Lima, Peru`` (a formatting habit: the reward wants the capital
   alone, so it scores 0.1);

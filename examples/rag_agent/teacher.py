@@ -13,8 +13,10 @@ It then writes one line of notes and ``Answer: <answer>``. It has two habits (``
 of the time (``habit``): on ``subregion_by_capital`` it answers the *region* the passage also names (``Asia`` for
 ``Southern Asia``: the wrong field; partial F1 credit at best), and on ``capital_of_neighbour`` it stops one hop
 short (searches ``capital of <country>`` and answers the capital of the country itself: never right). 15 % of the
-time (``slip``) it takes its final fact from the wrong passage of the last search (another country's currency or
-capital, the second most populous neighbour). As the editor it copies the last ``Answer:`` of the researcher's
+time (``slip``) it takes its final fact from the wrong passage (another country's currency or capital among the
+passages found so far, the second most populous neighbour). When a search did not return the passage it needs
+(rare: the right passage ranks first for 95-100 % of its queries), it goes on from what it did find: the capital
+as the country's name, the first currency passage, which makes a wrong answer beyond the habits and slips. As the editor it copies the last ``Answer:`` of the researcher's
 notes (``Answer: unknown`` when there is none). A student that imitates every chat inherits the habits and the
 slips; the rewards (F1 of the editor's answer) then tell GRPO which researcher runs were wrong.
 

@@ -206,7 +206,7 @@ async def test_train_config_links_every_call_to_its_crew_agent_and_trains_only_t
     overrides = [
         f"out_dir={tmp_path / 'run'}",
         *ONE_TINY_STEP,
-        "algorithm=grpo",  # GRPO alone from the tiny model (the recipe's SFT stage: the next test)
+        "algorithm=grpo",  # GRPO alone from the tiny model (the recipe's SFT stage: the last test)
         f"trainer.runner_python={CREWAI_PYTHON}",
         "trainer.n_runners=1",
         "trainer.concurrency=4",
