@@ -17,8 +17,8 @@ framework, then GRPO through real runners, the gateway and the framework); this 
   (``grpo.policies``) instead of one shared policy (``--no-two-policies`` skips it).
 
 Target per showcase: ``val_after - val_before >= 0.10`` with ``NAME_minutes <= 30`` (the SQL showcase: 0.15).
-Only showcases whose config is a CPU recipe are offered (``RECIPES``). Progress on stderr; the last stdout line is
-one JSON object with the machine's facts next to the figures.
+Every showcase's config is a CPU recipe (``RECIPES``: calc_agent, crew_agent, rag_agent, sql_agent). Progress on
+stderr; the last stdout line is one JSON object with the machine's facts next to the figures.
 """
 
 from __future__ import annotations

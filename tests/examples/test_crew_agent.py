@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 
 import pytest
-from one_step import ONE_TINY_STEP, SHORT_RECIPE, train_step_metrics
+from one_step import ONE_TINY_STEP, SHORT_RECIPE, assert_the_recipe_learns, train_step_metrics
 
 from examples.crew_agent.countries import countries, countryinfo_data_dir, describe, extract
 from examples.crew_agent.data import splits, tokenizer_corpus
@@ -334,3 +334,20 @@ async def test_the_configs_recipe_sft_from_the_teacher_through_the_crew_then_grp
 def _request_model(call) -> str:
     request = call.span.attributes[Attr.REQUEST]
     return (json.loads(request) if isinstance(request, str) else request)["model"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+@needs_crewai_env
+def test_the_recipe_reduced_learns_through_the_crew(tmp_path, monkeypatch):
+    """The config's recipe with 4 GRPO steps (the full recipe's figures are bench/showcases.py's): the small model,
+    which answers nothing, learns the crew's questions from the teacher's CrewAI runs (0.215 held out after SFT on
+    this CPU, 200 questions; ~40 minutes here), and GRPO trains on from there."""
+    monkeypatch.chdir(ROOT)
+    assert_the_recipe_learns(
+        ROOT / "examples" / "crew_agent" / "config.yaml",
+        tmp_path / "run",
+        n_val=60,
+        sft_floor=0.1,
+        overrides=[f"trainer.runner_python={CREWAI_PYTHON}"],
+    )

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from one_step import ONE_TINY_STEP, SHORT_RECIPE, train_step_metrics
+from one_step import ONE_TINY_STEP, SHORT_RECIPE, assert_the_recipe_learns, train_step_metrics
 
 from examples.sql_agent.agent import CHECK, ONE_SHOT, REWRITE, WRITE, extract_sql
 from examples.sql_agent.data import MONTHS, TEMPLATES, splits, tokenizer_corpus
@@ -570,3 +570,14 @@ async def test_two_policies_train_two_adapters_and_each_node_is_served_by_its_ow
         assert Path(path).parent.name == "step-2"
         later = load_file(Path(path) / "trainable.safetensors")
         assert any(not later[k].equal(adapters[name][k]) for k in moved)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(4800)
+@needs_langgraph
+def test_the_recipe_reduced_learns_through_langgraph(tmp_path, monkeypatch):
+    """The config's recipe with 4 GRPO steps (the full recipe's figures are bench/showcases.py's): the small model,
+    which writes no right query, learns text-to-SQL from the teacher's runs of the LangGraph app (0.45 held out
+    after 400 + 200 SFT steps on this CPU, ~50 minutes here), and GRPO trains on from there."""
+    monkeypatch.chdir(ROOT)
+    assert_the_recipe_learns(ROOT / "examples" / "sql_agent" / "config.yaml", tmp_path / "run", n_val=60, sft_floor=0.2)
