@@ -60,3 +60,33 @@ def assert_the_recipe_learns(config_path, out_dir, *, n_val: int, sft_floor: flo
     assert sft["val_before"] == 0.0 and sft["val_after"] >= sft_floor, sft
     assert report["steps"] == 4 and report["val_after"] >= report["val_before"] - 0.1, report
     return report
+
+
+async def episodes_of(store_path) -> list[tuple[Any, Any]]:
+    """Every rollout of a run's SQLite store with its episode (its spans assembled), in the store's order."""
+    from lightrail.adapters import build_episode
+    from lightrail.store.sqlite import SQLiteStore
+
+    store = SQLiteStore(str(store_path))
+    try:
+        return [(r, build_episode(await store.query_spans(r.rollout_id))) for r in await store.query_rollouts()]
+    finally:
+        await store.close()
+
+
+def request_model(call) -> str:
+    """The model name an episode's call asked the gateway for (``teacher``: the SFT stage's teacher program)."""
+    from lightrail.types import Attr
+
+    request = call.span.attributes[Attr.REQUEST]
+    return (json.loads(request) if isinstance(request, str) else request)["model"]
+
+
+def assert_sft_trained_every_teacher_call(report: dict[str, Any], run_dir, *, rollouts: int, calls: int) -> None:
+    """A shortened recipe's SFT stage (2 steps) kept every teacher chat, right or wrong, and trained every call of
+    them (``min_reward: null``, every agent of the chats in ``sft.agents``)."""
+    sft = report["stages"]["sft"]
+    assert sft["kept_rollouts"] == rollouts and sft["steps"] == 2
+    with open(f"{run_dir}/sft/metrics.jsonl", encoding="utf-8") as f:
+        (data,) = [m for m in map(json.loads, f) if m["kind"] == "data"]
+    assert (data["calls_trained"], data["calls_other_agents"]) == (calls, 0)

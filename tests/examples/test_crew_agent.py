@@ -17,7 +17,15 @@ import re
 from pathlib import Path
 
 import pytest
-from one_step import ONE_TINY_STEP, SHORT_RECIPE, assert_the_recipe_learns, train_step_metrics
+from one_step import (
+    ONE_TINY_STEP,
+    SHORT_RECIPE,
+    assert_sft_trained_every_teacher_call,
+    assert_the_recipe_learns,
+    episodes_of,
+    request_model,
+    train_step_metrics,
+)
 
 from examples.crew_agent.countries import countries, countryinfo_data_dir, describe, extract
 from examples.crew_agent.data import splits, tokenizer_corpus
@@ -286,7 +294,6 @@ async def test_the_configs_recipe_sft_from_the_teacher_through_the_crew_then_grp
     """The config's recipe (``algorithm: [sft, grpo]``), shortened: SFT runs the crew with the teacher program as
     the model of both agents (``n_samples`` runs of each question) and trains on the researcher's and the writer's
     calls of every chat, habits included; GRPO then starts from the SFT stage's weights and trains the writer only."""
-    from lightrail.store.sqlite import SQLiteStore
     from lightrail.trainer.config import load_config, train
 
     monkeypatch.chdir(ROOT)
@@ -300,40 +307,24 @@ async def test_the_configs_recipe_sft_from_the_teacher_through_the_crew_then_grp
     assert config.algorithm == ["sft", "grpo"] and config.sft["min_reward"] is None
     result = await asyncio.to_thread(train, config)
 
-    store = SQLiteStore(str(result.store))
-    try:
-        rollouts = await store.query_rollouts()
-        episodes = {r.rollout_id: build_episode(await store.query_spans(r.rollout_id)) for r in rollouts}
-    finally:
-        await store.close()
-    by_teacher = [r for r in rollouts if _request_model(episodes[r.rollout_id].calls[0]) == "teacher"]
+    rollouts = await episodes_of(result.store)
+    by_teacher = [(r, e) for r, e in rollouts if request_model(e.calls[0]) == "teacher"]
     questions = [t["question"] for t in splits(seed=0, n_train=6, n_val=2)[0]]
-    assert sorted(r.task.input["question"] for r in by_teacher) == sorted(questions * config.sft["n_samples"])
+    assert sorted(r.task.input["question"] for r, _ in by_teacher) == sorted(questions * config.sft["n_samples"])
     teacher_calls = 0
-    for rollout in by_teacher:  # the researcher looks up, then hands its notes on; the writer answers
-        calls = episodes[rollout.rollout_id].calls
-        assert [c.agent_name for c in calls] == ["researcher", "researcher", "writer"]
+    for rollout, episode in by_teacher:  # the researcher looks up, then hands its notes on; the writer answers
+        assert [c.agent_name for c in episode.calls] == ["researcher", "researcher", "writer"]
         assert rollout.status is RolloutStatus.SUCCEEDED and rollout.reward > 0
-        teacher_calls += len(calls)
-
-    sft = result.report["stages"]["sft"]
-    assert sft["kept_rollouts"] == len(by_teacher) and sft["steps"] == 2  # every chat, right or wrong
-    with open(tmp_path / "run" / "sft" / "metrics.jsonl", encoding="utf-8") as f:
-        (data,) = [m for m in map(json.loads, f) if m["kind"] == "data"]
-    assert (data["calls_trained"], data["calls_other_agents"]) == (teacher_calls, 0)
+        teacher_calls += len(episode.calls)
+    assert_sft_trained_every_teacher_call(
+        result.report, tmp_path / "run", rollouts=len(by_teacher), calls=teacher_calls
+    )
 
     step = train_step_metrics(result.report)
-    grpo_train = [r for r in rollouts if r.mode == "train" and r not in by_teacher]
+    grpo_train = [e for r, e in rollouts if r.mode == "train" and request_model(e.calls[0]) != "teacher"]
     assert len(grpo_train) == 2 * 2
-    writer = sum(
-        1 for r in grpo_train for c in episodes[r.rollout_id].calls if c.agent_name == "writer" and c.prompt_ids
-    )
+    writer = sum(1 for e in grpo_train for c in e.calls if c.agent_name == "writer" and c.prompt_ids)
     assert step["transitions"] == writer  # GRPO trains the writer, never the researcher
-
-
-def _request_model(call) -> str:
-    request = call.span.attributes[Attr.REQUEST]
-    return (json.loads(request) if isinstance(request, str) else request)["model"]
 
 
 @pytest.mark.slow

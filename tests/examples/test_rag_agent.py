@@ -17,7 +17,14 @@ import re
 from pathlib import Path
 
 import pytest
-from one_step import ONE_TINY_STEP, SHORT_RECIPE, train_step_metrics
+from one_step import (
+    ONE_TINY_STEP,
+    SHORT_RECIPE,
+    assert_sft_trained_every_teacher_call,
+    episodes_of,
+    request_model,
+    train_step_metrics,
+)
 
 from examples.rag_agent.data import KINDS, countries, passages, splits, tokenizer_corpus
 from examples.rag_agent.prompts import EDITOR_INSTRUCTIONS, RESEARCHER_INSTRUCTIONS
@@ -405,7 +412,6 @@ def test_the_configs_recipe_sft_from_the_teacher_through_the_workflow_then_grpo_
     """The config's recipe (``algorithm: [sft, grpo]``), shortened: SFT runs the Agents SDK workflow with the teacher
     program as the model of both agents and trains on the researcher's and the editor's calls of every chat, habits
     included; GRPO then starts from the SFT stage's weights and trains the researcher only."""
-    from lightrail.store import SQLiteStore
     from lightrail.trainer.config import load_config, train
 
     monkeypatch.chdir(ROOT)
@@ -414,16 +420,8 @@ def test_the_configs_recipe_sft_from_the_teacher_through_the_workflow_then_grpo_
     assert config.algorithm == ["sft", "grpo"] and config.sft["min_reward"] is None
     result = train(config)
 
-    async def read():
-        store = SQLiteStore(result.store)
-        try:
-            rollouts = await store.query_rollouts()
-            return [(r, build_episode(await store.query_spans(r.rollout_id))) for r in rollouts]
-        finally:
-            await store.close()
-
-    rollouts = asyncio.run(read())
-    by_teacher = [(r, e) for r, e in rollouts if _request_model(e.calls[0]) == "teacher"]
+    rollouts = asyncio.run(episodes_of(result.store))
+    by_teacher = [(r, e) for r, e in rollouts if request_model(e.calls[0]) == "teacher"]
     questions = [t["question"] for t in splits(**config.data_args)[0]]
     assert sorted(r.task.input["question"] for r, _ in by_teacher) == sorted(questions * config.sft["n_samples"])
     teacher_calls = 0
@@ -432,19 +430,12 @@ def test_the_configs_recipe_sft_from_the_teacher_through_the_workflow_then_grpo_
         assert names[-1] == "editor" and set(names[:-1]) == {"researcher"} and len(names) >= 3
         assert rollout.status is RolloutStatus.SUCCEEDED
         teacher_calls += len(names)
-    sft = result.report["stages"]["sft"]
-    assert sft["kept_rollouts"] == len(by_teacher) and sft["steps"] == 2  # every chat, right or wrong
-    with open(tmp_path / "run" / "sft" / "metrics.jsonl", encoding="utf-8") as f:
-        (data,) = [m for m in map(json.loads, f) if m["kind"] == "data"]
-    assert (data["calls_trained"], data["calls_other_agents"]) == (teacher_calls, 0)
+    assert_sft_trained_every_teacher_call(
+        result.report, tmp_path / "run", rollouts=len(by_teacher), calls=teacher_calls
+    )
 
     step = train_step_metrics(result.report)
-    grpo_train = [(r, e) for r, e in rollouts if r.mode == "train" and (r, e) not in by_teacher]
+    grpo_train = [(r, e) for r, e in rollouts if r.mode == "train" and request_model(e.calls[0]) != "teacher"]
     assert len(grpo_train) == 2 * 2
     researcher = sum(1 for _, e in grpo_train for c in e.calls if c.agent_name == "researcher" and c.choices)
     assert step["transitions"] == researcher  # GRPO trains the researcher, never the editor
-
-
-def _request_model(call) -> str:
-    request = call.span.attributes[Attr.REQUEST]
-    return (json.loads(request) if isinstance(request, str) else request)["model"]

@@ -29,7 +29,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from one_step import ONE_TINY_STEP, SHORT_RECIPE, assert_the_recipe_learns, train_step_metrics
+from one_step import (
+    ONE_TINY_STEP,
+    SHORT_RECIPE,
+    assert_sft_trained_every_teacher_call,
+    assert_the_recipe_learns,
+    episodes_of,
+    request_model,
+    train_step_metrics,
+)
 
 from examples.sql_agent.agent import CHECK, ONE_SHOT, REWRITE, WRITE, extract_sql
 from examples.sql_agent.data import MONTHS, TEMPLATES, splits, tokenizer_corpus
@@ -444,7 +452,6 @@ async def test_the_configs_recipe_sft_from_the_teacher_program_then_grpo_on_writ
     CORRECT), trains on the writer's and the checker's calls of every chat; GRPO then starts from the SFT stage's
     weights and trains the writer and the rewriter only."""
     from examples.sql_agent.teacher import SYSTEMATIC
-    from lightrail.store.sqlite import SQLiteStore
     from lightrail.trainer.config import load_config, train
 
     monkeypatch.chdir(ROOT)
@@ -454,43 +461,28 @@ async def test_the_configs_recipe_sft_from_the_teacher_program_then_grpo_on_writ
     result = await asyncio.to_thread(train, config)
 
     train_tasks = splits(seed=0, n_train=12, n_val=2)[0]
-    store = SQLiteStore(str(result.store))
-    try:
-        rollouts = await store.query_rollouts()
-        episodes = {r.rollout_id: build_episode(await store.query_spans(r.rollout_id)) for r in rollouts}
-    finally:
-        await store.close()
-    by_teacher = [r for r in rollouts if _request_model(episodes[r.rollout_id].calls[0]) == "teacher"]
-    assert sorted(r.task.input["question"] for r in by_teacher) == sorted(t["question"] for t in train_tasks)
-    for rollout in by_teacher:  # the teacher's queries run, its checker approves: one write, one check
-        calls = episodes[rollout.rollout_id].calls
+    rollouts = await episodes_of(result.store)
+    by_teacher = [(r, e) for r, e in rollouts if request_model(e.calls[0]) == "teacher"]
+    assert sorted(r.task.input["question"] for r, _ in by_teacher) == sorted(t["question"] for t in train_tasks)
+    for _, episode in by_teacher:  # the teacher's queries run, its checker approves: one write, one check
+        calls = episode.calls
         assert [c.agent_name for c in calls] == ["write_query", "check_query"]
         assert calls[1].span.attributes[Attr.RESPONSE]["choices"][0]["message"]["content"] == "CORRECT"
-    assert {r.reward for r in by_teacher} <= {0.0, 1.0} and len(by_teacher) == 12
-    habits = [r for r in by_teacher if r.task.input["template"] in SYSTEMATIC]
-    assert all(r.reward == 1.0 for r in by_teacher if r not in habits and "month" not in r.task.input["sql"])
-
-    sft = result.report["stages"]["sft"]
-    assert sft["kept_rollouts"] == 12 and sft["steps"] == 2  # every chat, right or wrong
-    with open(tmp_path / "run" / "sft" / "metrics.jsonl", encoding="utf-8") as f:
-        (data,) = [m for m in map(json.loads, f) if m["kind"] == "data"]
-    assert (data["calls_trained"], data["calls_other_agents"]) == (24, 0)
+    assert {r.reward for r, _ in by_teacher} <= {0.0, 1.0} and len(by_teacher) == 12
+    habits = [r for r, _ in by_teacher if r.task.input["template"] in SYSTEMATIC]
+    assert all(r.reward == 1.0 for r, _ in by_teacher if r not in habits and "month" not in r.task.input["sql"])
+    assert_sft_trained_every_teacher_call(result.report, tmp_path / "run", rollouts=12, calls=24)
 
     step = train_step_metrics(result.report)
-    grpo_train = [r for r in rollouts if r.mode == "train" and r not in by_teacher]
+    grpo_train = [e for r, e in rollouts if r.mode == "train" and request_model(e.calls[0]) != "teacher"]
     assert len(grpo_train) == 2 * 2
     trained = sum(
         1
-        for r in grpo_train
-        for c in episodes[r.rollout_id].calls
+        for e in grpo_train
+        for c in e.calls
         if c.agent_name in ("write_query", "rewrite_query") and c.prompt_ids is not None
     )
     assert step["transitions"] == trained > 0  # GRPO trains the writer and the rewriter, never the checker
-
-
-def _request_model(call) -> str:
-    request = call.span.attributes[Attr.REQUEST]
-    return (json.loads(request) if isinstance(request, str) else request)["model"]
 
 
 @needs_langgraph
