@@ -213,6 +213,7 @@ class Engine:
         )
         self._queue: list[_Request] = []
         self._batch: _Batch | None = None
+        self._admitted: list[_Request] = []  # taken from the queue for the step now running, not yet in the batch
         self._admitting = True
         self._wakeup: asyncio.Event | None = None
         self._idle: asyncio.Event | None = None
@@ -370,11 +371,13 @@ class Engine:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         error = BackendError("the engine was closed", status=503, code="engine_closed")
-        for req in self._queue + ([r.request for r in self._batch.rows] if self._batch else []):
+        running = [r.request for r in self._batch.rows] if self._batch else []
+        for req in self._queue + self._admitted + running:
             if not req.future.done():
                 with contextlib.suppress(RuntimeError):  # a future of a loop that is already closed
                     req.future.set_exception(error)
         self._queue.clear()
+        self._admitted = []
         self._batch = None
         # A step may still be running in the worker: wait for it off the loop, so closing never blocks the loop.
         await asyncio.get_running_loop().run_in_executor(None, self._worker.shutdown)
@@ -475,6 +478,7 @@ class Engine:
             return self._loop
         # Requests of a dead loop can never be answered; start afresh on this one.
         self._queue.clear()
+        self._admitted = []
         self._batch = None
         self._loop = loop
         self._wakeup = asyncio.Event()
@@ -533,6 +537,7 @@ class Engine:
             for req in new:
                 req.policy_version = self._policy_version
                 req.rows = [_Row(req, i, self._row_generator(req.params.seed, i)) for i in range(req.params.n)]
+            self._admitted = new  # `close` fails these too if it cancels this step (then they are in no batch)
             try:
                 self._batch = await loop.run_in_executor(self._worker, self._step, batch, new)
             except Exception as exc:  # a failed forward fails the requests in it, never the batcher
@@ -540,8 +545,9 @@ class Engine:
                 for req in reqs + new:
                     if not req.future.done():
                         req.future.set_exception(exc)
-                self._batch = None
+                self._admitted, self._batch = [], None
                 continue
+            self._admitted = []
             self._after_step()
 
     def _row_generator(self, seed: int | None, index: int) -> torch.Generator:

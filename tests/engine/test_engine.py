@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 import torch
@@ -276,16 +277,35 @@ async def test_cancelled_request_does_not_disturb_others(engine):
     assert engine.stats["generated_tokens"] < 150  # the cancelled row stopped decoding
 
 
-async def test_close_fails_waiting_requests(tiny_model, tiny_tokenizer):
+async def test_close_fails_requests_mid_generation(tiny_model, tiny_tokenizer):
     engine = Engine(tiny_model, tiny_tokenizer)
-    pending = asyncio.ensure_future(engine.chat(chat("x", max_tokens=400)))
-    await asyncio.sleep(0.05)
+    endless = chat("x", max_tokens=400, logit_bias={5: 100})  # token 5 forced: no EOS ends it before 400 tokens
+    pending = asyncio.ensure_future(engine.chat(endless))
+    while engine.stats["generated_tokens"] == 0:
+        await asyncio.sleep(0.005)
     await engine.close()
     with pytest.raises(BackendError) as err:
         await pending
     assert err.value.status == 503
     with pytest.raises(BackendError):
         await engine.chat(chat("x"))
+
+
+async def test_close_fails_requests_whose_first_step_has_not_run(tiny_model, tiny_tokenizer):
+    """Queued requests, and those the batcher took for a step still waiting for the model's thread, fail at once
+    (they are in no batch yet); close then waits for the thread off the loop."""
+    engine = Engine(tiny_model, tiny_tokenizer)
+    busy = threading.Event()
+    engine._worker.submit(busy.wait)  # the model's thread is taken: no step of these requests can start
+    pending = [asyncio.ensure_future(engine.chat(chat(f"x{i}", max_tokens=4))) for i in range(3)]
+    await asyncio.sleep(0.05)
+    closing = asyncio.ensure_future(engine.close())
+    for request in pending:
+        with pytest.raises(BackendError) as err:
+            await asyncio.wait_for(request, timeout=30)
+        assert err.value.status == 503
+    busy.set()
+    await closing
 
 
 async def test_event_loop_stays_responsive_while_generating(engine):
