@@ -202,7 +202,9 @@ def test_grpo_trains_on_two_ranks(model_dir, tmp_path):
     from lightrail import MemoryStore, Trainer
 
     train, val = make_splits(4, 2, seed=1)
-    grpo = tiny_grpo(model_dir, tmp_path / "run", config=GRPOConfig(lr=1e-3, ranks=2))
+    # Four groups of 4 (not tiny_grpo's two): a step is skipped when every group's rewards are equal (the parity of
+    # a sampled length: 1 in 8 per group), which two groups did 1 run in 64, four groups 1 in 4,096.
+    grpo = tiny_grpo(model_dir, tmp_path / "run", tasks_per_step=4, config=GRPOConfig(lr=1e-3, ranks=2))
     Trainer(n_runners=1, concurrency=4, store=MemoryStore(), algorithm=grpo).fit("loop_agents:parity_agent", train, val)
     updater = grpo._updater
     assert isinstance(updater, DistributedPolicyUpdater) and updater.world_size == 2
@@ -210,5 +212,5 @@ def test_grpo_trains_on_two_ranks(model_dir, tmp_path):
     (step,) = [
         json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if '"train"' in line
     ]
-    assert step["rollouts"] == 8 and not step["skipped"] and step["policy_version"] == 1
+    assert step["rollouts"] == 16 and not step["skipped"] and step["policy_version"] == 1
     assert json.loads((Path(grpo.report["checkpoint"]) / "updater.json").read_text())["config"]["ranks"] == 2
