@@ -63,6 +63,7 @@ __all__ = [
     "Transition",
     "check_attempt_transition",
     "check_rollout_transition",
+    "content_text",
     "new_id",
     "next_seq",
 ]
@@ -431,6 +432,20 @@ class ChatRequest(msgspec.Struct, kw_only=True):
     agent: str | None = None
     """The agent that made the call, when the caller says (`AGENT_HEADER`; a runner with OpenTelemetry on sets it):
     a backend serving one policy per agent routes by it. Not part of OpenAI's body."""
+
+
+def content_text(content: JSON) -> str:
+    """A message's OpenAI ``content`` (None, a string, or a list of parts) as plain text: the text parts joined,
+    other parts (images, audio) dropped."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            part.get("text", "") for part in content if isinstance(part, dict) and part.get("type", "text") == "text"
+        )
+    return str(content)
 
 
 class CompletionRequest(msgspec.Struct, kw_only=True):

@@ -32,6 +32,7 @@ from typing import Any
 
 from examples.crew_agent.data import POPULATION, SINGLE_FACT
 from lightrail.gateway.fake import ScriptedBackend, ScriptedReply
+from lightrail.types import content_text
 
 __all__ = ["SYSTEMATIC", "teacher"]
 
@@ -65,18 +66,12 @@ _QUESTIONS = [(kind, _pattern(text)) for kind, (text, _) in SINGLE_FACT.items()]
 ]
 
 
-def _text(content: Any) -> str:
-    if isinstance(content, list):
-        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
-    return content or ""
-
-
 def _question(messages: list[dict]) -> tuple[str, str, list[str]] | None:
     """The question CrewAI's prompt states, its kind and the countries it names (None: not one of ours)."""
     for m in messages:
         if m.get("role") != "user":
             continue
-        task = _TASK.search(_text(m.get("content")))
+        task = _TASK.search(content_text(m.get("content")))
         if task is None:
             continue
         question = task.group(1).strip()
@@ -119,18 +114,18 @@ def teacher(tasks: list[dict], *, seed: int = 0, habit: float = 0.7, slip: float
 
     def script(request: Any) -> str | ScriptedReply:
         messages = request.messages
-        role = _ROLE.match(_text(messages[0].get("content")) if messages else "")
+        role = _ROLE.match(content_text(messages[0].get("content")) if messages else "")
         found = _question(messages)
         if role is None or found is None:
             return "Answer: unknown"
         question, kind, names = found
         if role.group(1) == "researcher":
-            results = [_text(m.get("content")) for m in messages if m.get("role") == "tool"]
+            results = [content_text(m.get("content")) for m in messages if m.get("role") == "tool"]
             if not results:
                 return ScriptedReply(tool_calls=[("country_facts", {"country": name}) for name in names])
             return "\n".join(results)
         k = asked[question] = asked.get(question, 0) + 1
-        context = "\n".join(_text(m.get("content")) for m in messages if m.get("role") == "user")
+        context = "\n".join(content_text(m.get("content")) for m in messages if m.get("role") == "user")
         return _writer_answer(kind, names, context, random.Random(f"{seed}:{question}:{k}"), habit, slip)
 
     return ScriptedBackend(script, model="teacher")

@@ -39,6 +39,7 @@ from typing import Any
 from examples.rag_agent.data import countries
 from examples.rag_agent.prompts import EDITOR_INSTRUCTIONS, RESEARCHER_INSTRUCTIONS
 from lightrail.gateway.fake import ScriptedBackend, ScriptedReply
+from lightrail.types import content_text
 
 __all__ = ["SYSTEMATIC", "teacher"]
 
@@ -56,12 +57,6 @@ _KINDS = (
 )
 _NOTES = re.compile(r"Researcher's notes: (.*)", re.DOTALL)
 _ANSWER = re.compile(r"Answer:\s*(.+)")
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, list):
-        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
-    return content or ""
 
 
 def _kind(question: str) -> tuple[str, str] | None:
@@ -152,12 +147,12 @@ class _Researcher:
     def __init__(self, messages: list[dict]):
         start = max(i for i, m in enumerate(messages) if m.get("role") == "user")  # after any worked example
         after = messages[start + 1 :]
-        self.question = _text(messages[start].get("content")).strip()
+        self.question = content_text(messages[start].get("content")).strip()
         asked = [i for i, m in enumerate(after) if m.get("role") == "assistant" and m.get("tool_calls")]
         self.rounds = len(asked)
         first = after[asked[0]]["tool_calls"][0]["function"].get("arguments") if asked else None
         self.first_query = str((json.loads(first or "{}") if isinstance(first, str) else first or {}).get("query", ""))
-        tool_texts = [(i, _text(m.get("content"))) for i, m in enumerate(after) if m.get("role") == "tool"]
+        tool_texts = [(i, content_text(m.get("content"))) for i, m in enumerate(after) if m.get("role") == "tool"]
         self.all = _passages([text for _, text in tool_texts])
         self.last = _passages([text for i, text in tool_texts if asked and i > asked[-1]])
         self.rng, self.habit, self.slip = random.Random(0), 0.0, 0.0
@@ -249,9 +244,9 @@ def teacher(tasks: list[dict], *, seed: int = 0, habit: float = 0.7, slip: float
 
     def script(request: Any) -> str | ScriptedReply:
         messages = request.messages
-        system = next((_text(m.get("content")) for m in messages if m.get("role") == "system"), "")
+        system = next((content_text(m.get("content")) for m in messages if m.get("role") == "system"), "")
         if system == EDITOR_INSTRUCTIONS:
-            brief = next((_text(m.get("content")) for m in reversed(messages) if m.get("role") == "user"), "")
+            brief = next((content_text(m.get("content")) for m in reversed(messages) if m.get("role") == "user"), "")
             notes = _NOTES.search(brief)
             answers = _ANSWER.findall(notes.group(1)) if notes else []
             return f"Answer: {answers[-1].strip() if answers else 'unknown'}"

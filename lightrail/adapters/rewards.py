@@ -25,10 +25,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from lightrail.adapters._model import AdapterReport, IntermediateReward, LLMCall
-from lightrail.types import Attr, Span, StatusCode
+from lightrail.types import Attr, Span, StatusCode, content_text
 
 __all__ = ["TOOL_CALL_ID", "ToolRewardRule", "is_tool_span", "looks_like_error", "tool_rewards"]
 
@@ -72,14 +71,6 @@ def is_tool_span(span: Span) -> bool:
     """True for a framework's tool-execution span (OpenInference kind TOOL or GenAI ``execute_tool``)."""
     a = span.attributes
     return a.get(_OI_KIND) == "TOOL" or a.get(_GENAI_OP) == "execute_tool"
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # OpenAI content parts
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return "" if content is None else str(content)
 
 
 def tool_rewards(
@@ -132,7 +123,7 @@ def tool_rewards(
                 tc_id = message.get("tool_call_id")
                 # the same tool message repeats in every later request's history: classify it once
                 if tc_id in requested and tc_id not in decided and tc_id not in said:
-                    said[tc_id] = bool(rule.is_error(_text(message.get("content"))))
+                    said[tc_id] = bool(rule.is_error(content_text(message.get("content"))))
     failed = {**ran, **said, **decided}
 
     out: list[IntermediateReward] = []

@@ -22,7 +22,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from lightrail.types import ToolCall
+from lightrail.types import ToolCall, content_text
 
 __all__ = ["ChatFormat", "ParsedToolCalls", "hermes_tools_prompt", "normalize_messages", "parse_tool_calls"]
 
@@ -46,19 +46,6 @@ def hermes_tools_prompt(tools: list[dict[str, Any]]) -> str:
     )
 
 
-def _text_of(content: Any) -> str:
-    """OpenAI content (None, a string, or a list of parts) as plain text; non-text parts are dropped."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            part.get("text", "") for part in content if isinstance(part, dict) and part.get("type", "text") == "text"
-        )
-    return str(content)
-
-
 def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Copies of ``messages`` with string content (templates concatenate strings) and tool-call arguments as
     parsed JSON objects where possible (what chat templates expect; they serialise them with ``tojson``)."""
@@ -67,7 +54,7 @@ def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not isinstance(message, dict) or "role" not in message:
             raise ValueError("every message must be an object with a 'role'")
         m = dict(message)
-        m["content"] = _text_of(m.get("content"))
+        m["content"] = content_text(m.get("content"))
         if m.get("tool_calls"):
             calls = []
             for call in m["tool_calls"]:

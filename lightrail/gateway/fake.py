@@ -34,6 +34,7 @@ from lightrail.types import (
     FinishReason,
     Generation,
     ToolCall,
+    content_text,
 )
 
 __all__ = ["ScriptedBackend", "ScriptedReply"]
@@ -90,7 +91,7 @@ class ScriptedBackend:
         return [self.model]
 
     async def chat(self, request: ChatRequest) -> Generation:
-        prompt = "".join(f"<|{m.get('role')}|>{_content_text(m.get('content'))}\n" for m in request.messages)
+        prompt = "".join(f"<|{m.get('role')}|>{content_text(m.get('content'))}\n" for m in request.messages)
         if request.tools:
             prompt = f"<|tools|>{json.dumps(request.tools, sort_keys=True)}\n" + prompt
         return await self._generate(request, prompt + "<|assistant|>", _last_user_text(request.messages))
@@ -213,16 +214,8 @@ def _utf8_prefix(text: str, max_bytes: int) -> str:
     return text.encode()[:max_bytes].decode(errors="ignore")
 
 
-def _content_text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    return "".join(part.get("text", "") for part in content if isinstance(part, dict))
-
-
 def _last_user_text(messages: list[dict[str, Any]]) -> str:
     for message in reversed(messages):
         if message.get("role") == "user":
-            return _content_text(message.get("content"))
+            return content_text(message.get("content"))
     return ""
