@@ -276,7 +276,7 @@ def message(value: Any, role: str = "?") -> Message:
     if not isinstance(value, dict):
         return Message(role=role, text=_text(value))
     return Message(
-        role=_text(value.get("role")) or role, text=content_text(value.get("content")), name=_text(value.get("name")),
+        role=_text(value.get("role")) or role, text=_display_text(value.get("content")), name=_text(value.get("name")),
         tool_call_id=_text(value.get("tool_call_id")), tool_calls=_tool_calls(value.get("tool_calls")),
     )  # fmt: skip
 
@@ -316,7 +316,9 @@ class CallView:
     request_extra: dict[str, Any] = field(default_factory=dict)
 
 
-def content_text(content: Any) -> str:
+def _display_text(content: Any) -> str:
+    """A message's content for display: unlike `lightrail.types.content_text`, non-text parts show as ``<type>``
+    placeholders and any other value as JSON, so nothing a call carried is silently hidden."""
     if content is None:
         return ""
     if isinstance(content, str):
