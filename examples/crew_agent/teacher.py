@@ -12,8 +12,8 @@ followed 70 % of the time it does not slip (``habit``; ~60 % of all runs):
 
 15 % of the time (``slip``) it answers with another field of the country (the other country of a which-of-two
 question). A student that imitates every chat inherits the habits and the slips; the rewards then tell GRPO which
-of the writer's answers were wrong (the writer is the trained agent; the researcher's calls are what puts the
-facts in its prompt, so SFT trains both).
+of the runs went wrong (SFT and GRPO train both agents: the researcher's calls are what puts the facts in the
+writer's prompt).
 
 The teacher reads the question off CrewAI's prompt ("Current Task: ...") and every fact off the conversation (the
 tool's lines, the researcher's notes in the writer's context), so it answers any question of the five kinds. The

@@ -6,7 +6,7 @@ environment (``.venv-crewai``: runner processes under ``runner_python``) through
 * ``lightrail train examples/crew_agent/config.yaml`` (one GRPO step, the tiny model, OpenTelemetry on): every
   gateway LLM call is linked to the CrewAI agent that made it, and only the configured agent's calls are trained;
 * the imperfect teacher (`teacher.py`) through the crew: right where it has no habit, wrong in its habits;
-* the config's recipe shortened: SFT from the teacher's crew runs (both agents), then GRPO on the writer.
+* the config's recipe shortened: SFT from the teacher's crew runs (both agents), then GRPO on both agents.
 """
 
 from __future__ import annotations
@@ -290,10 +290,11 @@ async def test_the_teacher_through_the_crew_is_right_but_for_its_habits(tmp_path
 
 
 @needs_crewai_env
-async def test_the_configs_recipe_sft_from_the_teacher_through_the_crew_then_grpo_on_the_writer(tmp_path, monkeypatch):
+async def test_the_configs_recipe_sft_from_the_teacher_through_the_crew_then_grpo_on_both_agents(tmp_path, monkeypatch):
     """The config's recipe (``algorithm: [sft, grpo]``), shortened: SFT runs the crew with the teacher program as
     the model of both agents (``n_samples`` runs of each question) and trains on the researcher's and the writer's
-    calls of every chat, habits included; GRPO then starts from the SFT stage's weights and trains the writer only."""
+    calls of every chat, habits included; GRPO then starts from the SFT stage's weights and trains both agents' calls
+    (the researcher's tool call and notes merged into one row)."""
     from lightrail.trainer.config import load_config, train
 
     monkeypatch.chdir(ROOT)
@@ -323,8 +324,8 @@ async def test_the_configs_recipe_sft_from_the_teacher_through_the_crew_then_grp
     step = train_step_metrics(result.report)
     grpo_train = [e for r, e in rollouts if r.mode == "train" and request_model(e.calls[0]) != "teacher"]
     assert len(grpo_train) == 2 * 2
-    writer = sum(1 for e in grpo_train for c in e.calls if c.agent_name == "writer" and c.prompt_ids)
-    assert step["transitions"] == writer  # GRPO trains the writer, never the researcher
+    calls = [c.agent_name for e in grpo_train for c in e.calls if c.prompt_ids]
+    assert {"researcher", "writer"} <= set(calls) and step["transitions"] == len(calls)  # every call of both agents
 
 
 @pytest.mark.slow
