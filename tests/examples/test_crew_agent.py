@@ -221,6 +221,7 @@ async def test_train_config_links_every_call_to_its_crew_agent_and_trains_only_t
         "data_args={seed: 0, n_train: 8, n_val: 2}",
         "grpo.sampling.max_tokens=16",
         "grpo.val_sampling.max_tokens=16",
+        "grpo.agents=[writer]",  # the recipe trains both agents (the next tests); one agent shows the selection
     ]
     config = load_config(ROOT / "examples" / "crew_agent" / "config.yaml", overrides)
     assert config.trainer.otel and config.grpo["agents"] == ["writer"]
