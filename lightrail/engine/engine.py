@@ -347,6 +347,8 @@ class Engine:
             try:
                 start = time.perf_counter()
                 await self._idle.wait()
+                if self._closed:  # closed while draining: `close` set `_idle` to release this wait
+                    raise BackendError("the engine was closed", status=503, code="engine_closed")
                 drained = time.perf_counter()
                 loop = asyncio.get_running_loop()
                 await loop.run_in_executor(self._worker, self._load_state, state)
@@ -379,6 +381,8 @@ class Engine:
         self._queue.clear()
         self._admitted = []
         self._batch = None
+        if self._idle is not None:
+            self._idle.set()  # a weight update waiting for the batch to drain would otherwise wait forever
         # A step may still be running in the worker: wait for it off the loop, so closing never blocks the loop.
         await asyncio.get_running_loop().run_in_executor(None, self._worker.shutdown)
 

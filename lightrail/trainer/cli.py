@@ -26,8 +26,9 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
         help="train an agent from a YAML config: GRPO, SFT, APO, or SFT then GRPO (examples/<name>/config.yaml)",
         description=(
             "Build or prepare the model, generate the data, start a store, runners, the gateway and the engine, "
-            "and train the agent as CONFIG says (its `algorithm`: grpo, sft, apo, or [sft, grpo]). Prints held-out success before and after, and where "
-            "the checkpoint, metrics and reward curve are. Every field, with its type, default and meaning: "
+            "and train the agent as CONFIG says (its `algorithm`: grpo, sft, apo, or [sft, grpo]). Prints held-out "
+            "success before and after, and where the checkpoint, metrics and reward curve are. Every field, with its "
+            "type, default and meaning: "
             "docs/config.md (also printed by --config-reference)."
         ),
         epilog=(

@@ -203,7 +203,7 @@ def test_grpo_trains_on_two_ranks(model_dir, tmp_path):
 
     train, val = make_splits(4, 2, seed=1)
     # Four groups of 4 (not tiny_grpo's two): a step is skipped when every group's rewards are equal (the parity of
-    # a sampled length: 1 in 8 per group), which two groups did 1 run in 64, four groups 1 in 4,096.
+    # a sampled length: at least 1 in 8 per group), which two groups did at least 1 run in 64, four 1 in 4,096.
     grpo = tiny_grpo(model_dir, tmp_path / "run", tasks_per_step=4, config=GRPOConfig(lr=1e-3, ranks=2))
     Trainer(n_runners=1, concurrency=4, store=MemoryStore(), algorithm=grpo).fit("loop_agents:parity_agent", train, val)
     updater = grpo._updater

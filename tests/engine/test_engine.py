@@ -281,7 +281,7 @@ async def test_close_fails_requests_mid_generation(tiny_model, tiny_tokenizer):
     engine = Engine(tiny_model, tiny_tokenizer)
     endless = chat("x", max_tokens=400, logit_bias={5: 100})  # token 5 forced: no EOS ends it before 400 tokens
     pending = asyncio.ensure_future(engine.chat(endless))
-    while engine.stats["generated_tokens"] == 0:
+    while engine.stats["generated_tokens"] == 0 and not pending.done():
         await asyncio.sleep(0.005)
     await engine.close()
     with pytest.raises(BackendError) as err:
@@ -292,19 +292,27 @@ async def test_close_fails_requests_mid_generation(tiny_model, tiny_tokenizer):
 
 
 async def test_close_fails_requests_whose_first_step_has_not_run(tiny_model, tiny_tokenizer):
-    """Queued requests, and those the batcher took for a step still waiting for the model's thread, fail at once
-    (they are in no batch yet); close then waits for the thread off the loop."""
+    """Requests the batcher took for a step still waiting for the model's thread (in no batch yet), and queued ones,
+    fail at once; a weight update waiting for them to drain fails too; close then waits for the thread off the loop."""
     engine = Engine(tiny_model, tiny_tokenizer)
     busy = threading.Event()
-    engine._worker.submit(busy.wait)  # the model's thread is taken: no step of these requests can start
-    pending = [asyncio.ensure_future(engine.chat(chat(f"x{i}", max_tokens=4))) for i in range(3)]
-    await asyncio.sleep(0.05)
-    closing = asyncio.ensure_future(engine.close())
-    for request in pending:
-        with pytest.raises(BackendError) as err:
-            await asyncio.wait_for(request, timeout=30)
-        assert err.value.status == 503
-    busy.set()
+    engine._worker.submit(busy.wait, 60)  # the model's thread is taken: no step of these requests can start
+    try:
+        pending = [asyncio.ensure_future(engine.chat(chat(f"x{i}", max_tokens=4))) for i in range(3)]
+        for _ in range(1000):  # until the batcher has taken the first of them for its (blocked) step
+            if engine._admitted:
+                break
+            await asyncio.sleep(0.01)
+        assert engine._admitted
+        update = asyncio.ensure_future(engine.update_weights(engine.model.state_dict()))
+        await asyncio.sleep(0.01)
+        closing = asyncio.ensure_future(engine.close())
+        for request in [*pending, update]:
+            with pytest.raises(BackendError) as err:
+                await asyncio.wait_for(request, timeout=30)
+            assert err.value.status == 503
+    finally:
+        busy.set()
     await closing
 
 

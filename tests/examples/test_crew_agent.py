@@ -294,8 +294,8 @@ async def test_the_teacher_through_the_crew_is_right_but_for_its_habits(tmp_path
 async def test_the_configs_recipe_sft_from_the_teacher_through_the_crew_then_grpo_on_both_agents(tmp_path, monkeypatch):
     """The config's recipe (``algorithm: [sft, grpo]``), shortened: SFT runs the crew with the teacher program as
     the model of both agents (``n_samples`` runs of each question) and trains on the researcher's and the writer's
-    calls of every chat, habits included; GRPO then starts from the SFT stage's weights and trains both agents' calls
-    (the researcher's tool call and notes merged into one row)."""
+    calls of every chat, habits included; GRPO then starts from the SFT stage's weights and trains every call of both
+    agents."""
     from lightrail.trainer.config import load_config, train
 
     monkeypatch.chdir(ROOT)
