@@ -26,6 +26,7 @@ alias the live weights: copy them (the engine does) before the next `step`.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -116,6 +117,12 @@ class GRPOConfig:
     dtype: Literal["float32", "bfloat16", "float16", "float64"] | None = None
     """Weights' dtype; None = float32 on CPU, bfloat16 on CUDA. LoRA adapters stay float32 (peft's default); full
     fine-tuning in bfloat16 keeps no float32 master copy, so prefer LoRA or float32 for small learning rates."""
+    autocast: Literal["bfloat16", "float16"] | None = None
+    """Mixed precision: the forward and backward run under ``torch.autocast`` in this dtype while weights, gradients
+    and optimizer state stay in ``dtype`` (float32 master weights on CPU). On a CPU with bfloat16 matrix units (AMX:
+    Xeon Sapphire Rapids and later) a step of the ~6 M model is ~1.5x faster; without them it is slower. The
+    softmax stays float32, but logprobs from bfloat16 activations differ from the engine's by more than float32
+    noise: made for SFT; measure it before using it for GRPO's ratios. None = off."""
     seed: int = 0
     """Seeds the adapter initialisation (without touching the global RNG)."""
     ranks: int = 1
@@ -135,6 +142,8 @@ class GRPOConfig:
             raise ValueError(f"loss_norm_tokens must be >= 1, not {self.loss_norm_tokens}")
         if self.micro_batch_tokens < 1 or self.temperature <= 0:
             raise ValueError("micro_batch_tokens and temperature must be positive")
+        if self.autocast not in (None, "bfloat16", "float16"):
+            raise ValueError(f"autocast must be bfloat16, float16 or None, not {self.autocast!r}")
         if self.warmup_steps < 0 or self.decay_steps < 0:
             raise ValueError("warmup_steps and decay_steps must be >= 0")
         if self.decay_steps and self.decay_steps <= self.warmup_steps:
@@ -425,9 +434,10 @@ class PolicyUpdater:
         self, model: Any, mb: _MicroBatch, *, entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logprobs (float32) of the micro-batch's response tokens under ``model``, and optionally their entropy."""
-        hidden = model.get_decoder()(input_ids=mb.input_ids, use_cache=False).last_hidden_state
-        hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, mb.source)
-        logits = model.get_output_embeddings()(hidden)
+        with self._autocast():
+            hidden = model.get_decoder()(input_ids=mb.input_ids, use_cache=False).last_hidden_state
+            hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, mb.source)
+            logits = model.get_output_embeddings()(hidden)
         # Softmax statistics in at least fp32 (bf16 logsumexp over a 50k vocabulary loses the ratio's precision).
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
         if self._softcap:
@@ -438,6 +448,11 @@ class PolicyUpdater:
         logp = logits.gather(-1, mb.targets[:, None]).squeeze(-1) - lse
         ent = token_entropy(logits.detach(), lse.detach()) if entropy else None
         return logp, ent
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.config.autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=getattr(torch, self.config.autocast))
 
     def _reference_logp(self, mb: _MicroBatch) -> torch.Tensor:
         with torch.no_grad():

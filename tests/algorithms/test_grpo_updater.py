@@ -265,3 +265,28 @@ def test_merged_calls_give_the_same_token_mean_step_as_one_row_per_call(kl_coef)
         # float64 up to the rotary embedding's float32 tables: ~1e-8 of the gradient's size, where a turn trained
         # without its context or with another turn's advantage is off by ~1e-2
         torch.testing.assert_close(g_merged[name][0], g_calls[name][0], atol=1e-9, rtol=1e-6, msg=f"grad of {name}")
+
+
+def test_autocast_trains_in_bfloat16_and_keeps_float32_weights():
+    """Mixed precision: the step runs in bfloat16 (its logprobs are not float32's) and moves the float32 master
+    weights the way the float32 step does."""
+    rows = make_rows(6, seed=7)
+    base = tiny_llama(seed=7)
+    full, mixed = (
+        PolicyUpdater(copy.deepcopy(base), GRPOConfig(lr=1e-3, autocast=autocast)) for autocast in (None, "bfloat16")
+    )
+    exact, approx = full.token_logprobs(rows), mixed.token_logprobs(rows)
+    diffs = [abs(a - b) for x, y in zip(exact, approx, strict=True) for a, b in zip(x, y, strict=True)]
+    assert 0 < max(diffs) < 0.1  # bfloat16 activations: close to float32, not equal
+
+    steps = [upd.step(rows) for upd in (full, mixed)]
+    assert steps[1]["loss"] == pytest.approx(steps[0]["loss"], abs=0.02)
+    assert all(p.dtype == torch.float32 for p in mixed.model.parameters())
+    one, two = _grads_and_weights(full), _grads_and_weights(mixed)
+    flat = [torch.cat([g[name][0].flatten() for name in sorted(one)]) for g in (one, two)]
+    assert torch.nn.functional.cosine_similarity(*flat, dim=0) > 0.98
+
+
+def test_autocast_dtype_is_validated():
+    with pytest.raises(ValueError, match="autocast"):
+        GRPOConfig(autocast="int8")  # type: ignore[arg-type]
