@@ -4,6 +4,7 @@
     LIGHTRAIL_TORCH_THREADS=2 .venv/bin/python bench/sft.py              # sft then grpo, one config
     LIGHTRAIL_TORCH_THREADS=2 .venv/bin/python bench/sft.py --quick      # fewer steps (a smoke run, targets not expected)
     LIGHTRAIL_TORCH_THREADS=2 .venv/bin/python bench/sft.py --only sft   # the distillation alone (algorithm: sft)
+    ... bench/sft.py --sft-autocast bfloat16    # the SFT stage in mixed precision (faster on CPUs with AMX)
 
 One `lightrail train` run with ``algorithm: [sft, grpo]``; its SFT stage gives the ``sft_*`` figures.
 

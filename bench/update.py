@@ -6,13 +6,16 @@ Model: a random ~6 M-parameter Llama (hidden 256, 6 layers, 4 heads, ffn 1024, v
 Rows: prompts of 60-120 tokens and responses of 20-40 tokens (loss mask on the response), advantages +-1, old
 logprobs from the policy itself (on-policy, as right after a weight sync).
 
-Three passes per repetition, interleaved A/B/C/A/B/C so background load on the shared machine hits them alike:
+Four passes per repetition, interleaved A/B/C/D/A/B/C/D so background load on the shared machine hits them alike:
 
 * ``update``: `PolicyUpdater.step` -- packing, the clipped loss, backward, gradient clipping, AdamW.
 * ``fwd_bwd``: what a plain Hugging Face training step does on the same micro-batches: ``model(ids, labels=...)``
   (full ``[B, T, V]`` logits, cross-entropy on the response tokens), backward, gradient clipping, AdamW.
 * ``fwd_bwd_sliced``: the same plain step but with the LM head applied only at response positions (the trick the
   update uses); the update's ratio to it is the pure cost of the GRPO bookkeeping.
+* ``update_bf16``: `PolicyUpdater.step` with ``GRPOConfig(autocast="bfloat16")`` (mixed precision over float32
+  weights); ``update_bf16_over_update`` is its speed-up, which needs bfloat16 matrix units (``cpu_capability``
+  ``AVX512`` with AMX on Sapphire Rapids; a CPU without them is slower in bfloat16).
 
 Tokens = every input token run through the model (prompt and response; padding excluded). Medians are reported;
 ``update_over_fwd_bwd_cpu_time`` is the same ratio from the process's CPU seconds (steadier on a busy machine).
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import random
 import statistics
@@ -35,6 +39,14 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from lightrail.algorithms import GRPOConfig, PolicyUpdater, pack_micro_batches
 from lightrail.engine import configure_threads
 from lightrail.types import TrainingRow
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        return set()
 
 
 def log(msg: str) -> None:
@@ -147,7 +159,8 @@ def main() -> None:
         f"({sum(sum(r.loss_mask) for r in rows)} response), budget {args.budget}, threads {threads}, reps {reps}"
     )
 
-    passes = {"update": updater.step, "fwd_bwd": plain.step, "fwd_bwd_sliced": sliced.step}
+    mixed = PolicyUpdater(copy.deepcopy(base), dataclasses.replace(config, autocast="bfloat16"))
+    passes = {"update": updater.step, "fwd_bwd": plain.step, "fwd_bwd_sliced": sliced.step, "update_bf16": mixed.step}
     for name, fn in passes.items():  # warm-up: allocator, SDPA kernels, lazy init
         fn(rows)
         log(f"warm-up {name} done")
@@ -174,6 +187,10 @@ def main() -> None:
         "fwd_bwd_sliced_tokens_per_s": round(med["fwd_bwd_sliced"], 1),
         "update_over_fwd_bwd_sliced": round(med["update"] / med["fwd_bwd_sliced"], 3),
         "update_over_fwd_bwd_cpu_time": round(med_cpu["fwd_bwd"] / med_cpu["update"], 3),
+        "update_bf16_tokens_per_s": round(med["update_bf16"], 1),
+        "update_bf16_over_update": round(med["update_bf16"] / med["update"], 3),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_amx": "amx_bf16" in _cpu_flags(),
         "rows": n_rows,
         "tokens_per_step": n_tokens,
         "params": params,

@@ -117,12 +117,13 @@ class GRPOConfig:
     dtype: Literal["float32", "bfloat16", "float16", "float64"] | None = None
     """Weights' dtype; None = float32 on CPU, bfloat16 on CUDA. LoRA adapters stay float32 (peft's default); full
     fine-tuning in bfloat16 keeps no float32 master copy, so prefer LoRA or float32 for small learning rates."""
-    autocast: Literal["bfloat16", "float16"] | None = None
-    """Mixed precision: the forward and backward run under ``torch.autocast`` in this dtype while weights, gradients
-    and optimizer state stay in ``dtype`` (float32 master weights on CPU). On a CPU with bfloat16 matrix units (AMX:
-    Xeon Sapphire Rapids and later) a step of the ~6 M model is ~1.5x faster; without them it is slower. The
-    softmax stays float32, but logprobs from bfloat16 activations differ from the engine's by more than float32
-    noise: made for SFT; measure it before using it for GRPO's ratios. None = off."""
+    autocast: Literal["bfloat16"] | None = None
+    """Mixed precision: the forward and backward run under ``torch.autocast`` in bfloat16 while weights, gradients
+    and optimizer state stay float32 (``dtype`` must be float32; on CUDA set it, its default is bfloat16). On a CPU
+    with bfloat16 matrix units (AMX: Xeon Sapphire Rapids and later) a step of the ~6 M model is ~1.3-1.5x faster
+    (`bench/update.py`); without them it is slower. The LM head's logits are bfloat16 before the float32 softmax,
+    so logprobs differ from the engine's by more than float32 noise: made for SFT; measure it before using it for
+    GRPO's ratios. None = off."""
     seed: int = 0
     """Seeds the adapter initialisation (without touching the global RNG)."""
     ranks: int = 1
@@ -142,8 +143,10 @@ class GRPOConfig:
             raise ValueError(f"loss_norm_tokens must be >= 1, not {self.loss_norm_tokens}")
         if self.micro_batch_tokens < 1 or self.temperature <= 0:
             raise ValueError("micro_batch_tokens and temperature must be positive")
-        if self.autocast not in (None, "bfloat16", "float16"):
-            raise ValueError(f"autocast must be bfloat16, float16 or None, not {self.autocast!r}")
+        if self.autocast not in (None, "bfloat16"):
+            raise ValueError(f"autocast must be bfloat16 or None, not {self.autocast!r}")
+        if self.autocast and self.dtype not in (None, "float32"):
+            raise ValueError(f"autocast keeps float32 master weights: set dtype to float32, not {self.dtype}")
         if self.warmup_steps < 0 or self.decay_steps < 0:
             raise ValueError("warmup_steps and decay_steps must be >= 0")
         if self.decay_steps and self.decay_steps <= self.warmup_steps:
@@ -301,6 +304,8 @@ class PolicyUpdater:
         configure_threads()
         self.device = self._resolve_device(config.device)
         self.dtype = self._resolve_dtype(config.dtype, self.device)
+        if config.autocast and self.dtype != torch.float32:
+            raise ValueError(f"autocast keeps float32 master weights: set dtype to float32 on {self.device.type}")
         if isinstance(model, str | os.PathLike):
             model = AutoModelForCausalLM.from_pretrained(model, dtype=self.dtype)
         model = model.to(device=self.device, dtype=self.dtype)
@@ -438,7 +443,8 @@ class PolicyUpdater:
             hidden = model.get_decoder()(input_ids=mb.input_ids, use_cache=False).last_hidden_state
             hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, mb.source)
             logits = model.get_output_embeddings()(hidden)
-        # Softmax statistics in at least fp32 (bf16 logsumexp over a 50k vocabulary loses the ratio's precision).
+        # Softmax statistics in at least fp32 (bf16 logsumexp over a 50k vocabulary loses the ratio's precision);
+        # under `autocast` the logits themselves are bfloat16-rounded first (the price of its speed).
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
         if self._softcap:
             logits = torch.tanh(logits / self._softcap) * self._softcap

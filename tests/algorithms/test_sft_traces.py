@@ -445,6 +445,8 @@ def test_lightrail_train_distils_from_a_teacher_program_and_says_where_the_model
             "sft: give teacher (distillation) or traces (rejection sampling), not both",
         ),
         ("sft.config={kl_coef: 0.1}", "sft.config.kl_coef: SFT has no KL term"),
+        ("sft.config={autocast: float16}", "sft.config.autocast: Invalid enum value 'float16'"),
+        ("sft.config={autocast: bfloat16, dtype: float64}", "autocast keeps float32 master weights"),
         ("sft.batch=3", "sft: unknown setting(s) ['batch']"),
     ],
 )
@@ -466,6 +468,15 @@ def test_config_sft_teacher_null_next_to_traces_is_rejection_sampling(tmp_path):
     config = load_config(path, ["sft={teacher: null, traces: {since: 1.0}}"])
     kwargs = _sft_kwargs(config)
     assert "teacher" not in kwargs and kwargs["traces"] == TraceFilter(since=1.0)
+
+
+def test_config_sft_mixed_precision_reaches_the_updater(tmp_path):
+    from lightrail.trainer.config import _sft_kwargs, load_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text("agent: a:b\ndata: c:d\nalgorithm: sft\n")
+    config = load_config(path, ["sft.config={autocast: bfloat16}"])
+    assert _sft_kwargs(config)["config"].autocast == "bfloat16"
 
 
 def test_a_teacher_program_that_returns_no_backend_is_named(tmp_path, monkeypatch):
