@@ -335,7 +335,7 @@ async def test_the_configs_recipe_sft_from_the_teacher_through_the_crew_then_grp
 def test_the_recipe_reduced_learns_through_the_crew(tmp_path, monkeypatch):
     """The config's recipe with 4 GRPO steps (the full recipe's figures are bench/showcases.py's): the small model,
     which answers nothing, learns the crew's questions from the teacher's CrewAI runs (0.215 held out after SFT on
-    this CPU, 200 questions; ~40 minutes here), and GRPO trains on from there."""
+    200 questions, 0.35 on this test's 60; 21 to 40 minutes on these CPUs), and GRPO trains on from there."""
     monkeypatch.chdir(ROOT)
     assert_the_recipe_learns(
         ROOT / "examples" / "crew_agent" / "config.yaml",
