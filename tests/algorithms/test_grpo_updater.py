@@ -287,6 +287,29 @@ def test_autocast_trains_in_bfloat16_and_keeps_float32_weights():
     assert torch.nn.functional.cosine_similarity(*flat, dim=0) > 0.98
 
 
+def test_autocast_keeps_the_lm_head_in_float32():
+    """Under mixed precision the decoder runs in bfloat16 but the LM head gets float32 inputs and gives float32
+    logits: bfloat16 logits (2-3 significant digits) cost the distilled calculator student 0.555 -> 0.45 held out."""
+    rows = make_rows(4, seed=9)
+    upd = PolicyUpdater(tiny_llama(seed=9), GRPOConfig(autocast="bfloat16"))
+    seen: list[tuple[torch.dtype, torch.dtype]] = []
+    head = upd.model.get_output_embeddings()
+    handle = head.register_forward_hook(lambda _m, args, out: seen.append((args[0].dtype, out.dtype)))
+    try:
+        upd.step(rows)
+    finally:
+        handle.remove()
+    assert seen and all(dtypes == (torch.float32, torch.float32) for dtypes in seen)
+    layer = upd.model.get_decoder().layers[0].mlp.down_proj
+    out: list[torch.dtype] = []
+    handle = layer.register_forward_hook(lambda _m, _a, o: out.append(o.dtype))
+    try:
+        upd.step(rows)
+    finally:
+        handle.remove()
+    assert out and all(d == torch.bfloat16 for d in out)  # the decoder itself is in bfloat16
+
+
 def test_autocast_sft_step_learns():
     """SFT in mixed precision: repeated steps on the same rows lower their negative log-likelihood."""
     rows = make_rows(6, seed=8)
