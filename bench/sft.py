@@ -4,7 +4,7 @@
     LIGHTRAIL_TORCH_THREADS=2 .venv/bin/python bench/sft.py              # sft then grpo, one config
     LIGHTRAIL_TORCH_THREADS=2 .venv/bin/python bench/sft.py --quick      # fewer steps (a smoke run, targets not expected)
     LIGHTRAIL_TORCH_THREADS=2 .venv/bin/python bench/sft.py --only sft   # the distillation alone (algorithm: sft)
-    ... bench/sft.py --sft-autocast bfloat16    # the SFT stage in mixed precision (faster on CPUs with AMX)
+    ... bench/sft.py --sft-autocast none        # the SFT stage in float32 (the default on a CPU without AMX)
 
 One `lightrail train` run with ``algorithm: [sft, grpo]``; its SFT stage gives the ``sft_*`` figures.
 
@@ -13,10 +13,12 @@ One `lightrail train` run with ``algorithm: [sft, grpo]``; its SFT stage gives t
    runner processes, behind the SFT's recording gateway; every teacher chat is kept (``--sft-min-reward 1`` keeps
    the right ones only), mistakes included, as the demo's warm start does: the student inherits the teacher's
    systematic habits, which GRPO then fixes; the ~6.6 M-parameter Llama is fine-tuned on them, 300 steps of 32
-   rows; held-out success (greedy, ``n_val`` problems) is ``sft_val``; ``sft_minutes`` is the whole stage
-   (teacher rollouts, training, export, validation).
-2. GRPO stage (the demo's recipe, each rollout's calls trained as one row) from the SFT stage's weights:
+   rows, in bfloat16 mixed precision on a CPU with AMX (``--sft-autocast``); held-out success (greedy, ``n_val``
+   problems) is ``sft_val``; ``sft_minutes`` is the whole stage (teacher rollouts, training, export, validation).
+2. GRPO stage (the demo's recipe, each rollout's calls trained as one row; 50 steps) from the SFT stage's weights:
    ``chained_val_after`` (held-out success after GRPO) and ``chained_minutes`` (the whole run, SFT stage included).
+
+Both stages run through 2 runner processes with ``--concurrency`` (24) rollouts each.
 
 Targets: ``sft_val >= 0.35`` with ``sft_minutes <= 5``; ``chained_val_after >= sft_val + 0.3`` with
 ``chained_minutes <= 15``. Progress on stderr; the last stdout line is one JSON object with the machine's facts
@@ -33,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/ and bench/ when run from a checkout
 
-from bench._util import log, machine_facts  # noqa: E402
+from bench._util import cpu_amx, log, machine_facts  # noqa: E402
 
 AGENT = "examples.calculator.train:calculator_agent"
 
@@ -69,7 +71,7 @@ def _config(model: Path, out: Path, teacher_url: str, teacher_key: str, args: ar
         "model": str(model),
         "out_dir": str(out),
         "seed": args.seed,
-        "trainer": {"n_runners": 2, "concurrency": 8},
+        "trainer": {"n_runners": 2, "concurrency": args.concurrency},
         "algorithm": ["sft", "grpo"] if chain else "sft",
         "sft": sft,
     }
@@ -120,9 +122,10 @@ def main() -> None:
     )
     parser.add_argument(
         "--sft-autocast",
-        choices=["bfloat16", "none"],
-        default="none",
-        help="the SFT stage's mixed precision (GRPOConfig.autocast; faster on CPUs with AMX)",
+        choices=["auto", "bfloat16", "none"],
+        default="auto",
+        help="the SFT stage's mixed precision (GRPOConfig.autocast); auto: bfloat16 on a CPU with AMX (1.4x faster "
+        "steps there), else none (float32)",
     )
     parser.add_argument(
         "--sft-val-every",
@@ -136,7 +139,7 @@ def main() -> None:
         default=None,
         help="keep teacher rollouts with at least this reward (default 'none': keep every one, as the demo does)",
     )
-    parser.add_argument("--grpo-steps", type=int, default=None)
+    parser.add_argument("--grpo-steps", type=int, default=None, help="GRPO steps (default: 50; --quick: 4)")
     parser.add_argument("--grpo-lr", type=float, default=1e-4, help="the GRPO stage's learning rate (the demo's: 1e-4)")
     parser.add_argument(
         "--grpo-temperature", type=float, default=1.0, help="the GRPO stage's sampling temperature (the demo's: 1.0)"
@@ -152,14 +155,23 @@ def main() -> None:
         default=True,
         help="the GRPO stage trains each rollout's calls as one row (the same step, fewer tokens)",
     )
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=24,
+        help="rollouts in flight per runner process (2 runners; the engine batches up to 64 rows): 24 keeps the "
+        "engine's batches full through the teacher's rollouts, validation and GRPO's groups (8 left it waiting)",
+    )
     parser.add_argument("--n-train", type=int, default=None)
     parser.add_argument("--n-val", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("runs") / time.strftime("bench-sft-%Y%m%d-%H%M%S"))
     args = parser.parse_args()
+    if args.sft_autocast == "auto":
+        args.sft_autocast = "bfloat16" if cpu_amx() else "none"
     args.sft_autocast = None if args.sft_autocast == "none" else args.sft_autocast
     args.sft_steps = args.sft_steps or (60 if args.quick else 300)
-    args.grpo_steps = args.grpo_steps or (4 if args.quick else 40)
+    args.grpo_steps = args.grpo_steps or (4 if args.quick else 50)
     args.n_train = args.n_train or (300 if args.quick else 2000)
     args.n_val = args.n_val or (40 if args.quick else 200)
     out: dict = {"quick": args.quick, **machine_facts()}
@@ -204,6 +216,7 @@ def main() -> None:
         grpo_merge_calls=args.grpo_merge_calls,
         n_train=args.n_train,
         n_val=args.n_val,
+        concurrency=args.concurrency,
     )
     targets = {}
     if "sft_val" in out:

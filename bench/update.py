@@ -32,25 +32,17 @@ import random
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from lightrail.algorithms import GRPOConfig, PolicyUpdater, pack_micro_batches
-from lightrail.engine import configure_threads
-from lightrail.types import TrainingRow
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ when run from a checkout
 
-
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
-    except OSError:
-        return set()
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+from bench._util import cpu_amx, log  # noqa: E402
+from lightrail.algorithms import GRPOConfig, PolicyUpdater, pack_micro_batches  # noqa: E402
+from lightrail.engine import configure_threads  # noqa: E402
+from lightrail.types import TrainingRow  # noqa: E402
 
 
 def build_model(vocab: int) -> LlamaForCausalLM:
@@ -190,7 +182,7 @@ def main() -> None:
         "update_bf16_tokens_per_s": round(med["update_bf16"], 1),
         "update_bf16_over_update": round(med["update_bf16"] / med["update"], 3),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "cpu_amx": "amx_bf16" in _cpu_flags(),
+        "cpu_amx": cpu_amx(),
         "rows": n_rows,
         "tokens_per_step": n_tokens,
         "params": params,
