@@ -159,8 +159,8 @@ def main() -> None:
         "--concurrency",
         type=int,
         default=24,
-        help="rollouts in flight per runner process (2 runners; the engine batches up to 64 rows): 24 keeps the "
-        "engine's batches full through the teacher's rollouts, validation and GRPO's groups (8 left it waiting)",
+        help="rollouts in flight per runner process (2 runners): 24 fill up to 48 of the engine's 64 batch rows "
+        "during validation and GRPO's groups (8: 16)",
     )
     parser.add_argument("--n-train", type=int, default=None)
     parser.add_argument("--n-val", type=int, default=None)

@@ -446,7 +446,8 @@ class PolicyUpdater:
         head = model.get_output_embeddings()
         # The LM head runs outside `autocast`, in the weights' dtype (float32 under mixed precision): bfloat16 logits
         # carry ~2-3 significant digits, too few for a sharp softmax's loss and for GRPO's ratios. Only the response
-        # tokens' rows reach it, so its cost stays small next to the decoder's.
+        # tokens' rows reach it; with a small vocabulary its float32 matmul is cheap next to the decoder, with a large
+        # one (SmolLM2: 49k x 576, ~1/4 of the decoder's FLOPs per token) it takes a visible share of the step.
         logits = head(hidden.to(head.weight.dtype))
         # Softmax statistics in at least fp32 (bf16 logsumexp over a 50k vocabulary loses the ratio's precision).
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))

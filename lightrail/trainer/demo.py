@@ -28,7 +28,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--sft-steps", type=int, default=None, help="supervised warm-start steps (default: 300; smollm2: none)"
     )
     parser.add_argument("--runners", type=int, default=2, help="runner processes")
-    parser.add_argument("-k", "--concurrency", type=int, default=8, help="rollouts at once per runner")
+    parser.add_argument(
+        "-k", "--concurrency", type=int, default=None, help="rollouts at once per runner (default: 24; smollm2: 8)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="run directory (default: runs/demo-<time>)")
     parser.set_defaults(handler=_demo)
