@@ -120,7 +120,7 @@ class GRPOConfig:
     autocast: Literal["bfloat16"] | None = None
     """Mixed precision: the forward and backward run under ``torch.autocast`` in bfloat16 while weights, gradients
     and optimizer state stay float32 (``dtype`` must be float32; on CUDA set it, its default is bfloat16). On a CPU
-    with bfloat16 matrix units (AMX: Xeon Sapphire Rapids and later) a step of the ~6 M model is ~1.3-1.5x faster
+    with bfloat16 matrix units (AMX: Xeon Sapphire Rapids and later) a step of the ~6 M model is ~1.3-1.6x faster
     (`bench/update.py`); without them it is slower. The LM head and the softmax stay in float32 (bfloat16 logits
     cost the distilled calculator student 0.555 -> 0.45 held out; float32 ones gave 0.68, `bench/RESULTS.md`); the
     decoder's activations are bfloat16, so logprobs differ from the engine's by more than float32 noise: measure it

@@ -294,25 +294,20 @@ def test_autocast_keeps_the_lm_head_in_float32(lora):
     student 0.555 -> 0.45 held out, float32 ones gave 0.68."""
     rows = make_rows(4, seed=9)
     upd = PolicyUpdater(tiny_llama(seed=9), GRPOConfig(autocast="bfloat16", kl_coef=0.05, lora=lora))
-    seen: list[torch.dtype] = []
     heads = [upd.model.get_output_embeddings()]  # with LoRA the reference is the same model, adapters disabled
     if upd.reference is not None:
         heads.append(upd.reference.get_output_embeddings())
-    hooks = [head.register_forward_hook(lambda _m, _a, out: seen.append(out.dtype)) for head in heads]
+    decoder = upd.model.get_decoder().layers[0].mlp.down_proj
+    seen: dict[str, list[torch.dtype]] = {"head": [], "decoder": []}
+    hooks = [m.register_forward_hook(lambda _m, _a, out: seen["head"].append(out.dtype)) for m in heads]
+    hooks.append(decoder.register_forward_hook(lambda _m, _a, out: seen["decoder"].append(out.dtype)))
     try:
         upd.step(rows)
     finally:
         for hook in hooks:
             hook.remove()
-    assert len(seen) >= 2 and all(d == torch.float32 for d in seen)  # the policy's and the reference's logits
-    layer = upd.model.get_decoder().layers[0].mlp.down_proj
-    out: list[torch.dtype] = []
-    handle = layer.register_forward_hook(lambda _m, _a, o: out.append(o.dtype))
-    try:
-        upd.step(rows)
-    finally:
-        handle.remove()
-    assert out and all(d == torch.bfloat16 for d in out)  # the decoder itself is in bfloat16
+    assert len(seen["head"]) >= 2 and all(d == torch.float32 for d in seen["head"])  # policy's and reference's
+    assert seen["decoder"] and all(d == torch.bfloat16 for d in seen["decoder"])  # the decoder itself is bfloat16
 
 
 def test_autocast_sft_step_learns():
