@@ -98,9 +98,10 @@ def model_settings(sampling: dict[str, Any]) -> ModelSettings:
     return ModelSettings(**known, extra_body=extra or None)
 
 
-def build_agents(model: str, *, k: int = 3, **sampling: Any) -> tuple[Agent, Agent]:
-    """The researcher (with the ``search`` tool returning the ``k`` best passages) and the editor, both calling
-    ``model`` with the SDK's default model (the Responses API) through the run's client (`run_config`)."""
+def build_agents(model: str, *, k: int = 3, world: int = 0, **sampling: Any) -> tuple[Agent, Agent]:
+    """The researcher (with the ``search`` tool returning the ``k`` best passages of ``world``'s corpus: 0 is the
+    real countries, see `examples.rag_agent.data.world`) and the editor, both calling ``model`` with the SDK's
+    default model (the Responses API) through the run's client (`run_config`)."""
     from examples.rag_agent.retrieval import index
 
     @function_tool
@@ -112,7 +113,7 @@ def build_agents(model: str, *, k: int = 3, **sampling: Any) -> tuple[Agent, Age
         """
         # in a worker thread: the first search of a process loads the encoder (and may embed the corpus), and
         # the event loop it would block also runs other rollouts and the runner's heartbeats
-        found = await asyncio.to_thread(lambda: index().search(query, k))
+        found = await asyncio.to_thread(lambda: index(world).search(query, k))
         return "\n".join(found) if found else "No passages found: search for a country name or a capital."
 
     settings = model_settings(sampling)
@@ -152,6 +153,7 @@ async def answer(
     api_key: str = "none",
     max_turns: int = 4,
     k: int = 3,
+    world: int = 0,
     examples: list[dict[str, Any]] | None = None,
     editor_examples: list[dict[str, Any]] | None = None,
     **sampling: Any,
@@ -159,11 +161,11 @@ async def answer(
     """Run the workflow on one question: the researcher's notes (``max_turns`` model calls at most), then the
     editor's reply, which is returned (None when the editor gave none). ``examples`` (e.g. `ONE_SHOT`) come
     before the question in the researcher's conversation, ``editor_examples`` (`EDITOR_ONE_SHOT`) in the
-    editor's. Errors reaching the server propagate: they are not
-    the model's."""
+    editor's; ``world`` picks the search corpus (`build_agents`). Errors reaching the server propagate: they are
+    not the model's."""
     keep_traces_local()
     async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
-        researcher, editor = build_agents(model, k=k, **sampling)
+        researcher, editor = build_agents(model, k=k, world=world, **sampling)
         config = run_config(client)
         with trace(WORKFLOW_NAME):
             notes = await _final_output(researcher, _after(examples, question), max_turns, config)

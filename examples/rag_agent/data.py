@@ -9,6 +9,12 @@ starts from. The held-out split is by that country: no validation question start
 
 The data is read from the installed package (``countryinfo/data/*.json``); nothing is downloaded or cached here
 (the passage embeddings are cached by `examples.rag_agent.retrieval`).
+
+**Renamed worlds** (`world`): world 0 is the real data; world ``k > 0`` is the same countries with every country
+name, capital and currency code replaced by a made-up one, spliced from pieces of real names (``Nig`` + ``mark``),
+and its own passages (its own search corpus). A task from world ``k`` carries ``"world": k``. Training on a few of
+them (``splits(..., renamed=K)``) shows a small model thousands of names it cannot memorise, so it has to learn
+to copy a name from the question or a passage, which is what held-out countries need.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ import hashlib
 import importlib.util
 import json
 import random
+import re
+import string
 from collections import Counter
 from pathlib import Path
 
@@ -63,6 +71,72 @@ def countries() -> tuple[dict, ...]:
     return tuple(records[name] for name in sorted(records))
 
 
+def _pieces(words: list[str]) -> tuple[list[str], list[str]]:
+    """Heads (a word's first 2-4 letters) and tails (its last 3-5, never the whole word) of the single words of
+    five letters or more among ``words``: the parts renamed names are spliced from, so they tokenize like real
+    ones."""
+    heads, tails = set(), set()
+    for word in words:
+        if not re.fullmatch(r"[A-Z][a-z]{4,}", word):
+            continue
+        for n in (2, 3, 4):
+            heads.add(word[:n])
+        for n in (3, 4, 5):
+            if n < len(word):
+                tails.add(word[-n:])
+    return sorted(heads), sorted(tails)
+
+
+def _renamer(rng: random.Random, words: list[str], taken: set[str]) -> dict[str, str]:
+    """A fresh spliced name (a head and a tail of two different ``words``) for each of ``words``, none of them a
+    real word in ``taken`` nor used twice; ``taken`` grows with the names given."""
+    heads, tails = _pieces(words)
+    names: dict[str, str] = {}
+    for word in words:
+        while True:
+            name = rng.choice(heads) + rng.choice(tails)
+            if name not in taken:
+                break
+        taken.add(name)
+        names[word] = name
+    return names
+
+
+@functools.cache
+def world(k: int) -> tuple[dict, ...]:
+    """The countries of world ``k``: `countries` itself for 0; for ``k > 0`` the same records with made-up
+    country names, capitals and currency codes (seeded by ``k``, the same in every process), sorted by the new
+    name. Each record also keeps ``origin``, the real country it renames (the held-out split follows it)."""
+    if k < 0:
+        raise ValueError(f"world must be >= 0, got {k}")
+    real = countries()
+    if k == 0:
+        return tuple({**c, "origin": c["name"]} for c in real)
+    rng = random.Random(f"rag_agent world {k}")
+    taken = {w for c in real for w in (c["name"], c["capital"])}
+    name = _renamer(rng, [c["name"] for c in real], taken)
+    capital = _renamer(rng, sorted({c["capital"] for c in real}), taken)
+    codes = sorted({code for c in real for code in c["currencies"]})
+    fresh: list[str] = []
+    while len(fresh) < len(codes):
+        code = "".join(rng.choice(string.ascii_uppercase) for _ in range(3))
+        if code not in codes and code not in fresh:
+            fresh.append(code)
+    currency = dict(zip(codes, fresh, strict=True))
+    renamed = [
+        {
+            **c,
+            "name": name[c["name"]],
+            "capital": capital[c["capital"]],
+            "borders": sorted(name[b] for b in c["borders"]),
+            "currencies": [currency[code] for code in c["currencies"]],
+            "origin": c["name"],
+        }
+        for c in real
+    ]
+    return tuple(sorted(renamed, key=lambda c: c["name"]))
+
+
 def _listing(items: list[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
@@ -84,26 +158,28 @@ def _passages_of(c: dict) -> list[str]:
 
 
 @functools.cache
-def passages() -> tuple[str, ...]:
-    """The retrieval corpus: two to four passages per country, each naming its country (so a search for a
-    country finds it), in a fixed order."""
-    return tuple(text for c in countries() for text in _passages_of(c))
+def passages(k: int = 0) -> tuple[str, ...]:
+    """World ``k``'s retrieval corpus: two to four passages per country, each naming its country (so a search for
+    a country finds it), in a fixed order."""
+    return tuple(text for c in world(k) for text in _passages_of(c))
 
 
-def corpus_hash() -> str:
-    """A short content hash of `passages` (the embedding cache key)."""
-    return hashlib.sha256("\n".join(passages()).encode()).hexdigest()[:16]
+def corpus_hash(k: int = 0) -> str:
+    """A short content hash of ``passages(k)`` (the embedding cache key)."""
+    return hashlib.sha256("\n".join(passages(k)).encode()).hexdigest()[:16]
 
 
-def _questions() -> list[dict]:
-    """Every question the data supports, in a fixed order (capitals shared by two countries are skipped)."""
-    records = countries()
+def _questions(k: int = 0) -> list[dict]:
+    """Every question world ``k`` supports, in a fixed order (capitals shared by two countries are skipped); a
+    renamed world's tasks also carry ``"world": k`` and ``origin``, the real country ``country`` renames."""
+    records = world(k)
     by_name = {c["name"]: c for c in records}
     capital_count = Counter(c["capital"] for c in records)
     out: list[dict] = []
 
     def add(kind: str, question: str, answers: list[str], c: dict) -> None:
-        out.append({"question": question, "answers": answers, "kind": kind, "country": c["name"]})
+        task = {"question": question, "answers": answers, "kind": kind, "country": c["name"]}
+        out.append(task if k == 0 else {**task, "world": k, "origin": c["origin"]})
 
     for c in records:
         unique_capital = capital_count[c["capital"]] == 1
@@ -154,17 +230,19 @@ def splits(
     n_val: int = 64,
     val_fraction: float = 0.25,
     kinds: list[str] | tuple[str, ...] | None = None,
+    renamed: int = 0,
 ) -> tuple[list[dict], list[dict]]:
     """``n_train`` training and ``n_val`` held-out questions, shuffled by ``seed``; only questions of ``kinds``
-    (some of `KINDS`) when given.
+    (some of `KINDS`) when given. ``renamed`` adds, for each of worlds 1..``renamed``, the renamed copies of
+    those ``n_train`` training questions (shuffled in with them); held-out questions are always real.
 
     A question's split is decided by a hash of the country it starts from (not by the seed), so the held-out
     questions never start from a country a training question starts from, whatever the seed. Raises ValueError
     for an unknown kind and when a split has fewer questions than asked for (the data has 567 train and 208 val
     questions of all kinds; 463 and 170 without ``largest_neighbour``).
     """
-    if n_train < 0 or n_val < 0:
-        raise ValueError(f"n_train and n_val must be >= 0, got {n_train}, {n_val}")
+    if n_train < 0 or n_val < 0 or renamed < 0:
+        raise ValueError(f"n_train, n_val and renamed must be >= 0, got {n_train}, {n_val}, {renamed}")
     unknown = sorted(set(kinds or ()) - set(KINDS))
     if unknown or (kinds is not None and not kinds):
         raise ValueError(f"kinds must be some of {list(KINDS)}, got {list(kinds or ())}")
@@ -177,7 +255,12 @@ def splits(
             f"asked for {n_train} train / {n_val} val questions; the data has {len(train)} / {len(val)} "
             f"(val_fraction={val_fraction}, kinds={list(kinds) if kinds else 'all'})"
         )
-    return train[:n_train], val[:n_val]
+    train = train[:n_train]
+    if renamed:
+        chosen = {(q["kind"], q["country"]) for q in train}
+        train += [q for k in range(1, renamed + 1) for q in _questions(k) if (q["kind"], q["origin"]) in chosen]
+        random.Random(seed).shuffle(train)
+    return train, val[:n_val]
 
 
 def tokenizer_corpus() -> list[str]:

@@ -9,7 +9,7 @@ in a file named by a hash of the passages and of the model's weights: a changed 
 file. Embedding the ~960 passages takes about 15 s on one CPU core; several runner processes may build at once,
 each writes its own temporary file and renames it into place, so readers only ever see a complete one.
 
-Concurrency: one encoder and one index per process (`index`, built once under a lock). Searches may come from
+Concurrency: one encoder and one index per world per process (`index`, built once under a lock). Searches may come from
 several threads at once (the agent searches in worker threads, off the runner's event loop); encoding is
 serialised by a lock, because a Hugging Face fast tokenizer must not be used by two threads at once.
 """
@@ -127,16 +127,21 @@ def _load_or_build(path: Path, texts: tuple[str, ...], encoder: Encoder) -> np.n
 _index_lock = threading.Lock()
 
 
-def index() -> PassageIndex:
-    """The process's passage index (built or read from the cache on first use)."""
+def index(world: int = 0) -> PassageIndex:
+    """The process's index of ``world``'s passages (built or read from the cache on first use; world 0 is the
+    real data, see `examples.rag_agent.data.world`)."""
     with _index_lock:
-        return _index()
+        return _index(world)
 
 
 @functools.cache
-def _index() -> PassageIndex:
+def _encoder() -> Encoder:
+    return Encoder(encoder_dir())
+
+
+@functools.cache
+def _index(world: int) -> PassageIndex:
     model_dir = encoder_dir()
-    encoder = Encoder(model_dir)
-    texts = passages()
-    path = cache_dir() / f"passages-{corpus_hash()}-{_weights_hash(model_dir)}.npy"
-    return PassageIndex(texts, _load_or_build(path, texts, encoder), encoder)
+    texts = passages(world)
+    path = cache_dir() / f"passages-{corpus_hash(world)}-{_weights_hash(model_dir)}.npy"
+    return PassageIndex(texts, _load_or_build(path, texts, _encoder()), _encoder())

@@ -74,12 +74,18 @@ def _names_longest_first() -> tuple[str, ...]:
 
 
 def _listed(listing: str) -> list[str]:
-    """Country names in a passage's listing ("A, B and C"), in order; names with "and" in them stay whole."""
+    """Country names in a passage's listing ("A, B and C"), in order; real names with "and" in them stay whole,
+    names the data does not know (a renamed world's single words) are split off at ", " and " and "."""
     found: list[tuple[int, str]] = []
     for name in _names_longest_first():
         for hit in re.finditer(rf"(?<![\w'-]){re.escape(name)}(?![\w'-])", listing):
             found.append((hit.start(), name))
         listing = listing.replace(name, "#" * len(name))
+    start = 0
+    for part in re.split(r"(, | and )", listing):  # what is left between the separators: unknown names
+        if part.strip() and "#" not in part and part not in (", ", " and "):
+            found.append((start, part.strip()))
+        start += len(part)
     return [name for _, name in sorted(found)]
 
 

@@ -11,9 +11,15 @@ from lightrail import rollout
 @rollout
 async def rag_agent(task, llm):
     """Format bonus plus answer F1 against the accepted answers (see `examples.rag_agent.reward`); search-tool
-    errors become intermediate rewards when GRPO's ``tool_rewards`` is on."""
+    errors become intermediate rewards when GRPO's ``tool_rewards`` is on. A task of a renamed world
+    (``"world": k``) searches that world's passages."""
     reply = await answer(
-        task["question"], base_url=llm.endpoint, model=llm.model, api_key=llm.api_key or "none", **llm.sampling
+        task["question"],
+        base_url=llm.endpoint,
+        model=llm.model,
+        api_key=llm.api_key or "none",
+        world=task.get("world", 0),
+        **llm.sampling,
     )
     return reward(reply, task["answers"])
 
@@ -28,6 +34,7 @@ async def rag_agent_one_shot(task, llm):
         base_url=llm.endpoint,
         model=llm.model,
         api_key=llm.api_key or "none",
+        world=task.get("world", 0),
         examples=ONE_SHOT,
         editor_examples=EDITOR_ONE_SHOT,
         **llm.sampling,

@@ -6,7 +6,8 @@
 * ``lightrail train examples/rag_agent/config.yaml`` (one GRPO step, the tiny model): every gateway LLM call is
   linked to the Agents SDK agent that made it, and only the researcher's calls are trained;
 * the imperfect teacher (`teacher.py`) through the workflow: right where it has no habit, wrong in its habits;
-* the config's recipe shortened: SFT from the teacher's runs (both agents), then GRPO on the researcher.
+* the config's recipe shortened: SFT from the teacher's runs (both agents, real and renamed questions), then GRPO
+  on the researcher.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from one_step import (
     train_step_metrics,
 )
 
-from examples.rag_agent.data import KINDS, countries, passages, splits, tokenizer_corpus
+from examples.rag_agent.data import KINDS, corpus_hash, countries, passages, splits, tokenizer_corpus, world
 from examples.rag_agent.prompts import EDITOR_INSTRUCTIONS, RESEARCHER_INSTRUCTIONS
 from examples.rag_agent.reward import extract_answer, format_ok, reward, token_f1
 from lightrail.adapters import AgentFilter, ToolRewardRule, build_episode, spans_to_transitions
@@ -65,6 +66,47 @@ def test_splits_of_some_kinds_hold_only_those_and_unknown_kinds_are_refused():
     for bad in (["currency"], []):
         with pytest.raises(ValueError, match="kinds must be some of"):
             splits(kinds=bad)
+
+
+def test_renamed_worlds_keep_the_facts_shape_under_new_names_and_copy_only_training_questions():
+    """A renamed world is the real one with made-up country, capital and currency names (the same in every
+    process); `splits(renamed=K)` adds the renamed copies of exactly the training questions, never a held-out one."""
+    real, renamed = world(0), world(1)
+    assert [c["name"] for c in real] == [c["name"] for c in countries()] and world(1) == renamed
+    assert len(renamed) == len(real) and len({c["name"] for c in renamed}) == len(renamed)
+    originals = {c["name"]: c for c in real}
+    new_name = {c["origin"]: c["name"] for c in renamed}
+    real_words = {w for c in real for w in (c["name"], c["capital"], *c["currencies"])}
+    for c in renamed:
+        o = originals[c["origin"]]
+        assert {c["name"], c["capital"], *c["currencies"]}.isdisjoint(real_words)
+        assert re.fullmatch(r"[A-Z][a-z]+", c["name"]) and all(re.fullmatch(r"[A-Z]{3}", x) for x in c["currencies"])
+        assert c["borders"] == sorted(new_name[b] for b in o["borders"])
+        assert (c["region"], c["subregion"], c["population"], len(c["currencies"])) == (o["region"], o["subregion"], o["population"], len(o["currencies"]))  # fmt: skip
+    assert {c["name"] for c in world(2)} != {c["name"] for c in renamed}
+    assert not set(passages(1)) & set(passages(0)) and len(passages(1)) == len(passages(0))
+    assert corpus_hash(1) != corpus_hash(0)
+    with pytest.raises(ValueError, match="world must be >= 0"):
+        world(-1)
+
+    kinds = ["currency_by_capital", "capital_of_neighbour"]
+    train, val = splits(seed=0, n_train=50, n_val=20, kinds=kinds, renamed=2)
+    plain_train, plain_val = splits(seed=0, n_train=50, n_val=20, kinds=kinds)
+    assert val == plain_val and len(train) == 150
+    copies = [t for t in train if "world" in t]
+    assert sorted(t["question"] for t in train if "world" not in t) == sorted(t["question"] for t in plain_train)
+    assert len(copies) == 100
+    assert sorted((t["kind"], t["origin"]) for t in copies if t["world"] == 1) == sorted((t["kind"], t["country"]) for t in plain_train)  # fmt: skip
+    by_world = {k: {c["name"]: c for c in world(k)} for k in (1, 2)}
+    for t in copies:
+        c = by_world[t["world"]][t["country"]]
+        assert c["origin"] == t["origin"] and t["question"] not in {q["question"] for q in plain_train}
+        if t["kind"] == "currency_by_capital":
+            assert t["answers"] == c["currencies"] and c["capital"] in t["question"]
+        else:
+            assert t["answers"] == sorted({by_world[t["world"]][n]["capital"] for n in c["borders"]})
+    with pytest.raises(ValueError, match="renamed must be >= 0"):
+        splits(renamed=-1)
 
 
 def _raw_countries() -> list[dict]:
@@ -161,6 +203,8 @@ def test_search_finds_the_passage_a_hop_needs():
     assert ix.search("capital Lima", 3)[0].startswith("Peru: the capital of Peru is Lima.")
     assert ix.search("currency of Peru", 1) == ["Peru uses the currency PEN. Languages of Peru (ISO 639-1 codes): es."]
     assert len(ix.search("zzzz", 5)) == 5 and ix.search("  ", 5) == []
+    renamed = world(1)[0]  # a renamed world searches its own passages
+    assert index(1).search(f"capital {renamed['capital']}", 1)[0].startswith(f"{renamed['name']}: the capital of")
 
 
 def test_embeddings_are_cached_and_rebuilt_when_the_passages_change(tmp_path):
@@ -366,7 +410,8 @@ def test_lightrail_train_with_the_tiny_model_trains_only_the_researcher(tmp_path
 async def test_the_teacher_through_the_workflow_is_right_but_for_its_habits(tmp_path):
     """The teacher program as the workflow's model (habits always, no slips): two searches and the currency; the
     region for a subregion (partial credit at best); the country's own capital for its neighbour's (one search,
-    never right). The editor copies the researcher's answer."""
+    never right). The editor copies the researcher's answer. A renamed world's question is searched in that world's
+    passages."""
     from examples.rag_agent.teacher import teacher
     from lightrail import LLM, Trainer
     from lightrail.store import StoreClient
@@ -375,6 +420,8 @@ async def test_the_teacher_through_the_workflow_is_right_but_for_its_habits(tmp_
     kinds = ("currency_by_capital", "subregion_by_capital", "capital_of_neighbour")
     _, val = splits(seed=0, n_train=0, n_val=60, kinds=kinds)
     tasks = [next(t for t in val if t["kind"] == kind) for kind in kinds]
+    renamed_train = splits(seed=0, n_train=30, n_val=0, kinds=kinds, renamed=1)[0]
+    tasks.append(next(t for t in renamed_train if t.get("world") == 1 and t["kind"] == "currency_by_capital"))
     by_name = {c["name"]: c for c in countries()}
     server = StoreServerProcess(tmp_path / "store.db")
     store = StoreClient(server.url, token=server.token)
@@ -383,21 +430,30 @@ async def test_the_teacher_through_the_workflow_is_right_but_for_its_habits(tmp_
             trainer = Trainer(n_runners=1, concurrency=3, store=server.url, token=server.token, otel=True)
             # no max_tokens: the scripted backend's tokens are bytes
             report = await trainer.dev_async(AGENT, tasks, {"llm": LLM(endpoint=gateway.url, model="teacher")}, timeout_s=120)  # fmt: skip
-        assert [r.status for r in report.rows] == [RolloutStatus.SUCCEEDED] * 3
+        assert [r.status for r in report.rows] == [RolloutStatus.SUCCEEDED] * 4
         answers, searches = [], []
         for row in report.rows:
             spans = await store.query_spans(row.rollout_id)
             tools = [s for s in spans if s.attributes.get(Attr.KIND) == "tool"]
             searches.append(len(tools))
             answers.append(extract_answer(_output_text(build_episode(spans).calls[-1])))
-        currency, subregion, neighbour = tasks
+        currency, subregion, neighbour, renamed = tasks
         own = by_name[neighbour["country"]]
-        assert answers == [currency["answers"][0], by_name[subregion["country"]]["region"], own["capital"]]
-        assert searches == [2, 1, 1]
-        assert report.rows[0].reward == 1.0 and report.rows[1].reward < 1.0 and report.rows[2].reward < 1.0
+        region = by_name[subregion["country"]]["region"]
+        assert answers == [currency["answers"][0], region, own["capital"], renamed["answers"][0]]
+        assert searches == [2, 1, 1, 2]
+        assert [r.reward == 1.0 for r in report.rows] == [True, False, False, True]
     finally:
         await store.close()
         server.stop()
+
+
+def test_the_teacher_reads_real_and_renamed_neighbours_off_a_listing():
+    from examples.rag_agent.teacher import _listed
+
+    listing = "Bosnia and Herzegovina, Arzil, North Macedonia and Trinidad and Tobago"
+    assert _listed(listing) == ["Bosnia and Herzegovina", "Arzil", "North Macedonia", "Trinidad and Tobago"]
+    assert _listed("Arzil and Spauvalu") == ["Arzil", "Spauvalu"] and _listed("Peru") == ["Peru"]
 
 
 def _output_text(call) -> str:
@@ -416,13 +472,16 @@ def test_the_configs_recipe_sft_from_the_teacher_through_the_workflow_then_grpo_
 
     monkeypatch.chdir(ROOT)
     overrides = [*SHORT_RECIPE, f"out_dir={tmp_path / 'run'}", "data_args.n_train=6", "data_args.n_val=2"]
+    overrides.append("data_args.renamed=1")  # the config's 5 renamed worlds, cut to one (an index each to build)
     config = load_config(ROOT / "examples/rag_agent/config.yaml", overrides=overrides)
     assert config.algorithm == ["sft", "grpo"] and config.sft["min_reward"] is None
+    assert load_config(ROOT / "examples/rag_agent/config.yaml").data_args["renamed"] == 5
     result = train(config)
 
     rollouts = asyncio.run(episodes_of(result.store))
     by_teacher = [(r, e) for r, e in rollouts if request_model(e.calls[0]) == "teacher"]
     questions = [t["question"] for t in splits(**config.data_args)[0]]
+    assert len(questions) == 12  # 6 real questions and their renamed copies, each searched in its own world
     assert sorted(r.task.input["question"] for r, _ in by_teacher) == sorted(questions * config.sft["n_samples"])
     teacher_calls = 0
     for rollout, episode in by_teacher:  # the researcher searches then writes its notes; the editor answers
