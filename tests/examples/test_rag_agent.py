@@ -203,8 +203,13 @@ def test_search_finds_the_passage_a_hop_needs():
     assert ix.search("capital Lima", 3)[0].startswith("Peru: the capital of Peru is Lima.")
     assert ix.search("currency of Peru", 1) == ["Peru uses the currency PEN. Languages of Peru (ISO 639-1 codes): es."]
     assert len(ix.search("zzzz", 5)) == 5 and ix.search("  ", 5) == []
-    renamed = world(1)[0]  # a renamed world searches its own passages
-    assert index(1).search(f"capital {renamed['capital']}", 1)[0].startswith(f"{renamed['name']}: the capital of")
+    # a renamed world searches its own passages: a made-up capital's passage is among the 3 found (54 of 60 here)
+    renamed = world(1)[:60]
+    found = [index(1).search(f"capital {c['capital']}", 3) for c in renamed]
+    assert (
+        sum(any(p.startswith(f"{c['name']}: the capital of") for p in f) for c, f in zip(renamed, found, strict=True))
+        >= 50
+    )
 
 
 def test_embeddings_are_cached_and_rebuilt_when_the_passages_change(tmp_path):
