@@ -5,7 +5,9 @@ and area) that the agent's ``search`` tool retrieves. Each question needs two fa
 two countries, for example "What currency is used in the country whose capital is Lima?" (Lima -> Peru -> PEN).
 A task is ``{"question", "answers", "kind", "country"}``: ``answers`` lists every accepted answer ("the capital of
 a country bordering Peru" accepts the capital of each neighbour) and ``country`` is the country the question
-starts from. The held-out split is by that country: no validation question starts from a training country.
+starts from. The held-out split is by that country: no validation question starts from a training country. A
+renamed world's task (below) also carries ``world`` and ``origin`` (the real country it renames, which decides
+its split).
 
 The data is read from the installed package (``countryinfo/data/*.json``); nothing is downloaded or cached here
 (the passage embeddings are cached by `examples.rag_agent.retrieval`).
@@ -88,7 +90,7 @@ def _pieces(words: list[str]) -> tuple[list[str], list[str]]:
 
 
 def _renamer(rng: random.Random, words: list[str], taken: set[str]) -> dict[str, str]:
-    """A fresh spliced name (a head and a tail of two different ``words``) for each of ``words``, none of them a
+    """A fresh spliced name (a head and a tail of ``words``) for each of ``words``, none of them a
     real word in ``taken`` nor used twice; ``taken`` grows with the names given."""
     heads, tails = _pieces(words)
     names: dict[str, str] = {}

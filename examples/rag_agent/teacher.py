@@ -78,9 +78,10 @@ def _listed(listing: str) -> list[str]:
     names the data does not know (a renamed world's single words) are split off at ", " and " and "."""
     found: list[tuple[int, str]] = []
     for name in _names_longest_first():
-        for hit in re.finditer(rf"(?<![\w'-]){re.escape(name)}(?![\w'-])", listing):
+        whole = re.compile(rf"(?<![\w'-]){re.escape(name)}(?![\w'-])")  # not inside a longer (made-up) name
+        for hit in whole.finditer(listing):
             found.append((hit.start(), name))
-        listing = listing.replace(name, "#" * len(name))
+        listing = whole.sub("#" * len(name), listing)
     start = 0
     for part in re.split(r"(, | and )", listing):  # what is left between the separators: unknown names
         if part.strip() and "#" not in part and part not in (", ", " and "):

@@ -72,7 +72,8 @@ def test_renamed_worlds_keep_the_facts_shape_under_new_names_and_copy_only_train
     """A renamed world is the real one with made-up country, capital and currency names (the same in every
     process); `splits(renamed=K)` adds the renamed copies of exactly the training questions, never a held-out one."""
     real, renamed = world(0), world(1)
-    assert [c["name"] for c in real] == [c["name"] for c in countries()] and world(1) == renamed
+    assert [c["name"] for c in real] == [c["name"] for c in countries()]
+    assert (renamed[0]["name"], renamed[0]["capital"]) == ("Afghrance", "Luanuja")  # seeded: every process agrees
     assert len(renamed) == len(real) and len({c["name"] for c in renamed}) == len(renamed)
     originals = {c["name"]: c for c in real}
     new_name = {c["origin"]: c["name"] for c in renamed}
@@ -459,6 +460,7 @@ def test_the_teacher_reads_real_and_renamed_neighbours_off_a_listing():
     listing = "Bosnia and Herzegovina, Arzil, North Macedonia and Trinidad and Tobago"
     assert _listed(listing) == ["Bosnia and Herzegovina", "Arzil", "North Macedonia", "Trinidad and Tobago"]
     assert _listed("Arzil and Spauvalu") == ["Arzil", "Spauvalu"] and _listed("Peru") == ["Peru"]
+    assert _listed("Tongaguay and Tonga") == ["Tongaguay", "Tonga"]  # a made-up name may start with a real one
 
 
 def _output_text(call) -> str:
@@ -486,7 +488,7 @@ def test_the_configs_recipe_sft_from_the_teacher_through_the_workflow_then_grpo_
     rollouts = asyncio.run(episodes_of(result.store))
     by_teacher = [(r, e) for r, e in rollouts if request_model(e.calls[0]) == "teacher"]
     questions = [t["question"] for t in splits(**config.data_args)[0]]
-    assert len(questions) == 12  # 6 real questions and their renamed copies, each searched in its own world
+    assert len(questions) == 12  # 6 real questions and their renamed copies
     assert sorted(r.task.input["question"] for r, _ in by_teacher) == sorted(questions * config.sft["n_samples"])
     teacher_calls = 0
     for rollout, episode in by_teacher:  # the researcher searches then writes its notes; the editor answers
