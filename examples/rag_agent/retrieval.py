@@ -144,4 +144,5 @@ def _index(world: int) -> PassageIndex:
     model_dir = encoder_dir()
     texts = passages(world)
     path = cache_dir() / f"passages-{corpus_hash(world)}-{_weights_hash(model_dir)}.npy"
-    return PassageIndex(texts, _load_or_build(path, texts, _encoder()), _encoder())
+    encoder = _encoder()  # one per process, shared by every world's index
+    return PassageIndex(texts, _load_or_build(path, texts, encoder), encoder)
