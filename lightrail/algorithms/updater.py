@@ -86,9 +86,12 @@ class GRPOConfig:
     warmup_steps: int = 0
     """Linear learning-rate warm-up over this many optimizer steps, constant afterwards (unless ``decay_steps``)."""
     decay_steps: int = 0
-    """With a value above 0, after the warm-up the rate falls linearly from ``lr`` to 0 at this optimizer step (for
-    SFT: its ``steps``, so the last steps settle instead of bouncing at full rate; steps past it train at 0); 0 keeps
-    it constant. A resumed run keeps the schedule of the config it resumes with."""
+    """With a value above 0, after the warm-up (or ``decay_start``) the rate falls linearly from ``lr`` to 0 at this
+    optimizer step (for SFT: its ``steps``, so the last steps settle instead of bouncing at full rate; steps past it
+    train at 0); 0 keeps it constant. A resumed run keeps the schedule of the config it resumes with."""
+    decay_start: int = 0
+    """With ``decay_steps``: the rate holds at ``lr`` until this optimizer step and only then falls to 0 at
+    ``decay_steps`` (warm-up, stable, decay); 0 starts the fall right after the warm-up."""
     clip_low: float = 0.2
     clip_high: float = 0.2
     """``clip_high > clip_low`` is DAPO's "clip-higher"."""
@@ -148,10 +151,12 @@ class GRPOConfig:
             raise ValueError(f"autocast must be bfloat16 or None, not {self.autocast!r}")
         if self.autocast and self.dtype not in (None, "float32"):
             raise ValueError(f"autocast keeps float32 master weights: set dtype to float32, not {self.dtype}")
-        if self.warmup_steps < 0 or self.decay_steps < 0:
-            raise ValueError("warmup_steps and decay_steps must be >= 0")
+        if self.warmup_steps < 0 or self.decay_steps < 0 or self.decay_start < 0:
+            raise ValueError("warmup_steps, decay_steps and decay_start must be >= 0")
         if self.decay_steps and self.decay_steps <= self.warmup_steps:
             raise ValueError(f"decay_steps ({self.decay_steps}) must come after warmup_steps ({self.warmup_steps})")
+        if self.decay_start and self.decay_steps <= self.decay_start:
+            raise ValueError(f"decay_start ({self.decay_start}) needs a later decay_steps, not {self.decay_steps}")
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -268,14 +273,15 @@ def _validate(rows: Sequence[TrainingRow]) -> None:
             raise ValueError(f"row {i} (rollout {r.rollout_id!r}): token 0 has no context and cannot be trained")
 
 
-def lr_factor(step: int, warmup_steps: int, decay_steps: int) -> float:
+def lr_factor(step: int, warmup_steps: int, decay_steps: int, decay_start: int = 0) -> float:
     """The learning rate of optimizer step ``step`` (0-based) as a fraction of ``lr``: a linear warm-up to 1 over
-    ``warmup_steps``, then constant, or with ``decay_steps`` a linear fall from 1 (at the warm-up's end) to 0 at
-    step ``decay_steps``."""
+    ``warmup_steps``, then constant, or with ``decay_steps`` a linear fall from 1 (at the warm-up's end, or at
+    ``decay_start`` if later) to 0 at step ``decay_steps``."""
     if step < warmup_steps:
         return (step + 1) / warmup_steps
-    if decay_steps > 0:
-        return max(0.0, (decay_steps - step) / (decay_steps - warmup_steps))
+    start = max(warmup_steps, decay_start)
+    if decay_steps > 0 and step >= start:
+        return max(0.0, (decay_steps - step) / (decay_steps - start))
     return 1.0
 
 
@@ -332,7 +338,7 @@ class PolicyUpdater:
             betas=config.betas,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: lr_factor(s, config.warmup_steps, config.decay_steps)
+            self.optimizer, lambda s: lr_factor(s, config.warmup_steps, config.decay_steps, config.decay_start)
         )
         self._softcap = getattr(model.config, "final_logit_softcapping", None)
 

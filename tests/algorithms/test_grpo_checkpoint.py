@@ -85,10 +85,19 @@ def test_learning_rate_warms_up_then_decays_linearly_to_zero():
     assert [lr_factor(s, 0, 4) for s in range(6)] == [1.0, 0.75, 0.5, 0.25, 0.0, 0.0]
     # both: up to the full rate over the warm-up, then down from it to 0 at step decay_steps
     assert [lr_factor(s, 2, 6) for s in range(7)] == [0.5, 1.0, 1.0, 0.75, 0.5, 0.25, 0.0]
+    # warm-up, stable, decay: the full rate holds until decay_start, then falls to 0 at decay_steps
+    assert [lr_factor(s, 2, 8, decay_start=4) for s in range(9)] == [0.5, 1.0, 1.0, 1.0, 1.0, 0.75, 0.5, 0.25, 0.0]
+    assert [lr_factor(s, 2, 6, decay_start=1) for s in range(7)] == [lr_factor(s, 2, 6) for s in range(7)]
     upd = PolicyUpdater(tiny_llama(), GRPOConfig(lr=1e-3, warmup_steps=2, decay_steps=4, micro_batch_tokens=60))
     lrs = [upd.step(make_rows(4, seed=s))["lr"] for s in range(5)]
     assert lrs == pytest.approx([5e-4, 1e-3, 1e-3, 5e-4, 0.0])  # the rate each step trained with
-    with pytest.raises(ValueError, match="decay_steps must be >= 0"):
+    config = GRPOConfig(lr=1e-3, warmup_steps=1, decay_start=3, decay_steps=5, micro_batch_tokens=60)
+    upd = PolicyUpdater(tiny_llama(), config)
+    lrs = [upd.step(make_rows(4, seed=s))["lr"] for s in range(6)]
+    assert lrs == pytest.approx([1e-3, 1e-3, 1e-3, 1e-3, 5e-4, 0.0])
+    with pytest.raises(ValueError, match="decay_steps and decay_start must be >= 0"):
         GRPOConfig(decay_steps=-1)
     with pytest.raises(ValueError, match=r"decay_steps \(3\) must come after warmup_steps \(3\)"):
         GRPOConfig(warmup_steps=3, decay_steps=3)
+    with pytest.raises(ValueError, match=r"decay_start \(600\) needs a later decay_steps, not 0"):
+        GRPOConfig(decay_start=600)  # a hold with no fall after it is a mistake, not a constant rate
