@@ -88,10 +88,11 @@ class GRPOConfig:
     decay_steps: int = 0
     """With a value above 0, after the warm-up (or ``decay_start``) the rate falls linearly from ``lr`` to 0 at this
     optimizer step (for SFT: its ``steps``, so the last steps settle instead of bouncing at full rate; steps past it
-    train at 0); 0 keeps it constant. A resumed run keeps the schedule of the config it resumes with."""
+    train at 0); 0 keeps it constant. A resumed run follows the ``lr`` and schedule of the config it resumes with,
+    from the checkpoint's step."""
     decay_start: int = 0
     """With ``decay_steps``: the rate holds at ``lr`` until this optimizer step and only then falls to 0 at
-    ``decay_steps`` (warm-up, stable, decay); 0 starts the fall right after the warm-up."""
+    ``decay_steps`` (warm-up, stable, decay); 0, or any step inside the warm-up, starts the fall at the warm-up's end."""
     clip_low: float = 0.2
     clip_high: float = 0.2
     """``clip_high > clip_low`` is DAPO's "clip-higher"."""
@@ -554,7 +555,7 @@ class PolicyUpdater:
         supervised = objective == "sft"
         skip_zero = cfg.skip_zero_advantage_rows and not supervised
         batches = self._prepare(rows, skip_zero_advantage=skip_zero, weights=weights)
-        lr = self.scheduler.get_last_lr()[0]
+        lr = self.optimizer.param_groups[0]["lr"]  # the rate this step trains with
 
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -737,6 +738,15 @@ class PolicyUpdater:
         state = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=True)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        # Only the step count is the checkpoint's: the rate follows this updater's config, so a run resumed with
+        # another lr or schedule trains with it (the scheduler's state would keep the saved run's lr)
+        groups = self.optimizer.param_groups
+        self.scheduler.base_lrs = [self.config.lr] * len(groups)
+        rate = self.config.lr * lr_factor(
+            self.scheduler.last_epoch, self.config.warmup_steps, self.config.decay_steps, self.config.decay_start
+        )
+        for group in groups:
+            group["initial_lr"], group["lr"] = self.config.lr, rate
         restore_rng_state(state["rng"])
         self.steps = int(meta["steps"])
 

@@ -77,6 +77,18 @@ def test_failed_save_leaves_the_previous_checkpoint(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
 
 
+def test_a_resumed_run_trains_with_the_rate_and_schedule_of_its_own_config(tmp_path):
+    rows = [make_rows(4, seed=s) for s in range(4)]
+    upd = PolicyUpdater(tiny_llama(), GRPOConfig(lr=1e-3, micro_batch_tokens=60))
+    assert [upd.step(r)["lr"] for r in rows[:2]] == [1e-3, 1e-3]
+    upd.save(tmp_path / "ckpt")
+    # resumed at step 2 with twice the rate, decaying to 0 at step 4 (say, to settle a run that was meant to stop)
+    resumed = PolicyUpdater(tiny_llama(), GRPOConfig(lr=2e-3, decay_start=1, decay_steps=4, micro_batch_tokens=60))
+    resumed.load(tmp_path / "ckpt")
+    assert [resumed.step(r)["lr"] for r in rows[2:]] == pytest.approx([2e-3 * 2 / 3, 2e-3 * 1 / 3])
+    assert [g["lr"] for g in resumed.optimizer.param_groups] == [0.0, 0.0]
+
+
 def test_learning_rate_warms_up_then_decays_linearly_to_zero():
     from lightrail.algorithms.updater import lr_factor
 
