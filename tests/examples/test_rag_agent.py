@@ -509,7 +509,7 @@ def test_the_configs_recipe_sft_from_the_teacher_through_the_workflow_then_grpo_
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(3600)
+@pytest.mark.timeout(5400)
 @needs_agents_sdk
 def test_the_recipe_reduced_learns_through_the_agents_sdk(tmp_path, monkeypatch):
     """The config's recipe with 4 GRPO steps (the full recipe's figures are bench/showcases.py's): the small model,
