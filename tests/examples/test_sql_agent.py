@@ -571,7 +571,7 @@ def test_the_recipe_reduced_learns_through_langgraph(tmp_path, monkeypatch):
     """The config's recipe with 4 GRPO steps (the full recipe's figures are bench/showcases.py's): the small model,
     which writes no right query, learns text-to-SQL from the teacher's runs of the LangGraph app, and GRPO trains on
     from there. Measured with the SFT at a constant rate (0.383 on these 60 held-out questions after 600 steps, 0.40
-    after GRPO's 4; 27 minutes here); the config's rate now falls linearly from step 300 to 0 at step 600 (0.305
-    against 0.245 on 200 held-out questions in bench/showcases.py, 0.333 against 0.383 on these 60), not rerun here."""
+    after GRPO's 4; 27 minutes here); the config's SFT is now 800 bfloat16 steps, the rate falling linearly from step
+    400 to 0 at step 800 (0.41 against 0.245 on 200 held-out questions in bench/showcases.py), not rerun here."""
     monkeypatch.chdir(ROOT)
     assert_the_recipe_learns(ROOT / "examples" / "sql_agent" / "config.yaml", tmp_path / "run", n_val=60, sft_floor=0.2)
