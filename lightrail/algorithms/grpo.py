@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import math
 import random
 import secrets
@@ -59,6 +60,8 @@ from lightrail.algorithms._loop_state import (
 )
 from lightrail.algorithms.policies import PolicyMap, PolicyRouter
 from lightrail.types import LLM, Attr, Rollout, RolloutStatus, Span, Task, Transition
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from lightrail.algorithms._loss import LossNorm
@@ -153,6 +156,8 @@ class GRPO:
         if rollout_engine not in ROLLOUT_ENGINES:
             raise ValueError(f"rollout_engine must be one of {ROLLOUT_ENGINES}, not {rollout_engine!r}")
         self.advantage, self.loss_agg = check_estimator_options(advantage, loss_agg, config)
+        if config is not None and (mismatch := config.schedule_mismatch(steps)):
+            log.warning("GRPO: %s", mismatch)
         self.policies = PolicyMap(policies) if policies is not None else None
         if self.policies is not None:
             if agents is not None:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import random
 import secrets
@@ -58,6 +59,8 @@ from lightrail.algorithms._loop_state import (
 from lightrail.algorithms.rejection import TraceFilter, keep_best
 from lightrail.engine.chat import ChatFormat
 from lightrail.types import LLM, Rollout, RolloutStatus, Span, TrainingRow
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from lightrail.algorithms.updater import GRPOConfig
@@ -233,6 +236,8 @@ class SFT:
             raise ValueError(f"best_of must be >= 1, not {best_of}")
         if config is not None and config.kl_coef:
             raise ValueError("SFT has no KL term: leave config.kl_coef at 0")
+        if config is not None and (mismatch := config.schedule_mismatch(steps)):
+            log.warning("SFT: %s", mismatch)
         if teacher is not None and not isinstance(teacher, LLM) and not teacher.model_names():
             raise ValueError(
                 f"the teacher backend ({type(teacher).__name__}) lists no model names: its model_names() must "

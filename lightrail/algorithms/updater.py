@@ -88,7 +88,7 @@ class GRPOConfig:
     decay_steps: int = 0
     """With a value above 0, after the warm-up (or ``decay_start``) the rate falls linearly from ``lr`` to 0 at this
     optimizer step (for SFT: its ``steps``, so the last steps settle instead of bouncing at full rate; steps past it
-    train at 0); 0 keeps it constant. A resumed run follows the ``lr`` and schedule of the config it resumes with,
+    train at 0, and a stage whose ``steps`` differ says so when built); 0 keeps it constant. A resumed run follows the ``lr`` and schedule of the config it resumes with,
     from the checkpoint's step."""
     decay_start: int = 0
     """With ``decay_steps``: the rate holds at ``lr`` until this optimizer step and only then falls to 0 at
@@ -158,6 +158,19 @@ class GRPOConfig:
             raise ValueError(f"decay_steps ({self.decay_steps}) must come after warmup_steps ({self.warmup_steps})")
         if self.decay_start and self.decay_steps <= self.decay_start:
             raise ValueError(f"decay_start ({self.decay_start}) needs a later decay_steps, not {self.decay_steps}")
+
+    def schedule_mismatch(self, steps: int) -> str | None:
+        """Why a run of ``steps`` optimizer steps would not end where the ``decay_steps`` schedule does (None when it
+        does, or without one): steps past ``decay_steps`` train at rate 0; a run stopping short ends above it."""
+        if not self.decay_steps or not steps or steps == self.decay_steps:
+            return None
+        if steps > self.decay_steps:
+            idle = steps - self.decay_steps
+            return f"steps ({steps}) run past config.decay_steps ({self.decay_steps}): the last {idle} train at rate 0"
+        end = lr_factor(steps - 1, self.warmup_steps, self.decay_steps, self.decay_start)
+        return (
+            f"steps ({steps}) stop short of config.decay_steps ({self.decay_steps}): the rate ends at {end:.0%} of lr"
+        )
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -113,3 +113,20 @@ def test_learning_rate_warms_up_then_decays_linearly_to_zero():
         GRPOConfig(warmup_steps=3, decay_steps=3)
     with pytest.raises(ValueError, match=r"decay_start \(600\) needs a later decay_steps, not 0"):
         GRPOConfig(decay_start=600)  # a hold with no fall after it is a mistake, not a constant rate
+
+
+def test_a_stage_whose_steps_miss_its_decay_schedule_says_so(caplog):
+    """`--set sft.steps=1200` on a config decaying to 0 at step 800 would train 400 steps at rate 0, and 600 would stop
+    at half the rate: both stages say so when built, before any work; steps equal to decay_steps say nothing."""
+    from lightrail.algorithms import GRPO, SFT
+
+    config = GRPOConfig(lr=1e-3, warmup_steps=10, decay_start=400, decay_steps=800)
+    with caplog.at_level("WARNING", logger="lightrail.algorithms"):
+        SFT("unused", config=config, steps=1200)
+        GRPO("unused", config=config, steps=600)
+        SFT("unused", config=config, steps=800)
+        SFT("unused", config=GRPOConfig(lr=1e-3, warmup_steps=10), steps=1200)  # a constant rate has no end to miss
+    assert [r.getMessage() for r in caplog.records] == [
+        "SFT: steps (1200) run past config.decay_steps (800): the last 400 train at rate 0",
+        "GRPO: steps (600) stop short of config.decay_steps (800): the rate ends at 50% of lr",
+    ]
