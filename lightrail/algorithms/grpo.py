@@ -58,6 +58,7 @@ from lightrail.algorithms._loop_state import (
     rewrite_metrics,
     write_loop_state,
 )
+from lightrail.algorithms._progress import StepBar
 from lightrail.algorithms.policies import PolicyMap, PolicyRouter
 from lightrail.types import LLM, Attr, Rollout, RolloutStatus, Span, Task, Transition
 
@@ -304,8 +305,6 @@ class GRPO:
         if not ctx.train_tasks:
             raise ValueError("GRPO needs training tasks")
         started = time.monotonic()
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
         if self.step:
             val_before = self._last_val()
         elif self.val_before is not None:
@@ -313,15 +312,7 @@ class GRPO:
             self._record({"kind": "val", "step": 0, "policy_version": 0, "val_success": val_before, "reused": True})
         else:
             val_before = await self._validate(ctx)
-        with Progress(
-            TextColumn("[bold]GRPO[/bold]"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("{task.fields[status]}"),
-            transient=False,
-        ) as progress:
-            bar = progress.add_task("steps", total=self.steps, completed=self.step, status="")
+        with StepBar("GRPO", total=self.steps, completed=self.step) as bar:
             while self.step < self.steps:
                 metrics = await self._train_step(ctx)
                 status = f"reward {metrics['reward_mean']:.3f}  success {metrics['success_rate']:.0%}"
@@ -330,7 +321,7 @@ class GRPO:
                     status += f"  val {val:.0%}" if val is not None else ""
                 if self.checkpoint_every and self.step % self.checkpoint_every == 0:
                     await self._checkpoint()
-                progress.update(bar, completed=self.step, status=status)
+                bar.update(self.step, status)
         val_after = await self._validate(ctx)
         checkpoint = await self._checkpoint()
         self.report = {

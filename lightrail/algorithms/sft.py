@@ -56,6 +56,7 @@ from lightrail.algorithms._loop_state import (
     rewrite_metrics,
     write_loop_state,
 )
+from lightrail.algorithms._progress import StepBar
 from lightrail.algorithms.rejection import TraceFilter, keep_best
 from lightrail.engine.chat import ChatFormat
 from lightrail.types import LLM, Rollout, RolloutStatus, Span, TrainingRow
@@ -354,14 +355,8 @@ class SFT:
             val_before = await self._validate(ctx)
         elif self.validate_before:
             val_before = next((m["val_success"] for m in self._history if m["kind"] == "val"), None)
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
         t_train = time.monotonic()
-        with Progress(
-            TextColumn("[bold]SFT[/bold]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TextColumn("{task.fields[status]}"), transient=False,
-        ) as progress:  # fmt: skip
-            bar = progress.add_task("steps", total=self.steps, completed=self.step, status="")
+        with StepBar("SFT", total=self.steps, completed=self.step) as bar:
             while self.step < self.steps:
                 metrics = await self._train_step()
                 status = f"nll {metrics['loss']:.3f}"
@@ -370,7 +365,7 @@ class SFT:
                     status += f"  val {val:.0%}" if val is not None else ""
                 if self.checkpoint_every and self.step % self.checkpoint_every == 0:
                     await self._checkpoint()
-                progress.update(bar, completed=self.step, status=status)
+                bar.update(self.step, status)
         train_s = time.monotonic() - t_train
         checkpoint = await self._checkpoint()
         model = await asyncio.to_thread(self._export, self.output_model)

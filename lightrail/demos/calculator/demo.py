@@ -117,10 +117,10 @@ def build_model(settings: DemoSettings, train: list[dict], console: Any) -> Path
 
 def warm_start(settings: DemoSettings, base: Path, train: list[dict], console: Any) -> Path:
     """Supervised pass on the imperfect teacher's demonstrations; returns the warm model's directory."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from transformers import AutoTokenizer
 
     from lightrail.algorithms import GRPOConfig, PolicyUpdater
+    from lightrail.algorithms._progress import StepBar
     from lightrail.algorithms.sft import conversation_rows
 
     tokenizer = AutoTokenizer.from_pretrained(base)
@@ -128,14 +128,10 @@ def warm_start(settings: DemoSettings, base: Path, train: list[dict], console: A
     updater = PolicyUpdater(str(base), GRPOConfig(lr=settings.sft_lr, warmup_steps=10, seed=settings.seed))
     rng = random.Random(settings.seed)
     console.print(f"[bold]2/3[/bold] warm start: {settings.sft_steps} supervised steps on {len(rows)} teacher turns")
-    with Progress(
-        TextColumn("[bold]SFT[/bold]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TextColumn("{task.fields[status]}"), console=console,
-    ) as progress:  # fmt: skip
-        bar = progress.add_task("sft", total=settings.sft_steps, status="")
-        for _ in range(settings.sft_steps):
+    with StepBar("SFT", total=settings.sft_steps, console=console) as bar:
+        for step in range(1, settings.sft_steps + 1):
             metrics = updater.step(rng.sample(rows, min(settings.sft_batch, len(rows))), objective="sft")
-            progress.update(bar, advance=1, status=f"nll {metrics['pg_loss']:.3f}")
+            bar.update(step, f"nll {metrics['pg_loss']:.3f}")
     warm = settings.out / "warm"
     updater.model.save_pretrained(warm)
     tokenizer.save_pretrained(warm)
