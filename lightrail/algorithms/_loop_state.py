@@ -9,15 +9,21 @@ once its loop state is complete, so a run killed at any moment resumes from the 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LOOP_STATE", "latest_checkpoint", "read_loop_state", "rewrite_metrics", "write_loop_state"]
+__all__ = [
+    "LOOP_STATE", "latest_checkpoint", "read_loop_state", "rewrite_metrics", "set_aside_earlier_run", "start_metrics", "write_loop_state",
+]  # fmt: skip
 
 LOOP_STATE = "loop_state.json"
+
+log = logging.getLogger(__name__)
 
 
 def write_loop_state(checkpoint: Path, state: dict[str, Any], rng: random.Random) -> None:
@@ -59,3 +65,34 @@ def rewrite_metrics(out_dir: Path, history: Sequence[dict[str, Any]]) -> None:
     """``metrics.jsonl`` as of a checkpoint: what a crashed session recorded after it is redone, so the file holds
     each step once."""
     (out_dir / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in history))
+
+
+def set_aside_earlier_run(out_dir: Path) -> Path | None:
+    """Where a fresh (not resumed) run starts: an earlier run's ``metrics.jsonl``, ``checkpoints/`` and (SFT's)
+    ``traces.json`` in ``out_dir`` move to ``out_dir/earlier/<UTC time>/``, so the metrics file holds this run's
+    lines only and a later resume finds this run's checkpoints, not the earlier run's higher steps; nothing is
+    deleted. Returns that folder, or None when there was nothing to move."""
+    found = [out_dir / name for name in ("metrics.jsonl", "checkpoints", "traces.json") if (out_dir / name).exists()]
+    if not found:
+        return None
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    dest, n = out_dir / "earlier" / stamp, 1
+    while dest.exists():  # two fresh runs within a second
+        n += 1
+        dest = out_dir / "earlier" / f"{stamp}-{n}"
+    dest.mkdir(parents=True)
+    for path in found:
+        path.rename(dest / path.name)
+    return dest
+
+
+def start_metrics(out_dir: Path, history: Sequence[dict[str, Any]] | None, *, resume: bool, stage: str) -> None:
+    """``metrics.jsonl`` as a stage sets up: a resumed run's ``history`` as of its checkpoint (`rewrite_metrics`);
+    asked to resume with nothing checkpointed yet (``history`` None), an empty file (what SFT pinned in
+    ``traces.json`` stays); a fresh run sets the earlier run aside (`set_aside_earlier_run`) and says where."""
+    if history is not None or resume:
+        rewrite_metrics(out_dir, history or [])
+    elif (earlier := set_aside_earlier_run(out_dir)) is not None:
+        log.warning(
+            "%s: a fresh run in %s; the earlier run's metrics and checkpoints are in %s", stage, out_dir, earlier
+        )

@@ -20,7 +20,8 @@ run in their own worker thread, so the loop keeps serving HTTP while either comp
 
 Outputs under ``out_dir``: ``metrics.jsonl`` (one line per step and per validation; the trainer's experiment
 trackers mirror each line: TensorBoard events in ``tb/`` by default), ``reward_curve.png`` at the end, checkpoints in ``checkpoints/step-N`` (updater + loop state; `GRPO` with
-``resume=True`` continues from the newest one), and ``report.json``.
+``resume=True`` continues from the newest one), and ``report.json``. A fresh run in an ``out_dir`` that holds an
+earlier run moves that run's metrics and checkpoints to ``earlier/<UTC time>/`` first.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ from lightrail.algorithms._loop_state import (
     append_metrics,
     latest_checkpoint,
     read_loop_state,
-    rewrite_metrics,
+    start_metrics,
     write_loop_state,
 )
 from lightrail.algorithms._progress import StepBar
@@ -250,7 +251,7 @@ class GRPO:
                 await asyncio.to_thread(slot.updater.load, checkpoint / slot.name if slot.name else checkpoint)
                 if versions[slot.name] > slot.rollouts.policy_version:  # 0: every update so far was skipped
                     await slot.rollouts.sync(slot.updater, versions[slot.name])
-            rewrite_metrics(self.out_dir, self._history)
+        start_metrics(self.out_dir, self._history if checkpoint is not None else None, resume=self.resume, stage="GRPO")
         from lightrail.gateway.server import GatewayServer, GatewaySettings
 
         where = self.gateway or GatewaySettings()

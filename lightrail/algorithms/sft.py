@@ -28,7 +28,8 @@ Outputs under ``out_dir``: ``traces.json`` (the kept rollout ids and what was dr
 the same data without calling the teacher again), ``metrics.jsonl`` (one ``data`` line, a ``train`` line per step
 with the loss, ``val`` lines), ``checkpoints/step-N`` (updater + loop state, as `GRPO`'s; ``resume=True``
 continues from the newest), ``model/`` (the trained policy as a Hugging Face folder: a `GRPO` stage chained after
-this one starts from it) and ``report.json``.
+this one starts from it) and ``report.json``. A fresh run in an ``out_dir`` that holds an earlier run moves that
+run's traces, metrics and checkpoints to ``earlier/<UTC time>/`` first.
 
 Concurrency model: coroutines on the trainer's event loop; optimizer steps, model loading and saving run in
 worker threads; the gateways and the validation engine serve on the loop meanwhile.
@@ -53,7 +54,7 @@ from lightrail.algorithms._loop_state import (
     append_metrics,
     latest_checkpoint,
     read_loop_state,
-    rewrite_metrics,
+    start_metrics,
     write_loop_state,
 )
 from lightrail.algorithms._progress import StepBar
@@ -308,9 +309,7 @@ class SFT:
             await asyncio.to_thread(self._updater.load, checkpoint)
             state = read_loop_state(checkpoint, self._rng)
             self.step, self._order, self._history = state["step"], state["order"], state["history"]
-            rewrite_metrics(self.out_dir, self._history)
-        elif (self.out_dir / "metrics.jsonl").exists():
-            (self.out_dir / "metrics.jsonl").unlink()  # a fresh run: metrics of an earlier one would mix in
+        start_metrics(self.out_dir, self._history if checkpoint is not None else None, resume=self.resume, stage="SFT")
         self._source = ctx.store
         if self.traces is not None and self.traces.store is not None:
             from lightrail.store import open_store

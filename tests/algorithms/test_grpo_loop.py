@@ -1,5 +1,6 @@
 """The `GRPO` algorithm loop on a tiny model, through the real trainer, gateway, engine and in-process runners:
-it trains, serves every update, records its metrics, and resumes a run from its newest checkpoint."""
+it trains, serves every update, records its metrics, resumes a run from its newest checkpoint, and a fresh run in the
+same folder sets the earlier one aside."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 
 from lightrail import MemoryStore, Trainer
 from lightrail.algorithms import GRPOConfig
+from lightrail.algorithms._loop_state import latest_checkpoint
 from lightrail.algorithms.grpo import GRPO
 from lightrail.engine.models import build_tiny_model
 
@@ -58,3 +60,15 @@ def test_grpo_loop_trains_serves_and_resumes(tmp_path):
     # every update reached the engine, and the resumed run continued the first run's policy version
     updates = sum(1 for m in state["history"] if m["kind"] == "train" and not m["skipped"])
     assert updates >= 1 and state["policy_version"] == updates
+
+    # a fresh run (no resume) in the same out_dir: its metrics are its own and a later resume finds its checkpoint,
+    # while the earlier run's files are set aside, not deleted
+    fresh = GRPO(model, steps=1, **settings)
+    _fit(fresh, train, val)
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines if m["kind"] == "train"] == [1]
+    assert latest_checkpoint(tmp_path / "run").name == "step-1"
+    (earlier,) = (tmp_path / "run" / "earlier").iterdir()
+    lines = [json.loads(line) for line in (earlier / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines if m["kind"] == "train"] == [1, 2, 3]
+    assert latest_checkpoint(earlier).name == "step-3"
