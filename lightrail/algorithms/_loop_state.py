@@ -12,13 +12,14 @@ import json
 import logging
 import os
 import random
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "LOOP_STATE", "latest_checkpoint", "read_loop_state", "rewrite_metrics", "set_aside_earlier_run", "start_metrics", "write_loop_state",
+    "LOOP_STATE", "latest_checkpoint", "prune_checkpoints", "read_loop_state", "rewrite_metrics", "set_aside_earlier_run", "start_metrics", "write_loop_state",
 ]  # fmt: skip
 
 LOOP_STATE = "loop_state.json"
@@ -50,6 +51,23 @@ def latest_checkpoint(out_dir: Path) -> Path | None:
     root = out_dir / "checkpoints"
     found = [p for p in root.glob("step-*") if (p / LOOP_STATE).exists()] if root.exists() else []
     return max(found, key=lambda p: int(p.name.split("-")[1]), default=None)
+
+
+def prune_checkpoints(out_dir: Path, keep: int | None) -> list[Path]:
+    """Delete all but the newest ``keep`` complete checkpoints under ``out_dir/checkpoints`` (None: keep every one),
+    and any incomplete one older than the newest complete one (a crash's leftovers); returns what was deleted."""
+    root = out_dir / "checkpoints"
+    if keep is None or not root.exists():
+        return []
+    steps = sorted((int(p.name.split("-")[1]), p) for p in root.glob("step-*") if p.name.split("-")[1].isdigit())
+    complete = [s for s, p in steps if (p / LOOP_STATE).exists()]
+    if not complete:
+        return []
+    kept = set(complete[-keep:])
+    doomed = [p for s, p in steps if s not in kept and s < complete[-1]]
+    for path in doomed:
+        shutil.rmtree(path)
+    return doomed
 
 
 def append_metrics(out_dir: Path, record: dict[str, Any], track: Callable[[dict[str, Any]], None] | None) -> None:

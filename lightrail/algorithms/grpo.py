@@ -55,6 +55,7 @@ from lightrail.adapters.transitions import training_spans
 from lightrail.algorithms._loop_state import (
     append_metrics,
     latest_checkpoint,
+    prune_checkpoints,
     read_loop_state,
     start_metrics,
     write_loop_state,
@@ -141,6 +142,7 @@ class GRPO:
         success_threshold: float = 1.0,
         out_dir: str | Path = "runs/grpo",
         checkpoint_every: int = 10,
+        keep_checkpoints: int | None = None,
         resume: bool = False,
         served_name: str = "policy",
         seed: int = 0,
@@ -153,6 +155,8 @@ class GRPO:
 
         if steps < 0 or tasks_per_step < 1 or n_samples < 1:
             raise ValueError("steps must be >= 0, tasks_per_step and n_samples >= 1")
+        if keep_checkpoints is not None and keep_checkpoints < 1:
+            raise ValueError(f"keep_checkpoints must be >= 1 (None keeps every one), not {keep_checkpoints}")
         if max_sample_rounds < 1:
             raise ValueError(f"max_sample_rounds must be >= 1, got {max_sample_rounds}")
         if rollout_engine not in ROLLOUT_ENGINES:
@@ -186,6 +190,7 @@ class GRPO:
         self.success_threshold = success_threshold
         self.out_dir = Path(out_dir)
         self.checkpoint_every = checkpoint_every
+        self.keep_checkpoints = keep_checkpoints
         self.resume = resume
         self.served_name = served_name
         self.seed = seed
@@ -540,6 +545,7 @@ class GRPO:
         if self.policies is not None:
             state["policy_versions"] = {slot.name: slot.rollouts.policy_version for slot in self._slots}
         write_loop_state(path, state, self._rng)
+        await asyncio.to_thread(prune_checkpoints, self.out_dir, self.keep_checkpoints)
         return path
 
 

@@ -53,6 +53,7 @@ from lightrail.adapters import AgentFilter, ChatSample, Exclusions, build_episod
 from lightrail.algorithms._loop_state import (
     append_metrics,
     latest_checkpoint,
+    prune_checkpoints,
     read_loop_state,
     start_metrics,
     write_loop_state,
@@ -224,6 +225,7 @@ class SFT:
         success_threshold: float = 1.0,
         out_dir: str | Path = "runs/sft",
         checkpoint_every: int = 50,
+        keep_checkpoints: int | None = None,
         resume: bool = False,
         served_name: str = "policy",
         seed: int = 0,
@@ -234,6 +236,8 @@ class SFT:
             raise ValueError("give a teacher (distillation) or traces (rejection sampling from a store), not both")
         if steps < 0 or batch_size < 1 or n_samples < 1 or (tasks is not None and tasks < 1):
             raise ValueError("steps must be >= 0; batch_size, n_samples and tasks >= 1")
+        if keep_checkpoints is not None and keep_checkpoints < 1:
+            raise ValueError(f"keep_checkpoints must be >= 1 (None keeps every one), not {keep_checkpoints}")
         if best_of is not None and best_of < 1:
             raise ValueError(f"best_of must be >= 1, not {best_of}")
         if config is not None and config.kl_coef:
@@ -264,6 +268,7 @@ class SFT:
         self.success_threshold = success_threshold
         self.out_dir = Path(out_dir)
         self.checkpoint_every = checkpoint_every
+        self.keep_checkpoints = keep_checkpoints
         self.resume = resume
         self.served_name = served_name
         self.seed = seed
@@ -618,6 +623,7 @@ class SFT:
             "history": self._history,
         }
         write_loop_state(path, state, self._rng)
+        await asyncio.to_thread(prune_checkpoints, self.out_dir, self.keep_checkpoints)
         return path
 
 

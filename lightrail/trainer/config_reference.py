@@ -109,6 +109,8 @@ _MEANINGS = {
     "GRPO.success_threshold": "A rollout succeeds when its reward is at least this (success rates, validation).",
     "GRPO.out_dir": "Where metrics, TensorBoard events, checkpoints and the report go.",
     "GRPO.checkpoint_every": "Save a checkpoint every N steps (and at the end); 0: only at the end.",
+    "GRPO.keep_checkpoints": "Keep only the newest N checkpoints (an older one is deleted once a newer one is "
+    "complete); null keeps every one.",
     "GRPO.resume": "Continue from the newest checkpoint in ``out_dir``.",
     "GRPO.served_name": "The model name the gateway serves the policy as (what agents send as ``model``).",
     "GRPO.seed": "Seeds the task order.",
@@ -161,6 +163,8 @@ _MEANINGS = {
     "SFT.validate_before": "Also validate before training.",
     "SFT.success_threshold": "A rollout succeeds when its reward is at least this.",
     "SFT.checkpoint_every": "Save a checkpoint every N steps (and at the end).",
+    "SFT.keep_checkpoints": "Keep only the newest N checkpoints (an older one is deleted once a newer one is "
+    "complete); null keeps every one.",
     "SFT.resume": "Continue from the newest checkpoint in the output folder.",
     "SFT.served_name": "The model name the gateway serves the student as.",
     "SFT.seed": "Seeds row sampling.",

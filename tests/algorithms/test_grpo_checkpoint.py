@@ -130,3 +130,24 @@ def test_a_stage_whose_steps_miss_its_decay_schedule_says_so(caplog):
         "SFT: steps (1200) run past config.decay_steps (800): the last 400 train at rate 0",
         "GRPO: steps (600) stop short of config.decay_steps (800): the rate ends at 50% of lr",
     ]
+
+
+def test_pruning_keeps_the_newest_complete_checkpoints_and_one_being_written(tmp_path):
+    from lightrail.algorithms import GRPO, SFT
+    from lightrail.algorithms._loop_state import LOOP_STATE, latest_checkpoint, prune_checkpoints
+
+    root = tmp_path / "checkpoints"
+    for step, complete in ((5, True), (10, True), (15, False), (20, True), (25, False)):
+        (root / f"step-{step}").mkdir(parents=True)
+        if complete:
+            (root / f"step-{step}" / LOOP_STATE).write_text("{}")
+    assert prune_checkpoints(tmp_path, None) == []  # the default keeps every one
+    deleted = prune_checkpoints(tmp_path, 2)
+    # step 15 was a crash's leftover (no loop state, older than the newest complete one); step 25 may be being
+    # written right now, so it stays
+    assert sorted(p.name for p in deleted) == ["step-15", "step-5"]
+    assert sorted(p.name for p in root.iterdir()) == ["step-10", "step-20", "step-25"]
+    assert latest_checkpoint(tmp_path).name == "step-20"
+    for stage in (SFT, GRPO):
+        with pytest.raises(ValueError, match=r"keep_checkpoints must be >= 1 \(None keeps every one\), not 0"):
+            stage("unused", keep_checkpoints=0)

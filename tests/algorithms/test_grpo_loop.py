@@ -48,9 +48,11 @@ def test_grpo_loop_trains_serves_and_resumes(tmp_path):
     assert (tmp_path / "run" / "checkpoints" / "step-2" / "loop_state.json").exists()
     assert first.report["steps"] == 2 and (tmp_path / "run" / "reward_curve.png").exists()
 
-    resumed = GRPO(model, steps=3, resume=True, **settings)
+    resumed = GRPO(model, steps=3, resume=True, keep_checkpoints=2, **settings)
     _fit(resumed, train, val)
     assert resumed.report["steps"] == 3
+    # keep_checkpoints=2: step 3's checkpoint, once complete, took step 1's place
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step-2", "step-3"]
     state = json.loads((tmp_path / "run" / "checkpoints" / "step-3" / "loop_state.json").read_text())
     assert state["step"] == 3
     # the run continued (not restarted): steps 1, 2 from the first run, only step 3 from the resumed one
