@@ -19,8 +19,15 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "LOOP_STATE", "latest_checkpoint", "prune_checkpoints", "read_loop_state", "rewrite_metrics", "set_aside_earlier_run", "start_metrics", "write_loop_state",
-]  # fmt: skip
+    "LOOP_STATE",
+    "latest_checkpoint",
+    "prune_checkpoints",
+    "read_loop_state",
+    "rewrite_metrics",
+    "set_aside_earlier_run",
+    "start_metrics",
+    "write_loop_state",
+]
 
 LOOP_STATE = "loop_state.json"
 
