@@ -25,6 +25,7 @@ __all__ = [
     "read_loop_state",
     "rewrite_metrics",
     "set_aside_earlier_run",
+    "start_fresh",
     "start_metrics",
     "write_loop_state",
 ]
@@ -56,17 +57,17 @@ def read_loop_state(checkpoint: Path, rng: random.Random) -> dict[str, Any]:
 def latest_checkpoint(out_dir: Path) -> Path | None:
     """The newest complete checkpoint under ``out_dir/checkpoints`` (one whose loop state was written), or None."""
     root = out_dir / "checkpoints"
-    found = [p for p in root.glob("step-*") if (p / LOOP_STATE).exists()] if root.exists() else []
+    found = [p for p in _steps(root) if (p / LOOP_STATE).exists()]
     return max(found, key=lambda p: int(p.name.split("-")[1]), default=None)
 
 
 def prune_checkpoints(out_dir: Path, keep: int | None) -> list[Path]:
     """Delete all but the newest ``keep`` complete checkpoints under ``out_dir/checkpoints`` (None: keep every one),
-    and any incomplete one older than the newest complete one (a crash's leftovers); returns what was deleted."""
+    and any incomplete ``step-N`` older than the newest complete one (a crash's leftover); returns what was deleted."""
     root = out_dir / "checkpoints"
     if keep is None or not root.exists():
         return []
-    steps = sorted((int(p.name.split("-")[1]), p) for p in root.glob("step-*") if p.name.split("-")[1].isdigit())
+    steps = sorted((int(p.name.split("-")[1]), p) for p in _steps(root))
     complete = [s for s, p in steps if (p / LOOP_STATE).exists()]
     if not complete:
         return []
@@ -75,6 +76,11 @@ def prune_checkpoints(out_dir: Path, keep: int | None) -> list[Path]:
     for path in doomed:
         shutil.rmtree(path)
     return doomed
+
+
+def _steps(root: Path) -> list[Path]:
+    """The ``step-N`` folders under ``root`` (not a save's ``step-N.old-*`` leftovers)."""
+    return [p for p in root.glob("step-*") if p.name[5:].isdigit()] if root.exists() else []
 
 
 def append_metrics(out_dir: Path, record: dict[str, Any], track: Callable[[dict[str, Any]], None] | None) -> None:
@@ -117,7 +123,14 @@ def start_metrics(out_dir: Path, history: Sequence[dict[str, Any]] | None, *, re
     ``traces.json`` stays); a fresh run sets the earlier run aside (`set_aside_earlier_run`) and says where."""
     if history is not None or resume:
         rewrite_metrics(out_dir, history or [])
-    elif (earlier := set_aside_earlier_run(out_dir)) is not None:
+    else:
+        start_fresh(out_dir, stage)
+
+
+def start_fresh(out_dir: Path, stage: str) -> None:
+    """`set_aside_earlier_run`, with a warning saying where the earlier run went (its checkpoints stay until deleted)."""
+    if (earlier := set_aside_earlier_run(out_dir)) is not None:
         log.warning(
-            "%s: a fresh run in %s; the earlier run's metrics and checkpoints are in %s", stage, out_dir, earlier
-        )
+            "%s: a fresh run in %s; the earlier run's metrics and checkpoints are in %s (delete it to free the space)",
+            stage, out_dir, earlier,
+        )  # fmt: skip

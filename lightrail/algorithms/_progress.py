@@ -17,7 +17,7 @@ __all__ = ["StepBar"]
 class StepBar:
     """``with StepBar("SFT", total=steps, completed=step) as bar: ... bar.update(step, "nll 0.412")``.
 
-    On a terminal this is rich's bar (label, bar, ``M/N``, elapsed, status). Elsewhere each `update` prints a line
+    On a terminal (or in Jupyter) this is rich's bar (label, bar, ``M/N``, elapsed, status). Elsewhere each `update` prints a line
     when ``every_s`` seconds have passed since the last one (the first after ``every_s``), and the bar prints one
     at the end if the last update was not printed. ``console`` defaults to rich's global console, which the failure
     digests print on too."""
@@ -39,7 +39,7 @@ class StepBar:
         self._task: Any = None
 
     def __enter__(self) -> StepBar:
-        if self.console.is_terminal:
+        if self.console.is_terminal or self.console.is_jupyter:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
             self._live = Progress(
@@ -75,7 +75,7 @@ class StepBar:
             line += f", ~{_clock(elapsed / done * (self.total - self._step))} left"
         if self._status:
             line += f"  {self._status}"
-        self.console.print(line, markup=False, highlight=False)
+        self.console.print(line, markup=False, highlight=False, soft_wrap=True)  # one line each, however long
         self._printed_at, self._printed_step = now, self._step
 
 

@@ -45,12 +45,23 @@ class Chain:
         self.stages = list(stages)
         self.names = names
         dirs = [str(d) for s in self.stages if (d := getattr(s, "out_dir", None)) is not None]
+        if len({os.path.abspath(d) for d in dirs}) != len(dirs):
+            raise ValueError(f"each stage needs its own out_dir (its metrics and checkpoints), got {dirs}")
         self.out_dir: Path | None = Path(os.path.commonpath(dirs)) if len(dirs) == len(self.stages) else None
         """The folder the stages' folders share (the run folder of a config): the run's name and its trackers'."""
         self.report: dict[str, Any] = {}
 
     async def setup(self, ctx: TrainerContext) -> None:
-        """Nothing: each stage is set up when its turn comes (it may load what the previous stage wrote)."""
+        """Set aside an earlier run in the folder of every stage that starts fresh (not ``resume``), all at once: a
+        later stage's would otherwise stay until its turn, and a ``--resume`` after a crash before that turn would
+        continue the earlier run's checkpoints. Each stage is set up when its turn comes (it may load what the
+        previous stage wrote)."""
+        from lightrail.algorithms._loop_state import start_fresh
+
+        for name, stage in zip(self.names, self.stages, strict=True):
+            out_dir = getattr(stage, "out_dir", None)
+            if out_dir is not None and getattr(stage, "resume", None) is False:
+                start_fresh(Path(out_dir), name)
 
     async def run(self, ctx: TrainerContext) -> None:
         reports: dict[str, Any] = {}

@@ -53,6 +53,7 @@ from lightrail.adapters import (
 )
 from lightrail.adapters.transitions import training_spans
 from lightrail.algorithms._loop_state import (
+    LOOP_STATE,
     append_metrics,
     latest_checkpoint,
     prune_checkpoints,
@@ -535,7 +536,10 @@ class GRPO:
     async def _checkpoint(self) -> Path:
         path = self.out_dir / "checkpoints" / f"step-{self.step}"
         for slot in self._slots:  # one updater checkpoint, or one folder per policy
-            await asyncio.to_thread(slot.updater.save, path / slot.name if slot.name else path)
+            if not (
+                path / LOOP_STATE
+            ).exists():  # else this step is saved already (the final save after a periodic one)
+                await asyncio.to_thread(slot.updater.save, path / slot.name if slot.name else path)
         state: dict[str, Any] = {
             "step": self.step,
             "order": self._order,

@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 from lightrail.adapters import AgentFilter, ChatSample, Exclusions, build_episode, episode_messages
 from lightrail.algorithms._loop_state import (
+    LOOP_STATE,
     append_metrics,
     latest_checkpoint,
     prune_checkpoints,
@@ -425,6 +426,8 @@ class SFT:
             order = {rid: i for i, rid in enumerate(data["rollout_ids"])}
             kept.sort(key=lambda r: order[r.rollout_id])
             self._rows, _ = await self._rows_of(source, kept, Exclusions())
+            if "record" in data and not any(m["kind"] == "data" for m in self._history):
+                self._record(data["record"])  # resumed with no checkpoint yet: the metrics started over
             return data
         t0 = time.monotonic()
         if self.teacher is not None:
@@ -444,24 +447,23 @@ class SFT:
             "kept_rollouts": len(trained),
             "dropped": dict(sorted(dropped.counts.items())),
         }
-        pinned.write_text(json.dumps(data))
         rewards = [r.reward for r in rollouts if r.reward is not None]
-        self._record(
-            {
-                "kind": "data",
-                "step": self.step,
-                "rollouts": len(rollouts),
-                "reward_mean": statistics.fmean(rewards) if rewards else 0.0,
-                "candidates": len(candidates),
-                "kept_rollouts": len(trained),
-                "dropped": dropped.total,
-                **{f"dropped_{reason}": n for reason, n in sorted(dropped.counts.items())},
-                **calls,
-                "rows": len(self._rows),
-                "response_tokens": sum(sum(r.loss_mask) for r in self._rows),
-                "collect_s": time.monotonic() - t0,
-            }
-        )
+        record = {
+            "kind": "data",
+            "step": self.step,
+            "rollouts": len(rollouts),
+            "reward_mean": statistics.fmean(rewards) if rewards else 0.0,
+            "candidates": len(candidates),
+            "kept_rollouts": len(trained),
+            "dropped": dropped.total,
+            **{f"dropped_{reason}": n for reason, n in sorted(dropped.counts.items())},
+            **calls,
+            "rows": len(self._rows),
+            "response_tokens": sum(sum(r.loss_mask) for r in self._rows),
+            "collect_s": time.monotonic() - t0,
+        }
+        pinned.write_text(json.dumps({**data, "record": record}))
+        self._record(record)
         return data
 
     async def _teacher_rollouts(self, ctx: TrainerContext) -> list[Rollout]:
@@ -616,7 +618,8 @@ class SFT:
 
     async def _checkpoint(self) -> Path:
         path = self.out_dir / "checkpoints" / f"step-{self.step}"
-        await asyncio.to_thread(self._updater.save, path)
+        if not (path / LOOP_STATE).exists():  # else this step is saved already (the final save after a periodic one)
+            await asyncio.to_thread(self._updater.save, path)
         state = {
             "step": self.step,
             "order": self._order,

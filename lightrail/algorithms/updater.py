@@ -88,8 +88,8 @@ class GRPOConfig:
     decay_steps: int = 0
     """With a value above 0, after the warm-up (or ``decay_start``) the rate falls linearly from ``lr`` to 0 at this
     optimizer step (for SFT: its ``steps``, so the last steps settle instead of bouncing at full rate; steps past it
-    train at 0, and a stage whose ``steps`` differ says so when built); 0 keeps it constant. A resumed run follows the ``lr`` and schedule of the config it resumes with,
-    from the checkpoint's step."""
+    train at 0, and a stage whose ``steps`` differ says so when built); 0 keeps it constant. A resumed run follows
+    the ``lr`` and schedule of the config it resumes with, from the checkpoint's step."""
     decay_start: int = 0
     """With ``decay_steps``: the rate holds at ``lr`` until this optimizer step and only then falls to 0 at
     ``decay_steps`` (warm-up, stable, decay); 0, or any step inside the warm-up, starts the fall at the warm-up's end."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import shutil
 import textwrap
 from pathlib import Path
 
@@ -270,6 +271,27 @@ def test_sft_closes_the_teacher_backend_and_a_resumed_run_does_not_ask_it_again(
     again = SFT(tiny_model, teacher=teacher, tasks=3, min_reward=None, resume=True, **{**settings, "steps": 3})
     Trainer(n_runners=1, concurrency=8, store=store, algorithm=again).fit(AGENT, train, val)
     assert len(teacher.inner.requests) == asked and teacher.closed == 2 and again.report["steps"] == 3
+
+    def metrics():
+        return [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+
+    # killed before its first checkpoint (the showcases' SFT checkpoints only at the end): a resume still reloads the
+    # pinned traces without asking the teacher, and the metrics start over with the data line they had
+    (data,) = [m for m in metrics() if m["kind"] == "data"]
+    shutil.rmtree(tmp_path / "checkpoints")
+    again = SFT(tiny_model, teacher=teacher, tasks=3, min_reward=None, resume=True, **settings)
+    Trainer(n_runners=1, concurrency=8, store=store, algorithm=again).fit(AGENT, train, val)
+    assert len(teacher.inner.requests) == asked and again.report["kept_rollouts"] == sft.report["kept_rollouts"]
+    assert [m for m in metrics() if m["kind"] == "data"] == [data]
+    assert [m["step"] for m in metrics() if m["kind"] == "train"] == [1, 2]
+    # run again without resume: the teacher is asked again, and the earlier run's traces, metrics and checkpoints
+    # are set aside, not deleted
+    fresh = SFT(tiny_model, teacher=teacher, tasks=3, min_reward=None, **settings)
+    Trainer(n_runners=1, concurrency=8, store=store, algorithm=fresh).fit(AGENT, train, val)
+    assert len(teacher.inner.requests) > asked
+    (earlier,) = (tmp_path / "earlier").iterdir()
+    assert sorted(p.name for p in earlier.iterdir()) == ["checkpoints", "metrics.jsonl", "traces.json"]
+    assert json.loads((earlier / "traces.json").read_text())["record"] == data
 
     class Nameless(Closable):
         def model_names(self):
