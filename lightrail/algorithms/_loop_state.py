@@ -27,6 +27,7 @@ __all__ = [
     "set_aside_earlier_run",
     "start_fresh",
     "start_metrics",
+    "write_checkpoint",
     "write_loop_state",
 ]
 
@@ -56,18 +57,16 @@ def read_loop_state(checkpoint: Path, rng: random.Random) -> dict[str, Any]:
 
 def latest_checkpoint(out_dir: Path) -> Path | None:
     """The newest complete checkpoint under ``out_dir/checkpoints`` (one whose loop state was written), or None."""
-    root = out_dir / "checkpoints"
-    found = [p for p in _steps(root) if (p / LOOP_STATE).exists()]
-    return max(found, key=lambda p: int(p.name.split("-")[1]), default=None)
+    found = [p for _, p in _steps(out_dir) if (p / LOOP_STATE).exists()]
+    return found[-1] if found else None
 
 
 def prune_checkpoints(out_dir: Path, keep: int | None) -> list[Path]:
     """Delete all but the newest ``keep`` complete checkpoints under ``out_dir/checkpoints`` (None: keep every one),
     and any incomplete ``step-N`` older than the newest complete one (a crash's leftover); returns what was deleted."""
-    root = out_dir / "checkpoints"
-    if keep is None or not root.exists():
+    if keep is None:
         return []
-    steps = sorted((int(p.name.split("-")[1]), p) for p in _steps(root))
+    steps = _steps(out_dir)
     complete = [s for s, p in steps if (p / LOOP_STATE).exists()]
     if not complete:
         return []
@@ -78,9 +77,26 @@ def prune_checkpoints(out_dir: Path, keep: int | None) -> list[Path]:
     return doomed
 
 
-def _steps(root: Path) -> list[Path]:
-    """The ``step-N`` folders under ``root`` (not a save's ``step-N.old-*`` leftovers)."""
-    return [p for p in root.glob("step-*") if p.name[5:].isdigit()] if root.exists() else []
+def write_checkpoint(
+    out_dir: Path, step: int, save: Callable[[Path], None], state: dict[str, Any], rng: random.Random, keep: int | None
+) -> Path:
+    """``out_dir/checkpoints/step-N``: the updater's files (``save(folder)``; skipped when this step is saved already,
+    as in a stage's final save right after a periodic one, so no moment is left without a complete checkpoint),
+    then the loop state (`write_loop_state`), then `prune_checkpoints` to ``keep``. Blocking: run it in a thread."""
+    path = out_dir / "checkpoints" / f"step-{step}"
+    if not (path / LOOP_STATE).exists():
+        save(path)
+    write_loop_state(path, state, rng)
+    prune_checkpoints(out_dir, keep)
+    return path
+
+
+def _steps(out_dir: Path) -> list[tuple[int, Path]]:
+    """``(N, folder)`` of the ``step-N`` folders under ``out_dir/checkpoints`` by step (not a save's
+    ``step-N.old-*`` leftovers)."""
+    root = out_dir / "checkpoints"
+    found = [p for p in root.glob("step-*") if p.name[5:].isdigit()] if root.exists() else []
+    return sorted((int(p.name[5:]), p) for p in found)
 
 
 def append_metrics(out_dir: Path, record: dict[str, Any], track: Callable[[dict[str, Any]], None] | None) -> None:

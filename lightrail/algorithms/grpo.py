@@ -53,13 +53,11 @@ from lightrail.adapters import (
 )
 from lightrail.adapters.transitions import training_spans
 from lightrail.algorithms._loop_state import (
-    LOOP_STATE,
     append_metrics,
     latest_checkpoint,
-    prune_checkpoints,
     read_loop_state,
     start_metrics,
-    write_loop_state,
+    write_checkpoint,
 )
 from lightrail.algorithms._progress import StepBar
 from lightrail.algorithms.policies import PolicyMap, PolicyRouter
@@ -534,12 +532,6 @@ class GRPO:
         return vals[0] if vals else None
 
     async def _checkpoint(self) -> Path:
-        path = self.out_dir / "checkpoints" / f"step-{self.step}"
-        for slot in self._slots:  # one updater checkpoint, or one folder per policy
-            if not (
-                path / LOOP_STATE
-            ).exists():  # else this step is saved already (the final save after a periodic one)
-                await asyncio.to_thread(slot.updater.save, path / slot.name if slot.name else path)
         state: dict[str, Any] = {
             "step": self.step,
             "order": self._order,
@@ -548,9 +540,14 @@ class GRPO:
         }
         if self.policies is not None:
             state["policy_versions"] = {slot.name: slot.rollouts.policy_version for slot in self._slots}
-        write_loop_state(path, state, self._rng)
-        await asyncio.to_thread(prune_checkpoints, self.out_dir, self.keep_checkpoints)
-        return path
+
+        def save(path: Path) -> None:  # one updater checkpoint, or one folder per policy
+            for slot in self._slots:
+                slot.updater.save(path / slot.name if slot.name else path)
+
+        return await asyncio.to_thread(
+            write_checkpoint, self.out_dir, self.step, save, state, self._rng, self.keep_checkpoints
+        )
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -51,13 +51,11 @@ from typing import TYPE_CHECKING, Any
 
 from lightrail.adapters import AgentFilter, ChatSample, Exclusions, build_episode, episode_messages
 from lightrail.algorithms._loop_state import (
-    LOOP_STATE,
     append_metrics,
     latest_checkpoint,
-    prune_checkpoints,
     read_loop_state,
     start_metrics,
-    write_loop_state,
+    write_checkpoint,
 )
 from lightrail.algorithms._progress import StepBar
 from lightrail.algorithms.rejection import TraceFilter, keep_best
@@ -617,17 +615,10 @@ class SFT:
         append_metrics(self.out_dir, metrics, self._track)
 
     async def _checkpoint(self) -> Path:
-        path = self.out_dir / "checkpoints" / f"step-{self.step}"
-        if not (path / LOOP_STATE).exists():  # else this step is saved already (the final save after a periodic one)
-            await asyncio.to_thread(self._updater.save, path)
-        state = {
-            "step": self.step,
-            "order": self._order,
-            "history": self._history,
-        }
-        write_loop_state(path, state, self._rng)
-        await asyncio.to_thread(prune_checkpoints, self.out_dir, self.keep_checkpoints)
-        return path
+        state = {"step": self.step, "order": self._order, "history": self._history}
+        return await asyncio.to_thread(
+            write_checkpoint, self.out_dir, self.step, self._updater.save, state, self._rng, self.keep_checkpoints
+        )
 
 
 async def _last_attempt_spans(store: Any, rollouts: Sequence[Rollout]) -> list[list[Span]]:
