@@ -60,7 +60,7 @@ from lightrail.algorithms._loop_state import (
 from lightrail.algorithms._progress import StepBar
 from lightrail.algorithms.rejection import TraceFilter, keep_best
 from lightrail.engine.chat import ChatFormat
-from lightrail.types import LLM, Rollout, RolloutStatus, Span, TrainingRow
+from lightrail.types import LLM, Rollout, RolloutStatus, Span, Task, TrainingRow
 
 log = logging.getLogger(__name__)
 
@@ -474,12 +474,20 @@ class SFT:
             endpoint=self._teacher_gateway.url, model=model, sampling=sampling, api_key=self._teacher_gateway.token
         )
         version = await ctx.publish({"llm": llm})
-        tasks = list(ctx.train_tasks)
+        tasks = self._teacher_tasks(ctx.train_tasks)
+        return await ctx.run_rollouts(tasks, mode="train", n_samples=self.n_samples, resources_version=version.version)
+
+    def _teacher_tasks(self, train_tasks: Sequence[Task]) -> list[Task]:
+        """The training tasks the teacher runs: all of them, or a seeded sample of ``tasks`` of them."""
+        tasks = list(train_tasks)
         if not tasks:
             raise ValueError("distillation needs training tasks")
-        if self.tasks is not None and self.tasks < len(tasks):
-            tasks = random.Random(self.seed).sample(tasks, self.tasks)
-        return await ctx.run_rollouts(tasks, mode="train", n_samples=self.n_samples, resources_version=version.version)
+        if self.tasks is None or self.tasks >= len(tasks):
+            return tasks
+        # Not Random(seed): its sample() makes the same draws as GRPO's Random(seed).shuffle(), so a GRPO stage
+        # chained after this one (same seed) would spend its first len(sample) tasks on exactly these, in this
+        # order, before any task the student has not seen.
+        return random.Random(f"sft.tasks:{self.seed}").sample(tasks, self.tasks)
 
     async def _rows_of(
         self, source: Any, kept: Sequence[Rollout], dropped: Exclusions

@@ -373,6 +373,24 @@ def test_config_chains_sft_then_grpo_from_the_sft_weights(tiny_model, tmp_path, 
     assert {"sft/train/loss", "grpo/train/reward_mean", "grpo/val/val_success"} <= tags, sorted(tags)
 
 
+def test_a_teacher_sample_of_the_tasks_leaves_a_chained_grpo_the_others(tiny_model, tmp_path):
+    """``sft.tasks`` distils from a seeded sample of the training tasks, the same sample every run; a GRPO stage
+    chained after it with the same seed starts on a mix of taught and untaught tasks, not on exactly the taught
+    ones in the order SFT drew them (Random(seed).sample and Random(seed).shuffle make the same draws), so the
+    questions the student has never seen, on which it fails the way it does held out, are trained early."""
+    from examples.calculator.teacher_server import teacher_backend
+    from lightrail.algorithms import GRPO
+
+    tasks = [Task(input={"i": i}) for i in range(100)]
+    taught = [t.input["i"] for t in SFT(tiny_model, teacher=teacher_backend([]), tasks=60)._teacher_tasks(tasks)]
+    again = [t.input["i"] for t in SFT(tiny_model, teacher=teacher_backend([]), tasks=60)._teacher_tasks(tasks)]
+    assert len(set(taught)) == 60 and again == taught
+    first_step = [t.input["i"] for t in GRPO(tiny_model, out_dir=tmp_path)._next_tasks(tasks, 40)]
+    untaught = [i for i in first_step if i not in set(taught)]
+    assert 6 <= len(untaught) <= 30, untaught  # 16 expected of 40 (40 % of the tasks are untaught)
+    assert len(SFT(tiny_model, teacher=teacher_backend([]), tasks=200)._teacher_tasks(tasks)) == 100
+
+
 def test_a_chain_hands_over_a_validation_only_when_it_measured_the_next_stages_start():
     from types import SimpleNamespace
 
