@@ -484,9 +484,9 @@ class SFT:
             raise ValueError("distillation needs training tasks")
         if self.tasks is None or self.tasks >= len(tasks):
             return tasks
-        # Not Random(seed): its sample() makes the same draws as GRPO's Random(seed).shuffle(), so a GRPO stage
-        # chained after this one (same seed) would spend its first len(sample) tasks on exactly these, in this
-        # order, before any task the student has not seen.
+        # Not Random(seed): its sample() makes the same draws as GRPO's Random(seed).shuffle() (exactly when the
+        # sample is a sizeable share of the tasks, nearly otherwise), so a GRPO stage chained after this one (same
+        # seed) would spend its first len(sample) tasks on exactly these, in this order, before any untaught one.
         return random.Random(f"sft.tasks:{self.seed}").sample(tasks, self.tasks)
 
     async def _rows_of(

@@ -151,7 +151,10 @@ _MEANINGS = {
     "APO.engine_options": "Keyword arguments of the embedded `Engine`.",
     # SFT's keyword arguments
     "SFT.n_samples": "With a teacher: rollouts per training task.",
-    "SFT.tasks": "With a teacher: how many training tasks are run (null: all).",
+    "SFT.tasks": (
+        "With a teacher: how many training tasks are run (null: all), a random sample fixed by `seed`. A chained "
+        "`grpo` stage still draws from all the training tasks, in an order independent of this sample."
+    ),
     "SFT.min_reward": "Keep rollouts rewarded at least this (null: any).",
     "SFT.best_of": "Keep at most this many rollouts per task, best first (null: all).",
     "SFT.steps": "Optimizer steps.",
@@ -167,7 +170,7 @@ _MEANINGS = {
     "complete); null keeps every one.",
     "SFT.resume": "Continue from the newest checkpoint in the output folder.",
     "SFT.served_name": "The model name the gateway serves the student as.",
-    "SFT.seed": "Seeds row sampling.",
+    "SFT.seed": "Seeds row sampling and the teacher's task sample (`tasks`).",
     "SFT.engine_options": "Keyword arguments of the embedded `Engine`.",
 }
 
@@ -205,7 +208,7 @@ _CONFIG_FORMS: dict[str, dict[str, tuple[str, str, str]]] = {
         "agents": ("list[str] | str", "null", "Train only the calls of these agents (null: every call)."),
         "agents_pattern": ("str", "null", "Train only the calls of agents whose name fully matches this regex."),
         "config": ("mapping", "{}", "Optimizer and LoRA (the ``grpo.config`` fields; ``kl_coef`` must stay 0)."),
-        "seed": ("int", "the top-level seed", "Seeds row sampling."),
+        "seed": ("int", "the top-level seed", "Seeds row sampling and the teacher's task sample (`tasks`)."),
     },
 }  # fmt: skip
 

@@ -374,10 +374,9 @@ def test_config_chains_sft_then_grpo_from_the_sft_weights(tiny_model, tmp_path, 
 
 
 def test_a_teacher_sample_of_the_tasks_leaves_a_chained_grpo_the_others(tiny_model, tmp_path):
-    """``sft.tasks`` distils from a seeded sample of the training tasks, the same sample every run; a GRPO stage
-    chained after it with the same seed starts on a mix of taught and untaught tasks, not on exactly the taught
-    ones in the order SFT drew them (Random(seed).sample and Random(seed).shuffle make the same draws), so the
-    questions the student has never seen, on which it fails the way it does held out, are trained early."""
+    """A teacher sample from ``sft.tasks`` is fixed by the seed, and a chained GRPO's first tasks (same seed) mix
+    taught and untaught ones: not the taught ones in SFT's order, which Random(seed).sample and Random(seed).shuffle
+    would give (they make the same draws)."""
     from examples.calculator.teacher_server import teacher_backend
     from lightrail.algorithms import GRPO
 
@@ -386,6 +385,7 @@ def test_a_teacher_sample_of_the_tasks_leaves_a_chained_grpo_the_others(tiny_mod
     again = [t.input["i"] for t in SFT(tiny_model, teacher=teacher_backend([]), tasks=60)._teacher_tasks(tasks)]
     assert len(set(taught)) == 60 and again == taught
     first_step = [t.input["i"] for t in GRPO(tiny_model, out_dir=tmp_path)._next_tasks(tasks, 40)]
+    assert first_step != taught[:40]
     untaught = [i for i in first_step if i not in set(taught)]
     assert 6 <= len(untaught) <= 30, untaught  # 16 expected of 40 (40 % of the tasks are untaught)
     assert len(SFT(tiny_model, teacher=teacher_backend([]), tasks=200)._teacher_tasks(tasks)) == 100
