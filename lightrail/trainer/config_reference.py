@@ -113,7 +113,6 @@ _MEANINGS = {
     "complete); null keeps every one.",
     "GRPO.resume": "Continue from the newest checkpoint in ``out_dir``.",
     "GRPO.served_name": "The model name the gateway serves the policy as (what agents send as ``model``).",
-    "GRPO.seed": "Seeds the task order.",
     "GRPO.engine_options": "Keyword arguments of the embedded `Engine` (batch size, ...).",
     "GRPO.rollout_engine": "What samples rollouts: ``embedded`` (the engine in the trainer process) or ``vllm``.",
     "GRPO.vllm": "With ``rollout_engine: vllm``: ``python`` (start ``vllm serve`` with that interpreter) or "
@@ -147,7 +146,6 @@ _MEANINGS = {
     "APO.success_threshold": "A rollout succeeds when its reward is at least this.",
     "APO.served_name": "The model name the gateway serves the policy as.",
     "APO.llm_name": "The resource name of the policy `LLM` (an agent's ``llm`` argument).",
-    "APO.seed": "Seeds task sampling and demonstration choice.",
     "APO.engine_options": "Keyword arguments of the embedded `Engine`.",
     # SFT's keyword arguments
     "SFT.n_samples": "With a teacher: rollouts per training task.",
@@ -170,7 +168,6 @@ _MEANINGS = {
     "complete); null keeps every one.",
     "SFT.resume": "Continue from the newest checkpoint in the output folder.",
     "SFT.served_name": "The model name the gateway serves the student as.",
-    "SFT.seed": "Seeds row sampling and the teacher's task sample (`tasks`).",
     "SFT.engine_options": "Keyword arguments of the embedded `Engine`.",
 }
 
