@@ -2,13 +2,11 @@
 
 As the researcher it calls ``country_facts`` once for every country the question names (both at once for a
 which-of-two question), then hands the tool's lines on as its notes. As the writer it answers from those notes in
-one line, ``Answer: <answer>``, but not always right: on two question kinds it has a habit (``SYSTEMATIC``),
-followed 70 % of the time it does not slip (``habit``; ~60 % of all runs):
-
-* ``capital``: it adds the country, ``Answer: Lima, Peru`` (a formatting habit: the reward wants the capital
-  alone, so it scores 0.1);
-* ``calling_code``: it reads the field before the calling code in the notes, ``Answer: PEN`` for Peru's ``51``
-  (a field habit, 0.1).
+one line, ``Answer: <answer>``, but not always right: on three question kinds (``SYSTEMATIC``: ``capital``,
+``region``, ``calling_code``) it has a habit, followed 70 % of the time it does not slip (``habit``; ~60 % of
+those kinds' runs): it adds the country, ``Answer: Lima, Peru``, ``Answer: Americas, Peru``, ``Answer: 51, Peru``.
+The reward wants the fact alone, so these score 0.1; a student that reads the right field off the notes keeps the
+habit on questions it has never seen, where GRPO's rewards can find it.
 
 15 % of the time (``slip``) it answers with another field of the country (the other country of a which-of-two
 question). A student that imitates every chat inherits the habits and the slips; the rewards then tell GRPO which
@@ -17,7 +15,8 @@ writer's prompt).
 
 The teacher reads the question off CrewAI's prompt ("Current Task: ...") and every fact off the conversation (the
 tool's lines, the researcher's notes in the writer's context), so it answers any question of the five kinds. The
-k-th time the writer is asked a question the teacher draws from its own seeded RNG, so a run is reproducible.
+k-th time the writer is asked a question the teacher draws from its own seeded RNG, so a run gives the same
+answers to each question (which of a question's runs gets which answer follows the order the runs ask in).
 
 ``sft.teacher: {script: examples.crew_agent.teacher:teacher}`` in a config distils a student from it: SFT runs the
 crew (in CrewAI's environment, ``runner_python``) with this teacher as its model, through the runners and the
@@ -39,7 +38,8 @@ __all__ = ["SYSTEMATIC", "teacher"]
 #: question kind -> the teacher's habit there
 SYSTEMATIC: dict[str, str] = {
     "capital": "adds the country after the capital",
-    "calling_code": "answers the currency code (the field before the calling code)",
+    "region": "adds the country after the region",
+    "calling_code": "adds the country after the calling code",
 }
 
 # CrewAI's system prompt starts with "You are <role>." (`examples.crew_agent.agent` names the roles; it imports
@@ -98,9 +98,7 @@ def _writer_answer(kind: str, names: list[str], context: str, rng: random.Random
     if rng.random() < slip:
         return f"Answer: {country[rng.choice([f for f in _FIELDS if f != field])]}"
     if kind in SYSTEMATIC and rng.random() < habit:
-        if kind == "capital":
-            return f"Answer: {country['capital']}, {country['name']}"
-        return f"Answer: {country['currency']}"
+        return f"Answer: {country[field]}, {country['name']}"
     return f"Answer: {country[field]}"
 
 

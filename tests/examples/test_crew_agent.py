@@ -261,8 +261,8 @@ async def test_train_config_links_every_call_to_its_crew_agent_and_trains_only_t
 @needs_crewai_env
 async def test_the_teacher_through_the_crew_is_right_but_for_its_habits(tmp_path):
     """The teacher program as the crew's model (habits always, no slips): the researcher's lookups reach the writer,
-    which answers right on every kind but the two it has a habit on (a capital with its country, the currency code
-    for a calling code), which score 0.1."""
+    which answers right on every kind but the three it has a habit on (a capital, a region or a calling code with
+    the country after it), which score 0.1."""
     from examples.crew_agent.teacher import SYSTEMATIC, teacher
     from lightrail import LLM, Trainer
     from lightrail.store import StoreClient
@@ -334,13 +334,15 @@ async def test_the_configs_recipe_sft_from_the_teacher_through_the_crew_then_grp
 @needs_crewai_env
 def test_the_recipe_reduced_learns_through_the_crew(tmp_path, monkeypatch):
     """The config's recipe with 4 GRPO steps (the full recipe's figures are bench/showcases.py's): the small model,
-    which answers nothing, learns the crew's questions from the teacher's CrewAI runs (0.215 held out after SFT on
-    200 questions, 0.35 on this test's 60; 21 to 40 minutes on these CPUs), and GRPO trains on from there."""
+    which answers nothing, learns the crew's questions from the teacher's CrewAI runs (0.21 held out after SFT on
+    200 questions, 0.10 on this test's 60, then 0.15 after the 4 GRPO steps; 20 minutes on these CPUs), and GRPO
+    trains on from there. The floor is low because the student takes up the teacher's habit on three of the five
+    kinds, which scores 0.1 (GRPO's part to fix); 0.05 is 3 of 60 right, from none."""
     monkeypatch.chdir(ROOT)
     assert_the_recipe_learns(
         ROOT / "examples" / "crew_agent" / "config.yaml",
         tmp_path / "run",
         n_val=60,
-        sft_floor=0.1,
+        sft_floor=0.05,
         overrides=[f"trainer.runner_python={CREWAI_PYTHON}"],
     )
