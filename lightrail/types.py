@@ -474,9 +474,11 @@ class Choice(msgspec.Struct, kw_only=True):
     """One sampled continuation.
 
     Invariants: decoding ``token_ids`` with the backend's tokenizer (``skip_special_tokens=True``) gives exactly
-    the raw generated text (``text`` plus the tool-call markup that was parsed into ``tool_calls``); a trailing
-    EOS id may be present (training needs its logprob); tokens of a matched stop string are not included.
-    ``logprobs`` has one entry per token id when present.
+    the raw generated text (the reasoning block split into ``reasoning``, ``text``, and the tool-call markup that
+    was parsed into ``tool_calls``; marker tokens the tokenizer holds as special, such as Mistral's
+    ``[TOOL_CALLS]``, are in the ids but not the text); a trailing EOS id may be present (training needs its
+    logprob); tokens of a matched stop string are not included. ``logprobs`` has one entry per token id when
+    present.
     """
 
     text: str
@@ -484,6 +486,9 @@ class Choice(msgspec.Struct, kw_only=True):
     logprobs: list[float] | None = None
     finish_reason: FinishReason = "stop"
     tool_calls: list[ToolCall] = msgspec.field(default_factory=list)
+    reasoning: str | None = None
+    """The model's reasoning (a reasoning model's ``<think>`` block, or an upstream's ``reasoning_content``),
+    split from ``text``; None when the model did not reason. Its tokens stay in ``token_ids`` and are trained on."""
     top_logprobs: list[list[tuple[int, float]]] | None = None
     """When asked for (`SamplingParams.top_logprobs`): per generated token, the most likely ``(token id,
     logprob)`` pairs, most likely first, under the same distribution as ``logprobs``."""

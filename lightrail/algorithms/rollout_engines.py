@@ -105,12 +105,26 @@ def make_rollout_engine(
 
         options = check_vllm_options(vllm)
         options.setdefault("workdir", Path(out_dir) / "vllm")
+        for name in ("tool_format", "reasoning"):  # one setting for both engines: the model's formats
+            if (engine_options or {}).get(name) is not None:
+                options.setdefault(name, engine_options[name])  # type: ignore[index]
         return VLLMRollouts(model, served_name=served_name, lora_rank=lora_rank, **options)
     raise ValueError(f"rollout_engine must be one of {ROLLOUT_ENGINES}, not {kind!r}")
 
 
 _VLLM_OPTIONS = frozenset(
-    {"python", "url", "args", "env", "api_key", "startup_timeout_s", "request_timeout_s", "workdir"}
+    {
+        "python",
+        "url",
+        "args",
+        "env",
+        "api_key",
+        "startup_timeout_s",
+        "request_timeout_s",
+        "workdir",
+        "tool_format",
+        "reasoning",
+    }
 )
 
 

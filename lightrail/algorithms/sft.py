@@ -88,6 +88,7 @@ def conversation_rows(
     tools: list[dict[str, Any]] | None = None,
     max_len: int | None = None,
     merge: bool = True,
+    chat: ChatFormat | None = None,
 ) -> list[TrainingRow]:
     """Rows that teach every assistant turn of every conversation: prompt and environment tokens masked out, the
     turn's tokens and EOS trained.
@@ -95,13 +96,14 @@ def conversation_rows(
     With ``merge`` (default) the turns of a conversation share one row whenever the next turn's prompt tokens start
     with the row so far (the tool result and the next turn opener are appended as masked context), which is how
     the model sees a multi-turn run and costs each prompt token once; otherwise a new row starts. Rows longer than
-    ``max_len`` tokens are dropped (a model cannot attend past its positions).
+    ``max_len`` tokens are dropped (a model cannot attend past its positions). ``chat`` renders prompts and targets
+    (default: the tokenizer's template, in the formats it speaks; see `ChatFormat`).
     """
     turns = [
         [(conversation[:i], m, tools, f"sft-{c}") for i, m in enumerate(conversation) if m.get("role") == "assistant"]
         for c, conversation in enumerate(conversations)
     ]
-    return _rows(tokenizer, turns, max_len=max_len, merge=merge, dropped=None)
+    return _rows(tokenizer, turns, max_len=max_len, merge=merge, dropped=None, chat=chat)
 
 
 def call_rows(
@@ -111,6 +113,7 @@ def call_rows(
     max_len: int | None = None,
     merge: bool = True,
     dropped: Exclusions | None = None,
+    chat: ChatFormat | None = None,
 ) -> list[TrainingRow]:
     """Rows that teach the answer of each recorded chat call (``sample.messages[-1]``) and nothing else: the
     request's messages, earlier assistant turns included, are masked context.
@@ -127,13 +130,19 @@ def call_rows(
         [(s.messages[:-1], s.messages[-1], s.tools, s.rollout_id) for s in sorted(group, key=lambda s: s.turn)]
         for group in groups.values()
     ]
-    return _rows(tokenizer, turns, max_len=max_len, merge=merge, dropped=dropped)
+    return _rows(tokenizer, turns, max_len=max_len, merge=merge, dropped=dropped, chat=chat)
 
 
 def _rows(
-    tokenizer: Any, groups: Iterable[list[_Turn]], *, max_len: int | None, merge: bool, dropped: Exclusions | None
+    tokenizer: Any,
+    groups: Iterable[list[_Turn]],
+    *,
+    max_len: int | None,
+    merge: bool,
+    dropped: Exclusions | None,
+    chat: ChatFormat | None,
 ) -> list[TrainingRow]:
-    chat = ChatFormat(tokenizer)
+    chat = chat or ChatFormat(tokenizer)
     eos = tokenizer.eos_token_id
     rows: list[TrainingRow] = []
     for turns in groups:
@@ -512,8 +521,13 @@ class SFT:
                 dropped.add("no_trained_calls", rollout.rollout_id)
             samples += ours
         tokenizer = self._tokenizer
+        student = ChatFormat(  # the student's formats, as its engine reads them (engine_options may name them)
+            tokenizer,
+            tool_format=self.engine_options.get("tool_format"),
+            reasoning=self.engine_options.get("reasoning"),
+        )
         rows = await asyncio.to_thread(
-            call_rows, tokenizer, samples, max_len=self.max_len, merge=self.merge_calls, dropped=dropped
+            call_rows, tokenizer, samples, max_len=self.max_len, merge=self.merge_calls, dropped=dropped, chat=student
         )
         return rows, calls
 

@@ -71,7 +71,9 @@ class VLLMRollouts:
     ``--enable-lora --max-lora-rank R`` with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``; for full weights with
     ``VLLM_SERVER_DEV_MODE=1``), serving ``model`` as ``served_name``. Without it, `start` runs one on a free
     loopback port with ``python`` (default ``$LIGHTRAIL_VLLM_PYTHON``, else this interpreter) and the flags above
-    plus ``--enable-auto-tool-choice --tool-call-parser hermes`` (agents' tool calls), followed by ``args``
+    plus ``--enable-auto-tool-choice --tool-call-parser P`` (and ``--reasoning-parser R`` for a reasoning model),
+    P and R the model's formats (`lightrail.engine.formats.formats_of`: read from its chat template, or named by
+    ``tool_format`` / ``reasoning``), followed by ``args``
     (``["--dtype", "float32"]``, ``["--tensor-parallel-size", "2"]``...; a flag given there replaces the default
     one; ``env`` adds environment variables). ``lora_rank`` is the trained adapter's rank (None: full weights are synced).
 
@@ -94,8 +96,14 @@ class VLLMRollouts:
         api_key: str | None = None,
         startup_timeout_s: float = 600.0,
         request_timeout_s: float = 600.0,
+        tool_format: str | None = None,
+        reasoning: str | None = None,
     ) -> None:
+        from lightrail.engine.formats import formats_of
+
         self.model = str(model)
+        # The parsers vLLM reads tool calls and reasoning with: the model's own formats, as the embedded engine's.
+        self.formats = formats_of(self.model, tool_format, reasoning)
         self.served_name = served_name
         self.workdir = Path(workdir)
         self.lora_rank = lora_rank
@@ -241,9 +249,11 @@ class VLLMRollouts:
             ("--model", self.model), ("--served-model-name", self.served_name),
             ("--host", "127.0.0.1"), ("--port", str(port)),
             ("--logprobs-mode", "processed_logprobs"),
-            # agents call tools; lightrail's models (and the embedded engine) speak Hermes <tool_call> markup
-            ("--enable-auto-tool-choice",), ("--tool-call-parser", "hermes"),
+            # agents call tools: vLLM parses them (and splits reasoning) in the model family's own format
+            ("--enable-auto-tool-choice",), ("--tool-call-parser", self.formats.tool.vllm_parser),
         ]  # fmt: skip
+        if self.formats.reasoning is not None:
+            options.append(("--reasoning-parser", self.formats.reasoning.vllm_parser))
         env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
         if self.lora_rank is not None:
             rank = next((r for r in _LORA_RANKS if r >= self.lora_rank), self.lora_rank)

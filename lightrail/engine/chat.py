@@ -1,49 +1,53 @@
-"""Chat prompts and tool calls: OpenAI messages in, prompt text out; generated text in, `ToolCall`s out.
+"""Chat prompts and tool calls: OpenAI messages in, prompt text out; generated text in, reasoning, content and
+`ToolCall`s out, in the model family's own formats (`lightrail.engine.formats`).
 
 The tokenizer's own chat template is used whenever it can express what the request contains. Three capabilities
 are probed once per tokenizer by rendering sentinel messages: tool definitions (``tools=``), assistant
-``tool_calls`` and ``tool``-role results. Whatever the template cannot render is rewritten into Hermes markup
-before templating (the format Qwen2.5, Hermes and the self-built tiny models use):
+``tool_calls`` and ``tool``-role results. Whatever the template cannot render is rewritten before templating:
 
-* tool definitions -> a system prompt with a ``<tools>`` JSON block and the instruction to answer with
-  ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``;
-* assistant ``tool_calls`` -> ``<tool_call>`` blocks appended to the assistant content;
-* ``tool`` messages -> a user turn with one ``<tool_response>`` block per result.
+* tool definitions -> a system prompt listing the tools and how the family calls them (`ToolFormat.tools_prompt`);
+* assistant ``tool_calls`` -> the family's call markup appended to the assistant content (`ToolFormat.render`);
+  also when the template refuses a turn (Llama 3's allows one call per turn: a turn with two is written as the
+  model writes two calls);
+* ``tool`` messages -> a user turn with one Hermes ``<tool_response>`` block per result.
 
-Generated text is parsed back with `parse_tool_calls`. Pure functions and a small stateless class: no locks.
+Generated text is split with `ChatFormat.parse` (reasoning first, then tool calls). Pure functions and a small
+stateless class: no locks.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import re
-import uuid
-from dataclasses import dataclass
 from typing import Any
 
-from lightrail.types import ToolCall, content_text
+from lightrail.engine.formats import TOOL_FORMATS, ModelFormat, ParsedToolCalls, model_format
+from lightrail.types import content_text
 
 __all__ = ["ChatFormat", "ParsedToolCalls", "hermes_tools_prompt", "normalize_messages", "parse_tool_calls"]
 
 _PROBE_TOOL = "lr_probe_tool_7f3a"
 _PROBE_CALL = "lr_probe_call_7f3a"
 _PROBE_RESULT = "lr_probe_result_7f3a"
-
-_TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_HERMES = TOOL_FORMATS["hermes"]
 
 
 def hermes_tools_prompt(tools: list[dict[str, Any]]) -> str:
     """The Hermes-style system-prompt section that lists ``tools`` and says how to call them."""
-    lines = "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools)
-    return (
-        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-        "You are provided with function signatures within <tools></tools> XML tags:\n"
-        f"<tools>\n{lines}\n</tools>\n\n"
-        "For each function call, return a json object with function name and arguments within "
-        "<tool_call></tool_call> XML tags:\n"
-        '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
-    )
+    return _HERMES.tools_prompt(tools)
+
+
+def parse_tool_calls(text: str) -> ParsedToolCalls:
+    """Split Hermes ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks out of generated text.
+
+    Well-formed blocks become `ToolCall`s (``arguments`` as JSON text) and are removed from the content, which is
+    then stripped of surrounding whitespace. Malformed blocks are left in the content verbatim. Without any
+    well-formed block the content is ``text`` unchanged. Other families: ``TOOL_FORMATS[name].parse``.
+
+    >>> parse_tool_calls('<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>').tool_calls[0].arguments
+    '{"a": 1}'
+    """
+    return _HERMES.parse(text)
 
 
 def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -70,20 +74,17 @@ def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _render_call(fn: dict[str, Any]) -> str:
-    args = fn.get("arguments", {})
-    args_json = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
-    return f'<tool_call>\n{{"name": {json.dumps(fn.get("name", ""))}, "arguments": {args_json}}}\n</tool_call>'
-
-
 class ChatFormat:
-    """Renders chat requests to prompt text with a tokenizer's chat template, falling back to Hermes markup for
-    whatever the template cannot express (see the module docstring). Probes run once, at construction."""
+    """Renders chat requests to prompt text with a tokenizer's chat template and reads generated text back, in the
+    model family's formats (detected from the template, or named: ``tool_format``, ``reasoning``). Probes run once,
+    at construction. Raises `lightrail.engine.formats.UnknownFormatError` for a template whose tool markup is not
+    known and no ``tool_format``."""
 
-    def __init__(self, tokenizer: Any):
+    def __init__(self, tokenizer: Any, *, tool_format: str | None = None, reasoning: str | None = None):
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("the tokenizer has no chat template; use text completions or set tokenizer.chat_template")
         self.tokenizer = tokenizer
+        self.format: ModelFormat = model_format(tokenizer.chat_template, tool_format, reasoning)
         user = {"role": "user", "content": "hi"}
         probe_tool = {"type": "function", "function": {"name": _PROBE_TOOL, "parameters": {"type": "object"}}}
         call = {"id": "call_0", "type": "function", "function": {"name": _PROBE_CALL, "arguments": {}}}
@@ -97,7 +98,7 @@ class ChatFormat:
 
     def _try(self, messages: list[dict[str, Any]], tools: list | None = None) -> str:
         try:
-            return self._apply(messages, tools)
+            return self._apply(self.format.tool.prepare(messages), tools)
         except Exception:  # a template that chokes on a feature does not support it
             return ""
 
@@ -111,7 +112,7 @@ class ChatFormat:
         """Prompt text for ``messages`` (OpenAI format) offering ``tools``, ending with the assistant turn opener."""
         msgs = normalize_messages(messages)
         if tools and not self.native_tools:
-            section = hermes_tools_prompt(tools)
+            section = self.format.tool.tools_prompt(tools)
             if msgs and msgs[0]["role"] == "system":
                 msgs[0] = {
                     **msgs[0],
@@ -119,90 +120,49 @@ class ChatFormat:
                 }
             else:
                 msgs.insert(0, {"role": "system", "content": section})
-        if not self.native_tool_calls:
-            for i, m in enumerate(msgs):
-                if m["role"] == "assistant" and m.get("tool_calls"):
-                    blocks = [_render_call(c["function"]) for c in m["tool_calls"]]
-                    text = "\n".join(([m["content"]] if m["content"] else []) + blocks)
-                    msgs[i] = {"role": "assistant", "content": text}
         if not self.native_tool_results:
-            merged: list[dict[str, Any]] = []
-            for m in msgs:
-                if m["role"] != "tool":
-                    merged.append(m)
-                    continue
-                block = f"<tool_response>\n{m['content']}\n</tool_response>"
-                if merged and merged[-1].get("_tool_results"):
-                    merged[-1]["content"] += "\n" + block
-                else:
-                    merged.append({"role": "user", "content": block, "_tool_results": True})
-            msgs = [{k: v for k, v in m.items() if k != "_tool_results"} for m in merged]
-        return self._apply(msgs, tools if (tools and self.native_tools) else None)
+            msgs = _tool_results_as_user_turns(msgs)
+        native_tools = tools if (tools and self.native_tools) else None
+        if self.native_tool_calls:
+            with contextlib.suppress(Exception):  # the template refused a turn: write its calls as text below
+                return self._apply(self.format.tool.prepare(msgs), native_tools)
+        return self._apply(self.format.tool.prepare(self._calls_as_text(msgs)), native_tools)
+
+    def _calls_as_text(self, msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out = []
+        for m in msgs:
+            if m["role"] == "assistant" and m.get("tool_calls"):
+                text = self.format.tool.render([c["function"] for c in m["tool_calls"]])
+                m = {"role": "assistant", "content": "\n".join(([m["content"]] if m["content"] else []) + [text])}
+            out.append(m)
+        return out
 
     def assistant_text(self, message: dict[str, Any]) -> str:
-        """The text a model generates for an assistant ``message``: its content, then one Hermes block per tool
-        call (what `parse_tool_calls` reads back). Supervised targets are built from it, so a model learns to
-        write exactly what the engine parses."""
+        """The text a model generates for an assistant ``message`` (see `ModelFormat.assistant_text`): supervised
+        targets are built from it, so a model learns to write exactly what `parse` reads back."""
         (m,) = normalize_messages([message])
-        blocks = [_render_call(c["function"]) for c in m.get("tool_calls") or ()]
-        return "\n".join(([m["content"]] if m["content"] else []) + blocks)
+        return self.format.assistant_text(m)
+
+    def parse(self, text: str, tools: bool = True) -> tuple[str | None, ParsedToolCalls]:
+        """(reasoning, content and tool calls) of generated ``text``: the reasoning block split off first (when the
+        family reasons), then the family's tool calls parsed out of the rest (when ``tools`` were offered)."""
+        reasoning = None
+        if self.format.reasoning is not None:
+            reasoning, text = self.format.reasoning.split(text)
+        if not tools:
+            return reasoning, ParsedToolCalls(text, [], 0)
+        return reasoning, self.format.tool.parse(text)
 
 
-@dataclass(frozen=True)
-class ParsedToolCalls:
-    """What `parse_tool_calls` found: the content left outside tool-call blocks, the calls, and how many blocks
-    were malformed (bad JSON, no name, or unclosed; those stay in ``content`` as plain text)."""
-
-    content: str
-    tool_calls: list[ToolCall]
-    malformed: int
-
-
-def parse_tool_calls(text: str) -> ParsedToolCalls:
-    """Split Hermes ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks out of generated text.
-
-    Well-formed blocks become `ToolCall`s (``arguments`` as JSON text) and are removed from the content, which is
-    then stripped of surrounding whitespace. Malformed blocks are left in the content verbatim. Without any
-    well-formed block the content is ``text`` unchanged.
-
-    >>> parse_tool_calls('<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>').tool_calls[0].arguments
-    '{"a": 1}'
-    """
-    calls: list[ToolCall] = []
-    malformed = 0
-    pieces: list[str] = []
-    pos = 0
-    for match in _TOOL_CALL_RE.finditer(text):
-        call = _parse_one(match.group(1))
-        if call is None:
-            malformed += 1
+def _tool_results_as_user_turns(msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    merged: list[dict[str, Any]] = []
+    for m in msgs:
+        if m["role"] != "tool":
+            merged.append(m)
             continue
-        pieces.append(text[pos : match.start()])
-        pos = match.end()
-        calls.append(call)
-    pieces.append(text[pos:])
-    # An opening tag with no closing tag after the last complete block (e.g. cut by max_tokens).
-    if "<tool_call>" in _TOOL_CALL_RE.sub("", text):
-        malformed += 1
-    if not calls:
-        return ParsedToolCalls(text, [], malformed)
-    return ParsedToolCalls("".join(pieces).strip(), calls, malformed)
-
-
-def _parse_one(body: str) -> ToolCall | None:
-    try:
-        obj = json.loads(body.strip())
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
-        return None
-    args = obj.get("arguments", obj.get("parameters", {}))
-    if isinstance(args, str):
-        try:
-            json.loads(args)
-        except json.JSONDecodeError:
-            return None
-        arguments = args
-    else:
-        arguments = json.dumps(args, ensure_ascii=False)
-    return ToolCall(id=f"call_{uuid.uuid4().hex[:24]}", name=obj["name"], arguments=arguments)
+        block = f"<tool_response>\n{m['content']}\n</tool_response>"
+        if merged and merged[-1].get("_tool_results"):
+            merged[-1]["content"] += "\n" + block
+        else:
+            merged.append({"role": "user", "content": block, "_tool_results": True})
+    return [{k: v for k, v in m.items() if k != "_tool_results"} for m in merged]

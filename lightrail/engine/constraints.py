@@ -6,11 +6,16 @@ What is constrained (`build_grammar` reads a `ChatRequest`):
 * ``response_format={"type": "json_schema", "json_schema": {"schema": ..., "strict": ...}}``: JSON valid against
   the schema (unknown keywords are a 400 when ``strict`` is true, ignored otherwise);
 * ``tool_choice="required"`` / ``{"type": "function", "function": {"name": ...}}`` with ``tools``: the output is
-  tool calls in the Hermes markup `lightrail.engine.chat.parse_tool_calls` reads back,
-  ``<tool_call>\\n{"name": "<fn>", "arguments": {...}}\\n</tool_call>``, the arguments valid against that tool's
-  ``function.parameters``. ``required`` allows one or more calls (joined by a newline, as the chat templates
-  render them), exactly one when ``parallel_tool_calls`` is False; a named tool choice is exactly one call.
-  With ``tool_choice`` "auto"/unset and a ``response_format``, the output is either the JSON or tool calls.
+  tool calls in the model family's markup (`lightrail.engine.formats`: Hermes ``<tool_call>`` blocks, Llama 3
+  JSON, Mistral ``[TOOL_CALLS]``, pythonic), the arguments valid against that tool's ``function.parameters``.
+  ``required`` allows one or more calls, exactly one when ``parallel_tool_calls`` is False; a named tool choice is
+  exactly one call. With ``tool_choice`` "auto"/unset and a ``response_format``, the output is either the JSON or
+  tool calls.
+
+Schemas are closed by default, as vLLM's default structured-output backend (xgrammar, strict mode) closes them: an
+object admits only the properties it declares and an array with ``prefixItems`` only those items, unless the schema
+itself says otherwise (``additionalProperties: true`` or a schema, ``items``). So a one-argument tool's call has that
+one argument, and a tool without parameters gets ``{}``. ``{"type": "json_object"}`` stays any object.
 
 JSON is written the way ``json.dumps`` and the chat templates' ``tojson`` write it (``", "`` and ``": "``, no other
 whitespace): the layout the model saw in its prompts, and no room for runaway whitespace.
@@ -59,9 +64,11 @@ import re
 import threading
 import weakref
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from lightrail.engine.formats import TOOL_FORMATS, ToolFormat, _Pythonic
 from lightrail.types import BackendError, ChatRequest
 
 __all__ = ["Constraint", "Grammar", "Grammars", "RowMatcher", "apply_bitmask", "build_grammar", "grammars_for"]
@@ -81,12 +88,47 @@ class Grammar:
     param: str
 
 
-def _schema_rule(schema: Any, strict: bool, param: str) -> str:
-    """A Lark rule body constraining a JSON value to ``schema`` (llguidance's ``%json`` with our layout)."""
+_COMBINATORS = ("anyOf", "oneOf")
+_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
+_SCHEMA_VALUES = ("items", "additionalItems", "not", "if", "then", "else", "contains", "additionalProperties")
+
+
+def closed_schema(schema: Any) -> Any:
+    """``schema`` with every object that does not say otherwise closed (``additionalProperties: false``) and every
+    ``prefixItems`` array without ``items`` limited to those items. Branches of an ``allOf`` are left open (closing
+    each would reject the properties the others declare)."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {k: closed_schema(v) for k, v in out[key].items()}
+    for key in _SCHEMA_VALUES:
+        if key in out:
+            out[key] = closed_schema(out[key])
+    for key in (*_COMBINATORS, "prefixItems"):
+        if isinstance(out.get(key), list):
+            out[key] = [closed_schema(v) for v in out[key]]
+    is_object = out.get("type") == "object" or (isinstance(out.get("type"), list) and "object" in out["type"])
+    open_keys = ("additionalProperties", "unevaluatedProperties", "patternProperties", "allOf", "$ref")
+    if (is_object or "properties" in out) and not any(k in out for k in open_keys):
+        out["additionalProperties"] = False
+    if "prefixItems" in out and "items" not in out and "unevaluatedItems" not in out:
+        out["items"] = False
+    return out
+
+
+def _schema_rule(schema: Any, strict: bool, param: str, closed: bool = True) -> str:
+    """A Lark rule body constraining a JSON value to ``schema`` (llguidance's ``%json`` with our layout).
+
+    ``strict``: unknown keywords are an error (else ignored); ``closed``: objects admit only the properties they
+    declare unless the schema says otherwise (`closed_schema`)."""
     if schema is True:
         schema = {}
     if not isinstance(schema, dict):
         raise BackendError(f"the JSON schema must be an object, got {type(schema).__name__}", param=param)
+    if closed:
+        schema = closed_schema(schema)
     options = dict(JSON_OPTIONS, lenient=not strict)
     try:
         text = json.dumps({**schema, "x-guidance": options}, ensure_ascii=False, allow_nan=False)
@@ -105,7 +147,7 @@ def _response_rule(fmt: Any) -> tuple[str, str] | None:
     if kind == "text":
         return None
     if kind == "json_object":
-        return kind, _schema_rule({"type": "object"}, False, "response_format")
+        return kind, _schema_rule({"type": "object"}, False, "response_format", closed=False)
     if kind == "json_schema":
         spec = fmt.get("json_schema")
         if not isinstance(spec, dict) or "schema" not in spec:
@@ -114,6 +156,10 @@ def _response_rule(fmt: Any) -> tuple[str, str] | None:
     raise BackendError(
         f"response_format type must be 'text', 'json_object' or 'json_schema', got {kind!r}", param="response_format"
     )
+
+
+def _parameters(fn: dict) -> Any:
+    return fn.get("parameters", {"type": "object", "properties": {}})
 
 
 def _tool_functions(tools: Any) -> dict[str, dict]:
@@ -129,14 +175,17 @@ def _tool_functions(tools: Any) -> dict[str, dict]:
 
 
 def build_grammar(
-    request: ChatRequest, markers: tuple[str, str] = ('"<tool_call>"', '"</tool_call>"')
+    request: ChatRequest,
+    tool_format: ToolFormat | None = None,
+    tags: Callable[[ToolFormat], dict[str, str]] | None = None,
 ) -> Grammar | None:
     """The grammar ``request`` must follow, or None when its output is free. Raises `BackendError` (a 400 naming
     the field) for a malformed ``response_format``, ``tools`` or ``tool_choice``.
 
-    ``markers`` are the Lark expressions for the opening and closing tool-call tags (`Grammars.markers` gives
-    ones that also accept a tokenizer's own ``<tool_call>`` token).
+    Tool calls are written in ``tool_format``'s markup (default Hermes); ``tags`` gives the Lark expression of each
+    of its marker strings (`Grammars.tags` also accepts a tokenizer's own token for a marker).
     """
+    fmt = tool_format or TOOL_FORMATS["hermes"]
     response = _response_rule(request.response_format)
     choice = request.tool_choice
     tools = _tool_functions(request.tools) if request.tools else {}
@@ -164,18 +213,21 @@ def build_grammar(
     callable_ = forced if forced is not None else (list(tools) if choice != "none" else [])
     lines: list[str] = []
     if callable_:
-        open_, close = markers
-        lines.append(f'call: {open_} "\\n" body "\\n" {close}')
-        bodies = []
-        for i, name in enumerate(callable_):
-            fn = tools[name]
-            prefix = '{"name": ' + json.dumps(name) + ', "arguments": '
-            params = fn.get("parameters", {"type": "object", "properties": {}})
-            lines.append(f'body_{i}: {json.dumps(prefix)} args_{i} "}}"')
-            lines.append(f"args_{i}: " + _schema_rule(params, bool(fn.get("strict")), "tools"))
-            bodies.append(f"body_{i}")
-        lines.append("body: " + " | ".join(bodies))
-        calls = "call" if single else 'call ("\\n" call)*'
+        tag = tags(fmt) if tags is not None else {t: json.dumps(t) for t in fmt.tags}
+        if isinstance(fmt, _Pythonic):
+            params = [(name, _parameters(tools[name])) for name in callable_]
+            lines += fmt.pythonic_rules(
+                [(name, closed_schema(p)) for name, p in params],
+                single,
+                lambda schema: _schema_rule(schema, False, "tools"),
+            )
+        else:
+            bodies = [
+                (name, _schema_rule(_parameters(tools[name]), bool(tools[name].get("strict")), "tools"))
+                for name in callable_
+            ]
+            lines += fmt.calls_rule(bodies, single, tag)
+        calls = "calls"
     if forced is not None:
         kind, start = "tool_choice", calls
     else:
@@ -227,16 +279,19 @@ class Grammars:
         self._lock = threading.Lock()
         self.compiled = 0
         """Grammars compiled (cache misses)."""
-        self.markers = (self._marker(tokenizer, "<tool_call>"), self._marker(tokenizer, "</tool_call>"))
+        self._added = {
+            added.content: token_id for token_id, added in getattr(tokenizer, "added_tokens_decoder", {}).items()
+        }
 
-    @staticmethod
-    def _marker(tokenizer: Any, tag: str) -> str:
-        """Lark expression for a tool-call tag: its text, or the tokenizer's own token for it when it has one that
-        decodes to the tag (llguidance treats every added token as special, matched only by id)."""
-        for token_id, added in getattr(tokenizer, "added_tokens_decoder", {}).items():
-            if added.content == tag and not added.special:
-                return f"(<[{token_id}]> | {json.dumps(tag)})"
-        return json.dumps(tag)
+    def tags(self, tool_format: ToolFormat) -> dict[str, str]:
+        """The Lark expression of each of ``tool_format``'s marker strings: the text, or the tokenizer's own token
+        for it when it has one (llguidance treats every added token as special, matched only by id; the model was
+        trained to write the token, so the grammar must allow it)."""
+        out = {}
+        for tag in tool_format.tags:
+            token_id = self._added.get(tag)
+            out[tag] = f"(<[{token_id}]> | {json.dumps(tag)})" if token_id is not None else json.dumps(tag)
+        return out
 
     def cached(self, grammar: Grammar) -> Any | None:
         """The compiled grammar for ``grammar`` if it is in the cache, else None."""

@@ -68,7 +68,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from lightrail.engine.chat import ChatFormat, parse_tool_calls
+from lightrail.engine.chat import ChatFormat
 from lightrail.engine.constraints import Constraint, apply_bitmask, build_grammar, grammars_for
 from lightrail.engine.sampling import LogitProcessors, draw, tempered_logprobs, top_logprobs
 from lightrail.types import (
@@ -102,6 +102,16 @@ def configure_threads() -> int:
     return torch.get_num_threads()
 
 
+@dataclass(frozen=True)
+class _ChatReading:
+    """How a chat request's generated text is read back: the model's `ChatFormat`, whether tools were offered
+    (and may be called), and whether at most one call is kept (``parallel_tool_calls: false``)."""
+
+    format: ChatFormat
+    tools: bool
+    single_call: bool
+
+
 @dataclass
 class _Request:
     """A request waiting for, or being served by, the batcher."""
@@ -109,7 +119,8 @@ class _Request:
     prompt_ids: list[int]
     params: SamplingParams
     max_new: int
-    parse_tools: bool
+    chat: _ChatReading | None
+    """How to read a chat answer (reasoning, tool calls); None for text completions."""
     future: asyncio.Future
     rows: list[_Row] = field(default_factory=list)
     policy_version: int = 0
@@ -177,6 +188,8 @@ class Engine:
         max_batch_rows: int = 64,
         default_max_tokens: int | None = None,
         policy_version: int = 0,
+        tool_format: str | None = None,
+        reasoning: str | None = None,
     ):
         configure_threads()
         if gather_window_s < 0 or max_batch_rows < 1:
@@ -191,6 +204,9 @@ class Engine:
         self.max_positions = int(getattr(model.config, "max_position_embeddings", 0) or 2**31)
         self._policy_version = policy_version
         self._chat_format: ChatFormat | None = None
+        self._format_names = (tool_format, reasoning)
+        if getattr(tokenizer, "chat_template", None):
+            self.chat_format  # noqa: B018 - an unknown tool format is a start-up error, not a failure per request
         self._eos_ids = self._find_eos_ids()
         pad = tokenizer.pad_token_id
         self._pad_id = pad if pad is not None else min(self._eos_ids, default=0)
@@ -280,24 +296,35 @@ class Engine:
         return self._tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     async def chat(self, request: ChatRequest) -> Generation:
-        """Answer an OpenAI-style chat request; tool calls in Hermes markup are parsed into ``tool_calls``."""
+        """Answer an OpenAI-style chat request: the prompt rendered with the model's chat template, the answer read
+        in its family's formats (`ChatFormat.parse`: ``reasoning``, content, ``tool_calls``)."""
         if (home := self._home_loop()) is not None:
             return await _run_on(home, self.chat(request))
         if not isinstance(request.messages, list) or not request.messages:
             raise BackendError("messages must be a non-empty list", param="messages")
         tools = request.tools or None
         try:
-            if self._chat_format is None:
-                self._chat_format = ChatFormat(self._tokenizer)
-            text = self._chat_format.render(request.messages, tools)
+            text = self.chat_format.render(request.messages, tools)
         except BackendError:
             raise
         except Exception as exc:  # template errors are the caller's message shapes, not engine crashes
             raise BackendError(f"could not render the chat template: {exc}", param="messages") from exc
         ids = self._tokenizer(text, add_special_tokens=False)["input_ids"]
-        parse_tools = bool(tools) and request.tool_choice != "none"
+        reading = _ChatReading(
+            self.chat_format, bool(tools) and request.tool_choice != "none", request.parallel_tool_calls is False
+        )
         constraint = await self._constraint(request)
-        return await self._generate(ids, request.sampling, parse_tools, constraint)
+        return await self._generate(ids, request.sampling, reading, constraint)
+
+    @property
+    def chat_format(self) -> ChatFormat:
+        """The model's chat template and formats (tool calls, reasoning), built on first use. Raises
+        `lightrail.engine.formats.UnknownFormatError` for a template whose tool markup is unknown and no
+        ``tool_format`` was given."""
+        if self._chat_format is None:
+            tool_format, reasoning = self._format_names
+            self._chat_format = ChatFormat(self._tokenizer, tool_format=tool_format, reasoning=reasoning)
+        return self._chat_format
 
     async def _constraint(self, request: ChatRequest) -> Constraint | None:
         """The compiled grammar of a request with ``response_format`` or a forced ``tool_choice``, else None.
@@ -308,7 +335,7 @@ class Engine:
             return None
         vocab = int(getattr(self.model.config, "vocab_size", 0) or len(self._tokenizer))
         grammars = grammars_for(self._tokenizer, vocab, self._eos_ids)
-        grammar = build_grammar(request, grammars.markers)
+        grammar = build_grammar(request, self.chat_format.format.tool, grammars.tags)
         if grammar is None:
             return None
         compiled = grammars.cached(grammar)
@@ -323,7 +350,7 @@ class Engine:
         if not isinstance(request.prompt, str):
             raise BackendError("prompt must be a string", param="prompt")
         ids = self._tokenizer(request.prompt)["input_ids"]
-        return await self._generate(ids, request.sampling, parse_tools=False)
+        return await self._generate(ids, request.sampling, None)
 
     async def update_weights(self, state_dict_or_model: Any, *, version: int | None = None) -> int:
         """Serve new weights: drain in-flight generations, copy the weights in place, bump `policy_version`.
@@ -456,12 +483,16 @@ class Engine:
         return int(self.model.config.vocab_size)
 
     async def _generate(
-        self, prompt_ids: list[int], params: SamplingParams, parse_tools: bool, constraint: Constraint | None = None
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        chat: _ChatReading | None,
+        constraint: Constraint | None = None,
     ) -> Generation:
         if self._closed:
             raise BackendError("the engine is closed", status=503, code="engine_closed")
         max_new = self._validate(prompt_ids, params)
-        req = _Request(list(prompt_ids), params, max_new, parse_tools, asyncio.get_running_loop().create_future())
+        req = _Request(list(prompt_ids), params, max_new, chat, asyncio.get_running_loop().create_future())
         req.constraint = constraint
         self.stats["requests"] += 1
         self._queue.append(req)
@@ -800,11 +831,13 @@ class Engine:
                 ids, logprobs, top = ids[: row.stop_cut], logprobs[: row.stop_cut], top[: row.stop_cut]
             raw = self.decode(ids)
             finish: FinishReason = "length" if row.finish == "length" else "stop"
-            content, calls = raw, []
-            if req.parse_tools:
-                parsed = parse_tool_calls(raw)
+            content, calls, reasoning = raw, [], None
+            if req.chat is not None:
+                reasoning, parsed = req.chat.format.parse(raw, tools=req.chat.tools)
                 self.stats["malformed_tool_calls"] += parsed.malformed
                 content, calls = parsed.content, parsed.tool_calls
+                if req.chat.single_call:
+                    calls = calls[:1]
                 if calls and finish == "stop":
                     finish = "tool_calls"
             choices.append(
@@ -815,6 +848,7 @@ class Engine:
                     top_logprobs=list(top) if req.params.top_logprobs else None,
                     finish_reason=finish,
                     tool_calls=calls,
+                    reasoning=reasoning,
                     stop_sequence=row.stop_string if finish == "stop" else None,
                 )
             )

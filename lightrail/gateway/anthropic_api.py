@@ -25,8 +25,10 @@ backend samples with top-k), ``thinking`` unless disabled, ``output_config.forma
 (prefill: chat backends start a new turn instead of continuing it), and any field the Messages API does not
 document (``Extra inputs are not permitted``, as Anthropic says).
 
-The response is a ``message`` whose content is a text block (when there is text, or nothing at all) followed by
-one ``tool_use`` block per tool call, with fresh ``toolu_`` ids; the recorded chat view uses the same ids. ``stop_reason`` is
+The response is a ``message`` whose content is a ``thinking`` block when a reasoning model reasoned (its
+``<think>`` text; the ``signature`` is empty: nothing to verify; ``thinking`` blocks sent back are the assistant
+turn's ``reasoning_content``), a text block (when there is text, or nothing at all), then one ``tool_use`` block per
+tool call, with fresh ``toolu_`` ids; the recorded chat view uses the same ids. ``stop_reason`` is
 ``tool_use`` / ``max_tokens`` / ``stop_sequence`` / ``end_turn``: the backend reports which stop string ended a
 choice (`lightrail.types.Choice.stop_sequence`: the engine and the scripted backend know it; an upstream knows it
 when it is vLLM, whose ``stop_reason`` carries it); a choice that finished on ``stop`` without one ended on an
@@ -200,11 +202,17 @@ def _blocks(message: dict[str, JSON], where: str) -> list[dict[str, JSON]]:
 
 
 def _assistant(blocks: list[dict[str, JSON]], where: str, seen: set[str]) -> dict[str, JSON]:
-    texts, calls = [], []
+    texts, calls, thoughts = [], [], []
     for j, block in enumerate(blocks):
         at = f"{where}.content[{j}]"
         kind = block["type"]
-        if kind == _TEXT:
+        if kind == "thinking":  # a reasoning model's earlier thinking: back as the turn's reasoning_content
+            if not isinstance(block.get("thinking"), str):
+                raise _refuse(f"{at}.thinking", "Field required (a string)")
+            thoughts.append(block["thinking"])
+        elif kind == "redacted_thinking":
+            continue
+        elif kind == _TEXT:
             if not isinstance(block.get("text"), str):
                 raise _refuse(f"{at}.text", "Field required (a string)")
             texts.append(block["text"])
@@ -224,6 +232,8 @@ def _assistant(blocks: list[dict[str, JSON]], where: str, seen: set[str]) -> dic
             raise _refuse(f"{at}.type", f"{kind!r} content blocks are not supported by this gateway")
     text = "".join(texts)
     message: dict[str, JSON] = {"role": "assistant", "content": text}
+    if thoughts:
+        message["reasoning_content"] = "".join(thoughts)
     if calls:
         message["content"] = text or None  # as OpenAI sends it next to tool calls
         message["tool_calls"] = calls
@@ -431,6 +441,8 @@ def message_response(generation: Generation, response_id: str) -> dict[str, JSON
     """The ``message`` object for a one-choice generation (its tool calls already carry ``toolu_`` ids)."""
     choice = generation.choices[0]
     content: list[dict[str, JSON]] = []
+    if choice.reasoning is not None:  # a reasoning model's thinking, first, as Claude's thinking blocks come
+        content.append({"type": "thinking", "thinking": choice.reasoning, "signature": ""})
     if choice.text or not choice.tool_calls:  # an empty answer is one empty text block (agents read content[0])
         content.append({"type": "text", "text": choice.text})
     for call in choice.tool_calls:
@@ -468,6 +480,9 @@ def message_stream(response: dict[str, JSON], chunk_chars: int) -> bytes:
         first: dict[str, JSON]
         if block["type"] == _TEXT:
             first, key, delta_type, whole = {"type": _TEXT, "text": ""}, _TEXT, "text_delta", block["text"]
+        elif block["type"] == "thinking":
+            first = {"type": "thinking", "thinking": "", "signature": ""}
+            key, delta_type, whole = "thinking", "thinking_delta", block["thinking"]
         else:
             first = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
             key, delta_type, whole = "partial_json", "input_json_delta", json.dumps(block["input"])

@@ -89,6 +89,8 @@ class _ToolCall(msgspec.Struct):
 class _Message(msgspec.Struct):
     content: str | None = None
     tool_calls: list[_ToolCall] | None = None
+    reasoning_content: str | None = None  # vLLM with --reasoning-parser (and DeepSeek's API)
+    reasoning: str | None = None  # newer vLLM releases name it so
 
 
 class _TopLogprob(msgspec.Struct):
@@ -228,6 +230,7 @@ class OpenAIUpstream:
             content = c.logprobs.content if c.logprobs is not None else None
             logprobs = [e.logprob for e in content] if content is not None else None
             choice = _choice(c.message.content or "", c.token_ids, logprobs, c.finish_reason, calls)
+            choice.reasoning = c.message.reasoning_content or c.message.reasoning
             if request.sampling.top_logprobs and content is not None:
                 choice.top_logprobs = [[_token_id(t.token, t.logprob) for t in e.top_logprobs or ()] for e in content]
             if choice.finish_reason == "stop" and isinstance(c.stop_reason, str):

@@ -462,7 +462,11 @@ def chat_logprobs(choice: Choice, lo: int = 0, hi: int | None = None) -> dict[st
 
 
 def chat_message(choice: Choice) -> dict[str, JSON]:
+    """The assistant ``message`` of a chat choice: content, ``tool_calls``, and the model's reasoning as
+    ``reasoning_content`` (the field vLLM's reasoning parsers and DeepSeek's API use) when it reasoned."""
     message: dict[str, JSON] = {"role": "assistant", "content": choice.text}
+    if choice.reasoning is not None:
+        message["reasoning_content"] = choice.reasoning
     if choice.tool_calls:
         message["content"] = choice.text or None  # OpenAI sends null content next to tool calls
         message["tool_calls"] = [

@@ -13,8 +13,9 @@ embedded engine, `OpenAIUpstream`) serves it and records token ids and logprobs 
   ``function_call`` items (``call_id``, ``name``, ``arguments``) become ``tool_calls`` of an assistant message,
   merged into the assistant message just before them, so a replayed turn renders as the backend generated it;
   ``function_call_output`` items become ``tool`` messages whose ``tool_call_id`` is the ``call_id`` (a string
-  output, or the text of ``input_text`` parts); ``reasoning`` items are dropped (no lightrail backend produces
-  them);
+  output, or the text of ``input_text`` parts); ``reasoning`` items (their ``reasoning_text`` content) become
+  the ``reasoning_content`` of the assistant turn they precede, as a reasoning model's output item carries its
+  ``<think>`` text;
 * ``tools`` (flat function tools: ``name``, ``description``, ``parameters``, ``strict``) become chat function
   tools; ``tool_choice`` ``auto`` / ``none`` / ``required`` / ``{"type": "function", "name"}`` and
   ``parallel_tool_calls`` map one to one;
@@ -260,7 +261,11 @@ def _items_to_messages(items: list[JSON], seen: set[str]) -> list[dict[str, JSON
                 )
             if "content" not in item:
                 raise _refuse(f"{where}.content", f"Missing required parameter: '{where}.content'.")
-            out.append({"role": _ROLES[role], "content": _content_text(item["content"], where)})
+            text = _content_text(item["content"], where)
+            if role == "assistant" and out and out[-1].get("reasoning_content") and not out[-1].get("content"):
+                out[-1]["content"] = text  # the answer that followed its reasoning item
+            else:
+                out.append({"role": _ROLES[role], "content": text})
             merge_ok = role == "assistant"
         elif kind == "function_call":
             call_id, name, arguments = item.get("call_id"), item.get("name"), item.get("arguments")
@@ -298,7 +303,17 @@ def _items_to_messages(items: list[JSON], seen: set[str]) -> list[dict[str, JSON
             out.append({"role": "tool", "tool_call_id": call_id, "content": text})
             merge_ok = False
         elif kind == "reasoning":
-            continue  # no lightrail backend reasons in a separate channel; the text is not part of the prompt
+            # A reasoning model's earlier thinking goes back on the assistant turn it preceded, as the chat API's
+            # ``reasoning_content`` (the model's template decides whether its prompt shows it).
+            parts = item.get("content")
+            text = "".join(
+                p["text"]
+                for p in (parts if isinstance(parts, list) else ())
+                if isinstance(p, dict) and isinstance(p.get("text"), str)
+            )
+            if text:
+                out.append({"role": "assistant", "content": None, "reasoning_content": text})
+                merge_ok = True
         else:
             raise _refuse(
                 f"{where}.type",
@@ -547,6 +562,11 @@ def response_object(body: ResponsesBody, generation: Generation, response_id: st
     incomplete = choice.finish_reason == "length"
     status = "incomplete" if incomplete else "completed"
     output: list[dict[str, JSON]] = []
+    if choice.reasoning is not None:
+        reasoning_text: list[JSON] = [{"type": "reasoning_text", "text": choice.reasoning}]
+        output.append(
+            {"id": _new_id("rs_"), "type": "reasoning", "summary": [], "content": reasoning_text, "status": "completed"}
+        )
     if choice.text or not choice.tool_calls:  # an empty answer is one empty text part (output_text == "")
         part: dict[str, JSON] = {"type": "output_text", "text": choice.text, "annotations": []}
         if body.include and LOGPROBS_INCLUDE in body.include:
@@ -643,6 +663,14 @@ def response_stream(response: dict[str, JSON], choice: Any, *, logprobs: bool, c
             done = {**where, "content_index": 0, "text": text, "logprobs": part.get("logprobs") or []}
             out.append(_event("response.output_text.done", done, seq))
             out.append(_event("response.content_part.done", {**where, "content_index": 0, "part": part}, seq))
+        elif item["type"] == "reasoning":
+            added = {**item, "status": "in_progress", "content": []}
+            out.append(_event("response.output_item.added", {"output_index": index, "item": added}, seq))
+            text = item["content"][0]["text"]
+            for k in range(0, len(text), chunk_chars):
+                delta = {**where, "content_index": 0, "delta": text[k : k + chunk_chars]}
+                out.append(_event("response.reasoning_text.delta", delta, seq))
+            out.append(_event("response.reasoning_text.done", {**where, "content_index": 0, "text": text}, seq))
         else:
             added = {**item, "status": "in_progress", "arguments": ""}
             out.append(_event("response.output_item.added", {"output_index": index, "item": added}, seq))

@@ -90,6 +90,9 @@ def chat_stream(
         emit(index, {"role": "assistant", "content": "" if message["content"] is not None else None})
         text = message["content"] or ""
         carried = 0
+        if message.get("reasoning_content"):  # reasoning streams first, as the model wrote it (token ids go with text)
+            for piece, _, _ in _pieces(message["reasoning_content"], 0, chunk_chars):
+                emit(index, {"reasoning_content": piece})
         for piece, lo, hi in _pieces(text, n_tokens, chunk_chars) if text else ():
             emit(index, {"content": piece}, span=(lo, hi))
             carried = hi

@@ -199,7 +199,7 @@ async def test_compiled_grammar_is_cached(engine):
 def _replay(engine: Engine, request: ChatRequest, prompt_ids: list[int], token_ids: list[int]):
     """Per generated token: the model's logits (full forward, no cache) and the grammar's allowed-token mask."""
     grammars = grammars_for(engine.tokenizer, engine.model.config.vocab_size, engine._eos_ids)
-    grammar = build_grammar(request, grammars.markers)
+    grammar = build_grammar(request, engine.chat_format.format.tool, grammars.tags)
     row = Constraint(grammar.kind, grammars, grammars.compile(grammar)).new_row()
     with torch.inference_mode():
         logits = engine.model(torch.tensor([prompt_ids + token_ids])).logits[0, len(prompt_ids) - 1 : -1].float()

@@ -178,6 +178,9 @@ def test_gpu_configs_are_valid_and_say_what_they_run(path):
     assert variant in path.read_text().replace('"', "")  # each file documents the other variant with this override
     other = _grpo_kwargs(load_config(path, [variant]))["config"]
     assert (other.lora is None) != (settings.lora is None)
+    # vLLM parses the agents' tool calls in the model family's own format (Llama 3.2: bare JSON; Qwen2.5: Hermes)
+    family = {"models/Llama-3.2-3B-Instruct": "llama3_json", "models/Qwen2.5-Coder-1.5B-Instruct": "hermes"}
+    assert kwargs["engine_options"]["tool_format"] == family[config.model]
 
 
 def test_the_gpu_configs_cover_the_three_agents_and_models():
