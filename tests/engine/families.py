@@ -3,7 +3,8 @@
 Each family gets a locally trained byte-level BPE tokenizer holding that family's own special tokens, with the
 special flags the published tokenizer gives them (Mistral's ``[TOOL_CALLS]`` and Llama's ``<|python_tag|>`` are
 special and vanish from decoded text; Qwen's ``<tool_call>`` and ``<think>`` are not), the family's published chat
-template (``templates/``, provenance in ``templates/PROVENANCE.md``) and a ~1 M-parameter random Llama. Weights are
+template (``templates/``, provenance in ``templates/PROVENANCE.md``) and a ~0.3 M-parameter random Llama
+(head size 64: vLLM's CPU attention supports no smaller). Weights are
 random: what the tests check is the format around them (rendering, forced calls, parsing), not answers.
 """
 
@@ -82,7 +83,7 @@ _CORPUS = [
 
 
 def build_family_model(family: Family, out: Path, seed: int = 0) -> Path:
-    """A random ~1 M-parameter Llama with ``family``'s tokenizer and chat template, saved to ``out``."""
+    """A random ~0.3 M-parameter Llama with ``family``'s tokenizer and chat template, saved to ``out``."""
     import torch
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -102,8 +103,8 @@ def build_family_model(family: Family, out: Path, seed: int = 0) -> Path:
     )
     fast.chat_template = (TEMPLATES / family.template).read_text()
     config = LlamaConfig(
-        vocab_size=len(fast), hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-        intermediate_size=128, max_position_embeddings=2048, tie_word_embeddings=True,
+        vocab_size=len(fast), hidden_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+        intermediate_size=256, max_position_embeddings=2048, tie_word_embeddings=True,
         bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id, pad_token_id=fast.pad_token_id,
     )  # fmt: skip
     with torch.random.fork_rng(devices=[]):
@@ -112,3 +113,30 @@ def build_family_model(family: Family, out: Path, seed: int = 0) -> Path:
     model.save_pretrained(out)
     fast.save_pretrained(out)
     return out
+
+
+def overfit(path: Path, messages: list[dict], tools: list[dict] | None, reply: str, *, loss_below: float = 5e-4) -> None:
+    """Train the model at ``path`` in place until it answers ``messages`` (offering ``tools``) with ``reply`` then
+    EOS, as its own family writes it: a few seconds of AdamW on one row, rendered by the family's template."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from lightrail.engine.chat import ChatFormat
+
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    prompt = tok(ChatFormat(tok).render(messages, tools), add_special_tokens=False).input_ids
+    target = tok(reply, add_special_tokens=False).input_ids + [tok.eos_token_id]
+    ids = torch.tensor([prompt + target])
+    labels = torch.tensor([[-100] * len(prompt) + target])
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)  # 1e-2 oscillates at this width
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        for _ in range(1200):  # to ~5e-4 nats a token: the reply is then the greedy answer, token for token
+            loss = model(input_ids=ids, labels=labels).loss
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if loss.item() < loss_below:
+                break
+    model.save_pretrained(path)

@@ -12,7 +12,7 @@ import json
 
 import openai
 import pytest
-from families import FAMILIES, build_family_model
+from families import FAMILIES, build_family_model, overfit
 
 from lightrail.engine import Engine
 from lightrail.engine.chat import ChatFormat
@@ -174,26 +174,8 @@ SUM = [{"role": "user", "content": "What is 2 + 3?"}]
 @pytest.fixture(scope="module")
 def reasoning_model(tmp_path_factory):
     """The Qwen3 family's random model, overfit for a few seconds to answer `SUM` with `REASONED`."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     path = build_family_model(FAMILIES["qwen3"], tmp_path_factory.mktemp("qwen3") / "qwen3")
-    tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path)
-    prompt = tok(ChatFormat(tok).render(SUM), add_special_tokens=False).input_ids
-    target = tok(REASONED, add_special_tokens=False).input_ids + [tok.eos_token_id]
-    ids = torch.tensor([prompt + target])
-    labels = torch.tensor([[-100] * len(prompt) + target])
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    torch.manual_seed(0)
-    for _ in range(800):  # to ~1e-4 nats a token: the Anthropic and Responses calls sample at temperature 1
-        loss = model(input_ids=ids, labels=labels).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if loss.item() < 1e-4:
-            break
-    model.save_pretrained(path)
+    overfit(path, SUM, None, REASONED)
     return path
 
 
@@ -230,7 +212,9 @@ async def test_reasoning_comes_back_split_and_stays_in_the_trained_tokens(reason
                 assert response.output[0].content[0].text == "Two plus three is five."  # type: ignore[union-attr]
 
             async with anthropic.AsyncAnthropic(base_url=base, api_key="t", max_retries=0) as claude:
-                answer = await claude.messages.create(model="m", max_tokens=40, messages=SUM)
+                answer = await claude.messages.create(
+                    model="m", max_tokens=40, messages=SUM, extra_body={"temperature": 0}
+                )
                 assert [b.type for b in answer.content] == ["thinking", "text"]
                 assert answer.content[0].thinking == "Two plus three is five."  # type: ignore[union-attr]
         spans = await store.query_spans(lease.rollout.rollout_id, lease.attempt.attempt_id)  # flushed at stop
