@@ -533,6 +533,9 @@ class Attr:
     SPAN_REWARD = "lightrail.reward"
     SPAN_EVENT = "lightrail.event"
     SPAN_EXCEPTION = "lightrail.exception"
+    SPAN_MESSAGE = "lightrail.message"
+    """Written by `lightrail.emit_message`: a free-text message of the agent (a log line, a thought, a note for
+    whoever reads the trace), in ``MESSAGE_BODY``."""
     SPAN_ROLLOUT = "lightrail.rollout"
     SPAN_TRAINING = "lightrail.training"
     """Written by the trainer after an update, one per trained attempt: which of its calls were trained, at which
@@ -600,6 +603,8 @@ class Attr:
     SESSION_SOURCE = "lightrail.session.source"
     """Where the session id came from: ``header`` (x-lightrail-session), ``user``, ``metadata`` or ``call``."""
     EVENT_NAME = "lightrail.event.name"
+    MESSAGE_BODY = "lightrail.message.body"
+    """On `SPAN_MESSAGE` spans: the message's text."""
     EXCEPTION_TYPE = "exception.type"
     EXCEPTION_MESSAGE = "exception.message"
     EXCEPTION_STACKTRACE = "exception.stacktrace"

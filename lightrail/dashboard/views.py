@@ -142,7 +142,14 @@ class SpanRow:
 def _kind(span: Span) -> str:
     if span.name == Attr.SPAN_LLM_CALL:
         return "llm"
-    if span.name in (Attr.SPAN_REWARD, Attr.SPAN_EVENT, Attr.SPAN_EXCEPTION, Attr.SPAN_ROLLOUT, Attr.SPAN_TRAINING):
+    if span.name in (
+        Attr.SPAN_REWARD,
+        Attr.SPAN_EVENT,
+        Attr.SPAN_MESSAGE,
+        Attr.SPAN_EXCEPTION,
+        Attr.SPAN_ROLLOUT,
+        Attr.SPAN_TRAINING,
+    ):
         return span.name.rsplit(".", 1)[-1]
     return str(span.attributes.get(Attr.KIND) or "other")
 
@@ -160,6 +167,8 @@ def _describe(span: Span) -> tuple[str, str]:
     if span.name == Attr.SPAN_EVENT:
         rest = {k: v for k, v in a.items() if k != Attr.EVENT_NAME}
         return f"event {a.get(Attr.EVENT_NAME, '')}", short(rest, 120) if rest else ""
+    if span.name == Attr.SPAN_MESSAGE:
+        return "message", short(str(a.get(Attr.MESSAGE_BODY, "")), 160)
     if span.name == Attr.SPAN_EXCEPTION:
         return f"exception {a.get(Attr.EXCEPTION_TYPE, '')}", short(str(a.get(Attr.EXCEPTION_MESSAGE, "")), 160)
     if span.name == Attr.SPAN_ROLLOUT:

@@ -283,3 +283,30 @@ def test_malformed_spans_from_an_agent_still_render(tmp_path):
         page = client.get(found.headers["location"])  # an id with a slash and a question mark opens too
     assert page.status_code == 200, page.text[-3000:]
     assert "plain string" in page.text and "not a list" in page.text and "f(x)" in page.text
+
+
+def test_an_agents_messages_show_in_its_attempts_timeline(tmp_path):
+    """`emit_message` in an agent run by a real runner: the text is on the rollout's page, in the timeline."""
+    from starlette.testclient import TestClient
+
+    from lightrail import Runner, emit_message, rollout
+    from lightrail.dashboard import create_dashboard_app
+    from lightrail.store import open_store
+    from lightrail.types import RolloutSpec, Task
+
+    @rollout
+    async def thinker(task):
+        emit_message(f"thinking about {task['question']} <b>hard</b>", step=1)
+        return 1.0
+
+    async def run(store):
+        (queued,) = await store.enqueue([RolloutSpec(task=Task(input={"question": "2+2"}))])
+        await Runner(store, thinker, handle_signals=False).run(max_rollouts=1)
+        return queued.rollout_id
+
+    rollout_id = read_store(tmp_path / "store.db", run)
+    with TestClient(create_dashboard_app(lambda: open_store(str(tmp_path / "store.db")))) as client:
+        page = client.get(f"/ui/rollouts/{rollout_id}").text
+    timeline = page[page.index('class="span') :]
+    assert 'kind-message"' in timeline
+    assert "thinking about 2+2 &lt;b&gt;hard&lt;/b&gt;" in timeline  # shown as text, escaped
