@@ -58,7 +58,9 @@ def build_episode(
 
     * every `Attr.SPAN_LLM_CALL` span is a call; ``turn`` = rank by ``seq``. Its prompt ids are None when
       `Attr.TOKEN_IDS_AVAILABLE` is False or `Attr.PROMPT_IDS` is missing.
-    * agent name: `Attr.AGENT_NAME` on the call span, else the nearest ancestor (by ``parent_id``, the call
+    * agent name: `Attr.AGENT_NAME` on the call span, else the agent the call named when it was made
+      (`Attr.CALLER_AGENT`: the gateway's ``/agents/<name>`` route, `lightrail.as_agent`, a runner's OpenTelemetry
+      guess — the name that picked the call's policy), else the nearest ancestor (by ``parent_id``, the call
       span itself excluded) carrying one of ``agent_name_keys`` (see `agent_name_of`), else — for frameworks
       whose spans are not the current OpenTelemetry context during the HTTP call, so no ``traceparent`` links
       them — the agent of the framework's own LLM span of the same call (same ``gen_ai.response.id``).
@@ -107,11 +109,13 @@ def build_episode(
     by_id: dict[str, Span] | None = None
     inherited: dict[str, str | None] = {}  # parent span id -> agent name: sibling calls share their parent
     n_choices = 0
-    k_agent, k_prompt, k_avail = Attr.AGENT_NAME, Attr.PROMPT_IDS, Attr.TOKEN_IDS_AVAILABLE
+    k_agent, k_caller, k_prompt, k_avail = Attr.AGENT_NAME, Attr.CALLER_AGENT, Attr.PROMPT_IDS, Attr.TOKEN_IDS_AVAILABLE
     k_choices, k_version, k_rid = Attr.CHOICES, Attr.POLICY_VERSION, Attr.RESPONSE_ID
     for turn, s in enumerate(call_spans):
         a = s.attributes
         agent = a.get(k_agent)
+        if agent is None:
+            agent = a.get(k_caller)
         parent = s.parent_id
         if agent is None and parent is not None:
             if parent in inherited:
