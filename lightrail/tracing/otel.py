@@ -26,10 +26,11 @@ work as OpenTelemetry spans through OpenInference instrumentors. `setup` turns t
 * outgoing ``httpx`` / ``httpx2`` requests (the openai client, LangChain, the Agents SDK, AutoGen and litellm all
   use one of them) carry the W3C ``traceparent`` of the current span, so the gateway makes its LLM-call span a child of the
   framework span that made the call, and the adapter's ancestor walk finds the agent that made it. They also carry
-  ``x-lightrail-agent`` (`current_agent`: the LangGraph node, or the agent of the current span), by which a gateway
-  serving one policy per agent picks the call's policy. This is a
-  minimal injection around ``Client.send`` / ``AsyncClient.send`` (no extra client span per request, unlike
-  opentelemetry-instrumentation-httpx, which also does not know httpx2).
+  ``x-lightrail-agent`` (`current_agent`: a `lightrail.as_agent` name, the LangGraph node, or the agent of the
+  current span), which the gateway records and by which a gateway serving one policy per agent picks the call's
+  policy. This is a minimal stamp in `lightrail.tracing.naming`'s wrapper of ``Client.send`` /
+  ``AsyncClient.send`` (no extra client span per request, unlike opentelemetry-instrumentation-httpx, which also
+  does not know httpx2).
 
 This module imports OpenTelemetry at the top; nothing imports it unless OTel is turned on (``Runner(otel=True)``,
 ``lightrail runner --otel``), so ``import lightrail`` stays light.
@@ -68,9 +69,11 @@ from opentelemetry.sdk.trace import Span as SDKSpan
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from lightrail.adapters.episode import AGENT_NAME_KEYS
+from lightrail.tracing import naming
 from lightrail.tracing._context import AttemptContext, current_attempt
+from lightrail.tracing.naming import named_agent
 from lightrail.tracing.semconv import normalize, status_code
-from lightrail.types import AGENT_HEADER, Attr, Span, SpanEvent, SpanStatus, next_seq
+from lightrail.types import AGENT_HEADER, Attr, Span, SpanEvent, SpanStatus, agent_header_value, next_seq
 
 __all__ = ["FRAMEWORKS", "OTel", "current", "current_agent", "setup", "to_lightrail_span", "traceparent"]
 
@@ -500,12 +503,7 @@ class _AgentsSDKTracing:
         return safe
 
 
-# -- traceparent on outgoing httpx requests -------------------------------------------------------------------
-
-_HTTP_CLIENTS = ("httpx", "httpx2")
-"""Modules whose ``Client.send`` / ``AsyncClient.send`` get the ``traceparent`` header (openai 3 uses ``httpx2``,
-LangChain, litellm and most others ``httpx``)."""
-_originals: dict[str, tuple[Any, Any]] = {}
+# -- traceparent and the agent on outgoing httpx requests ------------------------------------------------------
 
 
 def traceparent() -> str | None:
@@ -517,10 +515,14 @@ def traceparent() -> str | None:
 
 
 def current_agent() -> str | None:
-    """The agent making the current call, as far as the runner can tell while it is made: the LangGraph node the
-    code runs in (LangGraph's runnable config), else the agent of the current OTel span (its own name attribute,
-    `lightrail.adapters.AGENT_NAME_KEYS`, or its nearest ancestor's, tracked by the span processor). None when
-    neither knows. Sent with every LLM request as `lightrail.types.AGENT_HEADER`."""
+    """The agent making the current call, as far as the runner can tell while it is made: the name of the
+    enclosing `lightrail.as_agent` block, else the LangGraph node the code runs in (LangGraph's runnable config),
+    else the agent of the current OTel span (its own name attribute, `lightrail.adapters.AGENT_NAME_KEYS`, or its
+    nearest ancestor's, tracked by the span processor). None when none knows. Sent with every LLM request as
+    `lightrail.types.AGENT_HEADER`."""
+    named = named_agent()
+    if named is not None:
+        return named
     node = _langgraph_node()
     if node is not None:
         return node
@@ -554,42 +556,19 @@ def _agent_at_start(span: SDKSpan) -> str | None:
 
 
 def _stamp(request: Any) -> None:
-    """``traceparent`` and `AGENT_HEADER` on an outgoing request, unless the caller set them."""
+    """``traceparent`` and `AGENT_HEADER` on an outgoing request, unless the caller (or `lightrail.as_agent`) set
+    them; a name the header cannot carry (`lightrail.types.check_agent_name`) is left out."""
     headers = request.headers
     if "traceparent" not in headers and (value := traceparent()) is not None:
         headers["traceparent"] = value
     if AGENT_HEADER not in headers and (agent := current_agent()) is not None:
-        headers[AGENT_HEADER] = agent
+        with contextlib.suppress(ValueError):
+            headers[AGENT_HEADER] = agent_header_value(agent)
 
 
 def _inject() -> None:
-    for name in _HTTP_CLIENTS:
-        if name in _originals or not _installed(name):
-            continue
-        module = importlib.import_module(name)
-        send, asend = module.Client.send, module.AsyncClient.send
-        module.Client.send, module.AsyncClient.send = _traced(send), _traced_async(asend)
-        _originals[name] = (send, asend)
-
-
-def _traced(send: Any) -> Any:
-    def traced_send(self: Any, request: Any, **kwargs: Any) -> Any:
-        _stamp(request)
-        return send(self, request, **kwargs)
-
-    return traced_send
-
-
-def _traced_async(send: Any) -> Any:
-    async def traced_send(self: Any, request: Any, **kwargs: Any) -> Any:
-        _stamp(request)
-        return await send(self, request, **kwargs)
-
-    return traced_send
+    naming.add_stamp(_stamp)
 
 
 def _uninject() -> None:
-    for name, (send, asend) in list(_originals.items()):
-        module = importlib.import_module(name)
-        module.Client.send, module.AsyncClient.send = send, asend
-        del _originals[name]
+    naming.remove_stamp(_stamp)
