@@ -32,6 +32,7 @@ import numbers
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -355,6 +356,10 @@ class Runner:
 
     async def _call_agent(self, running: _Running, root_id: str, resources: dict[str, Any]) -> float | None:
         rollout, attempt = running.lease.rollout, running.lease.attempt
+        if "langchain_core" in sys.modules:  # the agent uses LangChain: name its calls by their runnables
+            from lightrail.tracing import langchain
+
+            langchain.install()
         otel_parent = self._otel.attempt_parent(running.ctx, root_id) if self._otel else contextlib.nullcontext()
         with use_attempt(running.ctx, parent_span_id=root_id), otel_parent:  # this task's own context copy
             try:
