@@ -22,28 +22,43 @@ AGENT_NAME_KEYS: tuple[str, ...] = ("gen_ai.agent.name", "agent.name", "graph.no
 """Attributes that name the agent (or graph node) a span belongs to, most specific convention first."""
 
 _OI_KIND = "openinference.span.kind"
+_GENAI_OP = "gen_ai.operation.name"
+_AGENT_OPERATIONS = frozenset({"invoke_agent", "create_agent"})
 _seq = attrgetter("seq")
 
 
 def agent_name_of(span: Span | None, by_id: dict[str, Span], keys: Sequence[str] = AGENT_NAME_KEYS) -> str | None:
     """The agent name of ``span``: its own name attribute, else the nearest ancestor's (by ``parent_id``).
 
-    An OpenInference ``AGENT`` span without a name attribute names its agent by the span name. ``by_id`` maps
-    span ids to the attempt's spans; None (a parent outside the attempt) has no name.
+    An OpenInference ``AGENT`` span without a name attribute names its agent by the span name. A GenAI span of an
+    operation that is not an agent (``chat``, ``execute_tool``: `lightrail.tracing.semconv.names_its_agent` is
+    False) names one only when no ancestor does: instrumentations copy, or default, ``gen_ai.agent.name`` onto
+    them. ``by_id`` maps span ids to the attempt's spans; None (a parent outside the attempt) has no name.
     """
     node = span
+    fallback: str | None = None
     for _ in range(len(by_id) + 1):  # bounded: a corrupt parent chain may loop
         if node is None:
-            return None
+            break
         a = node.attributes
         for key in keys:
             name = a.get(key)
             if name is not None:
-                return str(name)
-        if a.get(_OI_KIND) == "AGENT":
-            return node.name
+                if _names_its_agent(a):
+                    return str(name)
+                fallback = fallback or str(name)
+                break
+        else:
+            if a.get(_OI_KIND) == "AGENT":
+                return node.name
         node = by_id.get(node.parent_id) if node.parent_id is not None else None
-    return None
+    return fallback
+
+
+def _names_its_agent(attributes: dict) -> bool:
+    # `lightrail.tracing.semconv.names_its_agent`, restated: adapters import nothing of tracing
+    op = attributes.get(_GENAI_OP)
+    return op is None or op in _AGENT_OPERATIONS or _OI_KIND in attributes
 
 
 def build_episode(

@@ -72,7 +72,7 @@ from lightrail.adapters.episode import AGENT_NAME_KEYS
 from lightrail.tracing import naming
 from lightrail.tracing._context import AttemptContext, current_attempt
 from lightrail.tracing.naming import named_agent
-from lightrail.tracing.semconv import normalize, status_code
+from lightrail.tracing.semconv import AGENT_OPERATIONS, names_its_agent, normalize, status_code
 from lightrail.types import AGENT_HEADER, Attr, Span, SpanEvent, SpanStatus, agent_header_value, next_seq
 
 __all__ = ["FRAMEWORKS", "OTel", "current", "current_agent", "setup", "to_lightrail_span", "traceparent"]
@@ -182,9 +182,9 @@ class _AttemptProcessor(SpanProcessor):
             span.set_attributes({Attr.ROLLOUT_ID: ctx.rollout_id, Attr.ATTEMPT_ID: ctx.attempt_id})
         span_id = span.context.span_id
         self._open[span_id] = ctx
-        agent = _agent_at_start(span)
-        if agent is None and span.parent is not None:
-            agent = self.agents.get(span.parent.span_id)
+        agent, its_own = _agent_at_start(span)
+        if not its_own and span.parent is not None:
+            agent = self.agents.get(span.parent.span_id) or agent
         if agent is not None:
             self.agents[span_id] = agent
 
@@ -543,16 +543,22 @@ def _langgraph_node() -> str | None:
     return str(node) if node is not None else None
 
 
-def _agent_at_start(span: SDKSpan) -> str | None:
-    """The agent a span names in the attributes it starts with (OpenInference sets most at start)."""
+def _agent_at_start(span: SDKSpan) -> tuple[str | None, bool]:
+    """The agent a span names in the attributes it starts with (OpenInference sets most at start), and whether it
+    is the agent the span is (`semconv.names_its_agent`; else the name is used only when no parent names one)."""
     a = span.attributes or {}
-    for key in (Attr.AGENT_NAME, *AGENT_NAME_KEYS):
+    op = a.get("gen_ai.operation.name")
+    if op in AGENT_OPERATIONS and span.name.startswith(f"{op} ") and "openinference.span.kind" not in a:
+        # GenAI names the span ``invoke_agent <gen_ai.agent.name>``; instrumentations that fill the attribute at
+        # the end start it with a default (the OpenAI Agents one: ``OpenAI Agent``), the span name is right early
+        return span.name.removeprefix(f"{op} "), True
+    for key in AGENT_NAME_KEYS:
         name = a.get(key)
         if name is not None:
-            return str(name)
+            return str(name), names_its_agent(a)
     if a.get("openinference.span.kind") == "AGENT":
-        return span.name
-    return None
+        return span.name, True
+    return None, False
 
 
 def _stamp(request: Any) -> None:
