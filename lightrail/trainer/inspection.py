@@ -445,8 +445,8 @@ def span_label(span: Span) -> str:
             parts.append(f"{len(prompt)} prompt tokens → {'+'.join(map(str, answer)) or 0} generated")
         if a.get(Attr.POLICY_VERSION) is not None:
             parts.append(f"policy v{a[Attr.POLICY_VERSION]}")
-        if a.get(Attr.AGENT_NAME):
-            parts.append(f"agent {escape(str(a[Attr.AGENT_NAME]))}")
+        if agent := a.get(Attr.AGENT_NAME) or a.get(Attr.CALLER_AGENT):
+            parts.append(f"agent {escape(str(agent))}")
         return "  ".join(parts) + took + error
     if span.name == Attr.SPAN_REWARD:
         kind = "final" if a.get(Attr.REWARD_FINAL, True) else "intermediate"
