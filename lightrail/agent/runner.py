@@ -111,7 +111,9 @@ class Runner:
     ``otel=True`` turns OpenTelemetry on in this process (`lightrail.tracing.otel.setup`, or the setup already
     active): framework spans become spans of the attempt that made them, under its rollout span, and LLM calls carry
     a ``traceparent`` so the gateway's call spans hang under the framework span that made them. Needs the
-    ``lightrail[otel]`` extra. The runner's own lightweight tracer stays the default.
+    ``lightrail[otel]`` extra. The runner's own lightweight tracer stays the default. Without OpenTelemetry, calls
+    name their agent through `lightrail.as_agent` or `LLM.endpoint_for`, and an agent that uses LangChain gets its
+    calls named by its runnables (`lightrail.tracing.langchain`).
 
     Example::
 

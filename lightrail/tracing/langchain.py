@@ -163,7 +163,7 @@ def current_agent() -> str | None:
 def _stamp(request: Any) -> None:
     if AGENT_HEADER not in request.headers and (agent := current_agent()) is not None:
         with contextlib.suppress(ValueError):  # a name the header cannot carry: the call goes unnamed
-            request.headers[AGENT_HEADER] = agent_header_value(agent)
+            request.headers[AGENT_HEADER] = agent_header_value(agent.strip())
 
 
 def install() -> None:

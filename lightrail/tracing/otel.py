@@ -563,13 +563,14 @@ def _agent_at_start(span: SDKSpan) -> tuple[str | None, bool]:
 
 def _stamp(request: Any) -> None:
     """``traceparent`` and `AGENT_HEADER` on an outgoing request, unless the caller (or `lightrail.as_agent`) set
-    them; a name the header cannot carry (`lightrail.types.check_agent_name`) is left out."""
+    them; a name is sent without surrounding whitespace, one the header cannot carry otherwise
+    (`lightrail.types.check_agent_name`) is left out."""
     headers = request.headers
     if "traceparent" not in headers and (value := traceparent()) is not None:
         headers["traceparent"] = value
     if AGENT_HEADER not in headers and (agent := current_agent()) is not None:
         with contextlib.suppress(ValueError):
-            headers[AGENT_HEADER] = agent_header_value(agent)
+            headers[AGENT_HEADER] = agent_header_value(agent.strip())
 
 
 def _inject() -> None:
