@@ -163,9 +163,10 @@ class _AttemptProcessor(SpanProcessor):
         self.unattributed = 0
         self._open: dict[int, AttemptContext] = {}
         self._by_trace: dict[int, AttemptContext] = {}
-        self.agents: dict[int, str] = {}
-        """Open span id -> the agent it runs in (its own name attributes at start, else its parent's): what
-        `current_agent` reads while an agent makes an LLM call."""
+        self.live: dict[int, SDKSpan] = {}
+        """Open span id -> the span itself, still being written: `current_agent` reads the agent from its
+        attributes and its ancestors' as they are when the LLM call is made (instrumentations set the agent's name
+        after starting its span: CrewAI's ``graph.node.id``)."""
 
     def on_start(self, span: SDKSpan, parent_context: Any = None) -> None:
         if not self.active:
@@ -182,14 +183,28 @@ class _AttemptProcessor(SpanProcessor):
             span.set_attributes({Attr.ROLLOUT_ID: ctx.rollout_id, Attr.ATTEMPT_ID: ctx.attempt_id})
         span_id = span.context.span_id
         self._open[span_id] = ctx
-        agent, its_own = _agent_at_start(span)
-        if not its_own and span.parent is not None:
-            agent = self.agents.get(span.parent.span_id) or agent
-        if agent is not None:
-            self.agents[span_id] = agent
+        self.live[span_id] = span
+
+    def agent_of(self, span_id: int) -> str | None:
+        """The agent open span ``span_id`` runs in, from its attributes and its open ancestors' as they are now:
+        the nearest that names the agent it is, else the nearest that names one at all
+        (`semconv.names_its_agent`), as `lightrail.adapters.agent_name_of` reads the ended spans."""
+        fallback = None
+        span = self.live.get(span_id)
+        for _ in range(256):  # bounded: spans nest far less deep
+            if span is None:
+                break
+            agent, its_own = _agent_named(span)
+            if agent is not None:
+                if its_own:
+                    return agent
+                fallback = fallback or agent
+            parent = span.parent
+            span = self.live.get(parent.span_id) if parent is not None else None
+        return fallback
 
     def on_end(self, span: ReadableSpan) -> None:
-        self.agents.pop(span.context.span_id, None)
+        self.live.pop(span.context.span_id, None)
         ctx = self._open.pop(span.context.span_id, None)
         if ctx is None or not self.active:
             return
@@ -266,6 +281,7 @@ class OTel:
             self.force_flush()
             self.processor.active = False
             self.processor._open.clear()  # spans never ended (abandoned by their code): nothing will pop them
+            self.processor.live.clear()
             if self.processor.batch is not None:
                 self.processor.batch.shutdown()
                 self.processor.batch = None
@@ -529,7 +545,7 @@ def current_agent() -> str | None:
     if _processor is None:
         return None
     sc = trace.get_current_span().get_span_context()
-    return _processor.agents.get(sc.span_id) if sc.is_valid else None
+    return _processor.agent_of(sc.span_id) if sc.is_valid else None
 
 
 def _langgraph_node() -> str | None:
@@ -543,14 +559,14 @@ def _langgraph_node() -> str | None:
     return str(node) if node is not None else None
 
 
-def _agent_at_start(span: SDKSpan) -> tuple[str | None, bool]:
-    """The agent a span names in the attributes it starts with (OpenInference sets most at start), and whether it
-    is the agent the span is (`semconv.names_its_agent`; else the name is used only when no parent names one)."""
+def _agent_named(span: SDKSpan) -> tuple[str | None, bool]:
+    """The agent an open span names in its attributes so far, and whether it is the agent the span is
+    (`semconv.names_its_agent`; else the name is used only when no ancestor names one)."""
     a = span.attributes or {}
     op = a.get("gen_ai.operation.name")
     if op in AGENT_OPERATIONS and span.name.startswith(f"{op} ") and "openinference.span.kind" not in a:
         # GenAI names the span ``invoke_agent <gen_ai.agent.name>``; instrumentations that fill the attribute at
-        # the end start it with a default (the OpenAI Agents one: ``OpenAI Agent``), the span name is right early
+        # the end start it with a default (the OpenAI Agents one: ``OpenAI Agent``): the span name is right early
         return span.name.removeprefix(f"{op} "), True
     for key in AGENT_NAME_KEYS:
         name = a.get(key)
