@@ -77,6 +77,8 @@ class _RunAgents(BaseCallbackHandler):
             agent = name
         if agent is None and parent is not None:
             agent = parent.agent
+        if len(self.runs) >= _MAX_OPEN_RUNS:
+            self.runs.clear()  # crude bound on runs never ended (an abandoned stream): names are lost, not memory
         run = self.runs[run_id] = _Run(agent, own, None)
         return run
 
@@ -111,6 +113,7 @@ class _RunAgents(BaseCallbackHandler):
     on_chain_end = on_chain_error = on_tool_end = on_tool_error = on_llm_end = on_llm_error = _end
 
 
+_MAX_OPEN_RUNS = 100_000
 _model_run: ContextVar[UUID | None] = ContextVar("lightrail_langchain_model_run", default=None)
 _class_names: dict[str, bool] = {}
 
