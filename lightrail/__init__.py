@@ -36,6 +36,10 @@ _EXPORTS: dict[str, str] = {
     # tracing
     "emit_reward": "lightrail.tracing",
     "emit_event": "lightrail.tracing",
+    "as_agent": "lightrail.tracing",
+    "emit_message": "lightrail.tracing",
+    "emit_exception": "lightrail.tracing",
+    "span": "lightrail.tracing",
     # agents and running them
     "LitAgent": "lightrail.agent",
     "rollout": "lightrail.agent",
@@ -69,11 +73,15 @@ __all__ = [
     "Trainer",
     "Transition",
     "__version__",
+    "as_agent",
     "emit_event",
+    "emit_exception",
+    "emit_message",
     "emit_reward",
     "feedback",
     "open_store",
     "rollout",
+    "span",
 ]
 
 
@@ -94,7 +102,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from lightrail.agent import LitAgent, Runner, rollout
     from lightrail.algorithms.grpo import GRPO
     from lightrail.store import MemoryStore, SQLiteStore, Store, StoreClient, open_store
-    from lightrail.tracing import emit_event, emit_reward
+    from lightrail.tracing import as_agent, emit_event, emit_exception, emit_message, emit_reward, span
     from lightrail.trainer import Algorithm, Trainer
     from lightrail.types import (
         LLM,

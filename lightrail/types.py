@@ -25,11 +25,13 @@ import threading
 import time
 import uuid
 from typing import Annotated, Any, Literal
+from urllib.parse import quote, unquote
 
 import msgspec
 
 __all__ = [
     "AGENT_HEADER",
+    "MAX_AGENT_NAME_CHARS",
     "FinishReason",
     "ATTEMPT_TO_ROLLOUT",
     "Attr",
@@ -62,6 +64,9 @@ __all__ = [
     "TrainingRow",
     "Transition",
     "check_attempt_transition",
+    "agent_from_header",
+    "agent_header_value",
+    "check_agent_name",
     "check_rollout_transition",
     "content_text",
     "new_id",
@@ -335,17 +340,43 @@ class LLM(msgspec.Struct, kw_only=True, tag="llm"):
 
     def base_url(self, rollout_id: str | None = None, attempt_id: str | None = None) -> str:
         """The base URL an agent should use; routed per attempt when ids are given and the endpoint is a gateway
-        (the gateway attributes each call to its rollout from the path). Idempotent on a routed endpoint."""
+        (the gateway attributes each call to its rollout from the path). Idempotent on a routed endpoint; an
+        agent segment (`endpoint_for`) stays last."""
         root = self.endpoint.rstrip("/")
         if not self.routed:
             return root
         if root.endswith("/v1"):
             root = root[:-3]
-        if "/rollouts/" in root:  # already routed to an attempt (what agents receive)
-            return f"{root}/v1"
-        if rollout_id and attempt_id:
-            return f"{root}/rollouts/{rollout_id}/attempts/{attempt_id}/v1"
-        return f"{root}/v1"
+        root, agent = _split_agent_segment(root)
+        if "/rollouts/" not in root and rollout_id and attempt_id:  # not yet routed to an attempt
+            root = f"{root}/rollouts/{rollout_id}/attempts/{attempt_id}"
+        return f"{root}{agent}/v1"
+
+    def endpoint_for(self, agent: str) -> str:
+        """The base URL whose calls the gateway records as made by ``agent``: ``.../agents/<agent>/v1`` (the name
+        percent-encoded), for code that names its agents without OpenTelemetry and without setting the
+        `AGENT_HEADER` itself (any HTTP client, any language). The name is checked (`check_agent_name`); an
+        endpoint that is not a gateway (``routed=False``) is returned unchanged.
+
+        Example::
+
+            writer = OpenAI(base_url=llm.endpoint_for("writer"), api_key=llm.api_key or "none")
+            critic = OpenAI(base_url=llm.endpoint_for("critic"), api_key=llm.api_key or "none")
+            # training selects each call by its agent: grpo.policies: {write: [writer]}
+        """
+        check_agent_name(agent)
+        if not self.routed:
+            return self.endpoint.rstrip("/")
+        root, _ = _split_agent_segment(self.base_url()[:-3])
+        return f"{root}/agents/{quote(agent, safe='')}/v1"
+
+
+def _split_agent_segment(root: str) -> tuple[str, str]:
+    """``root`` without a trailing ``/agents/<name>`` segment, and that segment ("" without one)."""
+    head, sep, name = root.rpartition("/agents/")
+    if sep and name and "/" not in name:
+        return head, sep + name
+    return root, ""
 
 
 class PromptTemplate(msgspec.Struct, kw_only=True, tag="prompt_template"):
@@ -538,6 +569,9 @@ class Attr:
     SPAN_REWARD = "lightrail.reward"
     SPAN_EVENT = "lightrail.event"
     SPAN_EXCEPTION = "lightrail.exception"
+    SPAN_MESSAGE = "lightrail.message"
+    """Written by `lightrail.emit_message`: a free-text message of the agent (a log line, a thought, a note for
+    whoever reads the trace), in ``MESSAGE_BODY``."""
     SPAN_ROLLOUT = "lightrail.rollout"
     SPAN_TRAINING = "lightrail.training"
     """Written by the trainer after an update, one per trained attempt: which of its calls were trained, at which
@@ -605,15 +639,51 @@ class Attr:
     SESSION_SOURCE = "lightrail.session.source"
     """Where the session id came from: ``header`` (x-lightrail-session), ``user``, ``metadata`` or ``call``."""
     EVENT_NAME = "lightrail.event.name"
+    MESSAGE_BODY = "lightrail.message.body"
+    """On `SPAN_MESSAGE` spans: the message's text."""
     EXCEPTION_TYPE = "exception.type"
     EXCEPTION_MESSAGE = "exception.message"
     EXCEPTION_STACKTRACE = "exception.stacktrace"
 
 
 AGENT_HEADER = "x-lightrail-agent"
-"""HTTP header naming the agent that makes an LLM call. A runner with OpenTelemetry on sets it on the agent's
-requests (`lightrail.tracing.otel.current_agent`); the gateway hands it to the backend as `ChatRequest.agent` and
+"""HTTP header naming the agent that makes an LLM call, percent-encoded as UTF-8 (`agent_header_value`: a name of
+ASCII letters, digits and ``_.-~`` is sent as it is). Set by the caller, by `lightrail.as_agent` on the calls made
+inside it, or by a runner with OpenTelemetry on (`lightrail.tracing.otel.current_agent`); the gateway (where the
+``/agents/<name>/`` segment of `LLM.endpoint_for` wins over it) hands it to the backend as `ChatRequest.agent` and
 records it on the call's span (`Attr.CALLER_AGENT`)."""
+
+MAX_AGENT_NAME_CHARS = 200
+
+
+def check_agent_name(name: Any) -> str:
+    """``name`` if it can name an agent, else a ValueError saying why: a string of 1 to 200 printable characters
+    (no control characters) that neither starts nor ends with whitespace. Any other character is allowed (a
+    CrewAI role, a LangGraph node): names are percent-encoded in URLs and headers."""
+    if not isinstance(name, str):
+        raise ValueError(f"an agent name is a string, not {type(name).__name__}")
+    if not name or len(name) > MAX_AGENT_NAME_CHARS:
+        raise ValueError(f"an agent name has 1 to {MAX_AGENT_NAME_CHARS} characters, not {len(name)}")
+    if not name.isprintable() or name != name.strip():
+        raise ValueError(
+            f"the agent name {name!r} has control characters or leading or trailing whitespace; it must not"
+        )
+    return name
+
+
+def agent_header_value(name: str) -> str:
+    """``name`` as the value of `AGENT_HEADER` (checked, percent-encoded)."""
+    return quote(check_agent_name(name), safe="")
+
+
+def agent_from_header(value: str) -> str:
+    """The agent an `AGENT_HEADER` value names (percent-decoded, checked); ValueError for a value that names
+    none."""
+    try:
+        name = unquote(value, errors="strict")
+    except UnicodeDecodeError:
+        raise ValueError(f"{value!r} is not a percent-encoded UTF-8 agent name") from None
+    return check_agent_name(name)
 
 
 class TrainingRow(msgspec.Struct, kw_only=True):

@@ -31,11 +31,15 @@ PUBLIC = [
     "Trainer",
     "Transition",
     "__version__",
+    "as_agent",
     "emit_event",
+    "emit_exception",
+    "emit_message",
     "emit_reward",
     "feedback",
     "open_store",
     "rollout",
+    "span",
 ]
 
 
@@ -51,11 +55,13 @@ def test_every_public_name_resolves():
 
     assert lightrail.GRPO is GRPO
     from lightrail.agent import LitAgent, Runner, rollout
-    from lightrail.tracing import emit_event, emit_reward
+    from lightrail.tracing import as_agent, emit_event, emit_exception, emit_message, emit_reward, span
     from lightrail.trainer import Algorithm, Trainer
 
     assert (lightrail.LitAgent, lightrail.Runner, lightrail.rollout) == (LitAgent, Runner, rollout)
     assert (lightrail.emit_reward, lightrail.emit_event) == (emit_reward, emit_event)
+    assert (lightrail.emit_message, lightrail.emit_exception, lightrail.span) == (emit_message, emit_exception, span)
+    assert lightrail.as_agent is as_agent
     assert (lightrail.Trainer, lightrail.Algorithm) == (Trainer, Algorithm)
 
 

@@ -56,3 +56,18 @@ def test_bad_policies_and_spans_are_refused_at_decode():
 def test_next_seq_strictly_increases():
     seqs = [next_seq() for _ in range(1000)]
     assert seqs == sorted(set(seqs))
+
+
+def test_endpoint_for_names_the_agent_last_in_any_endpoint():
+    gateway = LLM(endpoint="http://gw:8900/v1", model="m")
+    assert gateway.endpoint_for("writer") == "http://gw:8900/agents/writer/v1"
+    routed = LLM(endpoint=gateway.base_url("ro-1", "at-1"), model="m")
+    assert routed.endpoint_for("a b/c") == "http://gw:8900/rollouts/ro-1/attempts/at-1/agents/a%20b%2Fc/v1"
+    named = LLM(endpoint=gateway.endpoint_for("writer"), model="m")  # a named endpoint in the resources
+    assert named.base_url("ro-1", "at-1") == "http://gw:8900/rollouts/ro-1/attempts/at-1/agents/writer/v1"
+    assert named.endpoint_for("critic") == "http://gw:8900/agents/critic/v1"  # renamed, not nested
+    external = LLM(endpoint="https://api.example.com/v1/", model="m", routed=False)
+    assert external.endpoint_for("writer") == "https://api.example.com/v1"  # not a gateway: nothing to name
+    for bad in ["", " writer", "x" * 201, "tab\there"]:
+        with pytest.raises(ValueError, match="agent name"):
+            gateway.endpoint_for(bad)

@@ -22,28 +22,43 @@ AGENT_NAME_KEYS: tuple[str, ...] = ("gen_ai.agent.name", "agent.name", "graph.no
 """Attributes that name the agent (or graph node) a span belongs to, most specific convention first."""
 
 _OI_KIND = "openinference.span.kind"
+_GENAI_OP = "gen_ai.operation.name"
+_AGENT_OPERATIONS = frozenset({"invoke_agent", "create_agent"})
 _seq = attrgetter("seq")
 
 
 def agent_name_of(span: Span | None, by_id: dict[str, Span], keys: Sequence[str] = AGENT_NAME_KEYS) -> str | None:
     """The agent name of ``span``: its own name attribute, else the nearest ancestor's (by ``parent_id``).
 
-    An OpenInference ``AGENT`` span without a name attribute names its agent by the span name. ``by_id`` maps
-    span ids to the attempt's spans; None (a parent outside the attempt) has no name.
+    An OpenInference ``AGENT`` span without a name attribute names its agent by the span name. A GenAI span of an
+    operation that is not an agent (``chat``, ``execute_tool``: `lightrail.tracing.semconv.names_its_agent` is
+    False) names one only when no ancestor does: instrumentations copy, or default, ``gen_ai.agent.name`` onto
+    them. ``by_id`` maps span ids to the attempt's spans; None (a parent outside the attempt) has no name.
     """
     node = span
+    fallback: str | None = None
     for _ in range(len(by_id) + 1):  # bounded: a corrupt parent chain may loop
         if node is None:
-            return None
+            break
         a = node.attributes
         for key in keys:
             name = a.get(key)
             if name is not None:
-                return str(name)
-        if a.get(_OI_KIND) == "AGENT":
-            return node.name
+                if _names_its_agent(a):
+                    return str(name)
+                fallback = fallback or str(name)
+                break
+        else:
+            if a.get(_OI_KIND) == "AGENT":
+                return node.name
         node = by_id.get(node.parent_id) if node.parent_id is not None else None
-    return None
+    return fallback
+
+
+def _names_its_agent(attributes: dict) -> bool:
+    # `lightrail.tracing.semconv.names_its_agent`, restated: adapters import nothing of tracing
+    op = attributes.get(_GENAI_OP)
+    return op is None or op in _AGENT_OPERATIONS or _OI_KIND in attributes
 
 
 def build_episode(
@@ -58,7 +73,9 @@ def build_episode(
 
     * every `Attr.SPAN_LLM_CALL` span is a call; ``turn`` = rank by ``seq``. Its prompt ids are None when
       `Attr.TOKEN_IDS_AVAILABLE` is False or `Attr.PROMPT_IDS` is missing.
-    * agent name: `Attr.AGENT_NAME` on the call span, else the nearest ancestor (by ``parent_id``, the call
+    * agent name: `Attr.AGENT_NAME` on the call span, else the agent the call named when it was made
+      (`Attr.CALLER_AGENT`: the gateway's ``/agents/<name>`` route, `lightrail.as_agent`, a runner's OpenTelemetry
+      guess — the name that picked the call's policy), else the nearest ancestor (by ``parent_id``, the call
       span itself excluded) carrying one of ``agent_name_keys`` (see `agent_name_of`), else — for frameworks
       whose spans are not the current OpenTelemetry context during the HTTP call, so no ``traceparent`` links
       them — the agent of the framework's own LLM span of the same call (same ``gen_ai.response.id``).
@@ -107,11 +124,13 @@ def build_episode(
     by_id: dict[str, Span] | None = None
     inherited: dict[str, str | None] = {}  # parent span id -> agent name: sibling calls share their parent
     n_choices = 0
-    k_agent, k_prompt, k_avail = Attr.AGENT_NAME, Attr.PROMPT_IDS, Attr.TOKEN_IDS_AVAILABLE
+    k_agent, k_caller, k_prompt, k_avail = Attr.AGENT_NAME, Attr.CALLER_AGENT, Attr.PROMPT_IDS, Attr.TOKEN_IDS_AVAILABLE
     k_choices, k_version, k_rid = Attr.CHOICES, Attr.POLICY_VERSION, Attr.RESPONSE_ID
     for turn, s in enumerate(call_spans):
         a = s.attributes
         agent = a.get(k_agent)
+        if agent is None:
+            agent = a.get(k_caller)
         parent = s.parent_id
         if agent is None and parent is not None:
             if parent in inherited:

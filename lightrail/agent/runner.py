@@ -32,6 +32,7 @@ import numbers
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -110,7 +111,9 @@ class Runner:
     ``otel=True`` turns OpenTelemetry on in this process (`lightrail.tracing.otel.setup`, or the setup already
     active): framework spans become spans of the attempt that made them, under its rollout span, and LLM calls carry
     a ``traceparent`` so the gateway's call spans hang under the framework span that made them. Needs the
-    ``lightrail[otel]`` extra. The runner's own lightweight tracer stays the default.
+    ``lightrail[otel]`` extra. The runner's own lightweight tracer stays the default. Without OpenTelemetry, calls
+    name their agent through `lightrail.as_agent` or `LLM.endpoint_for`, and an agent that uses LangChain gets its
+    calls named by its runnables (`lightrail.tracing.langchain`).
 
     Example::
 
@@ -355,6 +358,10 @@ class Runner:
 
     async def _call_agent(self, running: _Running, root_id: str, resources: dict[str, Any]) -> float | None:
         rollout, attempt = running.lease.rollout, running.lease.attempt
+        if "langchain_core" in sys.modules:  # the agent uses LangChain: name its calls by their runnables
+            from lightrail.tracing import langchain
+
+            langchain.install()
         otel_parent = self._otel.attempt_parent(running.ctx, root_id) if self._otel else contextlib.nullcontext()
         with use_attempt(running.ctx, parent_span_id=root_id), otel_parent:  # this task's own context copy
             try:

@@ -2,8 +2,9 @@
 
 ``GRPO(policies={"write": ["write_query"], "rewrite": ["rewrite_query"]})`` trains one copy of the model per policy
 (with a LoRA config: one adapter each, on the same base weights), each with its own optimizer and its own updates
-from its agents' calls. The agent stays unmodified and keeps calling one model name; the runner says which agent
-makes each call (`lightrail.types.AGENT_HEADER`, from the LangGraph node or the agent's OpenTelemetry span), and the
+from its agents' calls. The agent stays unmodified and keeps calling one model name; each call names the agent that
+makes it (`lightrail.types.AGENT_HEADER`: set by `lightrail.as_agent`, or by a runner with OpenTelemetry on from the
+LangGraph node or the agent's span; or the ``/agents/<name>`` route of `lightrail.types.LLM.endpoint_for`), and the
 gateway's backend, a `PolicyRouter`, sends the call to that agent's policy. Calls of agents in no policy (a fixed
 checker, an unnamed call) are served by the model the run started from, which never changes.
 

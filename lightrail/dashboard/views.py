@@ -142,7 +142,14 @@ class SpanRow:
 def _kind(span: Span) -> str:
     if span.name == Attr.SPAN_LLM_CALL:
         return "llm"
-    if span.name in (Attr.SPAN_REWARD, Attr.SPAN_EVENT, Attr.SPAN_EXCEPTION, Attr.SPAN_ROLLOUT, Attr.SPAN_TRAINING):
+    if span.name in (
+        Attr.SPAN_REWARD,
+        Attr.SPAN_EVENT,
+        Attr.SPAN_MESSAGE,
+        Attr.SPAN_EXCEPTION,
+        Attr.SPAN_ROLLOUT,
+        Attr.SPAN_TRAINING,
+    ):
         return span.name.rsplit(".", 1)[-1]
     return str(span.attributes.get(Attr.KIND) or "other")
 
@@ -151,7 +158,8 @@ def _describe(span: Span) -> tuple[str, str]:
     """A span's label and a one-line detail."""
     a = span.attributes
     if span.name == Attr.SPAN_LLM_CALL:
-        agent = f" ({a[Attr.AGENT_NAME]})" if a.get(Attr.AGENT_NAME) else ""
+        named = a.get(Attr.AGENT_NAME) or a.get(Attr.CALLER_AGENT)
+        agent = f" ({named})" if named else ""
         version = f", policy v{a[Attr.POLICY_VERSION]}" if a.get(Attr.POLICY_VERSION) is not None else ""
         return f"llm call{agent}", f"model {a.get(Attr.MODEL)}{version}"
     if span.name == Attr.SPAN_REWARD:
@@ -160,6 +168,8 @@ def _describe(span: Span) -> tuple[str, str]:
     if span.name == Attr.SPAN_EVENT:
         rest = {k: v for k, v in a.items() if k != Attr.EVENT_NAME}
         return f"event {a.get(Attr.EVENT_NAME, '')}", short(rest, 120) if rest else ""
+    if span.name == Attr.SPAN_MESSAGE:
+        return "message", short(str(a.get(Attr.MESSAGE_BODY, "")), 160)
     if span.name == Attr.SPAN_EXCEPTION:
         return f"exception {a.get(Attr.EXCEPTION_TYPE, '')}", short(str(a.get(Attr.EXCEPTION_MESSAGE, "")), 160)
     if span.name == Attr.SPAN_ROLLOUT:
@@ -418,7 +428,7 @@ def call_views(spans: Sequence[Span], decode: Decode | None = None) -> list[Call
         views.append(CallView(
             number=count, span=span, messages=messages, new_from=new_from, choices=choices, trainable=trainable,
             training=trained.get(response_id, []) if isinstance(response_id, str) else [],
-            agent=_text(a[Attr.AGENT_NAME]) if a.get(Attr.AGENT_NAME) else None,
+            agent=_text(named) if (named := a.get(Attr.AGENT_NAME) or a.get(Attr.CALLER_AGENT)) else None,
             error=span.status.message if span.status.code == "error" else "",
             request_extra={k: v for k, v in request.items() if k not in ("messages", "prompt")},
         ))  # fmt: skip

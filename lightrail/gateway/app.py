@@ -7,9 +7,14 @@ Routes::
     GET  /rollouts/{rollout_id}/attempts/{attempt_id}/v1/models
     POST /v1/chat/completions, /v1/completions; GET /v1/models               served (recorded under sessions
                                                                             with ``sessions=``, see recording.py)
+    .../agents/{agent}/v1/...                                               any of the above, made by ``agent``
     GET  /health                                                            no auth
 
-A routed call is attributed to its attempt by the path. The attempt must exist (checked once with
+A routed call is attributed to its attempt by the path. The agent that makes a call is named by an
+``/agents/{agent}`` segment before ``/v1`` (`lightrail.types.LLM.endpoint_for`), else by the `AGENT_HEADER`
+(percent-encoded; `lightrail.as_agent` and a runner with OpenTelemetry on set it); an invalid name is a 400. The
+name goes to the backend (`ChatRequest.agent`: a `PolicyRouter` picks the agent's policy by it) and onto the call's
+span (`Attr.CALLER_AGENT`), where training reads it first. The attempt must exist (checked once with
 `Store.query_attempts`, then cached; unknown ids get a 404 before the body is read). An attempt that has
 already ended is still served and recorded: its spans are harmless (the trainer only reads finished
 rollouts' spans, and late spans of a lost attempt are never trained on), while refusing would turn a
@@ -40,6 +45,7 @@ from typing import Any
 
 import msgspec
 from starlette.applications import Starlette
+from starlette.convertors import Convertor, register_url_convertor
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -58,7 +64,18 @@ from lightrail.gateway.sse import CHUNK_CHARS
 from lightrail.store.base import NotFoundError, Store
 from lightrail.store.tokens import Role, TokenVerifier, owns_attempt
 from lightrail.tracing import SpanBatcher
-from lightrail.types import AGENT_HEADER, Attr, BackendError, ChatRequest, Span, SpanStatus, StatusCode, next_seq
+from lightrail.types import (
+    AGENT_HEADER,
+    Attr,
+    BackendError,
+    ChatRequest,
+    Span,
+    SpanStatus,
+    StatusCode,
+    agent_from_header,
+    check_agent_name,
+    next_seq,
+)
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "create_gateway_app", "parse_traceparent"]
 
@@ -244,8 +261,6 @@ class _Gateway:
         if attempt is not None:
             await self.recorder.wait_capacity()  # backpressure: agents slow down to the store's pace
             span = _call_span(attempt, seq, dialect, start, data, exchange, generation, response, failure)
-            if exchange is not None and exchange.request.agent is not None:
-                span.attributes[Attr.CALLER_AGENT] = exchange.request.agent
             _link_to_caller(span, request)
             self.recorder.submit(span)
             # Answer only once the span is stored: a call the agent saw is in the store before the agent can
@@ -279,16 +294,24 @@ class _Gateway:
         return http
 
 
-_MAX_AGENT_CHARS = 200
-
-
 def _caller_agent(request: Request) -> str | None:
-    """The `AGENT_HEADER` of ``request`` (the agent that makes the call), None without one; refused when longer than
-    200 characters (a name, not a payload)."""
-    agent = request.headers.get(AGENT_HEADER)
-    if agent is not None and len(agent) > _MAX_AGENT_CHARS:
-        raise InvalidRequest(f"The {AGENT_HEADER} header names an agent in at most {_MAX_AGENT_CHARS} characters.")
-    return agent or None
+    """The agent that makes the call: the route's ``/agents/{agent}`` segment, else the `AGENT_HEADER`; None when
+    neither names one. A name `check_agent_name` refuses is a 400 that says why."""
+    agent = request.path_params.get("agent")
+    if agent is not None:
+        try:
+            return check_agent_name(agent)
+        except ValueError as exc:
+            raise InvalidRequest(
+                f"The /agents/ segment of the URL: {exc}.", param="agent", code="invalid_agent"
+            ) from None
+    value = request.headers.get(AGENT_HEADER)
+    if not value:
+        return None
+    try:
+        return agent_from_header(value)
+    except ValueError as exc:
+        raise InvalidRequest(f"The {AGENT_HEADER} header: {exc}.", param="agent", code="invalid_agent") from None
 
 
 def _link_to_caller(span: Span, request: Request) -> None:
@@ -374,6 +397,8 @@ def _call_span(
         attributes[Attr.TOKEN_IDS_AVAILABLE] = False
     if response is not None:
         attributes[Attr.RESPONSE_ID] = response["id"]
+    if exchange is not None and exchange.request.agent is not None:
+        attributes[Attr.CALLER_AGENT] = exchange.request.agent
     status = SpanStatus(code=StatusCode.OK) if failure is None else SpanStatus(code=StatusCode.ERROR, message=failure)
     return Span(
         rollout_id=attempt[0],
@@ -385,6 +410,23 @@ def _call_span(
         attributes=attributes,
         status=status,
     )
+
+
+class _AgentConvertor(Convertor[str]):
+    """The ``{agent}`` of a route: any characters, slashes and line breaks included (the path is percent-decoded
+    before routing, so ``a%2Fb`` arrives as ``a/b``), so that every name reaches `check_agent_name` and a bad one
+    gets a 400 that says why rather than a 404."""
+
+    regex = r"[\s\S]+"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("lightrail_agent", _AgentConvertor())
 
 
 class BearerAuth:
@@ -515,16 +557,18 @@ def create_gateway_app(
                 await recorder.flush()
 
     prefix = "/rollouts/{rollout_id}/attempts/{attempt_id}"
+    agent = "/agents/{agent:lightrail_agent}"
     routes = [
         Route("/health", gateway.health, methods=["GET"]),
-        Route("/v1/models", gateway.models, methods=["GET"]),
         Route("/openapi.json", gateway.openapi, methods=["GET"]),
-        Route(prefix + "/v1/models", gateway.routed_models, methods=["GET"]),
     ]
-    for dialect in DIALECTS:
-        served, routed = gateway.handlers(dialect)
-        routes.append(Route("/v1" + dialect.path, served, methods=["POST"]))
-        routes.append(Route(prefix + "/v1" + dialect.path, routed, methods=["POST"]))
+    for named in ("", agent):
+        routes.append(Route(named + "/v1/models", gateway.models, methods=["GET"]))
+        routes.append(Route(prefix + named + "/v1/models", gateway.routed_models, methods=["GET"]))
+        for dialect in DIALECTS:
+            served, routed = gateway.handlers(dialect)
+            routes.append(Route(named + "/v1" + dialect.path, served, methods=["POST"]))
+            routes.append(Route(prefix + named + "/v1" + dialect.path, routed, methods=["POST"]))
     verifier = TokenVerifier(lambda: store) if hasattr(store, "get_token") else None
     middleware = [Middleware(BearerAuth, token=token, verifier=verifier)] if token else []
     app = Starlette(

@@ -1,5 +1,6 @@
 """The gateway's OpenAPI document (``GET /openapi.json``): every route, unrouted (``/v1/...``, served) and routed to
-an attempt (``/rollouts/{rollout_id}/attempts/{attempt_id}/v1/...``, recorded), with the main fields of each API's
+an attempt (``/rollouts/{rollout_id}/attempts/{attempt_id}/v1/...``, recorded), each also made by a named agent
+(``.../agents/{agent}/v1/...``), with the main fields of each API's
 request body as agents send them. The request validators (`lightrail.gateway.openai_api` and the other dialects)
 stay the authority: this document describes what they accept for clients, schema tools and fuzzers; it does not
 replace them (OpenAI's and Anthropic's full schemas are far larger, and every field is checked there by name).
@@ -105,6 +106,8 @@ _BODIES: dict[str, dict[str, Any]] = {
 
 _ROUTED = "/rollouts/{rollout_id}/attempts/{attempt_id}"
 _IDS = [{"name": name, "in": "path", "required": True, "schema": {"type": "string"}} for name in ("rollout_id", "attempt_id")]  # fmt: skip
+_AGENT = {"name": "agent", "in": "path", "required": True, "description": "the agent that makes the call",
+          "schema": {"type": "string", "minLength": 1, "maxLength": 200}}  # fmt: skip
 _ERROR = {"description": "An error, in the API's own envelope (OpenAI's or Anthropic's) with a message"}
 
 
@@ -120,16 +123,19 @@ def openapi_document() -> dict[str, Any]:
     for path, body in _BODIES.items():
         name = path.strip("/").replace("/", "_")
         for prefix, routed in (("", False), (_ROUTED, True)):
-            op: dict[str, Any] = {
-                "operationId": f"{'routed_' if routed else ''}{name}",
-                "summary": f"{path} ({'recorded into the attempt' if routed else 'served'})",
-                "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
-                "responses": {"200": {"description": "the answer (JSON, or server-sent events with stream)"},
-                              "default": _ERROR},
-            }  # fmt: skip
-            if routed:
-                op["parameters"] = _IDS
-            paths[f"{prefix}/v1{path}"] = {"post": op}
+            for agent in ("", "/agents/{agent}"):
+                op: dict[str, Any] = {
+                    "operationId": f"{'routed_' if routed else ''}{name}{'_by_agent' if agent else ''}",
+                    "summary": f"{path} ({'recorded into the attempt' if routed else 'served'}"
+                               f"{', made by the agent' if agent else ''})",
+                    "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
+                    "responses": {"200": {"description": "the answer (JSON, or server-sent events with stream)"},
+                                  "default": _ERROR},
+                }  # fmt: skip
+                parameters = (_IDS if routed else []) + ([_AGENT] if agent else [])
+                if parameters:
+                    op["parameters"] = parameters
+                paths[f"{prefix}{agent}/v1{path}"] = {"post": op}
     return {
         "openapi": "3.1.0",
         "info": {"title": "lightrail gateway", "version": "1"},

@@ -1,4 +1,4 @@
-"""Emitters: what agent code calls to record rewards, events, exceptions and its own spans.
+"""Emitters: what agent code calls to record rewards, events, messages, exceptions and its own spans.
 
 Every emitter turns into one `Span` handed to the current attempt's sink (see `lightrail.tracing._context`);
 creating it is a cheap in-memory append, never I/O, so emitting inside a hot agent loop costs microseconds.
@@ -22,7 +22,7 @@ from typing import Any
 from lightrail.tracing._context import AttemptContext, _attempt, _parent_span
 from lightrail.types import JSON, Attr, Span, SpanEvent, SpanStatus, StatusCode, next_seq
 
-__all__ = ["emit_event", "emit_exception", "emit_reward", "exception_attributes", "span"]
+__all__ = ["emit_event", "emit_exception", "emit_message", "emit_reward", "exception_attributes", "span"]
 
 _warned: set[str] = set()
 
@@ -111,6 +111,27 @@ def emit_event(name: str, **attributes: JSON) -> Span | None:
     attrs: dict[str, JSON] = dict(attributes)
     attrs[Attr.EVENT_NAME] = name
     span = _instant_span(ctx, Attr.SPAN_EVENT, attrs)
+    ctx.sink.submit(span)
+    return span
+
+
+def emit_message(message: str, **attributes: JSON) -> Span | None:
+    """Record a free-text message (a log line, the agent's reasoning, a note for whoever reads the trace) as a
+    span of the current attempt, with JSON-serialisable attributes; the dashboard shows it in the attempt's
+    timeline. Returns the span written (None outside a rollout).
+
+    Example::
+
+        emit_message(f"retrying with a shorter query ({len(docs)} hits)", step=3)
+    """
+    if not isinstance(message, str):
+        raise TypeError(f"message must be a str, got {type(message).__name__}")
+    ctx = _context("emit_message")
+    if ctx is None:
+        return None
+    attrs: dict[str, JSON] = dict(attributes)
+    attrs[Attr.MESSAGE_BODY] = message
+    span = _instant_span(ctx, Attr.SPAN_MESSAGE, attrs)
     ctx.sink.submit(span)
     return span
 

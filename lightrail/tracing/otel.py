@@ -26,10 +26,11 @@ work as OpenTelemetry spans through OpenInference instrumentors. `setup` turns t
 * outgoing ``httpx`` / ``httpx2`` requests (the openai client, LangChain, the Agents SDK, AutoGen and litellm all
   use one of them) carry the W3C ``traceparent`` of the current span, so the gateway makes its LLM-call span a child of the
   framework span that made the call, and the adapter's ancestor walk finds the agent that made it. They also carry
-  ``x-lightrail-agent`` (`current_agent`: the LangGraph node, or the agent of the current span), by which a gateway
-  serving one policy per agent picks the call's policy. This is a
-  minimal injection around ``Client.send`` / ``AsyncClient.send`` (no extra client span per request, unlike
-  opentelemetry-instrumentation-httpx, which also does not know httpx2).
+  ``x-lightrail-agent`` (`current_agent`: a `lightrail.as_agent` name, the LangGraph node, or the agent of the
+  current span), which the gateway records and by which a gateway serving one policy per agent picks the call's
+  policy. This is a minimal stamp in `lightrail.tracing.naming`'s wrapper of ``Client.send`` /
+  ``AsyncClient.send`` (no extra client span per request, unlike opentelemetry-instrumentation-httpx, which also
+  does not know httpx2).
 
 This module imports OpenTelemetry at the top; nothing imports it unless OTel is turned on (``Runner(otel=True)``,
 ``lightrail runner --otel``), so ``import lightrail`` stays light.
@@ -68,9 +69,11 @@ from opentelemetry.sdk.trace import Span as SDKSpan
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from lightrail.adapters.episode import AGENT_NAME_KEYS
+from lightrail.tracing import naming
 from lightrail.tracing._context import AttemptContext, current_attempt
-from lightrail.tracing.semconv import normalize, status_code
-from lightrail.types import AGENT_HEADER, Attr, Span, SpanEvent, SpanStatus, next_seq
+from lightrail.tracing.naming import named_agent
+from lightrail.tracing.semconv import AGENT_OPERATIONS, names_its_agent, normalize, status_code
+from lightrail.types import AGENT_HEADER, Attr, Span, SpanEvent, SpanStatus, agent_header_value, next_seq
 
 __all__ = ["FRAMEWORKS", "OTel", "current", "current_agent", "setup", "to_lightrail_span", "traceparent"]
 
@@ -160,9 +163,10 @@ class _AttemptProcessor(SpanProcessor):
         self.unattributed = 0
         self._open: dict[int, AttemptContext] = {}
         self._by_trace: dict[int, AttemptContext] = {}
-        self.agents: dict[int, str] = {}
-        """Open span id -> the agent it runs in (its own name attributes at start, else its parent's): what
-        `current_agent` reads while an agent makes an LLM call."""
+        self.live: dict[int, SDKSpan] = {}
+        """Open span id -> the span itself, still being written: `current_agent` reads the agent from its
+        attributes and its ancestors' as they are when the LLM call is made (instrumentations set the agent's name
+        after starting its span: CrewAI's ``graph.node.id``)."""
 
     def on_start(self, span: SDKSpan, parent_context: Any = None) -> None:
         if not self.active:
@@ -179,14 +183,28 @@ class _AttemptProcessor(SpanProcessor):
             span.set_attributes({Attr.ROLLOUT_ID: ctx.rollout_id, Attr.ATTEMPT_ID: ctx.attempt_id})
         span_id = span.context.span_id
         self._open[span_id] = ctx
-        agent = _agent_at_start(span)
-        if agent is None and span.parent is not None:
-            agent = self.agents.get(span.parent.span_id)
-        if agent is not None:
-            self.agents[span_id] = agent
+        self.live[span_id] = span
+
+    def agent_of(self, span_id: int) -> str | None:
+        """The agent open span ``span_id`` runs in, from its attributes and its open ancestors' as they are now:
+        the nearest that names the agent it is, else the nearest that names one at all
+        (`semconv.names_its_agent`), as `lightrail.adapters.agent_name_of` reads the ended spans."""
+        fallback = None
+        span = self.live.get(span_id)
+        for _ in range(256):  # bounded: spans nest far less deep
+            if span is None:
+                break
+            agent, its_own = _agent_named(span)
+            if agent is not None:
+                if its_own:
+                    return agent
+                fallback = fallback or agent
+            parent = span.parent
+            span = self.live.get(parent.span_id) if parent is not None else None
+        return fallback
 
     def on_end(self, span: ReadableSpan) -> None:
-        self.agents.pop(span.context.span_id, None)
+        self.live.pop(span.context.span_id, None)
         ctx = self._open.pop(span.context.span_id, None)
         if ctx is None or not self.active:
             return
@@ -263,6 +281,7 @@ class OTel:
             self.force_flush()
             self.processor.active = False
             self.processor._open.clear()  # spans never ended (abandoned by their code): nothing will pop them
+            self.processor.live.clear()
             if self.processor.batch is not None:
                 self.processor.batch.shutdown()
                 self.processor.batch = None
@@ -500,12 +519,7 @@ class _AgentsSDKTracing:
         return safe
 
 
-# -- traceparent on outgoing httpx requests -------------------------------------------------------------------
-
-_HTTP_CLIENTS = ("httpx", "httpx2")
-"""Modules whose ``Client.send`` / ``AsyncClient.send`` get the ``traceparent`` header (openai 3 uses ``httpx2``,
-LangChain, litellm and most others ``httpx``)."""
-_originals: dict[str, tuple[Any, Any]] = {}
+# -- traceparent and the agent on outgoing httpx requests ------------------------------------------------------
 
 
 def traceparent() -> str | None:
@@ -517,17 +531,21 @@ def traceparent() -> str | None:
 
 
 def current_agent() -> str | None:
-    """The agent making the current call, as far as the runner can tell while it is made: the LangGraph node the
-    code runs in (LangGraph's runnable config), else the agent of the current OTel span (its own name attribute,
-    `lightrail.adapters.AGENT_NAME_KEYS`, or its nearest ancestor's, tracked by the span processor). None when
-    neither knows. Sent with every LLM request as `lightrail.types.AGENT_HEADER`."""
+    """The agent making the current call, as far as the runner can tell while it is made: the name of the
+    enclosing `lightrail.as_agent` block, else the LangGraph node the code runs in (LangGraph's runnable config),
+    else the agent of the current OTel span (its own name attribute, `lightrail.adapters.AGENT_NAME_KEYS`, or its
+    nearest ancestor's, tracked by the span processor). None when none knows. Sent with every LLM request as
+    `lightrail.types.AGENT_HEADER`."""
+    named = named_agent()
+    if named is not None:
+        return named
     node = _langgraph_node()
     if node is not None:
         return node
     if _processor is None:
         return None
     sc = trace.get_current_span().get_span_context()
-    return _processor.agents.get(sc.span_id) if sc.is_valid else None
+    return _processor.agent_of(sc.span_id) if sc.is_valid else None
 
 
 def _langgraph_node() -> str | None:
@@ -541,55 +559,39 @@ def _langgraph_node() -> str | None:
     return str(node) if node is not None else None
 
 
-def _agent_at_start(span: SDKSpan) -> str | None:
-    """The agent a span names in the attributes it starts with (OpenInference sets most at start)."""
+def _agent_named(span: SDKSpan) -> tuple[str | None, bool]:
+    """The agent an open span names in its attributes so far, and whether it is the agent the span is
+    (`semconv.names_its_agent`; else the name is used only when no ancestor names one)."""
     a = span.attributes or {}
-    for key in (Attr.AGENT_NAME, *AGENT_NAME_KEYS):
+    op = a.get("gen_ai.operation.name")
+    if op in AGENT_OPERATIONS and span.name.startswith(f"{op} ") and "openinference.span.kind" not in a:
+        # GenAI names the span ``invoke_agent <gen_ai.agent.name>``; instrumentations that fill the attribute at
+        # the end start it with a default (the OpenAI Agents one: ``OpenAI Agent``): the span name is right early
+        return span.name.removeprefix(f"{op} "), True
+    for key in AGENT_NAME_KEYS:
         name = a.get(key)
         if name is not None:
-            return str(name)
+            return str(name), names_its_agent(a)
     if a.get("openinference.span.kind") == "AGENT":
-        return span.name
-    return None
+        return span.name, True
+    return None, False
 
 
 def _stamp(request: Any) -> None:
-    """``traceparent`` and `AGENT_HEADER` on an outgoing request, unless the caller set them."""
+    """``traceparent`` and `AGENT_HEADER` on an outgoing request, unless the caller (or `lightrail.as_agent`) set
+    them; a name is sent without surrounding whitespace, one the header cannot carry otherwise
+    (`lightrail.types.check_agent_name`) is left out."""
     headers = request.headers
     if "traceparent" not in headers and (value := traceparent()) is not None:
         headers["traceparent"] = value
     if AGENT_HEADER not in headers and (agent := current_agent()) is not None:
-        headers[AGENT_HEADER] = agent
+        with contextlib.suppress(ValueError):
+            headers[AGENT_HEADER] = agent_header_value(agent.strip())
 
 
 def _inject() -> None:
-    for name in _HTTP_CLIENTS:
-        if name in _originals or not _installed(name):
-            continue
-        module = importlib.import_module(name)
-        send, asend = module.Client.send, module.AsyncClient.send
-        module.Client.send, module.AsyncClient.send = _traced(send), _traced_async(asend)
-        _originals[name] = (send, asend)
-
-
-def _traced(send: Any) -> Any:
-    def traced_send(self: Any, request: Any, **kwargs: Any) -> Any:
-        _stamp(request)
-        return send(self, request, **kwargs)
-
-    return traced_send
-
-
-def _traced_async(send: Any) -> Any:
-    async def traced_send(self: Any, request: Any, **kwargs: Any) -> Any:
-        _stamp(request)
-        return await send(self, request, **kwargs)
-
-    return traced_send
+    naming.add_stamp(_stamp)
 
 
 def _uninject() -> None:
-    for name, (send, asend) in list(_originals.items()):
-        module = importlib.import_module(name)
-        module.Client.send, module.AsyncClient.send = send, asend
-        del _originals[name]
+    naming.remove_stamp(_stamp)

@@ -10,12 +10,19 @@ keeps the original attributes and adds the few lightrail reads, in one spelling:
   ``other`` — what the span did;
 * ``gen_ai.agent.name``: the agent or graph node the span is (``agent.name``, ``graph.node.name``; an OpenInference
   ``AGENT`` span's ``graph.node.id``, else its span name: CrewAI, AutoGen and the OpenAI Agents SDK put the bare
-  agent name in ``graph.node.id`` and name the span ``<agent>._execute_core`` / ``<agent>.on_messages_stream``),
-  and ``langgraph.node`` from LangChain's ``metadata`` (the node a LangGraph span ran in);
+  agent name in ``graph.node.id`` and name the span ``<agent>._execute_core`` / ``<agent>.on_messages_stream``; a
+  GenAI ``invoke_agent`` / ``create_agent`` span's name without the operation, ``invoke_agent <agent>``), and
+  ``langgraph.node`` from LangChain's ``metadata`` (the node a LangGraph span ran in);
 * ``gen_ai.tool.name`` and ``gen_ai.tool.call.id`` on tool spans (tool outcomes become intermediate rewards,
   linked to the LLM call that asked for the tool through the call id);
 * ``gen_ai.response.id`` on LLM spans when the framework recorded the response (so a framework's LLM span and the
   gateway's span of the same call can be matched by response id).
+
+A span that carries both conventions is read once: its kind from OpenInference, the keys above set only where
+absent. The GenAI conventions allow ``gen_ai.agent.name`` on spans of any operation, and instrumentations copy it
+there (the OpenTelemetry OpenAI Agents instrumentation puts its configured default, ``OpenAI Agent``, on every chat,
+tool and handoff span): only a span that *is* an agent (`names_its_agent`: not a GenAI span of another operation)
+names the agent of the spans under it; another's name is used only when no span above names one.
 
 Attribution — which rollout and attempt a span belongs to — comes from span attributes, then resource attributes,
 then request headers (`attribution`).
@@ -34,10 +41,12 @@ import msgspec
 from lightrail.types import Attr, StatusCode
 
 __all__ = [
+    "AGENT_OPERATIONS",
     "ATTEMPT_HEADER",
     "ROLLOUT_HEADER",
     "attribution",
     "kind_of",
+    "names_its_agent",
     "normalize",
     "status_code",
 ]
@@ -66,6 +75,8 @@ _GENAI_KINDS = {
     "create_agent": "agent",
     "embeddings": "embedding",
 }
+AGENT_OPERATIONS = frozenset({"invoke_agent", "create_agent"})
+"""GenAI operations that are an agent: their ``gen_ai.agent.name`` names the agent they are."""
 _decode = msgspec.json.decode
 _OTEL_STATUS = {0: StatusCode.UNSET, 1: StatusCode.OK, 2: StatusCode.ERROR}
 
@@ -79,6 +90,14 @@ def kind_of(attributes: Mapping[str, Any]) -> str:
     if op is not None:
         return _GENAI_KINDS.get(str(op), "other")
     return "other"
+
+
+def names_its_agent(attributes: Mapping[str, Any]) -> bool:
+    """Whether a span's agent name attributes name the agent it is: False only for a GenAI span of an operation
+    that is not an agent (``chat``, ``execute_tool``...) that is not also an OpenInference span, whose
+    ``gen_ai.agent.name`` is context an instrumentation copied or defaulted."""
+    op = attributes.get(_GENAI_OP)
+    return op is None or op in AGENT_OPERATIONS or _OI_KIND in attributes
 
 
 def _json_object(value: Any, key: str) -> dict | None:
@@ -110,7 +129,10 @@ def normalize(name: str, attributes: dict[str, Any]) -> dict[str, Any]:
     if Attr.AGENT_NAME not in a:
         agent = a.get("agent.name") or a.get("graph.node.name")
         if agent is None and kind == "agent":
-            agent = a.get("graph.node.id") or name
+            agent = a.get("graph.node.id")
+            if agent is None:
+                op = a.get(_GENAI_OP)
+                agent = name.removeprefix(f"{op} ") if op in AGENT_OPERATIONS and _OI_KIND not in a else name
         if agent is not None:
             a[Attr.AGENT_NAME] = str(agent)
     node = _json_field(a.get("metadata"), "langgraph_node")

@@ -445,8 +445,8 @@ def span_label(span: Span) -> str:
             parts.append(f"{len(prompt)} prompt tokens → {'+'.join(map(str, answer)) or 0} generated")
         if a.get(Attr.POLICY_VERSION) is not None:
             parts.append(f"policy v{a[Attr.POLICY_VERSION]}")
-        if a.get(Attr.AGENT_NAME):
-            parts.append(f"agent {escape(str(a[Attr.AGENT_NAME]))}")
+        if agent := a.get(Attr.AGENT_NAME) or a.get(Attr.CALLER_AGENT):
+            parts.append(f"agent {escape(str(agent))}")
         return "  ".join(parts) + took + error
     if span.name == Attr.SPAN_REWARD:
         kind = "final" if a.get(Attr.REWARD_FINAL, True) else "intermediate"
@@ -455,6 +455,8 @@ def span_label(span: Span) -> str:
         rest = {k: v for k, v in a.items() if k != Attr.EVENT_NAME}
         shown = escape(_short(json.dumps(rest, default=str), 160)) if rest else ""
         return f"[bold]event[/bold] {escape(str(a.get(Attr.EVENT_NAME, '')))} {shown}".rstrip()
+    if span.name == Attr.SPAN_MESSAGE:
+        return f"[bold]message[/bold] {escape(_short(str(a.get(Attr.MESSAGE_BODY, '')), 160))}"
     if span.name == Attr.SPAN_EXCEPTION:
         message = escape(_short(str(a.get(Attr.EXCEPTION_MESSAGE, "")), 160))
         return f"[bold red]exception[/bold red] {escape(str(a.get(Attr.EXCEPTION_TYPE, '')))}: {message}"

@@ -25,6 +25,7 @@ def llm_call(
     *responses: list[int] | None,
     logprobs: list[list[float] | None] | None = None,
     agent: str | None = None,
+    caller: str | None = None,
     messages: list[dict[str, Any]] | None = None,
     tool_calls: list[tuple[str, str]] | None = None,
     available: bool = True,
@@ -71,6 +72,8 @@ def llm_call(
     }
     if agent is not None:
         attributes[Attr.AGENT_NAME] = agent
+    if caller is not None:  # the name the call carried (route or header), as the gateway records it
+        attributes[Attr.CALLER_AGENT] = caller
     return span(Attr.SPAN_LLM_CALL, attributes, **kw)
 
 

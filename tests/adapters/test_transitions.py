@@ -111,6 +111,39 @@ def test_agent_name_from_nearest_ancestor():
     assert [t.metadata["response_id"] for t in transitions] == ["a"]
 
 
+def test_the_name_a_call_carried_wins_over_its_ancestors():
+    """`Attr.CALLER_AGENT` (the gateway's record of the route's or header's name: what picked the call's policy)
+    comes before the ancestor walk; a name on the call span itself before both."""
+    node = span("node", {"langgraph.node": "solver"})
+    spans = [
+        node,
+        llm_call("a", [1], [2], parent_id=node.span_id, caller="carried"),
+        llm_call("b", [1], [2], parent_id=node.span_id, agent="own", caller="x"),
+        llm_call("c", [1], [2], parent_id=node.span_id),
+    ]
+    assert [c.agent_name for c in build_episode(spans).calls] == ["carried", "own", "solver"]
+
+
+def test_genai_spans_of_other_operations_name_an_agent_only_when_no_ancestor_does():
+    """Instrumentations copy (or default) ``gen_ai.agent.name`` onto chat and tool spans; the ``invoke_agent`` span
+    above names the agent. A span with both conventions reads as OpenInference."""
+    agent = span("invoke_agent triage", {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "triage"})
+    defaulted = {"gen_ai.operation.name": "chat", "gen_ai.agent.name": "OpenAI Agent"}
+    chat = span("chat m", defaulted, parent_id=agent.span_id)
+    lone_chat = span("chat m", dict(defaulted))
+    both = span("ChatCompletion", {"openinference.span.kind": "LLM", **defaulted, "gen_ai.agent.name": "oi"})
+    spans = [
+        agent,
+        chat,
+        lone_chat,
+        both,
+        llm_call("a", [1], [2], parent_id=chat.span_id),
+        llm_call("b", [1], [2], parent_id=lone_chat.span_id),
+        llm_call("c", [1], [2], parent_id=both.span_id),
+    ]
+    assert [c.agent_name for c in build_episode(spans).calls] == ["triage", "OpenAI Agent", "oi"]
+
+
 def test_agent_name_from_the_framework_span_of_the_same_response():
     """A framework whose spans are not the current context during the HTTP call (no traceparent reaches the
     gateway) still names the call: its own LLM span recorded the response id."""

@@ -283,3 +283,45 @@ def test_malformed_spans_from_an_agent_still_render(tmp_path):
         page = client.get(found.headers["location"])  # an id with a slash and a question mark opens too
     assert page.status_code == 200, page.text[-3000:]
     assert "plain string" in page.text and "not a list" in page.text and "f(x)" in page.text
+
+
+def test_an_agents_messages_and_named_calls_show_in_the_dashboard_and_in_lightrail_show(tmp_path, capsys):
+    """`emit_message` and `as_agent` in an agent run by a real runner through a real gateway: the message is on the
+    rollout's timeline, the call says its agent, on the page and in ``lightrail show``."""
+    from openai import AsyncOpenAI
+    from starlette.testclient import TestClient
+
+    from lightrail import Runner, as_agent, emit_message, rollout
+    from lightrail.cli import main
+    from lightrail.dashboard import create_dashboard_app
+    from lightrail.gateway import GatewayServer, ScriptedBackend
+    from lightrail.store import open_store
+    from lightrail.types import LLM, Resources, RolloutSpec, Task
+
+    @rollout
+    async def thinker(task, llm):
+        emit_message(f"thinking about {task['question']} <b>hard</b>", step=1)
+        client = AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key, max_retries=0)
+        with as_agent("Deep Thinker"):
+            await client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": "hi"}])
+        await client.close()
+        return 1.0
+
+    async def run(store):
+        async with GatewayServer(ScriptedBackend(), store, token="gw") as gateway:
+            await store.put_resources(Resources(items={"llm": LLM(endpoint=gateway.url, model="m", api_key="gw")}))
+            (queued,) = await store.enqueue([RolloutSpec(task=Task(input={"question": "2+2"}), resources_version=1)])
+            await Runner(store, thinker, handle_signals=False).run(max_rollouts=1)
+        return queued.rollout_id
+
+    rollout_id = read_store(tmp_path / "store.db", run)
+    with TestClient(create_dashboard_app(lambda: open_store(str(tmp_path / "store.db")))) as client:
+        page = client.get(f"/ui/rollouts/{rollout_id}").text
+    timeline = page[page.index('class="span') :]
+    assert 'kind-message"' in timeline
+    assert "thinking about 2+2 &lt;b&gt;hard&lt;/b&gt;" in timeline  # shown as text, escaped
+    assert "llm call (Deep Thinker)" in timeline and "Call 1 · Deep Thinker" in page
+    capsys.readouterr()
+    assert main(["show", rollout_id, "--store", str(tmp_path / "store.db")]) in (0, None)
+    shown = capsys.readouterr().out
+    assert "message thinking about 2+2" in shown and "agent Deep Thinker" in shown

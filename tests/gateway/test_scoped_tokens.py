@@ -67,5 +67,9 @@ def test_a_runner_token_trains_through_the_gateway_on_its_own_attempts_only(make
         assert post(unrouted, tokens["runner"]).status_code == 403  # unrouted calls: the gateway's or an admin token
         assert post(route, "lrt_0123456789ab_" + "x" * 32).status_code == 401
         assert post(unrouted, GATEWAY).status_code == 200
+        named_route = route.replace("/v1/", "/agents/writer/v1/")  # an agent's route is its attempt's route
+        assert post(named_route, tokens["runner"]).status_code == 200
+        assert post(named_route, tokens["other"]).status_code == 403
+        assert post(f"{root}/agents/writer/v1/chat/completions", tokens["runner"]).status_code == 403
     finally:
         store_server.stop()

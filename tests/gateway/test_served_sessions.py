@@ -20,7 +20,7 @@ from lightrail.gateway import ScriptedBackend
 from lightrail.gateway.recording import SESSION_HEADER, SessionRecorder
 from lightrail.store import SQLiteStore
 from lightrail.store.server import serve_in_thread
-from lightrail.types import Attr, RolloutStatus, Span
+from lightrail.types import AGENT_HEADER, LLM, Attr, RolloutStatus, Span
 
 SECRET = "4111-1111-1111-1111"
 
@@ -170,3 +170,18 @@ def test_feedback_over_http_rewards_the_session_once(make_gateway, tmp_path):
         ]
     finally:
         store_server.stop()
+
+
+def test_served_calls_name_their_agent_by_route_or_header(make_gateway, tmp_path):
+    """A deployed agent names who makes each call the way runners do: the session's calls carry their agents."""
+    server, store, client = _recording(make_gateway, tmp_path)
+    writer = OpenAI(base_url=LLM(endpoint=server.url, model="m").endpoint_for("writer"), api_key="x", max_retries=0)
+    session = {SESSION_HEADER: "conv-9"}
+    messages = [{"role": "user", "content": "Draft it"}]
+    writer.chat.completions.create(model="scripted", messages=messages, extra_headers=session)
+    client.chat.completions.create(
+        model="scripted", messages=messages, extra_headers={**session, AGENT_HEADER: "critic"}
+    )
+    client.chat.completions.create(model="scripted", messages=messages, extra_headers=session)
+    _, spans = _stored(server, store)["session-conv-9"]
+    assert [c.agent_name for c in build_episode(spans).calls] == ["writer", "critic", None]

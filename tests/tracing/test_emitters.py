@@ -16,6 +16,7 @@ from lightrail.tracing import (
     current_attempt,
     emit_event,
     emit_exception,
+    emit_message,
     emit_reward,
     span,
 )
@@ -95,6 +96,21 @@ def test_events_exceptions_and_nested_spans():
     assert "raise ValueError" in exc_span.attributes[Attr.EXCEPTION_STACKTRACE]
     assert exc_span.attributes["where"] == "parse"
     assert current_attempt() is None
+
+
+def test_messages_are_spans_of_their_attempt_under_the_enclosing_span():
+    sink = ListSink()
+    with attempt_context("ro-1", "at-1", sink, parent_span_id="root"):
+        with span("plan") as plan:
+            message = emit_message("retrying with a shorter query", step=3)
+        with pytest.raises(TypeError):
+            emit_message({"not": "text"})  # type: ignore[arg-type]
+    assert message is not None and sink.spans[0] is message
+    assert message.name == Attr.SPAN_MESSAGE and message.parent_id == plan.span_id
+    assert message.attributes == {Attr.MESSAGE_BODY: "retrying with a shorter query", "step": 3}
+    assert (message.rollout_id, message.attempt_id) == ("ro-1", "at-1")
+    with pytest.warns(RuntimeWarning, match="emit_message"):
+        assert emit_message("nobody listens") is None
 
 
 async def test_concurrent_tasks_keep_their_own_attempt_and_parents():

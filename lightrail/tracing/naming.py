@@ -1,0 +1,170 @@
+"""Naming the agent behind each LLM call, with or without a tracer: `as_agent` and the headers of outgoing requests.
+
+The gateway records on every call the agent that made it (`lightrail.types.Attr.CALLER_AGENT`), and training
+selects calls by it (``grpo.policies``, agent filters). A call names its agent in one of three ways, most explicit
+first: an ``/agents/<name>/`` segment in its URL (`lightrail.types.LLM.endpoint_for`, for any HTTP client in any
+language), the `lightrail.types.AGENT_HEADER` set by the caller, or this module:
+
+* ``with as_agent("writer"):`` names the agent of every call made inside the block (in this task or thread, and
+  in tasks and threads that copy its context, as the runner does for sync agents): the block's outgoing
+  ``httpx`` / ``httpx2`` requests (the openai client, LangChain, the OpenAI Agents SDK, AutoGen and litellm use
+  one of them) carry the header. Clients on other HTTP libraries set the header themselves or use
+  `LLM.endpoint_for`.
+* `lightrail.tracing.otel` adds its own header stamp here (``traceparent``, and the agent it can tell from
+  OpenTelemetry spans): a name given by `as_agent` wins over that guess; a header the caller set wins over both.
+
+The requests are stamped by a wrapper around ``Client.send`` / ``AsyncClient.send`` of both libraries, installed on
+first use (the first `as_agent` block, or OpenTelemetry's setup) and kept for the life of the process (without a
+name or a stamp it only reads a context variable). No OpenTelemetry import here: ``import lightrail`` stays light.
+
+Concurrency model: the name is a `contextvars.ContextVar`, so concurrent attempts in tasks and threads never see
+each other's; the wrapper is installed once under a lock; the tuple of stamps is replaced, never mutated, so a
+request in any thread sees a whole tuple.
+
+Example::
+
+    from lightrail import as_agent
+
+    async def debate(task, llm):
+        client = AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key or "none")
+        with as_agent("proposer"):
+            claim = await client.chat.completions.create(model=llm.model, messages=[...])
+        with as_agent("critic"):
+            review = await client.chat.completions.create(model=llm.model, messages=[...])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+from typing import Any
+
+from lightrail.types import AGENT_HEADER, agent_header_value, check_agent_name
+
+__all__ = ["add_stamp", "as_agent", "named_agent", "remove_stamp"]
+
+log = logging.getLogger(__name__)
+
+_agent: ContextVar[str | None] = ContextVar("lightrail_agent", default=None)
+_agent_header: ContextVar[str | None] = ContextVar("lightrail_agent_header", default=None)
+"""The header value of the name in `_agent` (percent-encoded once, when the block is entered)."""
+
+
+def named_agent() -> str | None:
+    """The agent named by the innermost `as_agent` block around the caller, or None."""
+    return _agent.get()
+
+
+@contextlib.contextmanager
+def as_agent(name: str) -> Iterator[str]:
+    """Make the LLM calls inside the block calls of agent ``name``: their requests carry the agent header, the
+    gateway records the name on each call's span, and training selects the calls by it (``grpo.policies``, agent
+    filters) — no OpenTelemetry needed. Blocks nest (the innermost name wins); works in sync and async code, and
+    as a decorator of sync functions. An invalid name (`lightrail.types.check_agent_name`) is a ValueError here,
+    before any call is made.
+
+    Example::
+
+        with lightrail.as_agent("writer"):
+            draft = client.chat.completions.create(model=llm.model, messages=messages)
+    """
+    header = agent_header_value(check_agent_name(name))
+    install()
+    token, header_token = _agent.set(name), _agent_header.set(header)
+    try:
+        yield name
+    finally:
+        _agent_header.reset(header_token)
+        _agent.reset(token)
+
+
+# -- stamping outgoing requests --------------------------------------------------------------------------------
+
+Stamp = Callable[[Any], None]
+"""Adds headers to an outgoing ``httpx`` (or ``httpx2``) request in place; must not raise (a stamp that does is
+logged and skipped: tracing never breaks the agent's call)."""
+
+_HTTP_CLIENTS = ("httpx", "httpx2")
+"""Modules whose ``Client.send`` / ``AsyncClient.send`` are wrapped (openai 3 uses ``httpx2``, LangChain, litellm
+and most others ``httpx``)."""
+
+
+def _stamp_agent(request: Any) -> None:
+    header = _agent_header.get()
+    if header is not None and AGENT_HEADER not in request.headers:
+        request.headers[AGENT_HEADER] = header
+
+
+_stamps: tuple[Stamp, ...] = (_stamp_agent,)
+_lock = threading.Lock()
+_installed = False
+_failed: set[str] = set()
+
+
+def add_stamp(stamp: Stamp) -> None:
+    """Run ``stamp`` on every outgoing request after the ones added before (`as_agent`'s first), installing the
+    wrapper if needed. Adding a stamp twice keeps one."""
+    global _stamps
+    install()
+    with _lock:
+        if stamp not in _stamps:
+            _stamps = (*_stamps, stamp)
+
+
+def remove_stamp(stamp: Stamp) -> None:
+    """Stop running ``stamp`` (a stamp not added is ignored)."""
+    global _stamps
+    with _lock:
+        _stamps = tuple(s for s in _stamps if s is not stamp)
+
+
+def _apply(request: Any) -> None:
+    for stamp in _stamps:
+        try:
+            stamp(request)
+        except Exception:
+            name = getattr(stamp, "__qualname__", repr(stamp))
+            if name not in _failed:  # once per stamp: an agent's loop must not flood the log
+                _failed.add(name)
+                log.exception("the request header stamp %s failed; the request goes without it", name)
+
+
+def install() -> None:
+    """Wrap ``send`` of the installed HTTP client modules (once per process; idempotent)."""
+    global _installed
+    if _installed:
+        return
+    with _lock:
+        if _installed:
+            return
+        for name in _HTTP_CLIENTS:
+            try:
+                if importlib.util.find_spec(name) is None:
+                    continue
+            except (ImportError, ValueError):
+                continue
+            module = importlib.import_module(name)
+            module.Client.send = _wrapped(module.Client.send)
+            module.AsyncClient.send = _wrapped_async(module.AsyncClient.send)
+        _installed = True
+
+
+def _wrapped(send: Any) -> Any:
+    def send_stamped(self: Any, request: Any, **kwargs: Any) -> Any:
+        _apply(request)
+        return send(self, request, **kwargs)
+
+    return send_stamped
+
+
+def _wrapped_async(send: Any) -> Any:
+    async def send_stamped(self: Any, request: Any, **kwargs: Any) -> Any:
+        _apply(request)
+        return await send(self, request, **kwargs)
+
+    return send_stamped

@@ -1,0 +1,174 @@
+"""`lightrail.as_agent` and `LLM.endpoint_for`: plain Python agents name the agent behind each call, no tracer.
+
+Everything is real: a runner over a SQLite store, the gateway (over the `ScriptedBackend` fake model) served by
+uvicorn on 127.0.0.1, the openai client and raw httpx. What a user relies on: the name given in the agent's code is
+what training selects calls by (`build_episode`'s agent names, a `PolicyMap`'s filters) and what picks the policy
+that serves the call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from openai import AsyncOpenAI, OpenAI
+from opentelemetry import trace
+
+from lightrail import Runner, as_agent, rollout
+from lightrail.adapters import build_episode
+from lightrail.algorithms.policies import PolicyMap, PolicyRouter
+from lightrail.gateway import GatewayServer, ScriptedBackend
+from lightrail.store import SQLiteStore
+from lightrail.tracing import ListSink, attempt_context, named_agent, otel
+from lightrail.types import AGENT_HEADER, LLM, Attr, Resources, RolloutSpec, Task
+
+TOKEN = "naming-token"
+ASK = [{"role": "user", "content": "hi"}]
+
+
+@rollout
+async def debate(task, llm) -> float:
+    """Three agents in plain Python: two named by `as_agent` blocks (nested, and across an ``asyncio.to_thread``),
+    one by its endpoint; one call names nobody."""
+    client = AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key, max_retries=0)
+    with as_agent("proposer"):
+        await client.chat.completions.create(model=llm.model, messages=ASK)
+        with as_agent("Senior Critic/2"):  # any printable name: spaces and slashes travel percent-encoded
+            await asyncio.to_thread(_sync_call, llm)
+        await client.chat.completions.create(model=llm.model, messages=ASK)
+    judge = AsyncOpenAI(base_url=llm.endpoint_for("judge"), api_key=llm.api_key, max_retries=0)
+    with as_agent("proposer"):  # the endpoint's name wins over the block's
+        await judge.chat.completions.create(model=llm.model, messages=ASK)
+    await client.chat.completions.create(model=llm.model, messages=ASK)
+    await client.close()
+    await judge.close()
+    return 1.0
+
+
+def _sync_call(llm) -> None:
+    with OpenAI(base_url=llm.endpoint, api_key=llm.api_key, max_retries=0) as client:
+        client.chat.completions.create(model=llm.model, messages=ASK)
+
+
+async def test_a_plain_python_agents_calls_are_trained_under_the_names_it_gave(tmp_path):
+    store = SQLiteStore(tmp_path / "store.db")
+    async with GatewayServer(ScriptedBackend(), store, token=TOKEN) as gateway:
+        await store.put_resources(Resources(items={"llm": LLM(endpoint=gateway.url, model="m", api_key=TOKEN)}))
+        (queued,) = await store.enqueue([RolloutSpec(task=Task(input={}), resources_version=1)])
+        stats = await Runner(store, debate, handle_signals=False).run(max_rollouts=1)
+    assert stats.ended["succeeded"] == 1, stats
+    episode = build_episode(await store.query_spans(queued.rollout_id))
+    names = ["proposer", "Senior Critic/2", "proposer", "judge", None]
+    assert [c.agent_name for c in episode.calls] == names
+    assert [c.span.attributes.get(Attr.CALLER_AGENT) for c in episode.calls] == names
+    policies = PolicyMap({"debater": ["proposer"], "critic": ["Senior Critic/2"]})
+    assert [c.turn for c in episode.calls if policies.filter("debater")(c.agent_name)] == [0, 2]
+    assert [c.turn for c in episode.calls if policies.filter("critic")(c.agent_name)] == [1]
+    await store.close()
+
+
+async def test_a_named_call_is_served_by_its_agents_policy(tmp_path):
+    """The name picks the policy's engine at the gateway: by `as_agent` and by `LLM.endpoint_for`."""
+
+    def named(model: str) -> ScriptedBackend:
+        return ScriptedBackend(lambda request: model, model=model)
+
+    router = PolicyRouter({"write": named("policy-write")}, {"writer": "write"}, named("policy-base"))
+    async with GatewayServer(router, SQLiteStore(tmp_path / "store.db"), token=TOKEN) as gateway:
+        llm = LLM(endpoint=gateway.url, model="policy", api_key=TOKEN)
+        client = AsyncOpenAI(base_url=llm.base_url(), api_key=TOKEN, max_retries=0)
+        writer = AsyncOpenAI(base_url=llm.endpoint_for("writer"), api_key=TOKEN, max_retries=0)
+
+        async def served_by(c: AsyncOpenAI) -> str | None:
+            return (await c.chat.completions.create(model="policy", messages=ASK)).choices[0].message.content
+
+        assert await served_by(client) == "policy-base"
+        with as_agent("writer"):
+            assert await served_by(client) == "policy-write"
+        assert await served_by(writer) == "policy-write"
+        await client.close()
+        await writer.close()
+
+
+async def test_raw_http_clients_name_their_agent_by_route_or_header(tmp_path):
+    store = SQLiteStore(tmp_path / "store.db")
+    async with GatewayServer(ScriptedBackend(), store, token=TOKEN) as gateway:
+        await store.enqueue([RolloutSpec(task=Task(input={}))])
+        lease = await store.lease("w")
+        assert lease is not None
+        llm = LLM(endpoint=gateway.url, model="m")
+        routed = llm.base_url(lease.rollout.rollout_id, lease.attempt.attempt_id)
+        auth = {"authorization": f"Bearer {TOKEN}"}
+        body = {"model": "m", "messages": ASK}
+        async with httpx.AsyncClient(headers=auth) as http:
+            by_route = await http.post(LLM(endpoint=routed, model="m").endpoint_for("planner") + "/chat/completions",
+                                       json=body)  # fmt: skip
+            by_header = await http.post(
+                routed + "/chat/completions", json=body, headers={AGENT_HEADER: "r%C3%A9viseur"}
+            )
+            refused = {
+                "header, padded": await http.post(
+                    routed + "/chat/completions", json=body, headers={AGENT_HEADER: "%20x"}
+                ),
+                "header, not UTF-8": await http.post(
+                    routed + "/chat/completions", json=body, headers={AGENT_HEADER: "%FF"}
+                ),
+                "header, too long": await http.post(
+                    routed + "/chat/completions", json=body, headers={AGENT_HEADER: "x" * 201}
+                ),
+                "route, control character": await http.post(
+                    routed.removesuffix("/v1") + "/agents/a%0Ab/v1/chat/completions", json=body
+                ),
+            }
+            served = await http.post(gateway.url.removesuffix("/v1") + "/agents/planner/v1/chat/completions", json=body)
+            models = await http.get(llm.endpoint_for("planner") + "/models")
+        assert by_route.status_code == 200 and by_header.status_code == 200, (by_route.text, by_header.text)
+        assert served.status_code == 200 and models.status_code == 200
+        for case, answer in refused.items():
+            assert answer.status_code == 400, case
+            error = answer.json()["error"]
+            assert error["code"] == "invalid_agent" and error["param"] == "agent", case
+            assert "agent name" in error["message"], (case, error["message"])
+        spans = await store.query_spans(lease.rollout.rollout_id)
+    by_response = {s.attributes.get(Attr.RESPONSE_ID): s for s in spans}
+    assert by_response[by_route.json()["id"]].attributes[Attr.CALLER_AGENT] == "planner"
+    assert by_response[by_header.json()["id"]].attributes[Attr.CALLER_AGENT] == "réviseur"
+    assert [c.agent_name for c in build_episode(spans).calls if c.response_id] == ["planner", "réviseur"]
+    assert len([s for s in spans if s.status.code == "error"]) == len(refused)  # refused calls are recorded too
+    await store.close()
+
+
+def test_as_agent_checks_the_name_and_restores_the_outer_one():
+    with pytest.raises(ValueError, match="agent name"), as_agent("line\nbreak"):
+        pass
+    assert named_agent() is None
+    with as_agent("outer"):
+        with as_agent("inner"):
+            assert named_agent() == "inner"
+        assert named_agent() == "outer"
+    assert named_agent() is None
+
+
+async def test_as_agent_wins_over_the_agent_opentelemetry_guesses_and_a_callers_header_over_both():
+    seen: list[str | None] = []
+
+    async def app(scope, receive, send):
+        if scope["type"] == "http":
+            seen.append(dict(scope["headers"]).get(AGENT_HEADER.encode(), b"").decode() or None)
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"ok"})
+
+    tracer = trace.get_tracer("lightrail.tests.test_naming")
+    handle = otel.setup(instrument=False)
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
+            guessed = tracer.start_as_current_span("agent", attributes={Attr.AGENT_NAME: "guessed"})
+            with attempt_context("r", "a", ListSink()), guessed:
+                await client.get("/")
+                with as_agent("named"):
+                    await client.get("/")
+                    await client.get("/", headers={AGENT_HEADER: "callers"})
+    finally:
+        handle.shutdown()
+    assert seen == ["guessed", "named", "callers"]
