@@ -255,6 +255,8 @@ class Message:
     name: str = ""
     tool_call_id: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
+    reasoning: str = ""
+    """A reasoning model's thinking (``reasoning_content``, or vLLM's newer ``reasoning``), shown folded."""
 
     def said(self) -> tuple[str, str, list[tuple[str, str]]]:
         """What the message says, for telling whether a request repeats the history (the recorded answer carries
@@ -288,6 +290,7 @@ def message(value: Any, role: str = "?") -> Message:
     return Message(
         role=_text(value.get("role")) or role, text=_display_text(value.get("content")), name=_text(value.get("name")),
         tool_call_id=_text(value.get("tool_call_id")), tool_calls=_tool_calls(value.get("tool_calls")),
+        reasoning=_text(value.get("reasoning_content") or value.get("reasoning")),
     )  # fmt: skip
 
 

@@ -179,11 +179,13 @@ def reasoning_model(tmp_path_factory):
     return path
 
 
-async def test_reasoning_comes_back_split_and_stays_in_the_trained_tokens(reasoning_model):
+async def test_reasoning_comes_back_split_and_stays_in_the_trained_tokens(reasoning_model, tmp_path):
     import anthropic
 
+    from lightrail.store import open_store
+
     engine = Engine.from_pretrained(reasoning_model)
-    store = MemoryStore()
+    store = open_store(str(tmp_path / "store.db"))
     await store.enqueue([RolloutSpec(task=Task(input="q"))])
     lease = await store.lease("worker-1")
     try:
@@ -220,6 +222,7 @@ async def test_reasoning_comes_back_split_and_stays_in_the_trained_tokens(reason
         spans = await store.query_spans(lease.rollout.rollout_id, lease.attempt.attempt_id)  # flushed at stop
     finally:
         await engine.close()
+        await store.close()
     # The recorded token ids hold the reasoning (it is trained on), and the SFT target of the recorded answer
     # (reasoning_content + content) is those same tokens.
     from lightrail.types import Attr
@@ -244,3 +247,12 @@ def test_the_cli_prints_the_family_and_its_vllm_flags(family_dir):
     assert out.returncode == 0, out.stderr
     assert f"tool calls: {family.tool_format}" in out.stdout
     assert f"--tool-call-parser {family.tool_format}" in out.stdout
+
+    # The dashboard shows the thinking folded above the answer.
+    from starlette.testclient import TestClient
+
+    from lightrail.dashboard import create_dashboard_app
+
+    with TestClient(create_dashboard_app(lambda: open_store(str(tmp_path / "store.db")))) as client:
+        page = client.get(f"/ui/rollouts/{lease.rollout.rollout_id}").text
+    assert '<details class="reasoning"' in page and "Two plus three is five." in page
