@@ -93,9 +93,10 @@ def _serve(args: argparse.Namespace) -> int:
     if args.tokenizer and not os.path.isdir(args.tokenizer):
         print(f"lightrail dashboard: --tokenizer {args.tokenizer}: no such model folder", file=sys.stderr)
         return 2
+    from lightrail._errors import one_line
+    from lightrail._serving import serve_app, tls_options
     from lightrail.dashboard.app import create_dashboard_app
-    from lightrail.store import open_store
-    from lightrail.store.server import serve_app, tls_options
+    from lightrail.store import StoreError, open_store
 
     tls = tls_options(args.tls_cert, args.tls_key)
     app = create_dashboard_app(lambda: open_store(location, token=args.store_token), token=args.token or None,
@@ -104,7 +105,7 @@ def _serve(args: argparse.Namespace) -> int:
         serve_app(app, "lightrail dashboard", host=args.host, port=args.port, tls=tls)
     except KeyboardInterrupt:
         pass
-    except OSError as exc:
-        print(f"lightrail dashboard: {exc}", file=sys.stderr)
+    except (OSError, StoreError) as exc:  # a busy port, a store that cannot be opened
+        print(f"lightrail dashboard: {one_line(exc)}", file=sys.stderr)
         return 1
     return 0

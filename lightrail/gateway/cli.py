@@ -10,13 +10,13 @@ engine, recording agents' calls into a store.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import sys
 from typing import Any
 
 from lightrail._net import add_tls_arguments, refuse_to_serve
+from lightrail._serving import tls_options
 
 __all__ = ["add_parser"]
 
@@ -140,31 +140,43 @@ def _serve(args: argparse.Namespace) -> int:
             print(f"lightrail gateway serve: --redact {args.redact}: {exc}", file=sys.stderr)
             return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        import uvloop
+    from lightrail._errors import one_line
+    from lightrail._serving import run
+    from lightrail.store import StoreError, store_kind
 
-        uvloop.install()  # a faster event loop when available (uvicorn[standard] ships it)
-    except ImportError:
+    try:
+        store_kind(args.store)
+    except ValueError as exc:
+        print(f"lightrail gateway serve: --store: {exc}", file=sys.stderr)
+        return 2
+    try:
+        run(_run(args, redact))
+    except KeyboardInterrupt:
         pass
-    asyncio.run(_run(args, redact))
+    except (OSError, StoreError) as exc:  # a busy port, a store that fails at startup
+        print(f"lightrail gateway serve: {one_line(exc)}", file=sys.stderr)
+        return 1
     return 0
 
 
 async def _run(args: argparse.Namespace, redact: Any = None) -> None:
-    import uvicorn
-
+    from lightrail._serving import serve_app_async
     from lightrail.gateway.app import create_gateway_app
     from lightrail.gateway.backends import close_backend
     from lightrail.store import open_store
 
-    backend = await _open_backend(args)
+    store = open_store(args.store, token=args.store_token)
+    try:
+        backend = await _open_backend(args)
+    except BaseException:
+        await store.close()
+        raise
     watcher = None
     if args.policies:
         from lightrail.continuous.policies import PolicyRegistry, PolicyWatcher
 
         watcher = PolicyWatcher(PolicyRegistry(args.policies), backend, poll_s=args.poll_s)
         watcher.start()
-    store = open_store(args.store, token=args.store_token)
     sessions = None
     if args.record:
         from lightrail.gateway.recording import SessionRecorder
@@ -179,25 +191,17 @@ async def _run(args: argparse.Namespace, redact: Any = None) -> None:
             max_body_bytes=int(args.max_body_mb * 1024 * 1024),
             sessions=sessions,
         )
-        config = uvicorn.Config(
-            app,
-            host=args.host,
-            port=args.port,
-            access_log=False,
-            log_level=args.log_level,
-            lifespan="on",
-            ssl_certfile=args.tls_cert,
-            ssl_keyfile=args.tls_key,
-        )
         models = ", ".join(backend.model_names())
         recording = " recording served traffic" if args.record else ""
-        scheme = "https" if args.tls_cert else "http"
-        print(
-            f"lightrail gateway on {scheme}://{args.host}:{args.port} (models: {models}){recording}",
-            file=sys.stderr,
-            flush=True,
+        await serve_app_async(
+            app,
+            "lightrail gateway",
+            host=args.host,
+            port=args.port,
+            tls=tls_options(args.tls_cert, args.tls_key),
+            detail=f" (models: {models}){recording}",
+            log_level=args.log_level,
         )
-        await uvicorn.Server(config).serve()
     finally:
         if watcher is not None:
             await watcher.close()

@@ -92,6 +92,10 @@ def _serve(args: argparse.Namespace) -> int:
         if problem is not None:
             print(f"lightrail store serve: {problem}", file=sys.stderr)
             return 1
+    import sqlite3
+
+    from lightrail._errors import one_line
+    from lightrail.store.base import StoreError
     from lightrail.store.server import serve
 
     if args.exit_with_parent:
@@ -109,8 +113,8 @@ def _serve(args: argparse.Namespace) -> int:
         )
     except KeyboardInterrupt:
         pass
-    except OSError as exc:  # port in use, unwritable directory, ...
-        print(f"lightrail store serve: {exc}", file=sys.stderr)
+    except (OSError, StoreError, sqlite3.Error) as exc:  # port in use, unwritable folder, not a store file, ...
+        print(f"lightrail store serve: {one_line(exc)}", file=sys.stderr)
         return 1
     return 0
 

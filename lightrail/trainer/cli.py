@@ -195,8 +195,8 @@ def _dev(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"lightrail dev: {exc}", file=sys.stderr)
         return 2
-    trainer = Trainer(n_runners=args.runners, store=args.store, concurrency=args.concurrency, token=args.token)
     try:
+        trainer = Trainer(n_runners=args.runners, store=args.store, concurrency=args.concurrency, token=args.token)
         report = trainer.dev(args.agent, tasks)
     except (ImportError, ValueError, RuntimeError) as exc:
         print(f"lightrail dev: {exc}", file=sys.stderr)

@@ -177,6 +177,10 @@ class Trainer:
         self.ray = ray
         self.store_host = store_host
         self.store_port = store_port
+        if isinstance(store, str):
+            from lightrail.store import store_kind
+
+            store_kind(store)  # a URL lightrail does not serve fails here, in one line, not in the first run
         self.store = store
         self.concurrency = concurrency
         self.algorithm = algorithm
@@ -459,9 +463,11 @@ class Trainer:
                 run_dir = run_dir.with_name(run_dir.name + "-" + secrets.token_hex(2))
             run_dir.mkdir(parents=True)
             return str(run_dir / "store.db")
+        from lightrail.store import sqlite_path, store_kind
+
         db = str(self.store)
-        if db != "memory:" and "://" not in db.removeprefix("sqlite://"):
-            Path(db.removeprefix("sqlite://")).parent.mkdir(parents=True, exist_ok=True)
+        if store_kind(db) == "sqlite":  # a URL lightrail does not serve is a one-line ValueError here
+            sqlite_path(db)
         return db
 
 
@@ -512,7 +518,10 @@ def _runners_alive_check(runners: RunnerProcesses) -> Callable[[], None]:
 def _run_sync(coro: Any) -> Any:
     try:
         asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    coro.close()
-    raise RuntimeError("called from a running event loop: use `await trainer.dev_async(...)` / `fit_async`")
+    except RuntimeError:  # no loop running: the usual case
+        pass
+    else:
+        coro.close()
+        raise RuntimeError("called from a running event loop: use `await trainer.dev_async(...)` / `fit_async`")
+    # outside the except block, so the run's own errors are not chained behind "no running event loop"
+    return asyncio.run(coro)

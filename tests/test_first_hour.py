@@ -1,0 +1,137 @@
+"""The first hour of a new user: every ``lightrail`` command given a bad store URL, a missing folder, a wrong token,
+a busy port, a missing agent module or a malformed config exits non-zero within 30 s with one line that names the
+problem (no traceback), and creates nothing it should not.
+
+The real command in a subprocess, in a temporary folder, against real servers on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+LIGHTRAIL = [sys.executable, "-m", "lightrail"]
+_STRIPPED = ("LIGHTRAIL_STORE", "LIGHTRAIL_TOKEN", "LIGHTRAIL_STORE_TOKEN", "LIGHTRAIL_GATEWAY_TOKEN")
+
+
+def run(args: list[str], cwd: Path, timeout_s: float = 30.0, **env: str) -> subprocess.CompletedProcess[str]:
+    """``lightrail ARGS`` in ``cwd`` with none of the user's LIGHTRAIL_* settings, bounded by ``timeout_s``."""
+    clean = {k: v for k, v in os.environ.items() if k not in _STRIPPED}
+    return subprocess.run(
+        [*LIGHTRAIL, *args], cwd=cwd, env={**clean, **env}, capture_output=True, text=True, timeout=timeout_s
+    )
+
+
+def assert_one_line(done: subprocess.CompletedProcess[str], *expected: str) -> str:
+    """A failure a user can act on: exit code != 0, nothing but one line on stderr, naming ``expected``."""
+    assert done.returncode != 0, (done.stdout, done.stderr)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    for part in expected:
+        assert part in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    """A port something already listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+# -- a store named wrong ---------------------------------------------------------------------------------------
+
+BAD_STORES = [
+    pytest.param("htp://x", "unsupported store URL scheme 'htp://'", id="unknown-scheme"),
+    pytest.param("127.0.0.1:4747", "has no scheme (for a store server: http://127.0.0.1:4747)", id="no-scheme"),
+]
+STORE_COMMANDS = [
+    pytest.param(["runner", "--agent", "x:y"], id="runner"),
+    pytest.param(["gateway", "serve", "--fake", "--port", "0"], id="gateway"),
+    pytest.param(["dashboard", "--port", "0"], id="dashboard"),
+    pytest.param(["runs"], id="runs"),
+    pytest.param(["rollouts"], id="rollouts"),
+    pytest.param(["failures"], id="failures"),
+    pytest.param(["show", "ro-1"], id="show"),
+    pytest.param(["token", "list"], id="token"),
+    pytest.param(["dev", "--agent", "x:y", "--tasks", "tasks.jsonl"], id="dev"),
+]
+
+
+@pytest.mark.parametrize("store, problem", BAD_STORES)
+@pytest.mark.parametrize("command", STORE_COMMANDS)
+def test_a_bad_store_url_is_one_line_naming_the_accepted_forms(command, store, problem, tmp_path):
+    (tmp_path / "tasks.jsonl").write_text('{"q": 1}\n')
+    done = run([*command, "--store", store], tmp_path)
+    assert_one_line(done, problem, "http(s)://HOST:PORT")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tasks.jsonl"]  # no file named after the URL
+
+
+def test_store_serve_refuses_a_bad_database_url(tmp_path):
+    assert_one_line(run(["store", "serve", "--db", "htp://x"], tmp_path), "unsupported store URL scheme")
+    assert_one_line(run(["store", "serve", "--db", "127.0.0.1:4747"], tmp_path), "has no scheme")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", [["runs"], ["failures"], ["dashboard", "--port", "0"]])
+def test_reading_a_store_in_a_missing_folder_creates_nothing(command, tmp_path):
+    """Commands that only read say there is no store there; they never create an empty one."""
+    assert_one_line(run([*command, "--store", "nodir/store.db"], tmp_path), "no store at nodir/store.db")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_that_is_not_a_store_is_named(tmp_path):
+    (tmp_path / "notes.db").write_text("not a database\n")
+    done = run(["store", "serve", "--db", "notes.db", "--port", "0"], tmp_path)
+    assert_one_line(done, "cannot open the SQLite store notes.db")
+    assert done.stdout == ""  # never "listening" for a store that did not open
+
+
+# -- servers: the address once serving, a busy port in one line -------------------------------------------------
+
+
+def test_the_readme_first_command_serves_in_a_new_folder(tmp_path):
+    """``lightrail store serve --db runs/store.db`` in an empty folder: the folder is created, and the address is
+    printed once the store answers on it."""
+    proc = subprocess.Popen(
+        [*LIGHTRAIL, "store", "serve", "--db", "runs/store.db", "--token", "s3cret", "--port", "0"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("lightrail store listening on http://127.0.0.1:"), (line, proc.stderr)
+        url = line.rsplit(" ", 1)[1].strip()
+        with urllib.request.urlopen(url + "/health", timeout=5) as answer:  # serving the moment it says so
+            assert answer.status == 200
+        assert (tmp_path / "runs" / "store.db").is_file()
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert "Traceback" not in (proc.stderr.read() if proc.stderr else "")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        pytest.param(["store", "serve", "--db", "s.db"], id="store"),
+        pytest.param(["gateway", "serve", "--store", "s.db", "--fake"], id="gateway"),
+        pytest.param(["dashboard", "--store", "memory:"], id="dashboard"),
+    ],
+)
+def test_a_busy_port_is_one_line_and_no_address(command, busy_port, tmp_path):
+    done = run([*command, "--port", str(busy_port)], tmp_path)
+    assert_one_line(done, f"cannot listen on 127.0.0.1:{busy_port}: Address already in use")
+    assert "listening" not in done.stdout
