@@ -135,3 +135,56 @@ def test_a_busy_port_is_one_line_and_no_address(command, busy_port, tmp_path):
     done = run([*command, "--port", str(busy_port)], tmp_path)
     assert_one_line(done, f"cannot listen on 127.0.0.1:{busy_port}: Address already in use")
     assert "listening" not in done.stdout
+
+
+# -- the agent: found in the working folder, or named where it was looked for -----------------------------------
+
+AGENT = "def solve(task):\n    return 1.0 if task['q'] == 1 else 0.0\n"
+
+
+@pytest.mark.parametrize("ref", ["my_agents:solve", "my_agents.py:solve", "./my_agents.py:solve"])
+def test_the_runner_imports_the_agent_from_the_working_folder(ref, tmp_path):
+    """Both spellings of a reference resolve from where the command runs, as `lightrail train` always did."""
+    (tmp_path / "my_agents.py").write_text(AGENT)
+    done = run(["runner", "--store", "store.db", "--agent", ref, "--idle-exit", "0.2"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_dev_runs_the_help_example_from_the_working_folder(tmp_path):
+    """``lightrail dev --agent my_agents:solve`` (the example in its --help): runner processes find the module."""
+    (tmp_path / "my_agents.py").write_text(AGENT)
+    (tmp_path / "tasks.jsonl").write_text('{"q": 1}\n{"q": 1}\n')
+    done = run(["dev", "--agent", "my_agents:solve", "--tasks", "tasks.jsonl", "--runners", "1"], tmp_path, 60)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert "succeeded" in done.stdout
+
+
+MISSING_AGENTS = [
+    pytest.param("nomod:solve", "no module named 'nomod' in the working folder", id="module"),
+    pytest.param("my_agents:nope", "my_agents (", id="attribute"),
+    pytest.param("gone.py:solve", "no file ", id="file"),
+    pytest.param("my_agents", "must look like 'module:object'", id="malformed"),
+]
+
+
+@pytest.mark.parametrize("ref, problem", MISSING_AGENTS)
+@pytest.mark.parametrize(
+    "command",
+    [
+        pytest.param(["runner", "--store", "store.db"], id="runner"),
+        pytest.param(["dev", "--tasks", "tasks.jsonl", "--store", "store.db"], id="dev"),
+    ],
+)
+def test_a_missing_agent_is_one_line_saying_what_and_where(command, ref, problem, tmp_path):
+    (tmp_path / "my_agents.py").write_text(AGENT)
+    (tmp_path / "tasks.jsonl").write_text('{"q": 1}\n')
+    line = assert_one_line(run([*command, "--agent", ref], tmp_path), f"agent {ref!r}", problem)
+    if "nope" in ref:
+        assert "has no attribute 'nope'" in line and str(tmp_path / "my_agents.py") in line
+    assert not (tmp_path / "store.db").exists()  # failed before touching the store
+
+
+def test_train_names_a_missing_agent_module(tmp_path):
+    (tmp_path / "config.yaml").write_text("algorithm: grpo\nmodel: tiny\ndata: nodata:splits\nagent: nomod:solve\n")
+    assert_one_line(run(["train", "config.yaml"], tmp_path), "no module named 'nodata' in the working folder")

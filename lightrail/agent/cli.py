@@ -50,9 +50,10 @@ def _run(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
+    from lightrail.agent.agent import load_agent
     from lightrail.agent.processes import RUNNER_ENV
     from lightrail.agent.runner import Runner
-    from lightrail.store import open_store
+    from lightrail.store import open_store, store_kind
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ[RUNNER_ENV] = "1"
@@ -73,12 +74,19 @@ def _run(args: argparse.Namespace) -> int:
             print(f"lightrail runner: {exc}", file=sys.stderr)
             return 2
 
+    try:
+        store_kind(args.store)
+        agent = load_agent(args.agent)  # before the store: a missing module must not leave a store file behind
+    except (ImportError, ValueError, TypeError) as exc:
+        print(f"lightrail runner: {exc}", file=sys.stderr)
+        return 2
+
     async def main() -> Runner:
         store = open_store(args.store, token=args.token)
         try:
             runner = Runner(
                 store,
-                args.agent,
+                agent,
                 concurrency=args.concurrency,
                 worker_id=args.worker_id,
                 grace_s=args.grace,

@@ -133,7 +133,6 @@ def _serve(args: argparse.Namespace) -> int:
     if args.redact:
         from lightrail.gateway.recording import load_redactor
 
-        sys.path.insert(0, os.getcwd())  # the user's module, named from where they run the command
         try:
             redact = load_redactor(args.redact)
         except (ImportError, ValueError) as exc:

@@ -46,7 +46,6 @@ import dataclasses
 import importlib
 import inspect
 import os
-import sys
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -224,21 +223,12 @@ def _readable(exc: msgspec.ValidationError) -> str:
 
 
 def _resolve(reference: str, what: str) -> Any:
-    module_name, sep, attr = reference.partition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigError(f"{what}: expected 'module:object', got {reference!r}")
-    if os.getcwd() not in sys.path:  # like `python -m`: the project root's packages import (runners inherit it)
-        sys.path.insert(0, os.getcwd())
+    from lightrail._imports import import_object
+
     try:
-        obj = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"{what}: cannot import {module_name!r} ({exc})") from None
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise ConfigError(f"{what}: {module_name!r} has no {attr!r}") from None
-    return obj
+        return import_object(reference)  # the working folder imports, like `python -m` (runners inherit it)
+    except (ImportError, ValueError) as exc:
+        raise ConfigError(f"{what}: {exc}") from None
 
 
 def grpo_config(update: dict[str, Any], where: str) -> Any:

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from lightrail._net import is_loopback_host
-from lightrail.agent.agent import LitAgent, agent_reference, load_agent
+from lightrail.agent.agent import LitAgent, agent_reference, check_agent_file, load_agent
 from lightrail.agent.processes import RUNNER_ENV, RunnerProcesses, run_runners
 from lightrail.store.base import Store
 from lightrail.trainer.algorithm import Algorithm, TrainerContext, cancel_unfinished
@@ -337,6 +337,7 @@ class Trainer:
                 yield session
             return
         ref = agent_reference(agent)
+        check_agent_file(ref)  # a script that is not there fails here, not in every runner
         if self.runner_python is None and not ref.rpartition(":")[0].endswith(".py"):
             # fail here, with the real error, rather than in every runner process (a script is not loaded a
             # second time in this process: it may be the one running us; an agent for another interpreter
