@@ -188,3 +188,109 @@ def test_a_missing_agent_is_one_line_saying_what_and_where(command, ref, problem
 def test_train_names_a_missing_agent_module(tmp_path):
     (tmp_path / "config.yaml").write_text("algorithm: grpo\nmodel: tiny\ndata: nodata:splits\nagent: nomod:solve\n")
     assert_one_line(run(["train", "config.yaml"], tmp_path), "no module named 'nodata' in the working folder")
+
+
+# -- checked at start: reachable, token accepted, role sufficient ----------------------------------------------
+
+ADMIN = "s3cret"
+
+
+@pytest.fixture(scope="module")
+def store_server(tmp_path_factory):
+    """A real store server on 127.0.0.1 with an admin token, and a read and a runner token minted on it."""
+    from lightrail.store import SyncStoreClient
+    from lightrail.store.server import serve_in_thread
+    from lightrail.store.tokens import mint
+
+    handle = serve_in_thread(tmp_path_factory.mktemp("store") / "store.db", token=ADMIN)
+    admin = SyncStoreClient(handle.url, token=ADMIN)
+    tokens = {}
+    for role in ("read", "runner"):
+        bearer, record = mint(role)
+        admin.put_token(record)
+        tokens[role] = bearer
+    admin.close()
+    yield handle.url, tokens
+    handle.stop()
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+CHECKED = {
+    "runner": (["runner", "--agent", "my_agents:solve", "--store", "{url}"], "--token", "read"),
+    "gateway": (["gateway", "serve", "--fake", "--port", "0", "--store", "{url}"], "--store-token", "read"),
+    "dashboard": (["dashboard", "--port", "0", "--store", "{url}"], "--store-token", "runner"),
+}
+
+
+@pytest.mark.parametrize("command", CHECKED)
+@pytest.mark.parametrize(
+    "case, problem",
+    [
+        ("no-token", "refused the token (HTTP 401: missing bearer token): no token was given"),
+        ("wrong-token", "refused the token (HTTP 401: invalid, expired or revoked bearer token)"),
+        ("weak-role", "gave this token the role"),
+    ],
+)
+def test_a_refused_token_or_role_is_one_line_at_start(command, case, problem, store_server, tmp_path):
+    """Never a runner retrying a 401 forever, nor a gateway answering 503 'unavailable' to every call."""
+    url, tokens = store_server
+    args, flag, weak = CHECKED[command]
+    args = [a.format(url=url) for a in args]
+    if case == "wrong-token":
+        args += [flag, "nope"]
+    elif case == "weak-role":
+        args += [flag, tokens[weak]]
+    (tmp_path / "my_agents.py").write_text(AGENT)
+    line = assert_one_line(run(args, tmp_path), problem)
+    if case == "weak-role":
+        assert "this needs" in line and "lightrail token create --role" in line
+    assert "unavailable" not in line
+
+
+@pytest.mark.parametrize("command", CHECKED)
+def test_a_store_server_that_is_not_there_is_one_line_at_start(command, tmp_path):
+    args, _, _ = CHECKED[command]
+    url = f"http://127.0.0.1:{closed_port()}"
+    (tmp_path / "my_agents.py").write_text(AGENT)
+    assert_one_line(run([a.format(url=url) for a in args], tmp_path), f"no store server answers at {url}")
+
+
+def test_a_runner_whose_store_goes_away_says_so_and_gives_up(tmp_path):
+    """Retries while the store is gone, with a status line (not one per retry), and exits after --give-up-after."""
+    import time
+
+    server = subprocess.Popen(
+        [*LIGHTRAIL, "store", "serve", "--db", "store.db", "--port", "0"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert server.stdout is not None
+    url = server.stdout.readline().rsplit(" ", 1)[1].strip()
+    (tmp_path / "my_agents.py").write_text(AGENT)
+    runner = subprocess.Popen(
+        [*LIGHTRAIL, "runner", "--store", url, "--agent", "my_agents:solve", "--give-up-after", "3"],
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(2)  # leasing (long polls)
+        assert runner.poll() is None
+        server.terminate()
+        server.wait(30)
+        _, stderr = runner.communicate(timeout=40)
+    finally:
+        server.kill()
+        runner.kill()
+    assert runner.returncode == 1, stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert "Traceback" not in stderr
+    assert any("store unreachable for" in line and "giving up after 3 s" in line for line in lines), stderr
+    assert len([line for line in lines if "store unreachable" in line]) <= 2, stderr  # rate-limited
+    assert lines[-1].startswith("lightrail runner: the store has been unreachable for"), lines[-1]

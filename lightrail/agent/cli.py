@@ -9,7 +9,10 @@ import argparse
 import os
 import sys
 
-__all__ = ["add_parser"]
+__all__ = ["RUNNER_ROUTES", "add_parser"]
+
+RUNNER_ROUTES = ("lease", "heartbeat", "finish", "add_spans", "get_resources")
+"""What a runner calls on its store: its token's role must allow all of them."""
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -35,6 +38,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     runner.add_argument("--grace", type=float, default=10.0, metavar="S", help="shutdown grace period (default: 10)")
     runner.add_argument("--worker-id", default=None, help="name of this runner (default: host:pid:suffix)")
     runner.add_argument(
+        "--log-level",
+        default="warning",
+        choices=["debug", "info", "warning", "error"],
+        help="how much to log to stderr (default: warning; info adds each attempt, debug each HTTP request)",
+    )
+    runner.add_argument(
+        "--give-up-after",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="exit when the store has been unreachable for S seconds in a row, 0 to retry forever (default: 600)",
+    )
+    runner.add_argument(
         "--otel",
         nargs="?",
         const="sink",
@@ -50,12 +66,15 @@ def _run(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
+    from lightrail._errors import one_line
     from lightrail.agent.agent import load_agent
     from lightrail.agent.processes import RUNNER_ENV
     from lightrail.agent.runner import Runner
-    from lightrail.store import open_store, store_kind
+    from lightrail.store import StoreError, check_store, open_store, redact_url, store_kind
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.log_level != "debug":
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     os.environ[RUNNER_ENV] = "1"
 
     if args.otel is not None:
@@ -84,6 +103,7 @@ def _run(args: argparse.Namespace) -> int:
     async def main() -> Runner:
         store = open_store(args.store, token=args.token)
         try:
+            await check_store(store, RUNNER_ROUTES, token_hint="the store's token with --token or $LIGHTRAIL_TOKEN")
             runner = Runner(
                 store,
                 agent,
@@ -91,6 +111,13 @@ def _run(args: argparse.Namespace) -> int:
                 worker_id=args.worker_id,
                 grace_s=args.grace,
                 otel=args.otel is not None,
+                store_patience_s=args.give_up_after or None,
+            )
+            print(
+                f"lightrail runner {runner.worker_id} leasing from {redact_url(args.store)}: {args.agent}, "
+                f"{args.concurrency} at a time",
+                file=sys.stderr,
+                flush=True,
             )
             stats = await runner.run(max_rollouts=args.max_rollouts, idle_exit_s=args.idle_exit)
             logging.getLogger("lightrail.runner").info("runner done: %d leased, %s", stats.leased, dict(stats.ended))
@@ -103,6 +130,9 @@ def _run(args: argparse.Namespace) -> int:
     except (ImportError, ValueError, TypeError) as exc:  # a bad --agent reference
         print(f"lightrail runner: {exc}", file=sys.stderr)
         return 2
+    except (StoreError, OSError) as exc:  # unreachable at start or for --give-up-after, token or role refused
+        print(f"lightrail runner: {one_line(exc)}", file=sys.stderr)
+        return 1
     if runner.abandoned_threads:  # sync agents stuck in threads would keep the interpreter alive
         sys.stdout.flush()
         sys.stderr.flush()

@@ -94,10 +94,16 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"lightrail dashboard: --tokenizer {args.tokenizer}: no such model folder", file=sys.stderr)
         return 2
     from lightrail._errors import one_line
-    from lightrail._serving import serve_app, tls_options
+    from lightrail._serving import run, serve_app, tls_options
     from lightrail.dashboard.app import create_dashboard_app
-    from lightrail.store import StoreError, open_store
+    from lightrail.store import StoreError, open_store, store_kind
 
+    if store_kind(location) == "http":
+        try:  # the token and its role now, not a sign-in page that fails on every view
+            run(_check(location, args.store_token))
+        except StoreError as exc:
+            print(f"lightrail dashboard: {one_line(exc)}", file=sys.stderr)
+            return 1
     tls = tls_options(args.tls_cert, args.tls_key)
     app = create_dashboard_app(lambda: open_store(location, token=args.store_token), token=args.token or None,
                                secure_cookie=bool(tls) or args.secure_cookie, tokenizer=args.tokenizer)  # fmt: skip
@@ -109,3 +115,15 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"lightrail dashboard: {one_line(exc)}", file=sys.stderr)
         return 1
     return 0
+
+
+async def _check(url: str, token: str | None) -> None:
+    """That the store server at ``url`` answers and lets ``token`` read (`lightrail.store.checks`)."""
+    from lightrail.store import check_store, open_store
+
+    store = open_store(url, token=token)
+    try:
+        await check_store(store, ("query_rollouts", "query_spans", "counts"),
+                          token_hint="a read token with --store-token or $LIGHTRAIL_TOKEN")  # fmt: skip
+    finally:
+        await store.close()

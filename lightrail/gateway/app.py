@@ -55,7 +55,7 @@ from lightrail.gateway.openapi import openapi_document
 from lightrail.gateway.recording import SESSION_HEADER, SessionRecorder, session_attributes
 from lightrail.gateway.responses_api import RESPONSES
 from lightrail.gateway.sse import CHUNK_CHARS
-from lightrail.store.base import NotFoundError, Store
+from lightrail.store.base import ForbiddenError, NotFoundError, Store, UnauthorizedError
 from lightrail.store.tokens import Role, TokenVerifier, owns_attempt
 from lightrail.tracing import SpanBatcher
 from lightrail.types import AGENT_HEADER, Attr, BackendError, ChatRequest, Span, SpanStatus, StatusCode, next_seq
@@ -131,6 +131,14 @@ class _Gateway:
         except NotFoundError:
             return InvalidRequest(
                 f"Unknown rollout {rollout_id!r}.", status=404, param="rollout_id", code="rollout_not_found"
+            )
+        except (UnauthorizedError, ForbiddenError) as exc:  # the gateway's own store token: not the caller's fault
+            log.error("the store refused the gateway's token while checking attempt %s: %s", attempt_id, exc)
+            return InvalidRequest(
+                "The store refused the gateway's store token; fix the gateway's --store-token.",
+                status=500,
+                type="server_error",
+                code="store_token_refused",
             )
         except Exception as exc:
             log.warning("store unavailable while checking attempt %s: %r", attempt_id, exc)

@@ -162,10 +162,12 @@ async def _run(args: argparse.Namespace, redact: Any = None) -> None:
     from lightrail._serving import serve_app_async
     from lightrail.gateway.app import create_gateway_app
     from lightrail.gateway.backends import close_backend
-    from lightrail.store import open_store
+    from lightrail.store import check_store, open_store
 
     store = open_store(args.store, token=args.store_token)
     try:
+        routes = ("query_attempts", "add_spans", *(("open_session", "delete_sessions") if args.record else ()))
+        await check_store(store, routes, token_hint="the store's admin token with --store-token")
         backend = await _open_backend(args)
     except BaseException:
         await store.close()

@@ -15,6 +15,7 @@ import importlib
 import os
 import re
 from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import urlsplit
 
 from lightrail.store.base import (
     ConflictError,
@@ -24,6 +25,7 @@ from lightrail.store.base import (
     Store,
     StoreError,
     StoreUnavailableError,
+    UnauthorizedError,
 )
 from lightrail.store.memory import MemoryStore
 
@@ -41,10 +43,13 @@ __all__ = [
     "StoreError",
     "StoreUnavailableError",
     "SyncStoreClient",
+    "UnauthorizedError",
+    "check_store",
     "open_store",
 ]
 
 _LAZY = {
+    "check_store": "lightrail.store.checks",
     "PostgresStore": "lightrail.store.postgres",
     "SQLiteStore": "lightrail.store.sqlite",
     "SchemaVersionError": "lightrail.store.sqlite",
@@ -110,6 +115,14 @@ def open_store(url: str, *, token: str | None = None) -> Store:
     return SQLiteStore(sqlite_path(url))
 
 
+def redact_url(url: str) -> str:
+    """A store location fit to print: a database URL without its password."""
+    parts = urlsplit(url)
+    if parts.password:
+        return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")).geturl()
+    return url
+
+
 def sqlite_path(url: str) -> str:
     """The file of a SQLite store URL (``sqlite:///PATH`` or a plain path), its folder created if missing (a
     new store's ``runs/store.db`` should not need a ``mkdir`` first)."""
@@ -120,6 +133,7 @@ def sqlite_path(url: str) -> str:
 
 
 if TYPE_CHECKING:  # pragma: no cover
+    from lightrail.store.checks import check_store
     from lightrail.store.client import StoreClient, SyncStoreClient
     from lightrail.store.postgres import PostgresStore
     from lightrail.store.sqlite import SchemaVersionError, SQLiteStore

@@ -41,6 +41,7 @@ from urllib.parse import urlsplit
 from lightrail._net import is_loopback_host
 from lightrail.agent.agent import LitAgent, agent_reference, check_agent_file, load_agent
 from lightrail.agent.processes import RUNNER_ENV, RunnerProcesses, run_runners
+from lightrail.store import redact_url
 from lightrail.store.base import Store
 from lightrail.trainer.algorithm import Algorithm, TrainerContext, cancel_unfinished
 from lightrail.trainer.report import DevReport, build_report
@@ -497,14 +498,6 @@ def _reachable(url: str) -> str:
     if host.strip("[]") in ("0.0.0.0", "::"):
         return parts._replace(netloc=f"{socket.gethostname()}:{parts.port}").geturl()
     return url
-
-
-def redact_url(db: str) -> str:
-    """A store location fit to print: a database URL without its password."""
-    parts = urlsplit(db)
-    if parts.password:
-        return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")).geturl()
-    return db
 
 
 def _runners_alive_check(runners: RunnerProcesses) -> Callable[[], None]:
