@@ -13,3 +13,9 @@ def one_line(exc: BaseException) -> str:
         return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
     lines = str(exc).strip().splitlines()
     return lines[0] if lines else type(exc).__name__
+
+
+def counted(n: int, noun: str) -> str:
+    """``n`` and ``noun`` in agreement: ``counted(1, "rollout")`` is ``"1 rollout"``, ``counted(2, ...)``
+    ``"2 rollouts"`` (regular plurals only)."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

@@ -17,13 +17,19 @@ import importlib.util
 import os
 import socket
 import sys
-from typing import Any
+from typing import Any, Literal
 
 __all__ = ["bind", "serve_app", "serve_app_async", "tls_options", "uvicorn_config"]
 
 
 def uvicorn_config(
-    app: Any, host: str, port: int, *, log_level: str = "warning", lifespan: str = "on", **extra: Any
+    app: Any,
+    host: str,
+    port: int,
+    *,
+    log_level: str = "warning",
+    lifespan: Literal["auto", "on", "off"] = "on",
+    **extra: Any,
 ) -> Any:
     """uvicorn's settings for a lightrail server: uvloop and httptools when installed, no access log."""
     import uvicorn

@@ -27,7 +27,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lightrail",
         description="Train the LLM inside any agent from its own runs. Run `lightrail COMMAND --help` for details.",
+        epilog="examples:\n  lightrail demo --quick\n  lightrail store serve --db runs/store.db --token s3cret\n"
+        "  lightrail train examples/sql_agent/config.yaml",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    from lightrail import __version__
+
+    parser.add_argument("--version", action="version", version=f"lightrail {__version__}", help="print the version")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in _COMMANDS:
         try:

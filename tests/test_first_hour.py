@@ -221,7 +221,7 @@ def closed_port() -> int:
 
 
 CHECKED = {
-    "runner": (["runner", "--agent", "my_agents:solve", "--store", "{url}"], "--token", "read"),
+    "runner": (["runner", "--agent", "my_agents:solve", "--store", "{url}"], "--store-token", "read"),
     "gateway": (["gateway", "serve", "--fake", "--port", "0", "--store", "{url}"], "--store-token", "read"),
     "dashboard": (["dashboard", "--port", "0", "--store", "{url}"], "--store-token", "runner"),
 }
@@ -294,3 +294,80 @@ def test_a_runner_whose_store_goes_away_says_so_and_gives_up(tmp_path):
     assert any("store unreachable for" in line and "giving up after 3 s" in line for line in lines), stderr
     assert len([line for line in lines if "store unreachable" in line]) <= 2, stderr  # rate-limited
     assert lines[-1].startswith("lightrail runner: the store has been unreachable for"), lines[-1]
+
+
+def test_runner_takes_the_store_from_the_environment_and_the_old_token_spelling(store_server, tmp_path):
+    """``$LIGHTRAIL_STORE`` names the store as for every other command; ``--token`` still means the store's token
+    (deprecated), so existing scripts keep working."""
+    url, tokens = store_server
+    (tmp_path / "my_agents.py").write_text(AGENT)
+    done = run(["runner", "--agent", "my_agents:solve", "--token", tokens["runner"], "--idle-exit", "0.2"], tmp_path,
+               LIGHTRAIL_STORE=url)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.startswith("lightrail runner "), done.stderr
+    assert f"leasing from {url}: my_agents:solve, 8 at a time" in done.stderr.splitlines()[0]
+    assert "HTTP Request" not in done.stderr  # quiet by default: no line per request
+
+
+# -- one vocabulary: every command described, every option explained -------------------------------------------
+
+
+def _parsers():
+    import argparse
+
+    from lightrail.cli import build_parser
+
+    def walk(parser: argparse.ArgumentParser, path: str):
+        yield path, parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    yield from walk(sub, f"{path} {name}")
+
+    return list(walk(build_parser(), "lightrail"))
+
+
+def test_every_command_has_a_description_an_example_and_help_on_every_option():
+    import argparse
+
+    problems = []
+    for path, parser in _parsers():
+        if not parser.description:
+            problems.append(f"{path}: no description")
+        if not parser.epilog or "lightrail" not in parser.epilog:
+            problems.append(f"{path}: no example")
+        for action in parser._actions:
+            if not isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)) and not action.help:
+                problems.append(f"{path}: {'/'.join(action.option_strings) or action.dest} has no help")
+        if "(default: None)" in parser.format_help():
+            problems.append(f"{path}: '(default: None)' in --help")
+    assert len(_parsers()) >= 25  # every command and subcommand was walked
+    assert problems == []
+
+
+def test_the_store_is_spelled_the_same_everywhere():
+    """``--store`` and ``--store-token`` wherever the store is meant; ``--token`` is a command's own server token
+    or the deprecated spelling of ``--store-token``; one default concurrency for every command that runs agents."""
+    from lightrail.agent.cli import DEFAULT_CONCURRENCY
+
+    for path, parser in _parsers():
+        options = {o: a for a in parser._actions for o in a.option_strings}
+        if "--store" in options and path != "lightrail learn":
+            assert "--store-token" in options, path
+            assert "$LIGHTRAIL_STORE" in options["--store"].help, path
+            assert "$LIGHTRAIL_TOKEN" in options["--store-token"].help, path
+        if "--token" in options and "--store" in options and "serve" not in path and "dashboard" not in path:
+            assert options["--token"].dest == "store_token" and "deprecated" in options["--token"].help, path
+        if "--concurrency" in options and path != "lightrail demo":  # the demo's are tuned to its model
+            assert options["--concurrency"].default == DEFAULT_CONCURRENCY, path
+
+
+def test_version_and_help_are_one_command_away(tmp_path):
+    from lightrail import __version__
+
+    version = run(["--version"], tmp_path)
+    assert version.returncode == 0 and version.stdout.strip() == f"lightrail {__version__}"
+    demo = run(["demo", "--help"], tmp_path)
+    assert demo.returncode == 0 and "(default: None)" not in demo.stdout
+    gateway = run(["gateway", "serve", "--help"], tmp_path)
+    assert "is answered by the model it serves" in gateway.stdout

@@ -9,7 +9,13 @@ import argparse
 import os
 import sys
 
+from lightrail.store.options import add_store_arguments, given_store
+
 __all__ = ["RUNNER_ROUTES", "add_parser"]
+
+DEFAULT_CONCURRENCY = 8
+"""Rollouts at once per runner, the same default for every command that starts runners (`runner`, `dev`, the
+`Trainer`, a train config's ``trainer.concurrency``)."""
 
 RUNNER_ROUTES = ("lease", "heartbeat", "finish", "add_spans", "get_resources")
 """What a runner calls on its store: its token's role must allow all of them."""
@@ -24,15 +30,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "Run AGENT on rollouts leased from the store at URL, K at a time, until stopped (SIGTERM/SIGINT: "
             "stop leasing, let running rollouts finish within the grace period, hand the rest back for retry)."
         ),
-        epilog="example:\n  LIGHTRAIL_TOKEN=s3cret lightrail runner --store http://127.0.0.1:4747 --agent my_agents:solve -k 8",
+        epilog="example:\n  LIGHTRAIL_TOKEN=s3cret lightrail runner --store http://127.0.0.1:4747 --agent my_agents:solve",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    runner.add_argument("--store", required=True, metavar="URL", help="store server URL (or a SQLite path)")
-    runner.add_argument("--agent", required=True, metavar="MODULE:OBJECT", help="the agent, as an import reference")
-    runner.add_argument("-k", "--concurrency", type=int, default=1, metavar="K", help="rollouts at once (default: 1)")
-    runner.add_argument(
-        "--token", default=os.environ.get("LIGHTRAIL_TOKEN"), help="bearer token (default: $LIGHTRAIL_TOKEN)"
+    add_store_arguments(
+        runner,
+        store_help="store server URL (or a SQLite or postgresql:// database this machine reaches)",
+        token_help="the store server's token; a runner token is enough",
+        old_token=True,
     )
+    runner.add_argument(
+        "--agent", required=True, metavar="MODULE:OBJECT", help="the agent: module:object or path/to/file.py:object"
+    )
+    runner.add_argument(
+        "-k", "--concurrency", type=int, default=DEFAULT_CONCURRENCY, metavar="K",
+        help=f"rollouts at once (default: {DEFAULT_CONCURRENCY})",
+    )  # fmt: skip
     runner.add_argument("--max-rollouts", type=int, default=None, metavar="N", help="exit after N rollouts")
     runner.add_argument("--idle-exit", type=float, default=None, metavar="S", help="exit after S idle seconds")
     runner.add_argument("--grace", type=float, default=10.0, metavar="S", help="shutdown grace period (default: 10)")
@@ -72,6 +85,9 @@ def _run(args: argparse.Namespace) -> int:
     from lightrail.agent.runner import Runner
     from lightrail.store import StoreError, check_store, open_store, redact_url, store_kind
 
+    store_url = given_store("runner", args)
+    if store_url is None:
+        return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.log_level != "debug":
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
@@ -83,27 +99,29 @@ def _run(args: argparse.Namespace) -> int:
 
             _require_otel()
             if args.otel == "otlp":
-                if not args.store.startswith(("http://", "https://")):
+                if not store_url.startswith(("http://", "https://")):
                     print("lightrail runner: --otel otlp needs a store server URL", file=sys.stderr)
                     return 2
                 from lightrail.tracing import otel
 
-                otel.setup(exporter="otlp", store_url=args.store, token=args.token)
+                otel.setup(exporter="otlp", store_url=store_url, token=args.store_token)
         except ImportError as exc:
             print(f"lightrail runner: {exc}", file=sys.stderr)
             return 2
 
     try:
-        store_kind(args.store)
+        store_kind(store_url)
         agent = load_agent(args.agent)  # before the store: a missing module must not leave a store file behind
     except (ImportError, ValueError, TypeError) as exc:
         print(f"lightrail runner: {exc}", file=sys.stderr)
         return 2
 
     async def main() -> Runner:
-        store = open_store(args.store, token=args.token)
+        store = open_store(store_url, token=args.store_token)
         try:
-            await check_store(store, RUNNER_ROUTES, token_hint="the store's token with --token or $LIGHTRAIL_TOKEN")
+            await check_store(
+                store, RUNNER_ROUTES, token_hint="the store's token with --store-token or $LIGHTRAIL_TOKEN"
+            )
             runner = Runner(
                 store,
                 agent,
@@ -114,7 +132,7 @@ def _run(args: argparse.Namespace) -> int:
                 store_patience_s=args.give_up_after or None,
             )
             print(
-                f"lightrail runner {runner.worker_id} leasing from {redact_url(args.store)}: {args.agent}, "
+                f"lightrail runner {runner.worker_id} leasing from {redact_url(store_url)}: {args.agent}, "
                 f"{args.concurrency} at a time",
                 file=sys.stderr,
                 flush=True,

@@ -41,6 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from lightrail._errors import counted
 from lightrail._retry import Retry
 from lightrail.agent.agent import LitAgent, load_agent, route_resources
 from lightrail.agent.errors import error_info, is_infra_error
@@ -295,7 +296,7 @@ class Runner:
             await self._wait_tasks_or(self._stopping, None)
         if not self._tasks:
             return
-        log.info("stopping: %d attempts in flight, %.1fs grace", len(self._tasks), self.grace_s)
+        log.info("stopping: %s in flight, %.1fs grace", counted(len(self._tasks), "attempt"), self.grace_s)
         deadline = time.monotonic() + self.grace_s
         while self._tasks and not self._no_grace.is_set() and (left := deadline - time.monotonic()) > 0:
             await self._wait_tasks_or(self._no_grace, left)

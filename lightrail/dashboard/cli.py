@@ -10,6 +10,7 @@ import os
 import sys
 
 from lightrail._net import add_tls_arguments, refuse_to_serve
+from lightrail.store.options import add_store_arguments
 
 __all__ = ["add_parser"]
 
@@ -18,8 +19,6 @@ TOKEN_ENV = "LIGHTRAIL_DASHBOARD_TOKEN"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    from lightrail.trainer.inspection_cli import STORE_ENV
-
     dashboard = subparsers.add_parser(
         "dashboard",
         help="browse runs, rollouts, spans, resources and failures in a web page",
@@ -39,18 +38,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    dashboard.add_argument(
-        "--store",
-        default=os.environ.get(STORE_ENV),
-        metavar="PATH|URL",
-        help="SQLite file (or a run folder holding store.db), postgresql:// URL or store server URL "
-        f"(default: ${STORE_ENV})",
-    )
-    dashboard.add_argument(
-        "--store-token",
-        dest="store_token",
-        default=os.environ.get("LIGHTRAIL_TOKEN"),
-        help="bearer token for a store server URL; a read token is enough (default: $LIGHTRAIL_TOKEN)",
+    add_store_arguments(
+        dashboard,
+        store_help="SQLite file (or a run folder holding store.db), postgresql:// URL or store server URL",
+        token_help="bearer token of a store server URL; a read token is enough",
     )
     dashboard.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     dashboard.add_argument(

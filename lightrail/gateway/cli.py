@@ -17,19 +17,42 @@ from typing import Any
 
 from lightrail._net import add_tls_arguments, refuse_to_serve
 from lightrail._serving import tls_options
+from lightrail.store.options import add_store_arguments, given_store
 
 __all__ = ["add_parser"]
+
+_EXAMPLES = """examples:
+  lightrail gateway serve --store http://127.0.0.1:4747 --store-token s3cret --upstream http://127.0.0.1:8000/v1
+  lightrail gateway serve --store runs/store.db --model tiny
+  lightrail gateway serve --store prod.db --model runs/x/final --record --retention-days 30"""
 
 log = logging.getLogger("lightrail.gateway")
 
 
 def add_parser(subparsers: Any) -> None:
     """Register ``gateway serve`` on the ``lightrail`` command's subparsers."""
-    parser = subparsers.add_parser("gateway", help="OpenAI-compatible endpoint that records agents' LLM calls")
+    parser = subparsers.add_parser(
+        "gateway",
+        help="OpenAI-compatible endpoint that records agents' LLM calls",
+        description="An OpenAI- and Anthropic-compatible endpoint in front of a model: each call an agent makes on "
+        "a rollout's route is recorded as a span in the store, with token ids and logprobs.",
+        epilog=_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="gateway_command", metavar="SUBCOMMAND")
     parser.set_defaults(handler=lambda args: parser.print_help() or 2)
 
-    serve = sub.add_parser("serve", help="serve the gateway (one span per routed call into --store)")
+    serve = sub.add_parser(
+        "serve",
+        help="serve the gateway (one span per routed call into --store)",
+        description="Serve the gateway in front of an OpenAI-compatible upstream (vLLM), the embedded engine or a "
+        "scripted fake. Calls on /rollouts/{rid}/attempts/{aid}/v1/... are recorded as spans of that attempt in "
+        "--store; a model name the gateway does not serve is answered by the model it serves (the one being "
+        "trained), on purpose, and each span records both names. Binds 127.0.0.1 by default; binding any other "
+        "address requires --token.",
+        epilog=_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     serve.add_argument("--host", default="127.0.0.1", help="interface to bind (default: 127.0.0.1, this machine only)")
     serve.add_argument("--port", type=int, default=8900, help="port (default: 8900)")
     serve.add_argument(
@@ -38,20 +61,22 @@ def add_parser(subparsers: Any) -> None:
         help="require 'Authorization: Bearer TOKEN' (default: $LIGHTRAIL_GATEWAY_TOKEN; none if unset, which "
         "is refused for a --host other than this machine)",
     )
-    serve.add_argument(
-        "--store",
-        default=os.environ.get("LIGHTRAIL_STORE"),
-        required=os.environ.get("LIGHTRAIL_STORE") is None,
-        help="store URL or SQLite path the spans go to (default: $LIGHTRAIL_STORE)",
+    add_store_arguments(
+        serve,
+        store_help="where the spans go: store server URL, SQLite file or postgresql:// URL",
+        token_help="the store server's admin token ($LIGHTRAIL_STORE_TOKEN, the old name, still works)",
     )
-    serve.add_argument(
-        "--store-token", default=os.environ.get("LIGHTRAIL_STORE_TOKEN"), help="bearer token of an HTTP store"
-    )
+    if serve.get_default("store_token") is None:
+        serve.set_defaults(store_token=os.environ.get("LIGHTRAIL_STORE_TOKEN"))
     backend = serve.add_mutually_exclusive_group()
     backend.add_argument("--upstream", metavar="URL", help="OpenAI-compatible server to forward to (e.g. vLLM)")
     backend.add_argument("--model", metavar="NAME_OR_PATH", help="serve this model with the embedded engine")
     backend.add_argument("--fake", action="store_true", help="answer with the scripted fake backend (echo)")
-    serve.add_argument("--upstream-api-key", default=os.environ.get("LIGHTRAIL_UPSTREAM_API_KEY"))
+    serve.add_argument(
+        "--upstream-api-key",
+        default=os.environ.get("LIGHTRAIL_UPSTREAM_API_KEY"),
+        help="API key sent to --upstream (default: $LIGHTRAIL_UPSTREAM_API_KEY)",
+    )
     serve.add_argument("--served-model", help="model name sent upstream whatever the agent asks for")
     serve.add_argument(
         "--no-upstream-token-ids",
@@ -88,7 +113,12 @@ def add_parser(subparsers: Any) -> None:
         "--poll-s", type=float, default=5.0, help="with --policies: seconds between checks for a new policy"
     )
     serve.add_argument("--max-body-mb", type=float, default=16.0, help="largest request body (default: 16)")
-    serve.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    serve.add_argument(
+        "--log-level",
+        default="warning",
+        choices=["debug", "info", "warning", "error"],
+        help="how much to log to stderr (default: warning)",
+    )
     serve.add_argument(
         "--insecure-no-token",
         action="store_true",
@@ -143,6 +173,8 @@ def _serve(args: argparse.Namespace) -> int:
     from lightrail._serving import run
     from lightrail.store import StoreError, store_kind
 
+    if given_store("gateway serve", args) is None:
+        return 2
     try:
         store_kind(args.store)
     except ValueError as exc:

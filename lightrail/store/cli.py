@@ -21,6 +21,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "store",
         help="run the durable store that trainers and runners share",
         description="The store holds rollouts, attempts, spans and resources; trainers and runners reach it over HTTP.",
+        epilog="example:\n  lightrail store serve --db runs/store.db --token s3cret",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = store.add_subparsers(dest="store_command", metavar="SUBCOMMAND")
     store.set_defaults(handler=lambda args: (store.print_help(), 2)[1])

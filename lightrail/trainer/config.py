@@ -54,6 +54,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from lightrail.agent.cli import DEFAULT_CONCURRENCY
 from lightrail.agent.ray import RaySettings
 from lightrail.gateway.server import GatewaySettings
 from lightrail.tracking import LoggerKind, LoggerSettings
@@ -79,7 +80,7 @@ class RunnerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     n_runners: int | None = None
     """Runner processes on this machine (default 2, or 0 when Ray runners are configured). 0 without Ray: only
     runners started elsewhere (``lightrail runner --store URL --agent REF``) serve the run."""
-    concurrency: int = 8
+    concurrency: int = DEFAULT_CONCURRENCY
     """Rollouts each runner process runs at once."""
     otel: bool = False
     """Export the agent framework's OpenTelemetry spans (agent names, tools) with each rollout."""

@@ -40,6 +40,7 @@ from urllib.parse import urlsplit
 
 from lightrail._net import is_loopback_host
 from lightrail.agent.agent import LitAgent, agent_reference, check_agent_file, load_agent
+from lightrail.agent.cli import DEFAULT_CONCURRENCY
 from lightrail.agent.processes import RUNNER_ENV, RunnerProcesses, run_runners
 from lightrail.store import redact_url
 from lightrail.store.base import Store
@@ -147,7 +148,7 @@ class Trainer:
         self,
         n_runners: int | None = None,
         store: str | os.PathLike[str] | Store | None = None,
-        concurrency: int = 4,
+        concurrency: int = DEFAULT_CONCURRENCY,
         *,
         algorithm: Algorithm | None = None,
         token: str | None = None,
