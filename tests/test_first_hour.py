@@ -371,3 +371,36 @@ def test_version_and_help_are_one_command_away(tmp_path):
     assert demo.returncode == 0 and "(default: None)" not in demo.stdout
     gateway = run(["gateway", "serve", "--help"], tmp_path)
     assert "is answered by the model it serves" in gateway.stdout
+
+
+# -- malformed configs and command lines -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "command, text, problem",
+    [
+        pytest.param(["train"], "algorithm: [grpo\n", "config.yaml:2:1: not valid YAML (expected ','", id="train-yaml"),
+        pytest.param(["train"], "algorithm: grpo\nbogus: 1\n", "unknown field `bogus`", id="train-field"),
+        pytest.param(["learn", "--once"], "store: [x\n", "config.yaml:2:1: not valid YAML", id="learn-yaml"),
+        pytest.param(["learn", "--once"], "bogus: 1\n", "unknown field `bogus`", id="learn-field"),
+    ],
+)
+def test_a_malformed_config_is_one_line_naming_the_file(command, text, problem, tmp_path):
+    (tmp_path / "config.yaml").write_text(text)
+    assert_one_line(run([*command[:1], "config.yaml", *command[1:]], tmp_path), problem)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml"]
+
+
+@pytest.mark.parametrize(
+    "args, problem",
+    [
+        (["show"], "lightrail show: the following arguments are required: ROLLOUT_ID (see lightrail show --help)"),
+        (["runner", "--store", "s.db"], "required: --agent"),
+        (["rollouts", "--limit", "x"], "argument --limit: invalid int value: 'x'"),
+        (["nosuchcommand"], "invalid choice: 'nosuchcommand'"),
+    ],
+)
+def test_a_malformed_command_line_is_one_line(args, problem, tmp_path):
+    done = run(args, tmp_path)
+    assert_one_line(done, problem)
+    assert done.returncode == 2

@@ -182,7 +182,7 @@ def read_yaml_config(path: str | os.PathLike[str], overrides: Sequence[str], sch
     try:
         data = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc})") from None
+        raise ConfigError(f"{path}{_yaml_where(exc)}: not valid YAML ({_yaml_problem(exc)})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     for item in overrides:
@@ -221,6 +221,18 @@ def _readable(exc: msgspec.ValidationError) -> str:
     message = str(exc)
     head, sep, where = message.rpartition(" - at `$.")
     return f"{where.rstrip('`')}: {head}" if sep else message
+
+
+def _yaml_where(exc: Exception) -> str:
+    """``:LINE:COLUMN`` of a YAML error (1-based), or nothing when PyYAML does not know."""
+    mark = getattr(exc, "problem_mark", None)
+    return "" if mark is None else f":{mark.line + 1}:{mark.column + 1}"
+
+
+def _yaml_problem(exc: Exception) -> str:
+    """What PyYAML says went wrong, without its multi-line excerpt of the file."""
+    problem = getattr(exc, "problem", None)
+    return str(problem) if problem else str(exc).splitlines()[0]
 
 
 def _resolve(reference: str, what: str) -> Any:
