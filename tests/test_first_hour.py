@@ -404,3 +404,17 @@ def test_a_malformed_command_line_is_one_line(args, problem, tmp_path):
     done = run(args, tmp_path)
     assert_one_line(done, problem)
     assert done.returncode == 2
+
+
+def test_errors_from_trainer_dev_are_not_chained_behind_the_event_loop_check(tmp_path, monkeypatch):
+    """A user's traceback shows their error, not "RuntimeError: no running event loop ... During handling"."""
+    import traceback
+
+    from lightrail.trainer import Trainer
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("LIGHTRAIL_TOKEN", raising=False)
+    (tmp_path / "my_agents.py").write_text(AGENT)
+    with pytest.raises(ValueError, match="runners started elsewhere need the store's token") as info:
+        Trainer(n_runners=0, store=str(tmp_path / "store.db")).dev("my_agents:solve", [{"q": 1}])
+    assert "no running event loop" not in "".join(traceback.format_exception(info.value))
