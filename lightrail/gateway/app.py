@@ -47,7 +47,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from lightrail.gateway.anthropic_api import MESSAGES
+from lightrail.gateway.anthropic_api import MESSAGES, parse_count_tokens
 from lightrail.gateway.backends import Backend, UpstreamError
 from lightrail.gateway.dialect import Dialect, Exchange
 from lightrail.gateway.openai_api import CHAT, COMPLETIONS, InvalidRequest, decode_json, new_response_id
@@ -173,6 +173,29 @@ class _Gateway:
         params = request.path_params
         error = await self.attempt_error(params["rollout_id"], params["attempt_id"])
         return _refusal(error) if error else await self.models(request)
+
+    async def count_tokens(self, request: Request) -> Response:
+        """``POST /v1/messages/count_tokens``: the tokens of the prompt the backend would render for a Messages
+        request (its chat template, tools and system prompt included), without generating or recording."""
+        try:
+            chat = parse_count_tokens(decode_json(await self.read_body(request)))
+            counter = getattr(self.backend, "count_tokens", None)
+            if counter is None:
+                raise InvalidRequest(
+                    "This gateway's backend cannot count tokens (an upstream server); the embedded engine can.",
+                    status=404,
+                    type="not_found_error",
+                )
+            return _json({"input_tokens": await counter(chat)})
+        except InvalidRequest as exc:
+            return _refusal(exc, MESSAGES)
+        except BackendError as exc:
+            return _error(exc.status, exc.message, param=exc.param, code=exc.code, dialect=MESSAGES)
+
+    async def routed_count_tokens(self, request: Request) -> Response:
+        params = request.path_params
+        error = await self.attempt_error(params["rollout_id"], params["attempt_id"])
+        return _refusal(error, MESSAGES) if error else await self.count_tokens(request)
 
     def handlers(self, dialect: Dialect) -> tuple[Any, Any]:
         """The unrouted (served, not recorded) and routed (recorded) handlers of one dialect."""
@@ -528,6 +551,8 @@ def create_gateway_app(
         Route("/v1/models", gateway.models, methods=["GET"]),
         Route("/openapi.json", gateway.openapi, methods=["GET"]),
         Route(prefix + "/v1/models", gateway.routed_models, methods=["GET"]),
+        Route("/v1/messages/count_tokens", gateway.count_tokens, methods=["POST"]),
+        Route(prefix + "/v1/messages/count_tokens", gateway.routed_count_tokens, methods=["POST"]),
     ]
     for dialect in DIALECTS:
         served, routed = gateway.handlers(dialect)

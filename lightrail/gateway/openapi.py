@@ -101,6 +101,16 @@ _BODIES: dict[str, dict[str, Any]] = {
             "stream": {"type": "boolean"},
         },
     },
+    "/messages/count_tokens": {
+        "type": "object",
+        "required": ["model", "messages"],
+        "properties": {
+            "model": {"type": "string"},
+            "system": _TEXT_OR_PARTS,
+            "messages": {"type": "array"},
+            "tools": _TOOLS,
+        },
+    },  # fmt: skip
 }
 
 _ROUTED = "/rollouts/{rollout_id}/attempts/{attempt_id}"
@@ -122,7 +132,9 @@ def openapi_document() -> dict[str, Any]:
         for prefix, routed in (("", False), (_ROUTED, True)):
             op: dict[str, Any] = {
                 "operationId": f"{'routed_' if routed else ''}{name}",
-                "summary": f"{path} ({'recorded into the attempt' if routed else 'served'})",
+                "summary": f"{path} ({'recorded into the attempt' if routed else 'served'})"
+                if not path.endswith("count_tokens")
+                else "the input tokens of the prompt the model would see ({\"input_tokens\": N}); nothing recorded",
                 "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
                 "responses": {"200": {"description": "the answer (JSON, or server-sent events with stream)"},
                               "default": _ERROR},
