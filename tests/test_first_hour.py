@@ -418,3 +418,34 @@ def test_errors_from_trainer_dev_are_not_chained_behind_the_event_loop_check(tmp
     with pytest.raises(ValueError, match="runners started elsewhere need the store's token") as info:
         Trainer(n_runners=0, store=str(tmp_path / "store.db")).dev("my_agents:solve", [{"q": 1}])
     assert "no running event loop" not in "".join(traceback.format_exception(info.value))
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        pytest.param(["runs"], id="runs"),
+        pytest.param(["rollouts"], id="rollouts"),
+        pytest.param(["failures"], id="failures"),
+        pytest.param(["show", "ro-1"], id="show"),
+        pytest.param(["token", "list"], id="token"),
+        pytest.param(["dev", "--agent", "my_agents:solve", "--tasks", "tasks.jsonl"], id="dev"),
+    ],
+)
+def test_a_wrong_store_token_is_one_line(command, store_server, tmp_path):
+    url, _ = store_server
+    (tmp_path / "my_agents.py").write_text(AGENT)
+    (tmp_path / "tasks.jsonl").write_text('{"q": 1}\n')
+    done = run([*command, "--store", url, "--store-token", "nope"], tmp_path)
+    assert_one_line(done, f"the store server at {url} refused the token (HTTP 401")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["my_agents.py", "tasks.jsonl"]
+
+
+@pytest.mark.parametrize("command", [["train", "config.yaml"], ["learn", "config.yaml", "--once"]])
+def test_a_bad_store_in_a_config_is_one_line_before_anything_is_made(command, tmp_path):
+    (tmp_path / "config.yaml").write_text(
+        "store: 127.0.0.1:4747\npolicies: policies\nmodel: tiny\nagent: x:y\ndata: x:y\n"
+        if command[0] == "learn"
+        else "algorithm: grpo\nstore: 127.0.0.1:4747\nagent: x:y\ndata: x:y\nout_dir: runs/x\n"
+    )
+    assert_one_line(run(command, tmp_path), "config.yaml: store: store URL '127.0.0.1:4747' has no scheme")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml"]

@@ -70,7 +70,7 @@ def _prepare(args: argparse.Namespace) -> int:
     try:
         path = prepare_model(args.name, force=args.force)
     except FileNotFoundError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"lightrail models prepare: {exc}", file=sys.stderr)
         return 2
     print(f"prepared {args.name} in {time.monotonic() - start:.1f} s", file=sys.stderr)
     print(path)

@@ -193,6 +193,8 @@ def read_tasks(path: str) -> list:
 
 
 def _dev(args: argparse.Namespace) -> int:
+    from lightrail._errors import one_line
+    from lightrail.store import StoreError
     from lightrail.trainer import Trainer
     from lightrail.types import RolloutStatus
 
@@ -206,7 +208,7 @@ def _dev(args: argparse.Namespace) -> int:
             n_runners=args.runners, store=args.store, concurrency=args.concurrency, token=args.store_token
         )
         report = trainer.dev(args.agent, tasks)
-    except (ImportError, ValueError, RuntimeError) as exc:
-        print(f"lightrail dev: {exc}", file=sys.stderr)
+    except (ImportError, ValueError, RuntimeError, StoreError, OSError) as exc:
+        print(f"lightrail dev: {one_line(exc)}", file=sys.stderr)
         return 1
     return 0 if all(row.status is RolloutStatus.SUCCEEDED for row in report.rows) else 1

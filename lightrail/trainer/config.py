@@ -196,9 +196,21 @@ def read_yaml_config(path: str | os.PathLike[str], overrides: Sequence[str], sch
         raise ConfigError(f"{path}: {_readable(exc)}") from None
 
 
+def check_store_field(path: str | os.PathLike[str], store: str | None) -> None:
+    """A config's ``store`` names a store lightrail opens (`lightrail.store.store_kind`), else a `ConfigError`."""
+    from lightrail.store import store_kind
+
+    if store is not None:
+        try:
+            store_kind(store)
+        except ValueError as exc:
+            raise ConfigError(f"{path}: store: {exc}") from None
+
+
 def load_config(path: str | os.PathLike[str], overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
     """Read and check a YAML config; ``overrides`` are ``dotted.path=value`` strings applied first."""
     config = read_yaml_config(path, overrides, TrainConfig)
+    check_store_field(path, config.store)
     if config.algorithm == "apo":
         _apo_kwargs(config)
     elif config.algorithm == "grpo":

@@ -42,7 +42,7 @@ from lightrail._net import is_loopback_host
 from lightrail.agent.agent import LitAgent, agent_reference, check_agent_file, load_agent
 from lightrail.agent.cli import DEFAULT_CONCURRENCY
 from lightrail.agent.processes import RUNNER_ENV, RunnerProcesses, run_runners
-from lightrail.store import redact_url
+from lightrail.store import check_store, redact_url
 from lightrail.store.base import Store
 from lightrail.trainer.algorithm import Algorithm, TrainerContext, cancel_unfinished
 from lightrail.trainer.report import DevReport, build_report
@@ -372,6 +372,8 @@ class Trainer:
                 url, label, token = server.url, redact_url(db), server.token
                 store = owned_store = StoreClient(url, token=token)
                 self.console.print(f"[dim]watch it live: lightrail dashboard --store {db}[/dim]")
+            await check_store(store, ("enqueue", "query_rollouts", "cancel", "put_resources"),
+                              token_hint="the store's admin token: Trainer(token=...) or $LIGHTRAIL_TOKEN")  # fmt: skip
             await cancel_unfinished(store, run)
             if self.n_runners:
                 runner_sets.append(
