@@ -360,6 +360,11 @@ def test_the_store_is_spelled_the_same_everywhere():
             assert options["--token"].dest == "store_token" and "deprecated" in options["--token"].help, path
         if "--concurrency" in options and path != "lightrail demo":  # the demo's are tuned to its model
             assert options["--concurrency"].default == DEFAULT_CONCURRENCY, path
+    long_running = {path: parser for path, parser in _parsers() if path.endswith(("serve", "dashboard", "runner"))}
+    assert len(long_running) == 4
+    for path, parser in long_running.items():  # quiet by default, louder on request
+        [level] = [a for a in parser._actions if "--log-level" in a.option_strings]
+        assert level.default == "warning", path
 
 
 def test_version_and_help_are_one_command_away(tmp_path):

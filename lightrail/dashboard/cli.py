@@ -69,6 +69,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="mark the sign-in cookie Secure (HTTPS only) when a TLS proxy serves this dashboard (with --tls-cert it "
         "always is)",
     )
+    dashboard.add_argument(
+        "--log-level",
+        default="warning",
+        choices=["debug", "info", "warning", "error"],
+        help="how much to log to stderr (default: warning)",
+    )
     add_tls_arguments(dashboard)
     dashboard.set_defaults(handler=_serve)
 
@@ -95,11 +101,14 @@ def _serve(args: argparse.Namespace) -> int:
         except StoreError as exc:
             print(f"lightrail dashboard: {one_line(exc)}", file=sys.stderr)
             return 1
+    import logging
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tls = tls_options(args.tls_cert, args.tls_key)
     app = create_dashboard_app(lambda: open_store(location, token=args.store_token), token=args.token or None,
                                secure_cookie=bool(tls) or args.secure_cookie, tokenizer=args.tokenizer)  # fmt: skip
     try:
-        serve_app(app, "lightrail dashboard", host=args.host, port=args.port, tls=tls)
+        serve_app(app, "lightrail dashboard", host=args.host, port=args.port, tls=tls, log_level=args.log_level)
     except KeyboardInterrupt:
         pass
     except (OSError, StoreError) as exc:  # a busy port, a store that cannot be opened

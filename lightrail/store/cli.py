@@ -7,6 +7,7 @@ uvicorn, SQLite, asyncpg) loads inside the handler.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 
@@ -73,6 +74,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="allow binding a non-loopback address without a token (anyone who can reach it can write)",
     )
+    serve.add_argument(
+        "--log-level",
+        default="warning",
+        choices=["debug", "info", "warning", "error"],
+        help="how much to log to stderr (default: warning)",
+    )
     add_tls_arguments(serve)
     serve.set_defaults(handler=_serve)
 
@@ -100,6 +107,8 @@ def _serve(args: argparse.Namespace) -> int:
     from lightrail.store.base import StoreError
     from lightrail.store.server import serve
 
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
     if args.exit_with_parent:
         from lightrail._lifeline import exit_with_parent
 
@@ -112,6 +121,7 @@ def _serve(args: argparse.Namespace) -> int:
             token=args.token or None,
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
+            log_level=args.log_level,
         )
     except KeyboardInterrupt:
         pass

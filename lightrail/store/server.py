@@ -688,6 +688,7 @@ def serve(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     tls_cert: str | os.PathLike[str] | None = None,
     tls_key: str | os.PathLike[str] | None = None,
+    log_level: str = "warning",
 ) -> None:
     """Serve a store until interrupted (blocking).
 
@@ -701,7 +702,8 @@ def serve(
     app = create_app(
         _store_factory(store_path_or_store), token=token, max_body_bytes=max_body_bytes, secure_cookie=bool(tls)
     )
-    serve_app(app, "lightrail store", host=host, port=port, tls=tls, then="dashboard: {url}/ui/ (same tokens)")
+    serve_app(app, "lightrail store", host=host, port=port, tls=tls, then="dashboard: {url}/ui/ (same tokens)",
+              log_level=log_level)  # fmt: skip
 
 
 class ServerHandle:
