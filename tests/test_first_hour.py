@@ -253,11 +253,18 @@ def test_a_refused_token_or_role_is_one_line_at_start(command, case, problem, st
 
 
 @pytest.mark.parametrize("command", CHECKED)
-def test_a_store_server_that_is_not_there_is_one_line_at_start(command, tmp_path):
+@pytest.mark.parametrize(
+    "kind, problem",
+    [("http", "no store server answers at http://127.0.0.1:{port}"),
+     ("postgresql", "cannot connect to PostgreSQL at 127.0.0.1:{port}/runs")],
+)  # fmt: skip
+def test_a_store_that_is_not_there_is_one_line_at_start(command, kind, problem, tmp_path):
     args, _, _ = CHECKED[command]
-    url = f"http://127.0.0.1:{closed_port()}"
+    port = closed_port()
+    url = f"http://127.0.0.1:{port}" if kind == "http" else f"postgresql://lightrail:pw@127.0.0.1:{port}/runs"
     (tmp_path / "my_agents.py").write_text(AGENT)
-    assert_one_line(run([a.format(url=url) for a in args], tmp_path), f"no store server answers at {url}")
+    line = assert_one_line(run([a.format(url=url) for a in args], tmp_path), problem.format(port=port))
+    assert "pw@" not in line  # a database password is never printed
 
 
 def test_a_runner_whose_store_goes_away_says_so_and_gives_up(tmp_path):

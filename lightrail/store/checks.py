@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from lightrail.store.base import ForbiddenError, Store, StoreUnavailableError, UnauthorizedError
+from lightrail.store.base import ForbiddenError, Store, StoreError, StoreUnavailableError, UnauthorizedError
 
 __all__ = ["check_store", "is_auth_error"]
 
@@ -26,7 +26,12 @@ async def check_store(store: Store, routes: Iterable[str], *, token_hint: str = 
     if not isinstance(store, StoreClient):
         opening = getattr(store, "open", None)
         if opening is not None:  # PostgreSQL connects explicitly
-            await opening()
+            try:
+                await opening()
+            except StoreError:
+                raise
+            except Exception as exc:  # asyncpg's own errors (authentication, a missing database): one line
+                raise StoreUnavailableError(f"cannot open the store: {type(exc).__name__}: {exc}") from None
         return
     try:
         role = (await store.whoami()).role
