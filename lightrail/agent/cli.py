@@ -11,7 +11,7 @@ import sys
 
 from lightrail.store.options import add_store_arguments, given_store
 
-__all__ = ["RUNNER_ROUTES", "add_parser"]
+__all__ = ["DEFAULT_CONCURRENCY", "RUNNER_ROUTES", "add_parser"]
 
 DEFAULT_CONCURRENCY = 8
 """Rollouts at once per runner, the same default for every command that starts runners (`runner`, `dev`, the
@@ -145,7 +145,7 @@ def _run(args: argparse.Namespace) -> int:
 
     try:
         runner = asyncio.run(main())
-    except (ImportError, ValueError, TypeError) as exc:  # a bad --agent reference
+    except (ImportError, ValueError, TypeError) as exc:  # a bad argument the Runner refuses
         print(f"lightrail runner: {exc}", file=sys.stderr)
         return 2
     except (StoreError, OSError) as exc:  # unreachable at start or for --give-up-after, token or role refused

@@ -131,6 +131,15 @@ def add_parser(subparsers: Any) -> None:
 def _serve(args: argparse.Namespace) -> int:
     if refuse_to_serve("lightrail gateway serve", args, "LIGHTRAIL_GATEWAY_TOKEN"):
         return 2
+    from lightrail.store import store_kind
+
+    if given_store("gateway serve", args) is None:
+        return 2
+    try:
+        store_kind(args.store)  # before anything is made (a policies folder, a model)
+    except ValueError as exc:
+        print(f"lightrail gateway serve: --store: {exc}", file=sys.stderr)
+        return 2
     if (args.redact or args.retention_days is not None) and not args.record:
         print("lightrail gateway serve: --redact and --retention-days apply to --record", file=sys.stderr)
         return 2
@@ -171,15 +180,8 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from lightrail._errors import one_line
     from lightrail._serving import run
-    from lightrail.store import StoreError, store_kind
+    from lightrail.store import StoreError
 
-    if given_store("gateway serve", args) is None:
-        return 2
-    try:
-        store_kind(args.store)
-    except ValueError as exc:
-        print(f"lightrail gateway serve: --store: {exc}", file=sys.stderr)
-        return 2
     try:
         run(_run(args, redact))
     except KeyboardInterrupt:
