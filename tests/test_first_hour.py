@@ -268,7 +268,8 @@ def test_a_store_that_is_not_there_is_one_line_at_start(command, kind, problem, 
 
 
 def test_a_runner_whose_store_goes_away_says_so_and_gives_up(tmp_path):
-    """Retries while the store is gone, with a status line (not one per retry), and exits after --give-up-after."""
+    """Retries while the store is gone, saying so (at most every 30 s: tests/agent/test_runner.py), and exits
+    after --give-up-after."""
     import time
 
     server = subprocess.Popen(
@@ -299,7 +300,6 @@ def test_a_runner_whose_store_goes_away_says_so_and_gives_up(tmp_path):
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert "Traceback" not in stderr
     assert any("store unreachable for" in line and "giving up after 3 s" in line for line in lines), stderr
-    assert len([line for line in lines if "store unreachable" in line]) <= 2, stderr  # rate-limited
     assert lines[-1].startswith("lightrail runner: the store has been unreachable for"), lines[-1]
 
 
