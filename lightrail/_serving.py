@@ -49,15 +49,17 @@ def uvicorn_config(
     )
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """A listening socket; SO_REUSEADDR so a restarted server can take the same port at once. A busy port or an
-    address this machine does not have is an `OSError` naming ``host:port``."""
+def bind(host: str, port: int, *, listen: bool = True) -> socket.socket:
+    """A bound socket, listening unless ``listen`` is False (uvicorn starts listening when it serves: until then
+    clients are refused rather than left waiting in the backlog); SO_REUSEADDR so a restarted server can take the
+    same port at once. A busy port or an address this machine does not have is an `OSError` naming ``host:port``."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
-        sock.listen(2048)
+        if listen:
+            sock.listen(2048)
     except OSError as exc:
         sock.close()
         raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}") from None
@@ -90,14 +92,16 @@ async def serve_app_async(
     then: str = "",
     detail: str = "",
     log_level: str = "warning",
+    sock: socket.socket | None = None,
 ) -> None:
     """Serve a Starlette ``app`` until interrupted, printing ``<name> listening on <url><detail>`` to stdout once
     it serves, then the line ``then`` (``{url}`` filled in) if given. ``tls`` is what `tls_options` made of the
     PEM files (empty: HTTP). The app's startup (its lifespan) runs here before serving, so its errors are raised
-    to the caller; a Ctrl-C ends with `KeyboardInterrupt` after a graceful shutdown."""
+    to the caller; a Ctrl-C ends with `KeyboardInterrupt` after a graceful shutdown. ``sock``: a socket the caller
+    bound already (`bind`), so a busy port fails before slow work like loading a model; it is closed here."""
     import uvicorn
 
-    sock = bind(host, port)
+    sock = sock if sock is not None else bind(host, port)
     try:
         url = url_of(host, sock, bool(tls))
         async with app.router.lifespan_context(app):

@@ -193,17 +193,19 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 async def _run(args: argparse.Namespace, redact: Any = None) -> None:
-    from lightrail._serving import serve_app_async
+    from lightrail._serving import bind, serve_app_async
     from lightrail.gateway.app import create_gateway_app
     from lightrail.gateway.backends import close_backend
     from lightrail.store import check_store, open_store
 
+    sock = bind(args.host, args.port, listen=False)  # a busy port fails now, not after the model has loaded
     store = open_store(args.store, token=args.store_token)
     try:
         routes = ("query_attempts", "add_spans", *(("open_session", "delete_sessions") if args.record else ()))
         await check_store(store, routes, token_hint="the store's admin token with --store-token")
         backend = await _open_backend(args)
     except BaseException:
+        sock.close()
         await store.close()
         raise
     watcher = None
@@ -236,8 +238,10 @@ async def _run(args: argparse.Namespace, redact: Any = None) -> None:
             tls=tls_options(args.tls_cert, args.tls_key),
             detail=f" (models: {models}){recording}",
             log_level=args.log_level,
+            sock=sock,
         )
     finally:
+        sock.close()
         if watcher is not None:
             await watcher.close()
         await close_backend(backend)
