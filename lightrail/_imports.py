@@ -15,10 +15,14 @@ import os
 import sys
 from typing import Any
 
-__all__ = ["FILE_MODULE_PREFIX", "check_file_reference", "import_object", "split_reference"]
+__all__ = ["FILE_MODULE_PREFIX", "MissingReference", "check_file_reference", "import_object", "split_reference"]
 
 FILE_MODULE_PREFIX = "__lightrail_file__"
 """The private module name a ``file.py:object`` reference is loaded under (its ``__main__`` block does not run)."""
+
+
+class MissingReference(ImportError):
+    """A module or file of a reference is not there (the message says which, and where it looked)."""
 
 
 def split_reference(ref: str) -> tuple[str, str]:
@@ -34,20 +38,21 @@ def _is_file(module_name: str) -> bool:
 
 
 def import_object(ref: str) -> Any:
-    """The object ``ref`` names (see the module docstring); `ValueError` for a malformed reference, `ImportError`
-    for a module, file or attribute that is missing. Errors raised by the user's module itself propagate."""
+    """The object ``ref`` names (see the module docstring); `ValueError` for a malformed reference,
+    `MissingReference` (an `ImportError`) for a module, file or attribute that is missing. Errors raised by the
+    user's module itself (its own failing imports included) propagate as they are."""
     module_name, qualname = split_reference(ref)
     try:
         module = _load_file(module_name) if _is_file(module_name) else _import_module(module_name)
-    except _Missing as exc:
-        raise ImportError(f"{ref!r}: {exc}") from None
+    except MissingReference as exc:
+        raise MissingReference(f"{ref!r}: {exc}") from None
     where = getattr(module, "__file__", None) or module_name
     obj = module
     for part in qualname.split("."):
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise ImportError(f"{ref!r}: {module_name} ({where}) has no attribute {qualname!r}") from None
+            raise MissingReference(f"{ref!r}: {module_name} ({where}) has no attribute {qualname!r}") from None
     return obj
 
 
@@ -56,11 +61,7 @@ def check_file_reference(ref: str) -> None:
     is running us); `ImportError` naming the path otherwise. Module references are not checked here."""
     module_name, _ = split_reference(ref)
     if _is_file(module_name) and not os.path.isfile(module_name):
-        raise ImportError(f"{ref!r}: no file {os.path.abspath(module_name)}")
-
-
-class _Missing(ImportError):
-    """A module or file of a reference is not there (the message says which, and where it looked)."""
+        raise MissingReference(f"{ref!r}: no file {os.path.abspath(module_name)}")
 
 
 def _import_module(module_name: str) -> Any:
@@ -72,23 +73,25 @@ def _import_module(module_name: str) -> Any:
     except ModuleNotFoundError as exc:
         missing = exc.name or module_name
         if module_name == missing or module_name.startswith(missing + "."):
-            raise _Missing(
+            raise MissingReference(
                 f"no module named {missing!r} in the working folder {cwd} or on the Python path "
                 f"({len(sys.path)} entries); run from the folder that holds it, or give path/to/file.py:object"
             ) from None
-        raise _Missing(f"importing {module_name} failed: it imports {missing!r}, which is not installed") from None
+        raise MissingReference(
+            f"importing {module_name} failed: it imports {missing!r}, which is not installed"
+        ) from None
 
 
 def _load_file(path: str) -> Any:
     if not os.path.isfile(path):
-        raise _Missing(f"no file {os.path.abspath(path)}")
+        raise MissingReference(f"no file {os.path.abspath(path)}")
     path = os.path.abspath(path)
     name = f"{FILE_MODULE_PREFIX}{abs(hash(path))}"
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
-        raise _Missing(f"cannot load {path} as a Python module")
+        raise MissingReference(f"cannot load {path} as a Python module")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # before exec: pickling and dataclasses look the module up while it loads
     sys.path.insert(0, os.path.dirname(path))  # the script's own imports resolve as when it is run directly

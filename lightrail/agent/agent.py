@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from lightrail._imports import FILE_MODULE_PREFIX, check_file_reference, import_object
+from lightrail._imports import FILE_MODULE_PREFIX, MissingReference, check_file_reference, import_object
 from lightrail.types import LLM, Attempt, PromptTemplate, Rollout
 
 __all__ = ["FunctionAgent", "LitAgent", "Resolved", "agent_reference", "load_agent", "rollout", "route_resources"]
@@ -188,7 +188,7 @@ def load_agent(ref: str | LitAgent | Callable[..., Any]) -> LitAgent:
     if isinstance(ref, str):
         try:
             obj = import_object(ref)
-        except (ImportError, ValueError) as exc:
+        except (MissingReference, ValueError) as exc:
             raise type(exc)(f"agent {exc}") from None
     if isinstance(obj, type) and issubclass(obj, LitAgent):
         obj = obj()
@@ -204,7 +204,7 @@ def check_agent_file(ref: str) -> None:
     running it: it may be the script running us); the `ImportError`/`ValueError` of `load_agent` otherwise."""
     try:
         check_file_reference(ref)
-    except (ImportError, ValueError) as exc:
+    except (MissingReference, ValueError) as exc:
         raise type(exc)(f"agent {exc}") from None
 
 
