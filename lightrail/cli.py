@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import NoReturn
 
 # module providing `add_parser(subparsers)`, in --help order
 _COMMANDS = [
@@ -23,11 +24,24 @@ _COMMANDS = [
 ]
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the one-line errors of every other bad input (the usage is one ``--help`` away)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="lightrail",
         description="Train the LLM inside any agent from its own runs. Run `lightrail COMMAND --help` for details.",
+        epilog="examples:\n  lightrail demo --quick\n  lightrail store serve --db runs/store.db --token s3cret\n"
+        "  lightrail train examples/sql_agent/config.yaml",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    from lightrail import __version__
+
+    parser.add_argument("--version", action="version", version=f"lightrail {__version__}", help="print the version")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in _COMMANDS:
         try:

@@ -8,8 +8,6 @@ reaches runner processes started with ``spawn`` (nothing is inherited from the p
 from __future__ import annotations
 
 import functools
-import importlib
-import importlib.util
 import inspect
 import os
 import sys
@@ -18,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from lightrail._imports import FILE_MODULE_PREFIX, MissingReference, check_file_reference, import_object
 from lightrail.types import LLM, Attempt, PromptTemplate, Rollout
 
 __all__ = ["FunctionAgent", "LitAgent", "Resolved", "agent_reference", "load_agent", "rollout", "route_resources"]
@@ -178,29 +177,19 @@ def route_resources(
 
 # -- import references -------------------------------------------------------------------------------------------
 
-_FILE_MODULE_PREFIX = "__lightrail_file__"
-
 
 def load_agent(ref: str | LitAgent | Callable[..., Any]) -> LitAgent:
-    """Resolve an agent: ``"module:object"`` (``object`` may be dotted, e.g. ``Class.attr``), or
-    ``"/path/to/script.py:object"`` (the script is loaded under a private module name, so its
-    ``if __name__ == "__main__":`` block does not run). A `LitAgent` subclass is instantiated without arguments;
-    a plain function is wrapped with `rollout`."""
+    """Resolve an agent: ``"module:object"`` (``object`` may be dotted, e.g. ``Class.attr``; the working folder is
+    on the import path, so ``my_agents:solve`` finds ``./my_agents.py``), or ``"path/to/script.py:object"`` (the
+    script is loaded under a private module name, so its ``if __name__ == "__main__":`` block does not run). A
+    `LitAgent` subclass is instantiated without arguments; a plain function is wrapped with `rollout`. A missing
+    module, file or attribute is an `ImportError` saying which and where it looked (`lightrail._imports`)."""
     obj: Any = ref
     if isinstance(ref, str):
-        module_name, sep, qualname = ref.rpartition(":")
-        if not sep or not module_name or not qualname:
-            raise ValueError(f"agent reference {ref!r} must look like 'module:object' or 'path/to/file.py:object'")
-        if module_name.endswith(".py") or os.sep in module_name:
-            module = _load_file(module_name)
-        else:
-            module = importlib.import_module(module_name)
-        obj = module
-        for part in qualname.split("."):
-            try:
-                obj = getattr(obj, part)
-            except AttributeError:
-                raise ImportError(f"agent reference {ref!r}: {module_name} has no attribute {qualname!r}") from None
+        try:
+            obj = import_object(ref)
+        except (MissingReference, ValueError) as exc:
+            raise type(exc)(f"agent {exc}") from None
     if isinstance(obj, type) and issubclass(obj, LitAgent):
         obj = obj()
     if isinstance(obj, LitAgent):
@@ -210,23 +199,13 @@ def load_agent(ref: str | LitAgent | Callable[..., Any]) -> LitAgent:
     raise TypeError(f"{ref!r} is not an agent (a LitAgent, a LitAgent subclass or a function)")
 
 
-def _load_file(path: str) -> Any:
-    path = os.path.abspath(path)
-    name = f"{_FILE_MODULE_PREFIX}{abs(hash(path))}"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load agent script {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # before exec: pickling and dataclasses look the module up while it loads
-    sys.path.insert(0, os.path.dirname(path))  # the script's own imports resolve as when it is run directly
+def check_agent_file(ref: str) -> None:
+    """That an agent reference is well formed and, for a ``script.py:object``, that the script exists (without
+    running it: it may be the script running us); the `ImportError`/`ValueError` of `load_agent` otherwise."""
     try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    return module
+        check_file_reference(ref)
+    except (MissingReference, ValueError) as exc:
+        raise type(exc)(f"agent {exc}") from None
 
 
 def agent_reference(agent: str | LitAgent | Callable[..., Any]) -> str:
@@ -267,6 +246,6 @@ def agent_reference(agent: str | LitAgent | Callable[..., Any]) -> str:
                 "import it; move it to a module and pass 'module:object'"
             )
         return f"{os.path.abspath(main_file)}:{qualname}"
-    if module_name.startswith(_FILE_MODULE_PREFIX):  # loaded from a script by load_agent: keep the path
+    if module_name.startswith(FILE_MODULE_PREFIX):  # loaded from a script by load_agent: keep the path
         return f"{sys.modules[module_name].__file__}:{qualname}"
     return f"{module_name}:{qualname}"

@@ -37,15 +37,17 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from lightrail._errors import counted
 from lightrail._retry import Retry
 from lightrail.agent.agent import LitAgent, load_agent, route_resources
 from lightrail.agent.errors import error_info, is_infra_error
-from lightrail.store.base import ConflictError, Store
+from lightrail.store.base import ConflictError, Store, StoreUnavailableError
+from lightrail.store.checks import is_auth_error
 from lightrail.store.tokens import parse_token
 from lightrail.tracing import AttemptContext, SpanBatcher, emit_exception, emit_reward, use_attempt
 from lightrail.types import (
@@ -114,6 +116,9 @@ class Runner:
     ``lightrail[otel]`` extra. The runner's own lightweight tracer stays the default. Without OpenTelemetry, calls
     name their agent through `lightrail.as_agent` or `LLM.endpoint_for`, and an agent that uses LangChain gets its
     calls named by its runnables (`lightrail.tracing.langchain`).
+    A store that stops answering is retried with a status line every 30 s; after ``store_patience_s`` seconds
+    (None: never) `run` raises `StoreUnavailableError`. A refused token or role (`UnauthorizedError`,
+    `ForbiddenError`) is raised at once.
 
     Example::
 
@@ -133,6 +138,7 @@ class Runner:
         handle_signals: bool = True,
         batcher: SpanBatcher | None = None,
         otel: bool = False,
+        store_patience_s: float | None = 600.0,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
@@ -152,6 +158,7 @@ class Runner:
         self.batcher = batcher or SpanBatcher(store)
         self.stats = RunnerStats()
         self.otel = otel
+        self.store_patience_s = store_patience_s
         self._otel: Any = None  # the `lightrail.tracing.otel.OTel` handle while running with otel=True
         self._threads_busy = 0
         self._threads_lock = threading.Lock()
@@ -198,7 +205,8 @@ class Runner:
         signals = self._install_signal_handlers(loop)
         slots = asyncio.Semaphore(self.concurrency)
         self._last_active = time.monotonic()
-        pauses = None  # between lease operations while the store stays down (the client retried each one)
+        pauses: Iterator[float] | None = None  # between lease operations while the store stays down
+        outage: _Outage | None = None  # since when (the client retried each operation already)
         try:
             while not self._stopping.is_set() and (max_rollouts is None or self.stats.leased < max_rollouts):
                 if await self._unless_stopped(slots.acquire()) is _STOPPED:
@@ -211,13 +219,17 @@ class Runner:
                         break  # idle for idle_exit_s
                     try:
                         lease = await self._unless_stopped(self.store.lease(self.worker_id, wait_s=wait_s))
-                    except Exception as exc:  # store unreachable or restarting: pause, never crash
-                        pauses = pauses or _LEASE_PAUSES.delays()
-                        pause = next(pauses)
-                        log.warning("lease failed (%r); leasing again in %.1fs", exc, pause)
-                        await self._unless_stopped(asyncio.sleep(pause))
+                    except Exception as exc:  # store unreachable or restarting: pause, until store_patience_s
+                        if is_auth_error(exc):
+                            raise  # a refused token or role stays refused: retrying cannot help
+                        if pauses is None or outage is None:
+                            pauses, outage = _LEASE_PAUSES.delays(), _Outage(self.store_patience_s)
+                        outage.failed(exc)
+                        await self._unless_stopped(asyncio.sleep(next(pauses)))
                         continue
-                    pauses = None
+                    if outage is not None:
+                        outage.over()
+                    pauses = outage = None
                     if lease is None or lease is _STOPPED:
                         continue
                     self.stats.leased += 1
@@ -287,7 +299,7 @@ class Runner:
             await self._wait_tasks_or(self._stopping, None)
         if not self._tasks:
             return
-        log.info("stopping: %d attempts in flight, %.1fs grace", len(self._tasks), self.grace_s)
+        log.info("stopping: %s in flight, %.1fs grace", counted(len(self._tasks), "attempt"), self.grace_s)
         deadline = time.monotonic() + self.grace_s
         while self._tasks and not self._no_grace.is_set() and (left := deadline - time.monotonic()) > 0:
             await self._wait_tasks_or(self._no_grace, left)
@@ -516,6 +528,36 @@ class Runner:
 _LEASE_PAUSES = Retry(tries=None, base_s=0.2, cap_s=5.0)
 """Pauses between lease operations while the store stays unreachable (jittered: runners do not return in
 lockstep)."""
+
+_STATUS_EVERY_S = 30.0
+"""How often a runner whose store is down says so (the first failure at once)."""
+
+
+class _Outage:
+    """The store unreachable since the first failed lease: a status line at most every `_STATUS_EVERY_S`, and
+    `StoreUnavailableError` once it has lasted ``patience_s`` (None: retry forever)."""
+
+    def __init__(self, patience_s: float | None) -> None:
+        self.patience_s = patience_s
+        self.since = time.monotonic()
+        self._said = -_STATUS_EVERY_S
+
+    def failed(self, exc: BaseException) -> None:
+        down = time.monotonic() - self.since
+        if self.patience_s is not None and down >= self.patience_s:
+            raise StoreUnavailableError(f"the store has been unreachable for {down:.0f} s, giving up: {exc}")
+        if down - self._said >= _STATUS_EVERY_S:
+            self._said = down
+            limit = "" if self.patience_s is None else f", giving up after {self.patience_s:.0f} s"
+            log.warning("store unreachable for %.0f s (%s); retrying%s", down, _short(exc), limit)
+
+    def over(self) -> None:
+        log.warning("store reachable again after %.0f s", time.monotonic() - self.since)
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _require_otel() -> None:

@@ -30,6 +30,10 @@ a round: rewarded served sessions since the last round -> rows (reward - running
 logprobs as the behaviour policy, PPO-clipped ratio) -> one candidate version -> the gate runs the held-out tasks
 through real runners against the candidate and the current policy -> promoted (serving gateways swap it in,
 in-flight requests finish on the old weights) or rejected (kept under policies/, not served).
+
+examples:
+  lightrail learn learn.yaml --once
+  lightrail learn learn.yaml --set gate.tolerance=0.05
 """
 
 
@@ -62,8 +66,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     learn.set_defaults(handler=_learn)
 
-    policies = subparsers.add_parser("policies", help="show the served policy and every promotion of a policies folder")
-    policies.add_argument("dir", metavar="POLICIES_DIR")
+    policies = subparsers.add_parser(
+        "policies",
+        help="show the served policy and every promotion of a policies folder",
+        description="Show the policy a policies folder serves now and every promotion and rollback before it.",
+        epilog="example:\n  lightrail policies policies/",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    policies.add_argument("dir", metavar="POLICIES_DIR", help="the folder `lightrail learn` promotes into")
     policies.set_defaults(handler=_policies)
 
     rollback = subparsers.add_parser(
@@ -71,8 +81,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="serve the policy before the current one again (as a new version; gateways swap it in)",
         description="Promote the weights of the policy before the current one again, under a new version number "
         "(versions only grow, so every recorded call still names the weights that answered it).",
+        epilog="example:\n  lightrail rollback policies/",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    rollback.add_argument("dir", metavar="POLICIES_DIR")
+    rollback.add_argument("dir", metavar="POLICIES_DIR", help="the folder `lightrail learn` promotes into")
     rollback.set_defaults(handler=_rollback)
 
 

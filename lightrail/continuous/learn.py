@@ -405,9 +405,10 @@ def evaluate(config: LearnConfig, model: str | Path, val_tasks: list[Any], *, co
 
 def load_learn_config(path: str, overrides: list[str] | tuple[str, ...] = ()) -> LearnConfig:
     """Read and check a ``lightrail learn`` YAML config (``--set dotted.path=value`` overrides applied first)."""
-    from lightrail.trainer.config import ConfigError, grpo_config, read_yaml_config
+    from lightrail.trainer.config import ConfigError, check_store_field, grpo_config, read_yaml_config
 
     config = read_yaml_config(path, overrides, LearnConfig)
+    check_store_field(path, config.store)
     grpo_config(config.config, f"{path}: config")
     if config.min_sessions < 1 or config.max_sessions < config.min_sessions or config.updates < 1:
         raise ConfigError(f"{path}: need 1 <= min_sessions <= max_sessions and updates >= 1")

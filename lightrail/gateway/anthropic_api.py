@@ -499,6 +499,23 @@ def message_stream(response: dict[str, JSON], chunk_chars: int) -> bytes:
     return b"".join(out)
 
 
+_COUNT_FIELDS = frozenset({"model", "messages", "system", "tools", "tool_choice", "thinking", "output_config"})
+_COUNT_FIELDS |= {"cache_control", "mcp_servers", "context_management", "speed"}  # hints that change no prompt text
+
+
+def parse_count_tokens(data: dict[str, JSON]) -> ChatRequest:
+    """The backend request whose rendered prompt ``POST /v1/messages/count_tokens`` counts: a Messages body
+    without ``max_tokens`` or sampling fields, validated like one (`InvalidRequest` naming the bad field)."""
+    unknown = [k for k in data if k not in _COUNT_FIELDS]
+    if unknown:
+        raise InvalidRequest(f"{unknown[0]}: Extra inputs are not permitted", param=unknown[0])
+    if data.get("mcp_servers"):
+        raise _refuse("mcp_servers", "MCP servers are not supported by this gateway")
+    counted = {k: v for k, v in data.items() if k not in ("cache_control", "mcp_servers", "context_management")}
+    _, request, _ = parse_messages({**counted, "max_tokens": 1})
+    return request
+
+
 class MessagesExchange(TranslatedExchange):
     """``POST /v1/messages`` (Anthropic Messages API)."""
 

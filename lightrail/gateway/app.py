@@ -53,7 +53,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from lightrail.gateway.anthropic_api import MESSAGES
+from lightrail.gateway.anthropic_api import MESSAGES, parse_count_tokens
 from lightrail.gateway.backends import Backend, UpstreamError
 from lightrail.gateway.dialect import Dialect, Exchange
 from lightrail.gateway.openai_api import CHAT, COMPLETIONS, InvalidRequest, decode_json, new_response_id
@@ -61,7 +61,7 @@ from lightrail.gateway.openapi import openapi_document
 from lightrail.gateway.recording import SESSION_HEADER, SessionRecorder, session_attributes
 from lightrail.gateway.responses_api import RESPONSES
 from lightrail.gateway.sse import CHUNK_CHARS
-from lightrail.store.base import NotFoundError, Store
+from lightrail.store.base import ForbiddenError, NotFoundError, Store, UnauthorizedError
 from lightrail.store.tokens import Role, TokenVerifier, owns_attempt
 from lightrail.tracing import SpanBatcher
 from lightrail.types import (
@@ -149,6 +149,14 @@ class _Gateway:
             return InvalidRequest(
                 f"Unknown rollout {rollout_id!r}.", status=404, param="rollout_id", code="rollout_not_found"
             )
+        except (UnauthorizedError, ForbiddenError) as exc:  # the gateway's own store token: not the caller's fault
+            log.error("the store refused the gateway's token while checking attempt %s: %s", attempt_id, exc)
+            return InvalidRequest(
+                "The store refused the gateway's store token; fix the gateway's --store-token.",
+                status=500,
+                type="server_error",
+                code="store_token_refused",
+            )
         except Exception as exc:
             log.warning("store unavailable while checking attempt %s: %r", attempt_id, exc)
             return InvalidRequest(
@@ -182,6 +190,29 @@ class _Gateway:
         params = request.path_params
         error = await self.attempt_error(params["rollout_id"], params["attempt_id"])
         return _refusal(error) if error else await self.models(request)
+
+    async def count_tokens(self, request: Request) -> Response:
+        """``POST /v1/messages/count_tokens``: the tokens of the prompt the backend would render for a Messages
+        request (its chat template, tools and system prompt included), without generating or recording."""
+        try:
+            chat = parse_count_tokens(decode_json(await self.read_body(request)))
+            counter = getattr(self.backend, "count_tokens", None)
+            if counter is None:
+                raise InvalidRequest(
+                    "This gateway's backend cannot count tokens (an upstream server); the embedded engine can.",
+                    status=404,
+                    type="not_found_error",
+                )
+            return _json({"input_tokens": await counter(chat)})
+        except InvalidRequest as exc:
+            return _refusal(exc, MESSAGES)
+        except BackendError as exc:
+            return _error(exc.status, exc.message, param=exc.param, code=exc.code, dialect=MESSAGES)
+
+    async def routed_count_tokens(self, request: Request) -> Response:
+        params = request.path_params
+        error = await self.attempt_error(params["rollout_id"], params["attempt_id"])
+        return _refusal(error, MESSAGES) if error else await self.count_tokens(request)
 
     def handlers(self, dialect: Dialect) -> tuple[Any, Any]:
         """The unrouted (served, not recorded) and routed (recorded) handlers of one dialect."""
@@ -561,6 +592,8 @@ def create_gateway_app(
     routes = [
         Route("/health", gateway.health, methods=["GET"]),
         Route("/openapi.json", gateway.openapi, methods=["GET"]),
+        Route("/v1/messages/count_tokens", gateway.count_tokens, methods=["POST"]),
+        Route(prefix + "/v1/messages/count_tokens", gateway.routed_count_tokens, methods=["POST"]),
     ]
     for named in ("", agent):
         routes.append(Route(named + "/v1/models", gateway.models, methods=["GET"]))

@@ -10,26 +10,49 @@ engine, recording agents' calls into a store.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import sys
 from typing import Any
 
 from lightrail._net import add_tls_arguments, refuse_to_serve
+from lightrail._serving import tls_options
+from lightrail.store.options import add_store_arguments, given_store
 
 __all__ = ["add_parser"]
+
+_EXAMPLES = """examples:
+  lightrail gateway serve --store http://127.0.0.1:4747 --store-token s3cret --upstream http://127.0.0.1:8000/v1
+  lightrail gateway serve --store runs/store.db --model tiny
+  lightrail gateway serve --store prod.db --model runs/x/final --record --retention-days 30"""
 
 log = logging.getLogger("lightrail.gateway")
 
 
 def add_parser(subparsers: Any) -> None:
     """Register ``gateway serve`` on the ``lightrail`` command's subparsers."""
-    parser = subparsers.add_parser("gateway", help="OpenAI-compatible endpoint that records agents' LLM calls")
+    parser = subparsers.add_parser(
+        "gateway",
+        help="OpenAI-compatible endpoint that records agents' LLM calls",
+        description="An OpenAI- and Anthropic-compatible endpoint in front of a model: each call an agent makes on "
+        "a rollout's route is recorded as a span in the store, with token ids and logprobs.",
+        epilog=_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="gateway_command", metavar="SUBCOMMAND")
     parser.set_defaults(handler=lambda args: parser.print_help() or 2)
 
-    serve = sub.add_parser("serve", help="serve the gateway (one span per routed call into --store)")
+    serve = sub.add_parser(
+        "serve",
+        help="serve the gateway (one span per routed call into --store)",
+        description="Serve the gateway in front of an OpenAI-compatible upstream (vLLM), the embedded engine or a "
+        "scripted fake. Calls on /rollouts/{rid}/attempts/{aid}/v1/... are recorded as spans of that attempt in "
+        "--store; a model name the gateway does not serve is answered by the model it serves (the one being "
+        "trained), on purpose, and each span records both names. Binds 127.0.0.1 by default; binding any other "
+        "address requires --token.",
+        epilog=_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     serve.add_argument("--host", default="127.0.0.1", help="interface to bind (default: 127.0.0.1, this machine only)")
     serve.add_argument("--port", type=int, default=8900, help="port (default: 8900)")
     serve.add_argument(
@@ -38,20 +61,22 @@ def add_parser(subparsers: Any) -> None:
         help="require 'Authorization: Bearer TOKEN' (default: $LIGHTRAIL_GATEWAY_TOKEN; none if unset, which "
         "is refused for a --host other than this machine)",
     )
-    serve.add_argument(
-        "--store",
-        default=os.environ.get("LIGHTRAIL_STORE"),
-        required=os.environ.get("LIGHTRAIL_STORE") is None,
-        help="store URL or SQLite path the spans go to (default: $LIGHTRAIL_STORE)",
+    add_store_arguments(
+        serve,
+        store_help="where the spans go: store server URL, SQLite file or postgresql:// URL",
+        token_help="the store server's admin token ($LIGHTRAIL_STORE_TOKEN, the old name, still works)",
     )
-    serve.add_argument(
-        "--store-token", default=os.environ.get("LIGHTRAIL_STORE_TOKEN"), help="bearer token of an HTTP store"
-    )
+    if serve.get_default("store_token") is None:
+        serve.set_defaults(store_token=os.environ.get("LIGHTRAIL_STORE_TOKEN"))
     backend = serve.add_mutually_exclusive_group()
     backend.add_argument("--upstream", metavar="URL", help="OpenAI-compatible server to forward to (e.g. vLLM)")
     backend.add_argument("--model", metavar="NAME_OR_PATH", help="serve this model with the embedded engine")
     backend.add_argument("--fake", action="store_true", help="answer with the scripted fake backend (echo)")
-    serve.add_argument("--upstream-api-key", default=os.environ.get("LIGHTRAIL_UPSTREAM_API_KEY"))
+    serve.add_argument(
+        "--upstream-api-key",
+        default=os.environ.get("LIGHTRAIL_UPSTREAM_API_KEY"),
+        help="API key sent to --upstream (default: $LIGHTRAIL_UPSTREAM_API_KEY)",
+    )
     serve.add_argument("--served-model", help="model name sent upstream whatever the agent asks for")
     serve.add_argument(
         "--no-upstream-token-ids",
@@ -88,7 +113,12 @@ def add_parser(subparsers: Any) -> None:
         "--poll-s", type=float, default=5.0, help="with --policies: seconds between checks for a new policy"
     )
     serve.add_argument("--max-body-mb", type=float, default=16.0, help="largest request body (default: 16)")
-    serve.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    serve.add_argument(
+        "--log-level",
+        default="warning",
+        choices=["debug", "info", "warning", "error"],
+        help="how much to log to stderr (default: warning)",
+    )
     serve.add_argument(
         "--insecure-no-token",
         action="store_true",
@@ -100,6 +130,15 @@ def add_parser(subparsers: Any) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     if refuse_to_serve("lightrail gateway serve", args, "LIGHTRAIL_GATEWAY_TOKEN"):
+        return 2
+    from lightrail.store import store_kind
+
+    if given_store("gateway serve", args) is None:
+        return 2
+    try:
+        store_kind(args.store)  # before anything is made (a policies folder, a model)
+    except ValueError as exc:
+        print(f"lightrail gateway serve: --store: {exc}", file=sys.stderr)
         return 2
     if (args.redact or args.retention_days is not None) and not args.record:
         print("lightrail gateway serve: --redact and --retention-days apply to --record", file=sys.stderr)
@@ -133,38 +172,48 @@ def _serve(args: argparse.Namespace) -> int:
     if args.redact:
         from lightrail.gateway.recording import load_redactor
 
-        sys.path.insert(0, os.getcwd())  # the user's module, named from where they run the command
         try:
             redact = load_redactor(args.redact)
         except (ImportError, ValueError) as exc:
             print(f"lightrail gateway serve: --redact {args.redact}: {exc}", file=sys.stderr)
             return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        import uvloop
+    from lightrail._errors import one_line
+    from lightrail._serving import run
+    from lightrail.store import StoreError
 
-        uvloop.install()  # a faster event loop when available (uvicorn[standard] ships it)
-    except ImportError:
+    try:
+        run(_run(args, redact))
+    except KeyboardInterrupt:
         pass
-    asyncio.run(_run(args, redact))
+    except (OSError, StoreError) as exc:  # a busy port, a store that fails at startup
+        print(f"lightrail gateway serve: {one_line(exc)}", file=sys.stderr)
+        return 1
     return 0
 
 
 async def _run(args: argparse.Namespace, redact: Any = None) -> None:
-    import uvicorn
-
+    from lightrail._serving import bind, serve_app_async
     from lightrail.gateway.app import create_gateway_app
     from lightrail.gateway.backends import close_backend
-    from lightrail.store import open_store
+    from lightrail.store import check_store, open_store
 
-    backend = await _open_backend(args)
+    sock = bind(args.host, args.port, listen=False)  # a busy port fails now, not after the model has loaded
+    store = open_store(args.store, token=args.store_token)
+    try:
+        routes = ("query_attempts", "add_spans", *(("open_session", "delete_sessions") if args.record else ()))
+        await check_store(store, routes, token_hint="the store's admin token with --store-token")
+        backend = await _open_backend(args)
+    except BaseException:
+        sock.close()
+        await store.close()
+        raise
     watcher = None
     if args.policies:
         from lightrail.continuous.policies import PolicyRegistry, PolicyWatcher
 
         watcher = PolicyWatcher(PolicyRegistry(args.policies), backend, poll_s=args.poll_s)
         watcher.start()
-    store = open_store(args.store, token=args.store_token)
     sessions = None
     if args.record:
         from lightrail.gateway.recording import SessionRecorder
@@ -179,26 +228,20 @@ async def _run(args: argparse.Namespace, redact: Any = None) -> None:
             max_body_bytes=int(args.max_body_mb * 1024 * 1024),
             sessions=sessions,
         )
-        config = uvicorn.Config(
-            app,
-            host=args.host,
-            port=args.port,
-            access_log=False,
-            log_level=args.log_level,
-            lifespan="on",
-            ssl_certfile=args.tls_cert,
-            ssl_keyfile=args.tls_key,
-        )
         models = ", ".join(backend.model_names())
         recording = " recording served traffic" if args.record else ""
-        scheme = "https" if args.tls_cert else "http"
-        print(
-            f"lightrail gateway on {scheme}://{args.host}:{args.port} (models: {models}){recording}",
-            file=sys.stderr,
-            flush=True,
+        await serve_app_async(
+            app,
+            "lightrail gateway",
+            host=args.host,
+            port=args.port,
+            tls=tls_options(args.tls_cert, args.tls_key),
+            detail=f" (models: {models}){recording}",
+            log_level=args.log_level,
+            sock=sock,
         )
-        await uvicorn.Server(config).serve()
     finally:
+        sock.close()
         if watcher is not None:
             await watcher.close()
         await close_backend(backend)

@@ -91,10 +91,18 @@ class ScriptedBackend:
         return [self.model]
 
     async def chat(self, request: ChatRequest) -> Generation:
+        return await self._generate(request, self._prompt(request), _last_user_text(request.messages))
+
+    async def count_tokens(self, request: ChatRequest) -> int:
+        """Tokens of the prompt `chat` would send for ``request`` (fake ids: one per UTF-8 byte)."""
+        return len(self.encode(self._prompt(request)))
+
+    @staticmethod
+    def _prompt(request: ChatRequest) -> str:
         prompt = "".join(f"<|{m.get('role')}|>{content_text(m.get('content'))}\n" for m in request.messages)
         if request.tools:
             prompt = f"<|tools|>{json.dumps(request.tools, sort_keys=True)}\n" + prompt
-        return await self._generate(request, prompt + "<|assistant|>", _last_user_text(request.messages))
+        return prompt + "<|assistant|>"
 
     async def complete(self, request: CompletionRequest) -> Generation:
         return await self._generate(request, request.prompt, request.prompt)

@@ -102,6 +102,16 @@ _BODIES: dict[str, dict[str, Any]] = {
             "stream": {"type": "boolean"},
         },
     },
+    "/messages/count_tokens": {
+        "type": "object",
+        "required": ["model", "messages"],
+        "properties": {
+            "model": {"type": "string"},
+            "system": _TEXT_OR_PARTS,
+            "messages": {"type": "array"},
+            "tools": _TOOLS,
+        },
+    },  # fmt: skip
 }
 
 _ROUTED = "/rollouts/{rollout_id}/attempts/{attempt_id}"
@@ -124,10 +134,18 @@ def openapi_document() -> dict[str, Any]:
         name = path.strip("/").replace("/", "_")
         for prefix, routed in (("", False), (_ROUTED, True)):
             for agent in ("", "/agents/{agent}"):
+                counting = path.endswith("count_tokens")
+                if agent and counting:
+                    continue  # counting is not a call: no agent to name
+                summary = f"{path} ({'recorded into the attempt' if routed else 'served'}"
+                summary += f"{', made by the agent' if agent else ''})"
+                if counting:
+                    summary = (
+                        'the input tokens of the prompt the model would see ({"input_tokens": N}); nothing recorded'
+                    )
                 op: dict[str, Any] = {
                     "operationId": f"{'routed_' if routed else ''}{name}{'_by_agent' if agent else ''}",
-                    "summary": f"{path} ({'recorded into the attempt' if routed else 'served'}"
-                               f"{', made by the agent' if agent else ''})",
+                    "summary": summary,
                     "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
                     "responses": {"200": {"description": "the answer (JSON, or server-sent events with stream)"},
                                   "default": _ERROR},

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import importlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -52,11 +51,11 @@ _OPEN_RETRY = Retry(tries=None, base_s=0.05, cap_s=5.0)
 
 
 def load_redactor(target: str) -> Redactor:
-    """The function named ``module:function`` (importable from the current directory), checked to be callable."""
-    module_name, sep, attr = target.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"a redactor is named as module:function, got {target!r}")
-    function = getattr(importlib.import_module(module_name), attr, None)
+    """The function named ``module:function`` or ``file.py:function`` (the working folder imports, see
+    `lightrail._imports`), checked to be callable."""
+    from lightrail._imports import import_object
+
+    function = import_object(target)
     if not callable(function):
         raise ValueError(f"{target!r} is not a function")
     return function

@@ -12,8 +12,10 @@
 from __future__ import annotations
 
 import importlib
+import os
 import re
 from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import urlsplit
 
 from lightrail.store.base import (
     ConflictError,
@@ -23,6 +25,7 @@ from lightrail.store.base import (
     Store,
     StoreError,
     StoreUnavailableError,
+    UnauthorizedError,
 )
 from lightrail.store.memory import MemoryStore
 
@@ -40,10 +43,13 @@ __all__ = [
     "StoreError",
     "StoreUnavailableError",
     "SyncStoreClient",
+    "UnauthorizedError",
+    "check_store",
     "open_store",
 ]
 
 _LAZY = {
+    "check_store": "lightrail.store.checks",
     "PostgresStore": "lightrail.store.postgres",
     "SQLiteStore": "lightrail.store.sqlite",
     "SchemaVersionError": "lightrail.store.sqlite",
@@ -63,6 +69,7 @@ STORE_URL_FORMS = (
     "sqlite:///PATH or a plain file path"
 )
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+_HOST_PORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):\d+(/.*)?$")  # 127.0.0.1:4747, [::1]:4747, db:5432/x
 
 
 def store_kind(url: str) -> Literal["memory", "http", "postgres", "sqlite"]:
@@ -71,6 +78,10 @@ def store_kind(url: str) -> Literal["memory", "http", "postgres", "sqlite"]:
         return "memory"
     match = _SCHEME.match(url)
     if match is None:
+        if _HOST_PORT.match(url):  # a server's address without its scheme, never meant as a file name
+            raise ValueError(
+                f"store URL {url!r} has no scheme (for a store server: http://{url}); use {STORE_URL_FORMS}"
+            )
         return "sqlite"  # a file path
     scheme = match.group(1).lower()
     if scheme in ("http", "https"):
@@ -86,7 +97,8 @@ def store_kind(url: str) -> Literal["memory", "http", "postgres", "sqlite"]:
 def open_store(url: str, *, token: str | None = None) -> Store:
     """Open a store from a string: ``memory:``, ``http(s)://host:port`` (a store server, with ``token``),
     ``postgresql://user:password@host:port/database`` (``postgres://`` too), or a SQLite file path (optionally
-    ``sqlite:///path``). Any other ``scheme://`` raises `ValueError`."""
+    ``sqlite:///path``; its folder is created). Any other ``scheme://``, or a ``host:port`` without a scheme,
+    raises a one-line `ValueError` naming the accepted forms."""
     kind = store_kind(url)
     if kind == "memory":
         return MemoryStore()
@@ -100,10 +112,28 @@ def open_store(url: str, *, token: str | None = None) -> Store:
         return PostgresStore(url)
     from lightrail.store.sqlite import SQLiteStore
 
-    return SQLiteStore(url.removeprefix("sqlite://"))
+    return SQLiteStore(sqlite_path(url))
+
+
+def redact_url(url: str) -> str:
+    """A store location fit to print: a database URL without its password."""
+    parts = urlsplit(url)
+    if parts.password:
+        return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")).geturl()
+    return url
+
+
+def sqlite_path(url: str) -> str:
+    """The file of a SQLite store URL (``sqlite:///PATH`` or a plain path), its folder created if missing (a
+    new store's ``runs/store.db`` should not need a ``mkdir`` first)."""
+    path = url.removeprefix("sqlite://")
+    if path != ":memory:":
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    return path
 
 
 if TYPE_CHECKING:  # pragma: no cover
+    from lightrail.store.checks import check_store
     from lightrail.store.client import StoreClient, SyncStoreClient
     from lightrail.store.postgres import PostgresStore
     from lightrail.store.sqlite import SchemaVersionError, SQLiteStore

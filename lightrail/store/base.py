@@ -92,6 +92,13 @@ class ConflictError(StoreError):
     http_status = 409
 
 
+class UnauthorizedError(StoreError):
+    """The store server refused the bearer token: missing, wrong, expired or revoked. Never transient: retrying
+    with the same token cannot succeed."""
+
+    http_status = 401
+
+
 class ForbiddenError(StoreError):
     """A valid token asking for what its role does not allow (the message names the role needed)."""
 

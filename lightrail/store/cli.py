@@ -7,6 +7,7 @@ uvicorn, SQLite, asyncpg) loads inside the handler.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 
@@ -21,6 +22,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "store",
         help="run the durable store that trainers and runners share",
         description="The store holds rollouts, attempts, spans and resources; trainers and runners reach it over HTTP.",
+        epilog="example:\n  lightrail store serve --db runs/store.db --token s3cret",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = store.add_subparsers(dest="store_command", metavar="SUBCOMMAND")
     store.set_defaults(handler=lambda args: (store.print_help(), 2)[1])
@@ -71,6 +74,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="allow binding a non-loopback address without a token (anyone who can reach it can write)",
     )
+    serve.add_argument(
+        "--log-level",
+        default="warning",
+        choices=["debug", "info", "warning", "error"],
+        help="how much to log to stderr (default: warning)",
+    )
     add_tls_arguments(serve)
     serve.set_defaults(handler=_serve)
 
@@ -92,7 +101,13 @@ def _serve(args: argparse.Namespace) -> int:
         if problem is not None:
             print(f"lightrail store serve: {problem}", file=sys.stderr)
             return 1
+    import sqlite3
+
+    from lightrail._errors import one_line
+    from lightrail.store.base import StoreError
     from lightrail.store.server import serve
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     if args.exit_with_parent:
         from lightrail._lifeline import exit_with_parent
@@ -106,11 +121,12 @@ def _serve(args: argparse.Namespace) -> int:
             token=args.token or None,
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
+            log_level=args.log_level,
         )
     except KeyboardInterrupt:
         pass
-    except OSError as exc:  # port in use, unwritable directory, ...
-        print(f"lightrail store serve: {exc}", file=sys.stderr)
+    except (OSError, StoreError, sqlite3.Error) as exc:  # port in use, unwritable folder, not a store file, ...
+        print(f"lightrail store serve: {one_line(exc)}", file=sys.stderr)
         return 1
     return 0
 

@@ -73,6 +73,7 @@ from lightrail.store.base import (
     StaleAttemptError,
     StoreError,
     StoreUnavailableError,
+    UnauthorizedError,
     check_page,
 )
 from lightrail.store.sessions import Feedback, FeedbackResult
@@ -405,6 +406,8 @@ class _Base:
         except (msgspec.DecodeError, msgspec.ValidationError):
             message, type_name = response.text[:500] or response.reason_phrase, ""
         where = f"{call.method} {self.url}{call.path}"
+        if response.status_code == 401:
+            raise UnauthorizedError(f"the store server at {self.url} refused the token (HTTP 401: {message})")
         error_type = _ERRORS.get(type_name) or _BY_STATUS.get(response.status_code)
         if error_type is not None:
             raise error_type(message)

@@ -25,12 +25,10 @@ import hmac
 import logging
 import os
 import re
-import socket
 import sys
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -40,6 +38,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from lightrail._serving import bind as _bind
+from lightrail._serving import serve_app, tls_options
+from lightrail._serving import url_of as _url
+from lightrail._serving import uvicorn_config as _uvicorn_config
 from lightrail.store._wire import (
     MAX_WAIT_S,
     ROUTES,
@@ -522,12 +524,12 @@ def open_server_store(url: str | os.PathLike[str]) -> Store:
     """The store a server serves: a database `open_store` accepts (``memory:``, ``postgresql://...``,
     ``sqlite:///PATH`` or a SQLite file path). An ``http(s)://`` URL is refused: a server serves a database, not
     another server."""
-    from lightrail.store import open_store, store_kind
+    from lightrail.store import open_store, sqlite_path, store_kind
 
     if isinstance(url, os.PathLike):
         from lightrail.store.sqlite import SQLiteStore
 
-        return SQLiteStore(Path(url))
+        return SQLiteStore(sqlite_path(os.fspath(url)))
     if store_kind(url) == "http":
         raise ValueError(f"a store server serves a database, not another store server: {url!r}")
     return open_store(url)
@@ -670,51 +672,6 @@ def openapi_document() -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _uvicorn_config(app: Any, host: str, port: int, **extra: Any) -> Any:
-    import importlib.util
-
-    import uvicorn
-
-    return uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        loop="uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
-        http="httptools" if importlib.util.find_spec("httptools") else "h11",
-        lifespan="on",
-        log_level="warning",
-        access_log=False,
-        # Runners sit idle between calls while their agent works; keeping their connection saves a reconnect.
-        timeout_keep_alive=30,
-        **extra,
-    )
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    """A listening socket; SO_REUSEADDR so a restarted server can take the same port at once."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
-
-
-def _url(host: str, sock: socket.socket, tls: bool = False) -> str:
-    port, scheme = sock.getsockname()[1], "https" if tls else "http"
-    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
-
-
-def tls_options(cert: str | os.PathLike[str] | None, key: str | os.PathLike[str] | None) -> dict[str, Any]:
-    """uvicorn's TLS settings for a certificate and its key (both or neither)."""
-    if cert is None or key is None:
-        if cert is not None or key is not None:
-            raise ValueError("tls_cert and tls_key go together")
-        return {}
-    return {"ssl_certfile": os.fspath(cert), "ssl_keyfile": os.fspath(key)}
-
-
 def _store_factory(store_path_or_store: Any) -> Callable[[], Store]:
     """A factory, so the app owns (and at shutdown closes) the store either way."""
     if isinstance(store_path_or_store, (str, os.PathLike)):
@@ -731,39 +688,22 @@ def serve(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     tls_cert: str | os.PathLike[str] | None = None,
     tls_key: str | os.PathLike[str] | None = None,
+    log_level: str = "warning",
 ) -> None:
     """Serve a store until interrupted (blocking).
 
     A URL or path (anything `open_server_store` takes) opens its store inside the server's loop; a `Store` object
     is served as is. Either way the store is closed when the server stops. The bound URL is printed to stdout
-    (port 0 picks a free port) once the socket listens, so a parent process can read it and connect at once:
-    connections made before startup finishes wait in the listen backlog. ``tls_cert`` and ``tls_key`` (PEM files)
+    (port 0 picks a free port) once the store is open and the server accepts connections, so a parent process can
+    read it and connect at once; a store that cannot be opened raises here, before anything is printed. ``tls_cert`` and ``tls_key`` (PEM files)
     serve HTTPS.
     """
     tls = tls_options(tls_cert, tls_key)
     app = create_app(
         _store_factory(store_path_or_store), token=token, max_body_bytes=max_body_bytes, secure_cookie=bool(tls)
     )
-    serve_app(app, "lightrail store", host=host, port=port, tls=tls, then="dashboard: {url}/ui/ (same tokens)")
-
-
-def serve_app(app: Any, name: str, *, host: str, port: int, tls: dict[str, Any], then: str = "") -> None:
-    """Serve an ASGI app until interrupted, printing ``<name> listening on <url>`` once the socket listens (the
-    store server, and ``lightrail dashboard``), then the line ``then`` (``{url}`` filled in) if given. ``tls`` is
-    what `tls_options` made of the PEM files (empty: HTTP)."""
-    import uvicorn
-
-    sock = _bind(host, port)
-    url = _url(host, sock, bool(tls))
-    server = uvicorn.Server(_uvicorn_config(app, host, sock.getsockname()[1], timeout_graceful_shutdown=5, **tls))
-    print(f"{name} listening on {url}", flush=True)
-    if then:
-        print(then.format(url=url), flush=True)
-    log.info("%s listening on %s", name, url)
-    try:
-        server.run(sockets=[sock])
-    finally:
-        sock.close()
+    serve_app(app, "lightrail store", host=host, port=port, tls=tls, then="dashboard: {url}/ui/ (same tokens)",
+              log_level=log_level)  # fmt: skip
 
 
 class ServerHandle:

@@ -196,12 +196,18 @@ class SQLiteStore:
         self.path = os.fspath(path)
         # isolation_level=None: we issue BEGIN/COMMIT ourselves. check_same_thread=False: a server may build the
         # store in one thread and run it on its loop thread; it is still used from one loop at a time.
-        self._db = sqlite3.connect(
-            self.path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False, cached_statements=64
-        )
+        try:
+            self._db = sqlite3.connect(
+                self.path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False, cached_statements=64
+            )
+        except sqlite3.Error as exc:  # sqlite3 does not say which file
+            raise StoreError(f"cannot open the SQLite store {self.path}: {exc}") from None
         try:
             self._configure(synchronous)
             self._migrate()
+        except sqlite3.DatabaseError as exc:
+            self._db.close()
+            raise StoreError(f"cannot open the SQLite store {self.path}: {exc}") from None
         except BaseException:
             self._db.close()
             raise

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 import time
 from typing import Any
+
+from lightrail.store.options import STORE_ENV, add_store_arguments
 
 __all__ = ["add_parser"]
 
@@ -30,32 +31,31 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "  read    queries: rollouts, attempts, spans, resources, counts (dashboards, inspection)\n"
             "Tokens are stored hashed; a revocation takes effect within 10 s on every server of the store."
         ),
+        epilog="example:\n  LIGHTRAIL_TOKEN=s3cret lightrail token create --store http://127.0.0.1:4747 --role runner",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = token.add_subparsers(dest="token_command", metavar="SUBCOMMAND")
     token.set_defaults(handler=lambda args: (token.print_help(), 2)[1])
 
     def common(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(
-            "--store",
-            default=os.environ.get("LIGHTRAIL_STORE"),
-            required=os.environ.get("LIGHTRAIL_STORE") is None,
-            help="store server URL, SQLite path or PostgreSQL URL (default: $LIGHTRAIL_STORE)",
-        )
-        parser.add_argument(
-            "--token",
-            default=os.environ.get("LIGHTRAIL_TOKEN"),
-            help="the store server's admin token (default: $LIGHTRAIL_TOKEN)",
+        add_store_arguments(
+            parser,
+            store_help="store server URL, SQLite path or PostgreSQL URL",
+            token_help="the store server's admin token",
+            old_token=True,
         )
 
     create = commands.add_parser(
         "create",
         help="mint a token and print it (shown once)",
+        description="Mint a scoped token, store its record (hashed) and print the secret once.",
         epilog="example:\n  lightrail token create --store http://trainer:4747 --role runner --expires 7d",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     common(create)
-    create.add_argument("--role", required=True, choices=["admin", "runner", "ingest", "read"])
+    create.add_argument(
+        "--role", required=True, choices=["admin", "runner", "ingest", "read"], help="what the token may do (see above)"
+    )
     create.add_argument("--expires", metavar="DURATION", help="lifetime like 90m, 12h, 7d, 2w (default: never)")
     create.add_argument(
         "--attempt",
@@ -67,13 +67,25 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     create.add_argument("--note", default="", help="what the token is for, shown by `token list`")
     create.set_defaults(handler=_create)
 
-    listing = commands.add_parser("list", help="every scoped token: id, role, expiry, state, note")
+    listing = commands.add_parser(
+        "list",
+        help="every scoped token: id, role, expiry, state, note",
+        description="List every scoped token of the store: id, role, creation, expiry, state and note (never secrets).",
+        epilog="example:\n  LIGHTRAIL_TOKEN=s3cret lightrail token list --store http://127.0.0.1:4747",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     common(listing)
     listing.set_defaults(handler=_list)
 
-    revoke = commands.add_parser("revoke", help="revoke a token by its id (the 12 hex digits after lrt_)")
+    revoke = commands.add_parser(
+        "revoke",
+        help="revoke a token by its id (the 12 hex digits after lrt_)",
+        description="Revoke a scoped token; every server of the store refuses it within 10 s.",
+        epilog="example:\n  LIGHTRAIL_TOKEN=s3cret lightrail token revoke --store http://127.0.0.1:4747 0123456789ab",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     common(revoke)
-    revoke.add_argument("token_id")
+    revoke.add_argument("token_id", metavar="TOKEN_ID", help="the token's id, as `token list` shows it")
     revoke.set_defaults(handler=_revoke)
 
 
@@ -81,8 +93,11 @@ def _with_store(args: argparse.Namespace, work: Any) -> Any:
     """Run ``work(store)`` against the store the arguments name, closing it after."""
     from lightrail.store import open_store
 
+    if not args.store:
+        raise ValueError(f"give --store PATH|URL or set ${STORE_ENV}")
+
     async def run() -> Any:
-        store = open_store(args.store, token=args.token)
+        store = open_store(args.store, token=args.store_token)
         try:
             return await work(store)
         finally:

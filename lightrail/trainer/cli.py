@@ -11,6 +11,9 @@ import json
 import sys
 from typing import Any
 
+from lightrail.agent.cli import DEFAULT_CONCURRENCY
+from lightrail.store.options import add_store_arguments
+
 __all__ = ["add_parser"]
 
 
@@ -153,14 +156,17 @@ def add_dev_parser(subparsers: argparse._SubParsersAction) -> None:
     dev.add_argument("--agent", required=True, metavar="MODULE:OBJECT", help="the agent, as an import reference")
     dev.add_argument("--tasks", required=True, metavar="FILE.jsonl", help="tasks, one JSON value per line")
     dev.add_argument("--runners", type=int, default=2, metavar="N", help="runner processes (default: 2)")
-    dev.add_argument("-k", "--concurrency", type=int, default=4, metavar="K", help="rollouts per runner (default: 4)")
     dev.add_argument(
-        "--store",
-        default=None,
-        metavar="PATH|URL",
-        help="SQLite file or store server URL (default: a fresh ./runs/<timestamp>/store.db)",
+        "-k", "--concurrency", type=int, default=DEFAULT_CONCURRENCY, metavar="K",
+        help=f"rollouts per runner (default: {DEFAULT_CONCURRENCY})",
+    )  # fmt: skip
+    add_store_arguments(
+        dev,
+        store_help="SQLite file, postgresql:// URL or store server URL",
+        token_help="the store server's token",
+        old_token=True,
+        store_default="a fresh ./runs/<timestamp>/store.db",
     )
-    dev.add_argument("--token", default=None, help="bearer token of a --store URL (default: $LIGHTRAIL_TOKEN)")
     dev.set_defaults(handler=_dev)
 
 
@@ -187,6 +193,8 @@ def read_tasks(path: str) -> list:
 
 
 def _dev(args: argparse.Namespace) -> int:
+    from lightrail._errors import one_line
+    from lightrail.store import StoreError
     from lightrail.trainer import Trainer
     from lightrail.types import RolloutStatus
 
@@ -195,10 +203,12 @@ def _dev(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"lightrail dev: {exc}", file=sys.stderr)
         return 2
-    trainer = Trainer(n_runners=args.runners, store=args.store, concurrency=args.concurrency, token=args.token)
     try:
+        trainer = Trainer(
+            n_runners=args.runners, store=args.store, concurrency=args.concurrency, token=args.store_token
+        )
         report = trainer.dev(args.agent, tasks)
-    except (ImportError, ValueError, RuntimeError) as exc:
-        print(f"lightrail dev: {exc}", file=sys.stderr)
+    except (ImportError, ValueError, RuntimeError, StoreError, OSError) as exc:
+        print(f"lightrail dev: {one_line(exc)}", file=sys.stderr)
         return 1
     return 0 if all(row.status is RolloutStatus.SUCCEEDED for row in report.rows) else 1

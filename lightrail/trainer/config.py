@@ -46,7 +46,6 @@ import dataclasses
 import importlib
 import inspect
 import os
-import sys
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -55,6 +54,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from lightrail.agent.cli import DEFAULT_CONCURRENCY
 from lightrail.agent.ray import RaySettings
 from lightrail.gateway.server import GatewaySettings
 from lightrail.tracking import LoggerKind, LoggerSettings
@@ -80,7 +80,7 @@ class RunnerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     n_runners: int | None = None
     """Runner processes on this machine (default 2, or 0 when Ray runners are configured). 0 without Ray: only
     runners started elsewhere (``lightrail runner --store URL --agent REF``) serve the run."""
-    concurrency: int = 8
+    concurrency: int = DEFAULT_CONCURRENCY
     """Rollouts each runner process runs at once."""
     otel: bool = False
     """Export the agent framework's OpenTelemetry spans (agent names, tools) with each rollout."""
@@ -182,7 +182,7 @@ def read_yaml_config(path: str | os.PathLike[str], overrides: Sequence[str], sch
     try:
         data = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc})") from None
+        raise ConfigError(f"{path}{_yaml_where(exc)}: not valid YAML ({_yaml_problem(exc)})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     for item in overrides:
@@ -196,9 +196,21 @@ def read_yaml_config(path: str | os.PathLike[str], overrides: Sequence[str], sch
         raise ConfigError(f"{path}: {_readable(exc)}") from None
 
 
+def check_store_field(path: str | os.PathLike[str], store: str | None) -> None:
+    """A config's ``store`` names a store lightrail opens (`lightrail.store.store_kind`), else a `ConfigError`."""
+    from lightrail.store import store_kind
+
+    if store is not None:
+        try:
+            store_kind(store)
+        except ValueError as exc:
+            raise ConfigError(f"{path}: store: {exc}") from None
+
+
 def load_config(path: str | os.PathLike[str], overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
     """Read and check a YAML config; ``overrides`` are ``dotted.path=value`` strings applied first."""
     config = read_yaml_config(path, overrides, TrainConfig)
+    check_store_field(path, config.store)
     if config.algorithm == "apo":
         _apo_kwargs(config)
     elif config.algorithm == "grpo":
@@ -223,22 +235,25 @@ def _readable(exc: msgspec.ValidationError) -> str:
     return f"{where.rstrip('`')}: {head}" if sep else message
 
 
+def _yaml_where(exc: Exception) -> str:
+    """``:LINE:COLUMN`` of a YAML error (1-based), or nothing when PyYAML does not know."""
+    mark = getattr(exc, "problem_mark", None)
+    return "" if mark is None else f":{mark.line + 1}:{mark.column + 1}"
+
+
+def _yaml_problem(exc: Exception) -> str:
+    """What PyYAML says went wrong, without its multi-line excerpt of the file."""
+    problem = getattr(exc, "problem", None)
+    return str(problem) if problem else str(exc).splitlines()[0]
+
+
 def _resolve(reference: str, what: str) -> Any:
-    module_name, sep, attr = reference.partition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigError(f"{what}: expected 'module:object', got {reference!r}")
-    if os.getcwd() not in sys.path:  # like `python -m`: the project root's packages import (runners inherit it)
-        sys.path.insert(0, os.getcwd())
+    from lightrail._imports import import_object
+
     try:
-        obj = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"{what}: cannot import {module_name!r} ({exc})") from None
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise ConfigError(f"{what}: {module_name!r} has no {attr!r}") from None
-    return obj
+        return import_object(reference)  # the working folder imports, like `python -m` (runners inherit it)
+    except (ImportError, ValueError) as exc:
+        raise ConfigError(f"{what}: {exc}") from None
 
 
 def grpo_config(update: dict[str, Any], where: str) -> Any:

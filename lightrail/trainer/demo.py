@@ -18,7 +18,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "it with GRPO through real runner processes, the gateway, the embedded engine and a SQLite store. "
             "Prints held-out success before and after, and where the reward curve and checkpoint are."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        epilog="examples:\n  lightrail demo\n  lightrail demo --quick\n  lightrail demo --model smollm2",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--model", choices=["small", "tiny", "smollm2"], default="small",
                         help="small: ~6M-parameter Llama built here (default); smollm2: packaged SmolLM2-135M with LoRA")  # fmt: skip
@@ -27,12 +28,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--sft-steps", type=int, default=None, help="supervised warm-start steps (default: 300; smollm2: none)"
     )
-    parser.add_argument("--runners", type=int, default=2, help="runner processes")
+    parser.add_argument("--runners", type=int, default=2, help="runner processes (default: 2)")
     parser.add_argument(
-        "-k", "--concurrency", type=int, default=None, help="rollouts at once per runner (default: 24; smollm2: 8)"
+        "-k",
+        "--concurrency",
+        type=int,
+        default=None,
+        help="rollouts at once per runner (default: 24, tuned for the demo's small model; smollm2: 8)",
     )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=None, help="run directory (default: runs/demo-<time>)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the data, the model and sampling (default: 0)")
+    parser.add_argument("--out", type=Path, default=None, help="run folder (default: runs/demo-<time>)")
     parser.set_defaults(handler=_demo)
 
 

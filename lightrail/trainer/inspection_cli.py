@@ -14,9 +14,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lightrail.store.options import STORE_ENV, add_store_arguments
+
 __all__ = ["add_parser"]
 
-STORE_ENV = "LIGHTRAIL_STORE"
 
 _RUNS_HELP = (
     "The store records rollouts, not runs, so runs are derived: rollouts whose metadata names a run ('run': the "
@@ -35,15 +36,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register ``runs``, ``rollouts``, ``show`` and ``failures`` on the main CLI's subparsers."""
     store = argparse.ArgumentParser(add_help=False)
     where = store.add_argument_group("store")
-    where.add_argument(
-        "--store",
-        default=os.environ.get(STORE_ENV),
-        metavar="PATH|URL",
-        help="SQLite file (or a run directory holding store.db), postgresql:// URL or store server URL "
-        f"(default: ${STORE_ENV})",
+    add_store_arguments(
+        where,
+        store_help="SQLite file (or a run folder holding store.db), postgresql:// URL or store server URL",
+        token_help="bearer token of a store server URL; a read token is enough",
+        old_token=True,
     )
-    where.add_argument("--token", default=os.environ.get("LIGHTRAIL_TOKEN"), help="bearer token of a store URL "
-                       "(default: $LIGHTRAIL_TOKEN)")  # fmt: skip
     gap = argparse.ArgumentParser(add_help=False)
     gap.add_argument(
         "--gap", type=float, default=10.0, metavar="MINUTES", help="idle time that separates two runs (default: 10)"
@@ -98,7 +96,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         epilog="example:\n  lightrail show ro-3f2a9c01d4e5b6a7 --attempt 1",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    show.add_argument("rollout_id", metavar="ROLLOUT_ID")
+    show.add_argument("rollout_id", metavar="ROLLOUT_ID", help="the rollout, as `lightrail rollouts` lists it")
     show.add_argument("--attempt", type=int, default=None, metavar="N", help="attempt number (default: the last)")
     show.add_argument("--full", action="store_true", help="print long messages and tracebacks whole")
     show.set_defaults(handler=_show)
@@ -175,7 +173,7 @@ def _with_store(command: str, args: argparse.Namespace, body: Any) -> int:
         return 2
 
     async def main() -> int:
-        store = open_store(location, token=args.token)
+        store = open_store(location, token=args.store_token)
         try:
             if hasattr(store, "open"):  # PostgreSQL connects explicitly
                 await store.open()

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from lightrail._errors import counted
 from lightrail.store.base import Store
 from lightrail.types import Attempt, AttemptStatus, Rollout, RolloutStatus
 
@@ -135,12 +136,12 @@ class DevReport:
                 "-" if row.seconds is None else f"{row.seconds:.2f}",
             )
         if len(self.rows) > max_rows:
-            table.caption = f"... {len(self.rows) - max_rows} more rollouts in the report"
+            table.caption = f"... {counted(len(self.rows) - max_rows, 'more rollout')} in the report"
         out.print(table)
         summary = ", ".join(f"{n} {s.value}" for s, n in sorted(self.counts.items(), key=lambda kv: -kv[1]))
         mean = self.mean_reward
         out.print(
-            f"{len(self.rows)} rollouts in {self.seconds:.1f}s: {summary}"
+            f"{counted(len(self.rows), 'rollout')} in {self.seconds:.1f}s: {summary}"
             + ("" if mean is None else f"; mean reward {mean:.3g}")
             + (f"; store: {self.store}" if self.store else "")
         )
@@ -157,11 +158,11 @@ def render_digest(digest: Sequence[FailureGroup], console: object, *, title: str
         out.print(f"{title}: no failed attempts")
         return
     failed = sum(g.count for g in digest)
-    out.print(f"[bold]{escape(title)}[/bold]: {failed} attempts in {len(digest)} groups")
+    out.print(f"[bold]{escape(title)}[/bold]: {counted(failed, 'attempt')} in {counted(len(digest), 'group')}")
     for group in digest:
         rollouts = len(group.rollout_ids)
         out.print(
-            f"  [bold]{group.count}x[/bold] {group.status.value} in {rollouts} rollout{'s' * (rollouts != 1)}  "
+            f"  [bold]{group.count}x[/bold] {group.status.value} in {counted(rollouts, 'rollout')}  "
             f"[red]{escape(group.type)}[/red]: {escape(group.pattern)}\n"
             f"      e.g. {group.example_rollout_id}: {escape(group.example)}",
             soft_wrap=True,

@@ -39,8 +39,10 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from lightrail._net import is_loopback_host
-from lightrail.agent.agent import LitAgent, agent_reference, load_agent
+from lightrail.agent.agent import LitAgent, agent_reference, check_agent_file, load_agent
+from lightrail.agent.cli import DEFAULT_CONCURRENCY
 from lightrail.agent.processes import RUNNER_ENV, RunnerProcesses, run_runners
+from lightrail.store import check_store, redact_url
 from lightrail.store.base import Store
 from lightrail.trainer.algorithm import Algorithm, TrainerContext, cancel_unfinished
 from lightrail.trainer.report import DevReport, build_report
@@ -146,7 +148,7 @@ class Trainer:
         self,
         n_runners: int | None = None,
         store: str | os.PathLike[str] | Store | None = None,
-        concurrency: int = 4,
+        concurrency: int = DEFAULT_CONCURRENCY,
         *,
         algorithm: Algorithm | None = None,
         token: str | None = None,
@@ -177,6 +179,10 @@ class Trainer:
         self.ray = ray
         self.store_host = store_host
         self.store_port = store_port
+        if isinstance(store, str):
+            from lightrail.store import store_kind
+
+            store_kind(store)  # a URL lightrail does not serve fails here, in one line, not in the first run
         self.store = store
         self.concurrency = concurrency
         self.algorithm = algorithm
@@ -333,6 +339,7 @@ class Trainer:
                 yield session
             return
         ref = agent_reference(agent)
+        check_agent_file(ref)  # a script that is not there fails here, not in every runner
         if self.runner_python is None and not ref.rpartition(":")[0].endswith(".py"):
             # fail here, with the real error, rather than in every runner process (a script is not loaded a
             # second time in this process: it may be the one running us; an agent for another interpreter
@@ -365,6 +372,8 @@ class Trainer:
                 url, label, token = server.url, redact_url(db), server.token
                 store = owned_store = StoreClient(url, token=token)
                 self.console.print(f"[dim]watch it live: lightrail dashboard --store {db}[/dim]")
+            await check_store(store, ("enqueue", "query_rollouts", "cancel", "put_resources"),
+                              token_hint="the store's admin token: Trainer(token=...) or $LIGHTRAIL_TOKEN")  # fmt: skip
             await cancel_unfinished(store, run)
             if self.n_runners:
                 runner_sets.append(
@@ -459,9 +468,11 @@ class Trainer:
                 run_dir = run_dir.with_name(run_dir.name + "-" + secrets.token_hex(2))
             run_dir.mkdir(parents=True)
             return str(run_dir / "store.db")
+        from lightrail.store import sqlite_path, store_kind
+
         db = str(self.store)
-        if db != "memory:" and "://" not in db.removeprefix("sqlite://"):
-            Path(db.removeprefix("sqlite://")).parent.mkdir(parents=True, exist_ok=True)
+        if store_kind(db) == "sqlite":  # a URL lightrail does not serve is a one-line ValueError here
+            sqlite_path(db)
         return db
 
 
@@ -492,14 +503,6 @@ def _reachable(url: str) -> str:
     return url
 
 
-def redact_url(db: str) -> str:
-    """A store location fit to print: a database URL without its password."""
-    parts = urlsplit(db)
-    if parts.password:
-        return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")).geturl()
-    return db
-
-
 def _runners_alive_check(runners: RunnerProcesses) -> Callable[[], None]:
     def check() -> None:
         if not runners.alive():
@@ -512,7 +515,10 @@ def _runners_alive_check(runners: RunnerProcesses) -> Callable[[], None]:
 def _run_sync(coro: Any) -> Any:
     try:
         asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    coro.close()
-    raise RuntimeError("called from a running event loop: use `await trainer.dev_async(...)` / `fit_async`")
+    except RuntimeError:  # no loop running: the usual case
+        pass
+    else:
+        coro.close()
+        raise RuntimeError("called from a running event loop: use `await trainer.dev_async(...)` / `fit_async`")
+    # outside the except block, so the run's own errors are not chained behind "no running event loop"
+    return asyncio.run(coro)

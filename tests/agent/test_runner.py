@@ -190,3 +190,21 @@ async def test_missing_resources_version_is_an_infra_error(store):
     await Runner(store, "sample_agents:behave", handle_signals=False).run(max_rollouts=1)
     (attempt,) = await store.query_attempts(rid)
     assert attempt.status is AttemptStatus.INFRA_ERROR  # not the agent's fault: never trained as reward 0
+
+
+def test_a_store_outage_is_reported_at_a_rate_not_per_retry_and_ends_after_the_patience(caplog):
+    """Fifty failed leases in a row: one status line (the next after 30 s), and with a patience of 0 s the
+    runner gives up on the first failure with `StoreUnavailableError` naming the last error."""
+    import logging
+
+    from lightrail.agent.runner import _Outage
+    from lightrail.store import StoreUnavailableError
+
+    outage = _Outage(patience_s=None)
+    with caplog.at_level(logging.WARNING, logger="lightrail.agent.runner"):
+        for _ in range(50):
+            outage.failed(ConnectionRefusedError("nobody there"))
+    lines = [r.getMessage() for r in caplog.records if "store unreachable" in r.getMessage()]
+    assert len(lines) == 1 and "ConnectionRefusedError: nobody there" in lines[0] and "giving up" not in lines[0]
+    with pytest.raises(StoreUnavailableError, match="unreachable for 0 s, giving up: nobody there"):
+        _Outage(patience_s=0.0).failed(ConnectionRefusedError("nobody there"))

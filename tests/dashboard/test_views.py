@@ -27,7 +27,7 @@ def test_the_timeline_places_spans_on_the_attempts_time_axis_in_tree_order():
     assert (rows[0].left, rows[0].width) == (0.0, 100.0)  # the annotation written later does not stretch the axis
     assert (rows[1].left, rows[1].width) == (20.0, 50.0)
     assert rows[1].number == 1 and rows[2].label == "search" and rows[2].detail == "search"
-    assert (rows[3].label, rows[3].detail, rows[3].kind) == ("trained (grpo step 3)", "1 calls", "training")
+    assert (rows[3].label, rows[3].detail, rows[3].kind) == ("trained (grpo step 3)", "1 call", "training")
 
 
 def test_a_chart_spans_its_points_and_says_its_last_values():

@@ -115,7 +115,9 @@ def build_family_model(family: Family, out: Path, seed: int = 0) -> Path:
     return out
 
 
-def overfit(path: Path, messages: list[dict], tools: list[dict] | None, reply: str, *, loss_below: float = 5e-4) -> None:
+def overfit(
+    path: Path, messages: list[dict], tools: list[dict] | None, reply: str, *, loss_below: float = 5e-4
+) -> None:
     """Train the model at ``path`` in place until it answers ``messages`` (offering ``tools``) with ``reply`` then
     EOS, as its own family writes it: a few seconds of AdamW on one row, rendered by the family's template."""
     import torch

@@ -235,6 +235,15 @@ async def test_reasoning_comes_back_split_and_stays_in_the_trained_tokens(reason
     )
     assert engine.tokenizer(target, add_special_tokens=False).input_ids == [t for t in ids if t not in engine._eos_ids]
 
+    # The dashboard shows the thinking folded above the answer.
+    from starlette.testclient import TestClient
+
+    from lightrail.dashboard import create_dashboard_app
+
+    with TestClient(create_dashboard_app(lambda: open_store(str(tmp_path / "store.db")))) as client:
+        page = client.get(f"/ui/rollouts/{lease.rollout.rollout_id}").text
+    assert '<details class="reasoning"' in page and "Two plus three is five." in page
+
 
 def test_the_cli_prints_the_family_and_its_vllm_flags(family_dir):
     import subprocess
@@ -247,12 +256,3 @@ def test_the_cli_prints_the_family_and_its_vllm_flags(family_dir):
     assert out.returncode == 0, out.stderr
     assert f"tool calls: {family.tool_format}" in out.stdout
     assert f"--tool-call-parser {family.tool_format}" in out.stdout
-
-    # The dashboard shows the thinking folded above the answer.
-    from starlette.testclient import TestClient
-
-    from lightrail.dashboard import create_dashboard_app
-
-    with TestClient(create_dashboard_app(lambda: open_store(str(tmp_path / "store.db")))) as client:
-        page = client.get(f"/ui/rollouts/{lease.rollout.rollout_id}").text
-    assert '<details class="reasoning"' in page and "Two plus three is five." in page

@@ -465,7 +465,7 @@ def test_embedded_engine_ids_stream_and_stop_sequence(make_gateway):
             streamed = stream.get_final_message()
         text = "".join(b.text for b in plain.content if b.type == "text")
         assert _normalized(streamed) == _normalized(plain)
-        s_plain, s_stream = server.spans(lease)
+        s_plain, s_stream = server.spans(lease)[:2]
         for span in (s_plain, s_stream):
             [choice] = span.attributes[Attr.CHOICES]
             assert engine.decode(choice["token_ids"]) == text
@@ -473,6 +473,15 @@ def test_embedded_engine_ids_stream_and_stop_sequence(make_gateway):
             assert span.attributes[Attr.POLICY_VERSION] == engine.policy_version
             assert len(span.attributes[Attr.PROMPT_IDS]) == plain.usage.input_tokens
         assert s_stream.attributes[Attr.CHOICES] == s_plain.attributes[Attr.CHOICES]
+
+        # count_tokens: the tokens of the prompt the engine renders (chat template, system prompt), as a call sees
+        counted = client.messages.count_tokens(model="tiny", system=params["system"], messages=params["messages"])
+        assert counted.input_tokens == plain.usage.input_tokens
+        # a model name the engine does not serve is answered by the model being trained; the span keeps both names
+        other = client.messages.create(**{**params, "model": "another-model"})
+        assert other.model == engine.name != "another-model"
+        asked = server.spans(lease)[-1].attributes
+        assert (asked[Attr.MODEL], asked[Attr.RESPONSE_MODEL]) == ("another-model", engine.name)
 
         # greedy again, now stopping on a piece of that text: the engine says which stop sequence ended it
         assert len(text) > 6, text
@@ -511,3 +520,37 @@ def test_through_an_openai_upstream(make_gateway):
     assert ScriptedBackend.decode(first.attributes[Attr.CHOICES][0]["token_ids"]) == "one two "
     assert first.attributes[Attr.POLICY_VERSION] == 3 and first.attributes[Attr.TOKEN_IDS_AVAILABLE] is True
     assert second.attributes[Attr.RESPONSE]["choices"][0]["message"]["tool_calls"][0]["id"] == tool_use.id
+
+
+def test_count_tokens_is_the_rendered_prompt_of_the_call(make_gateway):
+    """``messages.count_tokens`` (the real SDK) answers what the same call's ``usage.input_tokens`` says, tools and
+    system prompt included, routed or not; nothing is generated or recorded."""
+    backend = ScriptedBackend(["ok"] * 4)
+    server = make_gateway(backend, token=TOKEN)
+    lease = server.lease()
+    params = {
+        "model": MODEL,
+        "system": "Use the tool.",
+        "messages": [{"role": "user", "content": "Weather in Rome?"}],
+        "tools": [WEATHER_TOOL],
+    }
+    for client in (client_for(server), client_for(server, lease)):
+        counted = client.messages.count_tokens(**params)
+        called = client.messages.create(**params, max_tokens=8)
+        assert counted.input_tokens == called.usage.input_tokens > len("Weather in Rome?")
+    assert len(backend.requests) == 2  # the two calls; counting generated nothing
+    assert len(server.spans(lease)) == 1  # the routed call, not its count
+
+
+def test_count_tokens_refusals(make_gateway):
+    server = make_gateway(ScriptedBackend(), token=TOKEN)
+    client = client_for(server)
+    with pytest.raises(anthropic.BadRequestError, match="max_tokens: Extra inputs are not permitted"):
+        client.messages.count_tokens(
+            model=MODEL, messages=[{"role": "user", "content": "Hi"}], extra_body={"max_tokens": 3}
+        )
+    with pytest.raises(anthropic.BadRequestError, match="messages"):
+        client.messages.count_tokens(model=MODEL, messages=[])
+    upstream = make_gateway(OpenAIUpstream(server.url), token=TOKEN)  # an upstream server has no tokenizer here
+    with pytest.raises(anthropic.NotFoundError, match="cannot count tokens"):
+        client_for(upstream).messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": "Hi"}])

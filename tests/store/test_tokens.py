@@ -146,7 +146,7 @@ def test_token_command_creates_lists_and_revokes_through_the_server(server):
     """``lightrail token create`` prints the token once (stdout, nothing else there), ``list`` shows it without the
     secret, ``revoke`` ends it; bad input is exit 2 with a reason."""
     base = [sys.executable, "-m", "lightrail", "token"]
-    where = ["--store", server.url, "--token", ADMIN]
+    where = ["--store", server.url, "--store-token", ADMIN]
 
     def run(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([*base, *args], capture_output=True, text=True, timeout=60)

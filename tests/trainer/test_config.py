@@ -115,7 +115,7 @@ def test_bad_config_is_rejected_with_the_field_path(tmp_path, override, message)
 
 def test_bad_references_and_files_are_named(tmp_path, capsys):
     config = load_config(_write(tmp_path, CONFIG), ["data=examples.calculator.data:nope"])
-    with pytest.raises(ConfigError, match="has no 'nope'"):
+    with pytest.raises(ConfigError, match="has no attribute 'nope'"):
         train(config)
     assert main(["train", str(tmp_path / "missing.yaml")]) == 2
     assert "cannot read" in capsys.readouterr().err

@@ -75,7 +75,7 @@ def test_lightrail_dev_command(tmp_path, capsys):
     code = main(["dev", "--agent", "dev_agents:grader", "--tasks", str(tasks), "--runners", "1", "-k", "1",
                  "--store", str(tmp_path / "store.db")])  # fmt: skip
     out = capsys.readouterr().out
-    assert "1 rollouts in" in out
+    assert "1 rollout in" in out
     # no resources were given, so the agent's `prompt_template` cannot be injected: a clear failure, digested
     assert code == 1 and "LookupError" in out and "no PromptTemplate" in out
 

@@ -76,7 +76,7 @@ def lightrail(capsys, *argv: str) -> tuple[int, str, str]:
 def test_grpo_prints_the_failure_digest_at_each_validation(run):
     _, printed = run
     for step in (0, 1):  # before training and after the one step
-        assert f"validation at step {step}: failure digest: 2 attempts in 1 groups" in printed, printed
+        assert f"validation at step {step}: failure digest: 2 attempts in 1 group" in printed, printed
     assert "2x failed in 2 rollouts  ValueError: bad question <n> in <str>" in printed
 
 
@@ -174,12 +174,12 @@ def test_failures_digests_the_store_or_one_run(run, capsys):
     store, _ = run
     code, out, _ = lightrail(capsys, "failures", "--store", str(store))
     assert code == 0
-    assert f"failure digest of {store}: 4 attempts in 1 groups" in out
+    assert f"failure digest of {store}: 4 attempts in 1 group" in out
     assert "4x failed in 4 rollouts  ValueError: bad question <n> in <str>" in out
     code, out, _ = lightrail(capsys, "failures", "--store", str(store), "--run", "2")
     assert "failure digest of run 2: no failed attempts" in out
     code, out, _ = lightrail(capsys, "failures", "--store", str(store), "--limit", "1")
-    assert "1 attempts in 1 groups" in out and "from the newest 1 of 4 rollouts that failed or were retried" in out
+    assert "1 attempt in 1 group" in out and "from the newest 1 of 4 rollouts that failed or were retried" in out
 
 
 def test_store_from_the_environment_or_a_run_directory_as_a_subprocess(run):
