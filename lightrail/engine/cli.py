@@ -54,8 +54,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "formats",
         help="show how a model writes tool calls and reasoning, and the vLLM flags that read them",
         description="Reads the chat template saved with a model (no weights loaded) and prints its tool-call format "
-        "(hermes, llama3_json, mistral, pythonic), its reasoning format, and the `vllm serve` flags that parse them. "
-        "Example: lightrail models formats models/Llama-3.2-3B-Instruct",
+        "(hermes, llama3_json, mistral, pythonic), its reasoning format, and the `vllm serve` flags that parse them.",
+        epilog="examples:\n  lightrail models formats models/Llama-3.2-3B-Instruct\n"
+        "  lightrail models formats tiny --tool-format llama3_json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     formats.add_argument("model", help="tiny, small, smollm2, or a local Hugging Face model directory")
     formats.add_argument("--tool-format", help="name the tool-call format instead of reading it from the template")
