@@ -205,3 +205,12 @@ def llm_call_span(rollout_id: str, attempt_id: str, seq: int, i: int) -> Span:
         end_time=now + 0.0417,
         attributes=attributes,
     )
+
+
+def spread(values: list[float], digits: int = 4) -> dict[str, float]:
+    """``mean``, ``min`` and ``max`` of per-seed figures: a learning claim is a spread over seeds, not one run."""
+    return {
+        "mean": round(sum(values) / len(values), digits),
+        "min": round(min(values), digits),
+        "max": round(max(values), digits),
+    }

@@ -505,6 +505,19 @@ def _build_model(config: TrainConfig, data_module: str) -> Path:
     return build_tiny_model(config.run_dir / "base", size=config.model, seed=config.seed, extra_corpus=corpus)
 
 
+def _check_formats(model: Path, config: TrainConfig) -> None:
+    """Read the model's tool-call and reasoning formats now (`lightrail.engine.formats`): a chat template whose tool
+    markup is not recognised, or a format name that does not exist, is a one-line error before anything starts."""
+    from lightrail.engine.formats import UnknownFormatError, formats_of
+
+    for section in ("grpo", "sft"):
+        options = (getattr(config, section) or {}).get("engine_options") or {}
+        try:
+            formats_of(model, options.get("tool_format"), options.get("reasoning"))
+        except UnknownFormatError as exc:
+            raise ConfigError(f"model {config.model}: {exc} in {section}.engine_options") from None
+
+
 def train(config: TrainConfig) -> TrainResult:
     """Build or prepare the model, generate the data, and run `GRPO` through `Trainer.fit`."""
     from lightrail.algorithms.grpo import GRPO
@@ -521,6 +534,8 @@ def train(config: TrainConfig) -> TrainResult:
     # the SFT section is settled before the model is built: a teacher program that fails, fails first
     sft_kwargs = _sft_kwargs(config, train_tasks) if config.algorithm in ("sft", list(_CHAIN)) else {}
     model = _build_model(config, config.data.partition(":")[0])
+    if config.algorithm != "apo":
+        _check_formats(model, config)
     if config.algorithm == "apo":
         from lightrail.algorithms.apo import APO
 

@@ -144,7 +144,10 @@ async def test_resources_no_node_offers_and_an_agent_that_does_not_import_fail_a
             start_ray_runners, server.url, AGENT, resources={"resources": {"gpu_island": 1}}, **start
         )
     assert not ray.is_initialized()  # a failed start leaves no connection behind
-    with pytest.raises(RuntimeError, match="failed to start: MissingReference: agent 'no_such_module:agent': no module named 'no_such_module'"):
+    with pytest.raises(
+        RuntimeError,
+        match="failed to start: MissingReference: agent 'no_such_module:agent': no module named 'no_such_module'",
+    ):
         await asyncio.to_thread(start_ray_runners, server.url, "no_such_module:agent", **start)
     assert not ray.is_initialized()
 

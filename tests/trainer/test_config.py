@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import re
 import sqlite3
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -190,3 +192,23 @@ def test_the_gpu_configs_cover_the_three_agents_and_models():
         "rag_agent": "models/Llama-3.2-3B-Instruct",
         "sql_agent": "models/Qwen2.5-Coder-1.5B-Instruct",
     }
+
+
+def test_a_model_whose_tool_format_is_unknown_is_a_one_line_error_naming_the_formats(tmp_path):
+    """A chat template that lists tools in a markup lightrail cannot read would leave the agent with text where it
+    expects tool calls: `lightrail train` refuses it at start, naming the formats a config can choose from."""
+    import shutil
+
+    from lightrail.engine.models import prepare_model
+
+    model = tmp_path / "model"
+    shutil.copytree(prepare_model("tiny"), model)
+    template = "{% for m in messages %}{{ m.content }}{% endfor %}{% if tools %}<fn>{{ tools }}</fn>{% endif %}"
+    (model / "chat_template.jinja").write_text(template)
+    cmd = [sys.executable, "-m", "lightrail", "train", str(ROOT / "examples" / "calc_agent" / "config.yaml")]
+    cmd += ["--set", f"model={model}", "--set", "algorithm=grpo", "--set", f"out_dir={tmp_path / 'run'}"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "hermes, llama3_json, mistral, pythonic" in lines[0], done.stderr
+    assert "grpo.engine_options" in lines[0]
