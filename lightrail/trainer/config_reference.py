@@ -113,7 +113,7 @@ _MEANINGS = {
     "complete); null keeps every one.",
     "GRPO.resume": "Continue from the newest checkpoint in ``out_dir``.",
     "GRPO.served_name": "The model name the gateway serves the policy as (what agents send as ``model``).",
-    "GRPO.engine_options": "Keyword arguments of the embedded `Engine` (batch size, ...).",
+    "GRPO.engine_options": "Keyword arguments of the embedded `Engine` (batch size, ...); `tool_format` (hermes, llama3_json, mistral, pythonic) and `reasoning` (think, think_open, none) name the model's formats when its chat template is not recognised (they also pick vLLM's parsers).",
     "GRPO.rollout_engine": "What samples rollouts: ``embedded`` (the engine in the trainer process) or ``vllm``.",
     "GRPO.vllm": "With ``rollout_engine: vllm``: ``python`` (start ``vllm serve`` with that interpreter) or "
     "``url`` (attach to a running server), and `VLLMRollouts` options.",
@@ -168,7 +168,7 @@ _MEANINGS = {
     "complete); null keeps every one.",
     "SFT.resume": "Continue from the newest checkpoint in the output folder.",
     "SFT.served_name": "The model name the gateway serves the student as.",
-    "SFT.engine_options": "Keyword arguments of the embedded `Engine`.",
+    "SFT.engine_options": "Keyword arguments of the embedded `Engine`; `tool_format` and `reasoning` name the model's formats (as in `grpo.engine_options`), which SFT targets are then written in.",
 }
 
 # How a config writes the keyword arguments that take objects in Python: (type, default, meaning).
