@@ -71,6 +71,7 @@ __all__ = [
     "content_text",
     "new_id",
     "next_seq",
+    "normalize_agent_name",
 ]
 
 JSON = Any
@@ -669,6 +670,32 @@ def check_agent_name(name: Any) -> str:
             f"the agent name {name!r} has control characters or leading or trailing whitespace; it must not"
         )
     return name
+
+
+def normalize_agent_name(value: Any) -> str | None:
+    """The agent ``value`` names, spelled the one way every reader of names spells it: without surrounding
+    whitespace (a CrewAI role read from YAML ends in a newline), or None when it names no agent (not a string or a
+    number, or refused by `check_agent_name` even so: empty, over 200 characters, control characters inside).
+
+    The header stamps of `lightrail.as_agent`'s neighbours (OpenTelemetry's guess, LangChain's run names), span
+    normalization at ingest and the adapters' reading of spans all go through it, so one agent is trained under one
+    name whichever way its calls were attributed.
+
+    Example::
+
+        normalize_agent_name("Researcher\n")  # "Researcher"
+        normalize_agent_name("   ")           # None
+    """
+    if isinstance(value, str):
+        name = value.strip()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        name = str(value)
+    else:
+        return None
+    try:
+        return check_agent_name(name)
+    except ValueError:
+        return None
 
 
 def agent_header_value(name: str) -> str:

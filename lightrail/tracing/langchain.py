@@ -28,7 +28,6 @@ never see each other's.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -41,7 +40,7 @@ from langchain_core.runnables.config import var_child_runnable_config
 from langchain_core.tracers.context import register_configure_hook
 
 from lightrail.tracing import naming
-from lightrail.types import AGENT_HEADER, agent_header_value
+from lightrail.types import AGENT_HEADER, agent_header_value, normalize_agent_name
 
 __all__ = ["current_agent", "install"]
 
@@ -71,10 +70,10 @@ class _RunAgents(BaseCallbackHandler):
         own = frozenset(tags or ())
         agent = None
         for tag in own - (parent.tags if parent is not None else frozenset()):
-            if tag.startswith(AGENT_TAG) and len(tag) > len(AGENT_TAG):
-                agent = tag[len(AGENT_TAG) :]
+            if tag.startswith(AGENT_TAG):
+                agent = normalize_agent_name(tag[len(AGENT_TAG) :]) or agent
         if agent is None and name and not _is_class_name(name):
-            agent = name
+            agent = normalize_agent_name(name)
         if agent is None and parent is not None:
             agent = parent.agent
         if len(self.runs) >= _MAX_OPEN_RUNS:
@@ -148,12 +147,13 @@ _installed = False
 
 def current_agent() -> str | None:
     """The agent of the LangChain code running now: the LangGraph node, else the agent of the model run the code is
-    in, else of the innermost run of LangChain's runnable config; None outside LangChain or when no run names one."""
+    in, else of the innermost run of LangChain's runnable config; None outside LangChain or when no run names one.
+    Names are read through `lightrail.types.normalize_agent_name`, as the adapters read spans."""
     config = var_child_runnable_config.get()
     if config:
-        node = (config.get("metadata") or {}).get("langgraph_node")
+        node = normalize_agent_name((config.get("metadata") or {}).get("langgraph_node"))
         if node is not None:
-            return str(node)
+            return node
     runs = _handler.runs
     model_run = _model_run.get()
     if model_run is not None and (run := runs.get(model_run)) is not None:
@@ -165,8 +165,7 @@ def current_agent() -> str | None:
 
 def _stamp(request: Any) -> None:
     if AGENT_HEADER not in request.headers and (agent := current_agent()) is not None:
-        with contextlib.suppress(ValueError):  # a name the header cannot carry: the call goes unnamed
-            request.headers[AGENT_HEADER] = agent_header_value(agent.strip())
+        request.headers[AGENT_HEADER] = agent_header_value(agent)
 
 
 def install() -> None:

@@ -73,7 +73,16 @@ from lightrail.tracing import naming
 from lightrail.tracing._context import AttemptContext, current_attempt
 from lightrail.tracing.naming import named_agent
 from lightrail.tracing.semconv import AGENT_OPERATIONS, names_its_agent, normalize, status_code
-from lightrail.types import AGENT_HEADER, Attr, Span, SpanEvent, SpanStatus, agent_header_value, next_seq
+from lightrail.types import (
+    AGENT_HEADER,
+    Attr,
+    Span,
+    SpanEvent,
+    SpanStatus,
+    agent_header_value,
+    next_seq,
+    normalize_agent_name,
+)
 
 __all__ = ["FRAMEWORKS", "OTel", "current", "current_agent", "setup", "to_lightrail_span", "traceparent"]
 
@@ -534,8 +543,8 @@ def current_agent() -> str | None:
     """The agent making the current call, as far as the runner can tell while it is made: the name of the
     enclosing `lightrail.as_agent` block, else the LangGraph node the code runs in (LangGraph's runnable config),
     else the agent of the current OTel span (its own name attribute, `lightrail.adapters.AGENT_NAME_KEYS`, or its
-    nearest ancestor's, tracked by the span processor). None when none knows. Sent with every LLM request as
-    `lightrail.types.AGENT_HEADER`."""
+    nearest ancestor's, tracked by the span processor), each read through `lightrail.types.normalize_agent_name`.
+    None when none knows. Sent with every LLM request as `lightrail.types.AGENT_HEADER`."""
     named = named_agent()
     if named is not None:
         return named
@@ -555,38 +564,39 @@ def _langgraph_node() -> str | None:
         config = sys.modules["langgraph.config"].get_config()
     except Exception:  # outside a runnable: no config
         return None
-    node = (config.get("metadata") or {}).get("langgraph_node")
-    return str(node) if node is not None else None
+    return normalize_agent_name((config.get("metadata") or {}).get("langgraph_node"))
 
 
 def _agent_named(span: SDKSpan) -> tuple[str | None, bool]:
     """The agent an open span names in its attributes so far, and whether it is the agent the span is
-    (`semconv.names_its_agent`; else the name is used only when no ancestor names one)."""
+    (`semconv.names_its_agent`; else the name is used only when no ancestor names one). Names are read through
+    `normalize_agent_name`, as the adapters read the ended spans."""
     a = span.attributes or {}
     op = a.get("gen_ai.operation.name")
     if op in AGENT_OPERATIONS and span.name.startswith(f"{op} ") and "openinference.span.kind" not in a:
         # GenAI names the span ``invoke_agent <gen_ai.agent.name>``; instrumentations that fill the attribute at
         # the end start it with a default (the OpenAI Agents one: ``OpenAI Agent``): the span name is right early
-        return span.name.removeprefix(f"{op} "), True
-    for key in AGENT_NAME_KEYS:
-        name = a.get(key)
+        name = normalize_agent_name(span.name.removeprefix(f"{op} "))
         if name is not None:
-            return str(name), names_its_agent(a)
+            return name, True
+    for key in AGENT_NAME_KEYS:
+        name = normalize_agent_name(a.get(key))
+        if name is not None:
+            return name, names_its_agent(a)
     if a.get("openinference.span.kind") == "AGENT":
-        return span.name, True
+        name = normalize_agent_name(span.name)
+        return name, name is not None
     return None, False
 
 
 def _stamp(request: Any) -> None:
     """``traceparent`` and `AGENT_HEADER` on an outgoing request, unless the caller (or `lightrail.as_agent`) set
-    them; a name is sent without surrounding whitespace, one the header cannot carry otherwise
-    (`lightrail.types.check_agent_name`) is left out."""
+    them, with `current_agent`'s name."""
     headers = request.headers
     if "traceparent" not in headers and (value := traceparent()) is not None:
         headers["traceparent"] = value
     if AGENT_HEADER not in headers and (agent := current_agent()) is not None:
-        with contextlib.suppress(ValueError):
-            headers[AGENT_HEADER] = agent_header_value(agent.strip())
+        headers[AGENT_HEADER] = agent_header_value(agent)
 
 
 def _inject() -> None:
