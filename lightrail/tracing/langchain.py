@@ -14,7 +14,8 @@ A LangChain agent written as runnables names its parts as LangChain does: a run 
   LLM runs, the agent of that model's run as `lightrail.types.AGENT_HEADER` — or, inside a LangGraph node, the
   node (LangGraph's ``langgraph_node`` metadata, as a runner with OpenTelemetry on names it).
 
-A name set with `lightrail.as_agent` or by the caller wins over this one. The handler runs inline (LangChain calls
+A name set by the caller, with `lightrail.as_agent` or guessed by a runner with OpenTelemetry on wins over this one
+(the stamp's priority is `lightrail.tracing.naming.LANGCHAIN`, after theirs). The handler runs inline (LangChain calls
 it in the model's own task or thread, before the request), so it marks the model run the request belongs to in a
 `ContextVar`; a request LangChain makes outside any model run (a raw client inside a named chain) gets the agent of
 the innermost run of LangChain's runnable config.
@@ -178,4 +179,4 @@ def install() -> None:
             return
         register_configure_hook(_hook, inheritable=True)
         _installed = True
-    naming.add_stamp(_stamp)
+    naming.add_stamp(_stamp, naming.LANGCHAIN)

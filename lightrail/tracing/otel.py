@@ -600,7 +600,7 @@ def _stamp(request: Any) -> None:
 
 
 def _inject() -> None:
-    naming.add_stamp(_stamp)
+    naming.add_stamp(_stamp, naming.OTEL)
 
 
 def _uninject() -> None:

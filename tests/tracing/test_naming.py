@@ -12,6 +12,7 @@ import asyncio
 
 import httpx
 import pytest
+from langchain_core.runnables import RunnableLambda
 from openai import AsyncOpenAI, OpenAI
 from opentelemetry import trace
 
@@ -20,7 +21,7 @@ from lightrail.adapters import build_episode
 from lightrail.algorithms.policies import PolicyMap, PolicyRouter
 from lightrail.gateway import GatewayServer, ScriptedBackend
 from lightrail.store import SQLiteStore
-from lightrail.tracing import ListSink, attempt_context, named_agent, otel
+from lightrail.tracing import ListSink, attempt_context, langchain, named_agent, otel
 from lightrail.types import AGENT_HEADER, LLM, Attr, Resources, RolloutSpec, Task
 
 TOKEN = "naming-token"
@@ -172,3 +173,35 @@ async def test_as_agent_wins_over_the_agent_opentelemetry_guesses_and_a_callers_
     finally:
         handle.shutdown()
     assert seen == ["guessed", "named", "callers"]
+
+
+async def test_which_guess_names_a_call_does_not_depend_on_the_order_the_stamps_were_added():
+    """OpenTelemetry's guess wins over LangChain's run name (docs/architecture.md, "Naming agents"), also after
+    OpenTelemetry is set up again once LangChain's stamp was installed (its stamp then comes back after it)."""
+    seen: list[str | None] = []
+
+    async def app(scope, receive, send):
+        if scope["type"] == "http":
+            seen.append(dict(scope["headers"]).get(AGENT_HEADER.encode(), b"").decode() or None)
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"ok"})
+
+    tracer = trace.get_tracer("lightrail.tests.test_naming")
+    otel.setup(instrument=False).shutdown()
+    langchain.install()
+    handle = otel.setup(instrument=False)  # its stamp added again, now after LangChain's
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
+
+            async def writer(_: str) -> None:
+                await client.get("/")
+
+            named_run = RunnableLambda(writer)
+            guessed = tracer.start_as_current_span("agent", attributes={Attr.AGENT_NAME: "guessed"})
+            with attempt_context("r", "a", ListSink()):
+                await named_run.ainvoke("x")
+                with guessed:
+                    await named_run.ainvoke("x")
+    finally:
+        handle.shutdown()
+    assert seen == ["writer", "guessed"]
