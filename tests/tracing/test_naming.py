@@ -13,6 +13,7 @@ import asyncio
 import httpx
 import pytest
 from langchain_core.runnables import RunnableLambda
+from langchain_openai import ChatOpenAI
 from openai import AsyncOpenAI, OpenAI
 from opentelemetry import trace
 
@@ -205,3 +206,45 @@ async def test_which_guess_names_a_call_does_not_depend_on_the_order_the_stamps_
     finally:
         handle.shutdown()
     assert seen == ["writer", "guessed"]
+
+
+_together: asyncio.Barrier | None = None
+"""Both rollouts of `two_names_at_once` meet here before each of their calls, so the calls are in flight together."""
+
+
+async def _meet() -> None:
+    assert _together is not None
+    await asyncio.wait_for(_together.wait(), 30)
+
+
+@rollout
+async def two_names_at_once(task, llm) -> float:
+    """A call in an `as_agent` block of the task's name, then one by a LangChain chat model run under the task's
+    run name, each made while the other rollout of the process makes the same."""
+    client = AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key, max_retries=0)
+    model = ChatOpenAI(base_url=llm.endpoint, api_key=llm.api_key, model=llm.model, max_retries=0)
+    with as_agent(task["agent"]):
+        await _meet()
+        await client.chat.completions.create(model=llm.model, messages=ASK)
+    await _meet()
+    await model.with_config(run_name=task["run"]).ainvoke("hi")
+    await client.close()
+    return 1.0
+
+
+async def test_concurrent_rollouts_of_one_runner_each_name_their_calls_with_their_own_names(tmp_path):
+    global _together
+    _together = asyncio.Barrier(2)
+    store = SQLiteStore(tmp_path / "store.db")
+    tasks = [{"agent": "proposer", "run": "drafter"}, {"agent": "critic", "run": "reviewer"}]
+    async with GatewayServer(ScriptedBackend(), store, token=TOKEN) as gateway:
+        await store.put_resources(Resources(items={"llm": LLM(endpoint=gateway.url, model="m", api_key=TOKEN)}))
+        queued = await store.enqueue([RolloutSpec(task=Task(input=t), resources_version=1) for t in tasks])
+        runner = Runner(store, two_names_at_once, concurrency=2, handle_signals=False)
+        stats = await runner.run(max_rollouts=2)
+    assert stats.ended["succeeded"] == 2, stats
+    for rollout_, task in zip(queued, tasks, strict=True):
+        calls = [s for s in await store.query_spans(rollout_.rollout_id) if s.name == Attr.SPAN_LLM_CALL]
+        calls.sort(key=lambda s: s.seq)
+        assert [s.attributes.get(Attr.CALLER_AGENT) for s in calls] == [task["agent"], task["run"]]
+    await store.close()
