@@ -338,26 +338,33 @@ class LLM(msgspec.Struct, kw_only=True, tag="llm"):
     routed: bool = True
     """True for an endpoint served by the lightrail gateway: agents get it routed to their attempt so every call
     is recorded. False for any other OpenAI-compatible server (an external judge, say): handed over unchanged."""
+    agent: str | None = None
+    """The agent whose calls are made through this endpoint (`check_agent_name`): `base_url` ends in
+    ``/agents/<agent>/v1``, so the gateway records every call made through it as that agent's (`endpoint_for` gives
+    such a URL for another agent). Ignored when ``routed`` is False."""
+
+    def __post_init__(self) -> None:
+        if self.agent is not None:
+            check_agent_name(self.agent)
 
     def base_url(self, rollout_id: str | None = None, attempt_id: str | None = None) -> str:
         """The base URL an agent should use; routed per attempt when ids are given and the endpoint is a gateway
-        (the gateway attributes each call to its rollout from the path). Idempotent on a routed endpoint; an
-        agent segment (`endpoint_for`) stays last."""
-        root = self.endpoint.rstrip("/")
+        (the gateway attributes each call to its rollout from the path), then ``/agents/<agent>`` for an `agent`.
+        Idempotent on the URL it returns (the runner hands agents an LLM whose endpoint is that URL, `agent` kept).
+        The endpoint's own path is kept as it is: a gateway behind a reverse proxy's ``/agents/gw`` prefix stays
+        there."""
         if not self.routed:
-            return root
-        if root.endswith("/v1"):
-            root = root[:-3]
-        root, agent = _split_agent_segment(root)
+            return self.endpoint.rstrip("/")
+        root = self._root()
         if "/rollouts/" not in root and rollout_id and attempt_id:  # not yet routed to an attempt
             root = f"{root}/rollouts/{rollout_id}/attempts/{attempt_id}"
-        return f"{root}{agent}/v1"
+        return f"{root}{_agent_segment(self.agent)}/v1"
 
     def endpoint_for(self, agent: str) -> str:
         """The base URL whose calls the gateway records as made by ``agent``: ``.../agents/<agent>/v1`` (the name
         percent-encoded), for code that names its agents without OpenTelemetry and without setting the
-        `AGENT_HEADER` itself (any HTTP client, any language). The name is checked (`check_agent_name`); an
-        endpoint that is not a gateway (``routed=False``) is returned unchanged.
+        `AGENT_HEADER` itself (any HTTP client, any language); it replaces this endpoint's `agent`. The name is
+        checked (`check_agent_name`); an endpoint that is not a gateway (``routed=False``) is returned unchanged.
 
         Example::
 
@@ -368,16 +375,17 @@ class LLM(msgspec.Struct, kw_only=True, tag="llm"):
         check_agent_name(agent)
         if not self.routed:
             return self.endpoint.rstrip("/")
-        root, _ = _split_agent_segment(self.base_url()[:-3])
-        return f"{root}/agents/{quote(agent, safe='')}/v1"
+        return f"{self._root()}{_agent_segment(agent)}/v1"
+
+    def _root(self) -> str:
+        """The endpoint without ``/v1`` and without the segment of `agent` that `base_url` appended; any other path
+        (a reverse proxy's prefix, even one that reads ``/agents/<x>``) is the gateway's own and kept."""
+        root = self.endpoint.rstrip("/").removesuffix("/v1")
+        return root.removesuffix(_agent_segment(self.agent)) if self.agent is not None else root
 
 
-def _split_agent_segment(root: str) -> tuple[str, str]:
-    """``root`` without a trailing ``/agents/<name>`` segment, and that segment ("" without one)."""
-    head, sep, name = root.rpartition("/agents/")
-    if sep and name and "/" not in name:
-        return head, sep + name
-    return root, ""
+def _agent_segment(agent: str | None) -> str:
+    return f"/agents/{quote(agent, safe='')}" if agent is not None else ""
 
 
 class PromptTemplate(msgspec.Struct, kw_only=True, tag="prompt_template"):

@@ -9,9 +9,13 @@ that serves the call.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
+import uvicorn
 from langchain_core.runnables import RunnableLambda
 from langchain_openai import ChatOpenAI
 from openai import AsyncOpenAI, OpenAI
@@ -247,4 +251,85 @@ async def test_concurrent_rollouts_of_one_runner_each_name_their_calls_with_thei
         calls = [s for s in await store.query_spans(rollout_.rollout_id) if s.name == Attr.SPAN_LLM_CALL]
         calls.sort(key=lambda s: s.seq)
         assert [s.attributes.get(Attr.CALLER_AGENT) for s in calls] == [task["agent"], task["run"]]
+    await store.close()
+
+
+@contextlib.asynccontextmanager
+async def _reverse_proxy(prefix: str, target: str) -> AsyncIterator[str]:
+    """An HTTP reverse proxy on 127.0.0.1 (uvicorn, httpx) that serves ``target`` under ``prefix``, stripped before
+    forwarding (as nginx's ``location /agents/gw/ { proxy_pass http://gateway/; }``); yields its root URL."""
+    upstream = httpx.AsyncClient(base_url=target)
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body, more = body + message.get("body", b""), message.get("more_body", False)
+        path = scope["path"]
+        if not path.startswith(prefix + "/"):
+            await send({"type": "http.response.start", "status": 404, "headers": []})
+            await send({"type": "http.response.body", "body": b"not under the prefix"})
+            return
+        headers = [(k, v) for k, v in scope["headers"] if k not in (b"host", b"content-length")]
+        query = f"?{scope['query_string'].decode()}" if scope["query_string"] else ""
+        answer = await upstream.request(
+            scope["method"], path.removeprefix(prefix) + query, headers=headers, content=body
+        )
+        out = [
+            (k.encode(), v.encode())
+            for k, v in answer.headers.items()
+            if k not in ("content-length", "content-encoding", "transfer-encoding")
+        ]
+        await send({"type": "http.response.start", "status": answer.status_code, "headers": out})
+        await send({"type": "http.response.body", "body": answer.content})
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
+    task = asyncio.ensure_future(server.serve(sockets=[sock]))
+    while not server.started:
+        assert not task.done(), "the proxy did not start"
+        await asyncio.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()
+        await upstream.aclose()
+
+
+@rollout
+async def behind_a_proxy(resources) -> float:
+    """One unnamed call, one by `LLM.endpoint_for`, one by an LLM of the resources that names its agent."""
+    llm = resources["llm"]
+    for base_url in (llm.endpoint, llm.endpoint_for("writer"), resources["judge"].endpoint):
+        async with AsyncOpenAI(base_url=base_url, api_key=llm.api_key, max_retries=0) as client:
+            await client.chat.completions.create(model=llm.model, messages=ASK)
+    return 1.0
+
+
+async def test_a_gateway_behind_a_reverse_proxy_prefix_that_reads_like_an_agent_route(tmp_path):
+    """``http://proxy/agents/gw/v1`` is the gateway's own URL: routing an attempt and naming an agent keep the prefix
+    (it was read as the agent ``gw`` and dropped, so every call went to the proxy's root and failed)."""
+    store = SQLiteStore(tmp_path / "store.db")
+    async with (
+        GatewayServer(ScriptedBackend(), store, token=TOKEN) as gateway,
+        _reverse_proxy("/agents/gw", gateway.url.removesuffix("/v1")) as proxy,
+    ):
+        endpoint = f"{proxy}/agents/gw/v1"
+        llm = LLM(endpoint=endpoint, model="m", api_key=TOKEN)
+        judge = LLM(endpoint=endpoint, model="m", api_key=TOKEN, agent="judge")
+        await store.put_resources(Resources(items={"llm": llm, "judge": judge}))
+        (queued,) = await store.enqueue([RolloutSpec(task=Task(input={}), resources_version=1)])
+        stats = await Runner(store, behind_a_proxy, handle_signals=False).run(max_rollouts=1)
+    assert stats.ended["succeeded"] == 1, stats
+    calls = [s for s in await store.query_spans(queued.rollout_id) if s.name == Attr.SPAN_LLM_CALL]
+    assert [s.attributes.get(Attr.CALLER_AGENT) for s in sorted(calls, key=lambda s: s.seq)] == [
+        None,
+        "writer",
+        "judge",
+    ]
     await store.close()
