@@ -38,19 +38,23 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.util
+import inspect
 import logging
 import threading
-from collections.abc import Callable, Iterator
-from contextvars import ContextVar
-from typing import Any
+from collections.abc import Callable
+from contextvars import ContextVar, Token
+from typing import Any, TypeVar, cast
 
 from lightrail.types import AGENT_HEADER, agent_header_value, check_agent_name
 
-__all__ = ["AS_AGENT", "LANGCHAIN", "OTEL", "add_stamp", "as_agent", "named_agent", "remove_stamp"]
+__all__ = ["AS_AGENT", "LANGCHAIN", "OTEL", "AgentBlock", "add_stamp", "as_agent", "named_agent", "remove_stamp"]
 
 log = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 _agent: ContextVar[str | None] = ContextVar("lightrail_agent", default=None)
 _agent_header: ContextVar[str | None] = ContextVar("lightrail_agent_header", default=None)
@@ -62,27 +66,66 @@ def named_agent() -> str | None:
     return _agent.get()
 
 
-@contextlib.contextmanager
-def as_agent(name: str) -> Iterator[str]:
+def as_agent(name: str) -> AgentBlock:
     """Make the LLM calls inside the block calls of agent ``name``: their requests carry the agent header, the
     gateway records the name on each call's span, and training selects the calls by it (``grpo.policies``, agent
     filters) — no OpenTelemetry needed. Blocks nest (the innermost name wins); works in sync and async code, and
-    as a decorator of sync functions. An invalid name (`lightrail.types.check_agent_name`) is a ValueError here,
-    before any call is made.
+    as a decorator of sync and ``async def`` functions (the name holds while the coroutine runs, wherever it is
+    awaited). An invalid name (`lightrail.types.check_agent_name`) is a ValueError here, before any call is made.
 
     Example::
 
         with lightrail.as_agent("writer"):
             draft = client.chat.completions.create(model=llm.model, messages=messages)
+
+        @lightrail.as_agent("critic")
+        async def review(draft):
+            return await client.chat.completions.create(model=llm.model, messages=[...])
     """
     header = agent_header_value(check_agent_name(name))
     install()
-    token, header_token = _agent.set(name), _agent_header.set(header)
-    try:
-        yield name
-    finally:
+    return AgentBlock(name, header)
+
+
+class AgentBlock(contextlib.ContextDecorator):
+    """What `as_agent` returns: a context manager (entered once per ``with``, as `contextlib.contextmanager`'s) and
+    a decorator that enters a fresh one around every call of the function it decorates."""
+
+    def __init__(self, name: str, header: str) -> None:
+        self.name = name
+        self._header = header
+        self._tokens: tuple[Token[str | None], Token[str | None]] | None = None
+
+    def __enter__(self) -> str:
+        self._tokens = (_agent.set(self.name), _agent_header.set(self._header))
+        return self.name
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._tokens is not None
+        token, header_token = self._tokens
+        self._tokens = None
         _agent_header.reset(header_token)
         _agent.reset(token)
+
+    def _recreate_cm(self) -> AgentBlock:
+        return AgentBlock(self.name, self._header)
+
+    def __call__(self, func: F) -> F:
+        if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
+            # a block around creating the generator ends before it runs; one inside would leak into its consumer
+            raise TypeError(
+                f"as_agent cannot decorate the generator function {func.__qualname__}: use "
+                f"'with as_agent({self.name!r}):' around the calls inside it"
+            )
+        if inspect.iscoroutinefunction(func):
+            # ContextDecorator's wrapper would leave the block when the coroutine is created, before it runs
+            @functools.wraps(func)
+            async def named(*args: Any, **kwargs: Any) -> Any:
+                with self._recreate_cm():
+                    return await func(*args, **kwargs)
+
+            return cast("F", named)
+        return super().__call__(func)
 
 
 # -- stamping outgoing requests --------------------------------------------------------------------------------

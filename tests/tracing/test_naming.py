@@ -93,6 +93,22 @@ async def test_a_named_call_is_served_by_its_agents_policy(tmp_path):
         with as_agent("writer"):
             assert await served_by(client) == "policy-write"
         assert await served_by(writer) == "policy-write"
+
+        @as_agent("writer")
+        async def write() -> str | None:  # named while the coroutine runs, not while it is created
+            return await served_by(client)
+
+        @as_agent("writer")
+        def write_sync() -> str | None:
+            with OpenAI(base_url=llm.base_url(), api_key=TOKEN, max_retries=0) as sync_client:
+                reply = sync_client.chat.completions.create(model="policy", messages=ASK)
+            return reply.choices[0].message.content
+
+        pending = write()
+        assert named_agent() is None
+        assert await pending == "policy-write"
+        assert await asyncio.gather(write(), served_by(client)) == ["policy-write", "policy-base"]
+        assert await asyncio.to_thread(write_sync) == "policy-write"
         await client.close()
         await writer.close()
 
@@ -143,6 +159,21 @@ async def test_raw_http_clients_name_their_agent_by_route_or_header(tmp_path):
     assert [c.agent_name for c in build_episode(spans).calls if c.response_id] == ["planner", "réviseur"]
     assert len([s for s in spans if s.status.code == "error"]) == len(refused)  # refused calls are recorded too
     await store.close()
+
+
+def test_as_agent_refuses_to_decorate_generator_functions():
+    """A block around creating a generator ends before it runs: refused, not silently unnamed."""
+    with pytest.raises(TypeError, match="generator function"):
+
+        @as_agent("writer")
+        def lines():
+            yield 1
+
+    with pytest.raises(TypeError, match="generator function"):
+
+        @as_agent("writer")
+        async def chunks():
+            yield 1
 
 
 def test_as_agent_checks_the_name_and_restores_the_outer_one():
