@@ -22,14 +22,17 @@ the innermost run of LangChain's runnable config.
 
 Imports LangChain; `lightrail.agent.Runner` calls `install` when ``langchain_core`` is imported by the agent.
 
-Concurrency model: run records live in a dict keyed by run id (single dict operations, atomic under the GIL; callbacks
-come from any thread); the model run of the current code is a `ContextVar`, so concurrent runs in tasks and threads
-never see each other's.
+Concurrency model: run records live in an `OrderedDict` keyed by run id, bounded by evicting the oldest (single
+operations, atomic under the GIL; callbacks come from any thread); the model run of the current code is a
+`ContextVar`, so concurrent runs in tasks and threads never see each other's.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import threading
+from collections import OrderedDict
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +52,10 @@ AGENT_TAG = "agent:"
 """A LangChain tag ``agent:<name>`` names the agent of the run it is given to (and of that run's children)."""
 
 
+_MAX_OPEN_RUNS = 100_000
+_MAX_CLASS_NAMES = 4096
+
+
 @dataclass(slots=True)
 class _Run:
     agent: str | None
@@ -63,8 +70,12 @@ class _RunAgents(BaseCallbackHandler):
     run_inline = True  # called in the run's own task or thread: the context variable set here is the request's
     raise_error = False
 
-    def __init__(self) -> None:
-        self.runs: dict[UUID, _Run] = {}
+    def __init__(self, max_open_runs: int = _MAX_OPEN_RUNS) -> None:
+        self.runs: OrderedDict[UUID, _Run] = OrderedDict()
+        """Open runs, oldest first."""
+        self.max_open_runs = max_open_runs
+        """Runs never ended (an abandoned stream) cannot grow `runs` past this: the oldest open run is forgotten
+        (its calls go unnamed), never the runs of the other rollouts running now."""
 
     def _start(self, run_id: UUID, parent_run_id: UUID | None, tags: list[str] | None, name: str | None) -> _Run:
         parent = self.runs.get(parent_run_id) if parent_run_id is not None else None
@@ -77,9 +88,10 @@ class _RunAgents(BaseCallbackHandler):
             agent = normalize_agent_name(name)
         if agent is None and parent is not None:
             agent = parent.agent
-        if len(self.runs) >= _MAX_OPEN_RUNS:
-            self.runs.clear()  # crude bound on runs never ended (an abandoned stream): names are lost, not memory
         run = self.runs[run_id] = _Run(agent, own, None)
+        while len(self.runs) > self.max_open_runs:
+            with contextlib.suppress(KeyError):  # another thread emptied it meanwhile
+                self.runs.popitem(last=False)
         return run
 
     def on_chain_start(self, serialized: Any, inputs: Any, *, run_id: UUID, parent_run_id: UUID | None = None,
@@ -113,19 +125,19 @@ class _RunAgents(BaseCallbackHandler):
     on_chain_end = on_chain_error = on_tool_end = on_tool_error = on_llm_end = on_llm_error = _end
 
 
-_MAX_OPEN_RUNS = 100_000
 _model_run: ContextVar[UUID | None] = ContextVar("lightrail_langchain_model_run", default=None)
-_class_names: dict[str, bool] = {}
 
 
 def _is_class_name(name: str) -> bool:
     """Whether ``name`` (``RunnableParallel<a,b>`` read as ``RunnableParallel``) is the name of a `Runnable`
     class: the name LangChain gives a run nobody named."""
-    base = name.split("<", 1)[0]
-    known = _class_names.get(base)
-    if known is None:
-        known = _class_names[base] = any(cls.__name__ == base for cls in _subclasses(Runnable))
-    return known
+    return _is_runnable_class(name.split("<", 1)[0])
+
+
+@functools.lru_cache(maxsize=_MAX_CLASS_NAMES)
+def _is_runnable_class(name: str) -> bool:
+    # cached: an attempt has few distinct run names; bounded: run names may be made per task (f"writer-{i}")
+    return any(cls.__name__ == name for cls in _subclasses(Runnable))
 
 
 def _subclasses(cls: type) -> set[type]:
