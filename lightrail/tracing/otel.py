@@ -162,6 +162,10 @@ class _AttemptProcessor(SpanProcessor):
 
     ``_open`` maps the span id of every started, not yet ended span of an attempt to its `AttemptContext` (the
     span that ends is a fresh `ReadableSpan`, and it may end in another thread or task than it started in).
+    When an attempt ends (`end_attempt`, at the end of `OTel.attempt_parent`) its spans that never ended (abandoned
+    by their code: a stream never read to the end) are forgotten, so a long-running process keeps nothing of ended
+    attempts; such a span ending later is not exported (its attempt's spans were complete in the store when the
+    attempt finished).
     """
 
     def __init__(self) -> None:
@@ -176,6 +180,8 @@ class _AttemptProcessor(SpanProcessor):
         """Open span id -> the span itself, still being written: `current_agent` reads the agent from its
         attributes and its ancestors' as they are when the LLM call is made (instrumentations set the agent's name
         after starting its span: CrewAI's ``graph.node.id``)."""
+        self._of_attempt: dict[str, set[int]] = {}
+        """Attempt id -> the ids of its open spans (dropped from `_open` and `live` by `end_attempt`)."""
 
     def on_start(self, span: SDKSpan, parent_context: Any = None) -> None:
         if not self.active:
@@ -193,6 +199,13 @@ class _AttemptProcessor(SpanProcessor):
         span_id = span.context.span_id
         self._open[span_id] = ctx
         self.live[span_id] = span
+        self._of_attempt.setdefault(ctx.attempt_id, set()).add(span_id)
+
+    def end_attempt(self, attempt_id: str) -> None:
+        """Forget the spans of attempt ``attempt_id`` that are still open: it has ended."""
+        for span_id in self._of_attempt.pop(attempt_id, ()):
+            self._open.pop(span_id, None)
+            self.live.pop(span_id, None)
 
     def agent_of(self, span_id: int) -> str | None:
         """The agent open span ``span_id`` runs in, from its attributes and its open ancestors' as they are now:
@@ -213,9 +226,14 @@ class _AttemptProcessor(SpanProcessor):
         return fallback
 
     def on_end(self, span: ReadableSpan) -> None:
-        self.live.pop(span.context.span_id, None)
-        ctx = self._open.pop(span.context.span_id, None)
-        if ctx is None or not self.active:
+        span_id = span.context.span_id
+        self.live.pop(span_id, None)
+        ctx = self._open.pop(span_id, None)
+        if ctx is None:
+            return
+        if (open_ids := self._of_attempt.get(ctx.attempt_id)) is not None:
+            open_ids.discard(span_id)
+        if not self.active:
             return
         self.exported += 1
         if self.batch is not None:
@@ -264,7 +282,8 @@ class OTel:
         """Run the enclosed code (an attempt's agent) with a current OTel span that stands for the runner's span
         ``span_id`` in ``ctx``'s trace: spans started inside are in the attempt's trace, roots under that span.
 
-        Must be entered and exited in the same task or thread (it attaches an OTel context)."""
+        On exit the attempt has ended: its spans still open are forgotten (`_AttemptProcessor.end_attempt`). Must be
+        entered and exited in the same task or thread (it attaches an OTel context)."""
         trace_id = int(ctx.trace_id, 16)
         parent = SpanContext(trace_id, int(span_id, 16), is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
         token = otel_context.attach(trace.set_span_in_context(NonRecordingSpan(parent)))
@@ -273,6 +292,7 @@ class OTel:
             yield
         finally:
             self.processor._by_trace.pop(trace_id, None)
+            self.processor.end_attempt(ctx.attempt_id)
             otel_context.detach(token)
 
     def force_flush(self, timeout_s: float = 30.0) -> bool:
@@ -291,6 +311,7 @@ class OTel:
             self.processor.active = False
             self.processor._open.clear()  # spans never ended (abandoned by their code): nothing will pop them
             self.processor.live.clear()
+            self.processor._of_attempt.clear()
             if self.processor.batch is not None:
                 self.processor.batch.shutdown()
                 self.processor.batch = None

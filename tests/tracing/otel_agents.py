@@ -103,3 +103,18 @@ def padded_role(task, llm) -> float:
         with urllib.request.urlopen(request, timeout=30) as answer:
             answer.read()
     return 1.0
+
+
+@rollout
+async def abandons_spans(task, llm) -> float:
+    """Leaves spans open (what an abandoned stream's instrumentation does), one of them the current span of an LLM
+    call, and ends one."""
+    for i in range(3):
+        tracer.start_span(f"abandoned-{i}", attributes={"test.task": task["task_id"]})  # never ended
+    abandoned = tracer.start_span("abandoned-agent", attributes={"agent.name": "streamer"})
+    with trace.use_span(abandoned, end_on_exit=False):
+        async with AsyncOpenAI(base_url=llm.endpoint, api_key="none", max_retries=0) as client:
+            await client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": "x"}])
+    with tracer.start_as_current_span("ended", attributes={"test.task": task["task_id"]}):
+        await asyncio.sleep(0)
+    return 1.0

@@ -136,6 +136,24 @@ async def test_an_agent_is_trained_under_one_name_whether_its_header_or_its_span
     assert all(trained(c.agent_name) for c in calls)
 
 
+async def test_ended_attempts_leave_none_of_their_spans_behind():
+    """Spans an agent never ends (an abandoned stream) are kept while their attempt runs (a call made under one is
+    named by it) and forgotten when it ends: a runner that lives for days does not keep every attempt's spans."""
+    store = MemoryStore()
+    handle = otel.setup(instrument=False)
+    async with serve(create_gateway_app(ScriptedBackend(), store)) as url:
+        ids = await enqueue(store, [{"task_id": f"t{i}"} for i in range(4)], url)
+        runner = Runner(store, otel_agents.abandons_spans, concurrency=2, otel=True, handle_signals=False)
+        stats = await runner.run(max_rollouts=4)
+    assert stats.ended["succeeded"] == 4, stats
+    processor = handle.processor
+    assert processor.live == {} and processor._open == {} and processor._of_attempt == {}
+    for rollout_id in ids:
+        spans = await store.query_spans(rollout_id)
+        assert [c.span.attributes.get(Attr.CALLER_AGENT) for c in build_episode(spans).calls] == ["streamer"]
+        assert [s.name for s in spans if "test.task" in s.attributes] == ["ended"]
+
+
 async def test_openai_instrumentor_llm_span_is_the_parent_of_the_gateway_span():
     store = MemoryStore()
     handle = otel.setup(instrument=["openai"])
