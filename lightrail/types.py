@@ -24,6 +24,7 @@ import enum
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 from urllib.parse import quote, unquote
 
@@ -66,6 +67,7 @@ __all__ = [
     "check_attempt_transition",
     "agent_from_header",
     "agent_header_value",
+    "call_agent_name",
     "check_agent_name",
     "check_rollout_transition",
     "content_text",
@@ -704,6 +706,15 @@ def normalize_agent_name(value: Any) -> str | None:
         return check_agent_name(name)
     except ValueError:
         return None
+
+
+def call_agent_name(attributes: Mapping[str, Any]) -> str | None:
+    """The agent an LLM-call span names itself: `Attr.AGENT_NAME` set on it, else the name the call carried
+    (`Attr.CALLER_AGENT`), each read by `normalize_agent_name`; None when neither names one (training then looks at
+    the spans above the call: `lightrail.adapters.build_episode`)."""
+    return normalize_agent_name(attributes.get(Attr.AGENT_NAME)) or normalize_agent_name(
+        attributes.get(Attr.CALLER_AGENT)
+    )
 
 
 def agent_header_value(name: str) -> str:

@@ -14,7 +14,7 @@ from operator import attrgetter
 from lightrail.adapters._model import AdapterReport, Episode, IntermediateReward, LLMCall
 from lightrail.adapters.credit import split_linked
 from lightrail.adapters.rewards import ToolRewardRule, is_tool_span, tool_rewards
-from lightrail.types import Attr, Span, normalize_agent_name
+from lightrail.types import Attr, Span, call_agent_name, normalize_agent_name
 
 __all__ = ["AGENT_NAME_KEYS", "agent_name_of", "build_episode"]
 
@@ -127,13 +127,11 @@ def build_episode(
     by_id: dict[str, Span] | None = None
     inherited: dict[str, str | None] = {}  # parent span id -> agent name: sibling calls share their parent
     n_choices = 0
-    k_agent, k_caller, k_prompt, k_avail = Attr.AGENT_NAME, Attr.CALLER_AGENT, Attr.PROMPT_IDS, Attr.TOKEN_IDS_AVAILABLE
+    k_prompt, k_avail = Attr.PROMPT_IDS, Attr.TOKEN_IDS_AVAILABLE
     k_choices, k_version, k_rid = Attr.CHOICES, Attr.POLICY_VERSION, Attr.RESPONSE_ID
     for turn, s in enumerate(call_spans):
         a = s.attributes
-        agent = normalize_agent_name(a.get(k_agent))
-        if agent is None:
-            agent = normalize_agent_name(a.get(k_caller))
+        agent = call_agent_name(a)
         parent = s.parent_id
         if agent is None and parent is not None:
             if parent in inherited:
