@@ -88,8 +88,9 @@ def as_agent(name: str) -> AgentBlock:
 
 
 class AgentBlock(contextlib.ContextDecorator):
-    """What `as_agent` returns: a context manager (entered once per ``with``, as `contextlib.contextmanager`'s) and
-    a decorator that enters a fresh one around every call of the function it decorates."""
+    """What `as_agent` returns: a context manager (one ``with`` at a time: entering it again before it exits, nested
+    or from another task, is a RuntimeError; call `as_agent` for each) and a decorator that enters a fresh one
+    around every call of the function it decorates."""
 
     def __init__(self, name: str, header: str) -> None:
         self.name = name
@@ -97,6 +98,8 @@ class AgentBlock(contextlib.ContextDecorator):
         self._tokens: tuple[Token[str | None], Token[str | None]] | None = None
 
     def __enter__(self) -> str:
+        if self._tokens is not None:  # its tokens would be lost: the outer name could never be restored
+            raise RuntimeError(f"this as_agent({self.name!r}) block is entered already; call as_agent again")
         self._tokens = (_agent.set(self.name), _agent_header.set(self._header))
         return self.name
 

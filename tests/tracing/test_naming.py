@@ -185,6 +185,14 @@ def test_as_agent_checks_the_name_and_restores_the_outer_one():
             assert named_agent() == "inner"
         assert named_agent() == "outer"
     assert named_agent() is None
+    block = as_agent("reused")
+    for _ in range(2):  # one block after the other
+        with block:
+            assert named_agent() == "reused"
+            with pytest.raises(RuntimeError, match="entered already"), block:
+                pass
+            assert named_agent() == "reused"
+        assert named_agent() is None
 
 
 async def test_as_agent_wins_over_the_agent_opentelemetry_guesses_and_a_callers_header_over_both():
