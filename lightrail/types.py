@@ -21,6 +21,7 @@ This module imports nothing of lightrail.
 from __future__ import annotations
 
 import enum
+import re
 import threading
 import time
 import uuid
@@ -353,12 +354,12 @@ class LLM(msgspec.Struct, kw_only=True, tag="llm"):
         """The base URL an agent should use; routed per attempt when ids are given and the endpoint is a gateway
         (the gateway attributes each call to its rollout from the path), then ``/agents/<agent>`` for an `agent`.
         Idempotent on the URL it returns (the runner hands agents an LLM whose endpoint is that URL, `agent` kept).
-        The endpoint's own path is kept as it is: a gateway behind a reverse proxy's ``/agents/gw`` prefix stays
-        there."""
+        The endpoint's own path is kept as it is: a gateway behind a reverse proxy's ``/agents/gw`` (or
+        ``/rollouts/gw``) prefix stays there."""
         if not self.routed:
             return self.endpoint.rstrip("/")
         root = self._root()
-        if "/rollouts/" not in root and rollout_id and attempt_id:  # not yet routed to an attempt
+        if rollout_id and attempt_id and _ATTEMPT_ROUTE.search(root) is None:  # not yet routed to an attempt
             root = f"{root}/rollouts/{rollout_id}/attempts/{attempt_id}"
         return f"{root}{_agent_segment(self.agent)}/v1"
 
@@ -384,6 +385,10 @@ class LLM(msgspec.Struct, kw_only=True, tag="llm"):
         (a reverse proxy's prefix, even one that reads ``/agents/<x>``) is the gateway's own and kept."""
         root = self.endpoint.rstrip("/").removesuffix("/v1")
         return root.removesuffix(_agent_segment(self.agent)) if self.agent is not None else root
+
+
+_ATTEMPT_ROUTE = re.compile(r"/rollouts/[^/]+/attempts/[^/]+$")
+"""The route `LLM.base_url` appends: only at the end of an endpoint (a proxy prefix ``/rollouts/x`` is no route)."""
 
 
 def _agent_segment(agent: str | None) -> str:

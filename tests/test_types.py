@@ -52,6 +52,8 @@ def test_llm_agent_segments_are_the_librarys_own_and_the_endpoints_path_is_kept(
     routed = proxied.base_url("r1", "a1")
     assert routed == "http://proxy/agents/gw/rollouts/r1/attempts/a1/v1"
     assert proxied.endpoint_for("w") == "http://proxy/agents/gw/agents/w/v1"
+    rollouts_prefix = LLM(endpoint="http://proxy/rollouts/gw/v1", model="m")  # a prefix, not an attempt's route
+    assert rollouts_prefix.base_url("r1", "a1") == "http://proxy/rollouts/gw/rollouts/r1/attempts/a1/v1"
     assert (
         LLM(endpoint=routed, model="m").endpoint_for("w")
         == "http://proxy/agents/gw/rollouts/r1/attempts/a1/agents/w/v1"
