@@ -21,9 +21,11 @@ This module imports nothing of lightrail.
 from __future__ import annotations
 
 import enum
+import re
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 from urllib.parse import quote, unquote
 
@@ -66,11 +68,13 @@ __all__ = [
     "check_attempt_transition",
     "agent_from_header",
     "agent_header_value",
+    "call_agent_name",
     "check_agent_name",
     "check_rollout_transition",
     "content_text",
     "new_id",
     "next_seq",
+    "normalize_agent_name",
 ]
 
 JSON = Any
@@ -337,26 +341,33 @@ class LLM(msgspec.Struct, kw_only=True, tag="llm"):
     routed: bool = True
     """True for an endpoint served by the lightrail gateway: agents get it routed to their attempt so every call
     is recorded. False for any other OpenAI-compatible server (an external judge, say): handed over unchanged."""
+    agent: str | None = None
+    """The agent whose calls are made through this endpoint (`check_agent_name`): `base_url` ends in
+    ``/agents/<agent>/v1``, so the gateway records every call made through it as that agent's (`endpoint_for` gives
+    such a URL for another agent). Ignored when ``routed`` is False."""
+
+    def __post_init__(self) -> None:
+        if self.agent is not None:
+            check_agent_name(self.agent)
 
     def base_url(self, rollout_id: str | None = None, attempt_id: str | None = None) -> str:
         """The base URL an agent should use; routed per attempt when ids are given and the endpoint is a gateway
-        (the gateway attributes each call to its rollout from the path). Idempotent on a routed endpoint; an
-        agent segment (`endpoint_for`) stays last."""
-        root = self.endpoint.rstrip("/")
+        (the gateway attributes each call to its rollout from the path), then ``/agents/<agent>`` for an `agent`.
+        Idempotent on the URL it returns (the runner hands agents an LLM whose endpoint is that URL, `agent` kept).
+        The endpoint's own path is kept as it is: a gateway behind a reverse proxy's ``/agents/gw`` (or
+        ``/rollouts/gw``) prefix stays there."""
         if not self.routed:
-            return root
-        if root.endswith("/v1"):
-            root = root[:-3]
-        root, agent = _split_agent_segment(root)
-        if "/rollouts/" not in root and rollout_id and attempt_id:  # not yet routed to an attempt
+            return self.endpoint.rstrip("/")
+        root = self._root()
+        if rollout_id and attempt_id and _ATTEMPT_ROUTE.search(root) is None:  # not yet routed to an attempt
             root = f"{root}/rollouts/{rollout_id}/attempts/{attempt_id}"
-        return f"{root}{agent}/v1"
+        return f"{root}{_agent_segment(self.agent)}/v1"
 
     def endpoint_for(self, agent: str) -> str:
         """The base URL whose calls the gateway records as made by ``agent``: ``.../agents/<agent>/v1`` (the name
         percent-encoded), for code that names its agents without OpenTelemetry and without setting the
-        `AGENT_HEADER` itself (any HTTP client, any language). The name is checked (`check_agent_name`); an
-        endpoint that is not a gateway (``routed=False``) is returned unchanged.
+        `AGENT_HEADER` itself (any HTTP client, any language); it replaces this endpoint's `agent`. The name is
+        checked (`check_agent_name`); an endpoint that is not a gateway (``routed=False``) is returned unchanged.
 
         Example::
 
@@ -367,16 +378,21 @@ class LLM(msgspec.Struct, kw_only=True, tag="llm"):
         check_agent_name(agent)
         if not self.routed:
             return self.endpoint.rstrip("/")
-        root, _ = _split_agent_segment(self.base_url()[:-3])
-        return f"{root}/agents/{quote(agent, safe='')}/v1"
+        return f"{self._root()}{_agent_segment(agent)}/v1"
+
+    def _root(self) -> str:
+        """The endpoint without ``/v1`` and without the segment of `agent` that `base_url` appended; any other path
+        (a reverse proxy's prefix, even one that reads ``/agents/<x>``) is the gateway's own and kept."""
+        root = self.endpoint.rstrip("/").removesuffix("/v1")
+        return root.removesuffix(_agent_segment(self.agent)) if self.agent is not None else root
 
 
-def _split_agent_segment(root: str) -> tuple[str, str]:
-    """``root`` without a trailing ``/agents/<name>`` segment, and that segment ("" without one)."""
-    head, sep, name = root.rpartition("/agents/")
-    if sep and name and "/" not in name:
-        return head, sep + name
-    return root, ""
+_ATTEMPT_ROUTE = re.compile(r"/rollouts/[^/]+/attempts/[^/]+$")
+"""The route `LLM.base_url` appends: only at the end of an endpoint (a proxy prefix ``/rollouts/x`` is no route)."""
+
+
+def _agent_segment(agent: str | None) -> str:
+    return f"/agents/{quote(agent, safe='')}" if agent is not None else ""
 
 
 class PromptTemplate(msgspec.Struct, kw_only=True, tag="prompt_template"):
@@ -669,6 +685,41 @@ def check_agent_name(name: Any) -> str:
             f"the agent name {name!r} has control characters or leading or trailing whitespace; it must not"
         )
     return name
+
+
+def normalize_agent_name(value: Any) -> str | None:
+    """The agent ``value`` names, spelled the one way every reader of names spells it: without surrounding
+    whitespace (a CrewAI role read from YAML ends in a newline), or None when it names no agent (not a string or a
+    number, or refused by `check_agent_name` even so: empty, over 200 characters, control characters inside).
+
+    The header stamps of `lightrail.as_agent`'s neighbours (OpenTelemetry's guess, LangChain's run names), span
+    normalization at ingest and the adapters' reading of spans all go through it, so one agent is trained under one
+    name whichever way its calls were attributed.
+
+    Example::
+
+        normalize_agent_name("Researcher\n")  # "Researcher"
+        normalize_agent_name("   ")           # None
+    """
+    if isinstance(value, str):
+        name = value.strip()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        name = str(value)
+    else:
+        return None
+    try:
+        return check_agent_name(name)
+    except ValueError:
+        return None
+
+
+def call_agent_name(attributes: Mapping[str, Any]) -> str | None:
+    """The agent an LLM-call span names itself: `Attr.AGENT_NAME` set on it, else the name the call carried
+    (`Attr.CALLER_AGENT`), each read by `normalize_agent_name`; None when neither names one (training then looks at
+    the spans above the call: `lightrail.adapters.build_episode`)."""
+    return normalize_agent_name(attributes.get(Attr.AGENT_NAME)) or normalize_agent_name(
+        attributes.get(Attr.CALLER_AGENT)
+    )
 
 
 def agent_header_value(name: str) -> str:

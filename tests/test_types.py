@@ -46,6 +46,28 @@ def test_llm_routing_is_idempotent_and_skips_external_endpoints():
     assert judge.base_url("ro-1", "at-1") == "https://api.example.com/v1"
 
 
+def test_llm_agent_segments_are_the_librarys_own_and_the_endpoints_path_is_kept():
+    """A gateway behind a reverse proxy's ``/agents/gw`` prefix: the prefix is not an agent name."""
+    proxied = LLM(endpoint="http://proxy/agents/gw/v1", model="m")
+    routed = proxied.base_url("r1", "a1")
+    assert routed == "http://proxy/agents/gw/rollouts/r1/attempts/a1/v1"
+    assert proxied.endpoint_for("w") == "http://proxy/agents/gw/agents/w/v1"
+    rollouts_prefix = LLM(endpoint="http://proxy/rollouts/gw/v1", model="m")  # a prefix, not an attempt's route
+    assert rollouts_prefix.base_url("r1", "a1") == "http://proxy/rollouts/gw/rollouts/r1/attempts/a1/v1"
+    assert (
+        LLM(endpoint=routed, model="m").endpoint_for("w")
+        == "http://proxy/agents/gw/rollouts/r1/attempts/a1/agents/w/v1"
+    )
+    named = LLM(endpoint="http://gw/v1", model="m", agent="Senior Critic")
+    named_routed = named.base_url("r1", "a1")
+    assert named_routed == "http://gw/rollouts/r1/attempts/a1/agents/Senior%20Critic/v1"
+    handed = LLM(endpoint=named_routed, model="m", agent="Senior Critic")  # as the runner hands it to agents
+    assert handed.base_url("r1", "a1") == named_routed  # idempotent
+    assert handed.endpoint_for("w") == "http://gw/rollouts/r1/attempts/a1/agents/w/v1"  # replaces the agent
+    with pytest.raises(ValueError, match="agent name"):
+        LLM(endpoint="http://gw/v1", model="m", agent="padded ")
+
+
 def test_bad_policies_and_spans_are_refused_at_decode():
     with pytest.raises(ValueError):
         RetryPolicy(max_attempts=0)
@@ -63,7 +85,8 @@ def test_endpoint_for_names_the_agent_last_in_any_endpoint():
     assert gateway.endpoint_for("writer") == "http://gw:8900/agents/writer/v1"
     routed = LLM(endpoint=gateway.base_url("ro-1", "at-1"), model="m")
     assert routed.endpoint_for("a b/c") == "http://gw:8900/rollouts/ro-1/attempts/at-1/agents/a%20b%2Fc/v1"
-    named = LLM(endpoint=gateway.endpoint_for("writer"), model="m")  # a named endpoint in the resources
+    named = LLM(endpoint="http://gw:8900/v1", model="m", agent="writer")  # a named endpoint in the resources
+    assert named.base_url() == gateway.endpoint_for("writer")
     assert named.base_url("ro-1", "at-1") == "http://gw:8900/rollouts/ro-1/attempts/at-1/agents/writer/v1"
     assert named.endpoint_for("critic") == "http://gw:8900/agents/critic/v1"  # renamed, not nested
     external = LLM(endpoint="https://api.example.com/v1/", model="m", routed=False)

@@ -14,7 +14,7 @@ from operator import attrgetter
 from lightrail.adapters._model import AdapterReport, Episode, IntermediateReward, LLMCall
 from lightrail.adapters.credit import split_linked
 from lightrail.adapters.rewards import ToolRewardRule, is_tool_span, tool_rewards
-from lightrail.types import Attr, Span
+from lightrail.types import Attr, Span, call_agent_name, normalize_agent_name
 
 __all__ = ["AGENT_NAME_KEYS", "agent_name_of", "build_episode"]
 
@@ -33,7 +33,10 @@ def agent_name_of(span: Span | None, by_id: dict[str, Span], keys: Sequence[str]
     An OpenInference ``AGENT`` span without a name attribute names its agent by the span name. A GenAI span of an
     operation that is not an agent (``chat``, ``execute_tool``: `lightrail.tracing.semconv.names_its_agent` is
     False) names one only when no ancestor does: instrumentations copy, or default, ``gen_ai.agent.name`` onto
-    them. ``by_id`` maps span ids to the attempt's spans; None (a parent outside the attempt) has no name.
+    them. Every name is read through `lightrail.types.normalize_agent_name` (a name with surrounding whitespace
+    is the name without; a value that names no agent is skipped), as the runner's header stamps read it, so a
+    call is trained under one name whether its header or its spans named it. ``by_id`` maps span ids to the
+    attempt's spans; None (a parent outside the attempt) has no name.
     """
     node = span
     fallback: str | None = None
@@ -42,15 +45,15 @@ def agent_name_of(span: Span | None, by_id: dict[str, Span], keys: Sequence[str]
             break
         a = node.attributes
         for key in keys:
-            name = a.get(key)
+            name = normalize_agent_name(a.get(key))
             if name is not None:
                 if _names_its_agent(a):
-                    return str(name)
-                fallback = fallback or str(name)
+                    return name
+                fallback = fallback or name
                 break
         else:
-            if a.get(_OI_KIND) == "AGENT":
-                return node.name
+            if a.get(_OI_KIND) == "AGENT" and (name := normalize_agent_name(node.name)) is not None:
+                return name
         node = by_id.get(node.parent_id) if node.parent_id is not None else None
     return fallback
 
@@ -124,13 +127,11 @@ def build_episode(
     by_id: dict[str, Span] | None = None
     inherited: dict[str, str | None] = {}  # parent span id -> agent name: sibling calls share their parent
     n_choices = 0
-    k_agent, k_caller, k_prompt, k_avail = Attr.AGENT_NAME, Attr.CALLER_AGENT, Attr.PROMPT_IDS, Attr.TOKEN_IDS_AVAILABLE
+    k_prompt, k_avail = Attr.PROMPT_IDS, Attr.TOKEN_IDS_AVAILABLE
     k_choices, k_version, k_rid = Attr.CHOICES, Attr.POLICY_VERSION, Attr.RESPONSE_ID
     for turn, s in enumerate(call_spans):
         a = s.attributes
-        agent = a.get(k_agent)
-        if agent is None:
-            agent = a.get(k_caller)
+        agent = call_agent_name(a)
         parent = s.parent_id
         if agent is None and parent is not None:
             if parent in inherited:

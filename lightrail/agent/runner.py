@@ -196,6 +196,7 @@ class Runner:
         self._loop, self._loop_thread = loop, threading.get_ident()
         self._stopping, self._no_grace = asyncio.Event(), asyncio.Event()
         self.batcher.start()
+        _name_langchain_calls()
         if self.otel:
             from lightrail.tracing import otel
 
@@ -370,10 +371,7 @@ class Runner:
 
     async def _call_agent(self, running: _Running, root_id: str, resources: dict[str, Any]) -> float | None:
         rollout, attempt = running.lease.rollout, running.lease.attempt
-        if "langchain_core" in sys.modules:  # the agent uses LangChain: name its calls by their runnables
-            from lightrail.tracing import langchain
-
-            langchain.install()
+        _name_langchain_calls()  # again: an agent may import LangChain only when it first runs
         otel_parent = self._otel.attempt_parent(running.ctx, root_id) if self._otel else contextlib.nullcontext()
         with use_attempt(running.ctx, parent_span_id=root_id), otel_parent:  # this task's own context copy
             try:
@@ -553,6 +551,34 @@ class _Outage:
 
     def over(self) -> None:
         log.warning("store reachable again after %.0f s", time.monotonic() - self.since)
+
+
+_langchain_naming: bool | None = None
+"""Whether `lightrail.tracing.langchain` was installed in this process (False: it failed), None before it was
+tried (LangChain not imported yet)."""
+
+
+def _name_langchain_calls() -> None:
+    """Name LangChain calls by their runnables (`lightrail.tracing.langchain.install`) once the agent has imported
+    ``langchain_core``: tried when a runner starts and before each attempt (importing LangChain for agents that
+    never do would slow every runner down). An install that fails (an incompatible LangChain) is logged once and
+    never tried again; the attempts go on, their LangChain calls unnamed unless named otherwise."""
+    global _langchain_naming
+    if _langchain_naming is not None or "langchain_core" not in sys.modules:
+        return
+    try:
+        from lightrail.tracing import langchain
+
+        langchain.install()
+    except Exception as exc:
+        _langchain_naming = False
+        log.warning(
+            "cannot name LangChain calls by their runnables (%s); they go unnamed unless the agent names them "
+            "(lightrail.as_agent, LLM.endpoint_for)",
+            _short(exc),
+        )
+        return
+    _langchain_naming = True
 
 
 def _short(exc: BaseException) -> str:

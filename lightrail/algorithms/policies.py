@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lightrail.adapters.selection import AgentFilter
-from lightrail.types import ChatRequest, CompletionRequest, Generation
+from lightrail.types import ChatRequest, CompletionRequest, Generation, check_agent_name
 
 __all__ = ["PolicyMap", "PolicyRouter"]
 
@@ -29,7 +29,9 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 class PolicyMap:
     """``{policy: [agent, ...]}`` checked: at least one policy, names of letters, digits, ``_.-`` (they name model
-    endpoints and checkpoint folders), every policy with at least one agent, no agent in two policies."""
+    endpoints and checkpoint folders), every policy with at least one agent, every agent a name a call can carry
+    (`lightrail.types.check_agent_name`: no surrounding whitespace, no control characters, at most 200
+    characters), no agent in two policies."""
 
     def __init__(self, policies: Mapping[str, Sequence[str]]) -> None:
         if not isinstance(policies, Mapping) or not policies:
@@ -42,8 +44,10 @@ class PolicyMap:
             if isinstance(agents, str) or not isinstance(agents, Sequence) or not agents:
                 raise ValueError(f"policies.{name}: expected a non-empty list of agent names, got {agents!r}")
             for agent in agents:
-                if not isinstance(agent, str) or not agent:
-                    raise ValueError(f"policies.{name}: agent names are non-empty strings, got {agent!r}")
+                try:
+                    check_agent_name(agent)
+                except ValueError as e:  # no call could carry it: the policy would never be routed to or trained
+                    raise ValueError(f"policies.{name}: {agent!r} cannot name an agent: {e}") from None
                 if agent in self.by_agent:
                     raise ValueError(f"policies: agent {agent!r} is in both {self.by_agent[agent]!r} and {name!r}")
                 self.by_agent[agent] = name

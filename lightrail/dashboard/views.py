@@ -23,7 +23,7 @@ from markupsafe import Markup
 from lightrail._errors import counted
 from lightrail.dashboard.charts import line_chart
 from lightrail.trainer.inspection import Run, ordered_spans, span_children
-from lightrail.types import LLM, Attr, PromptTemplate, Resources, Rollout, RolloutStatus, Span
+from lightrail.types import LLM, Attr, PromptTemplate, Resources, Rollout, RolloutStatus, Span, call_agent_name
 
 __all__ = ["CallView", "SpanRow", "call_views", "run_charts", "timeline"]
 
@@ -159,7 +159,7 @@ def _describe(span: Span) -> tuple[str, str]:
     """A span's label and a one-line detail."""
     a = span.attributes
     if span.name == Attr.SPAN_LLM_CALL:
-        named = a.get(Attr.AGENT_NAME) or a.get(Attr.CALLER_AGENT)
+        named = call_agent_name(a)
         agent = f" ({named})" if named else ""
         version = f", policy v{a[Attr.POLICY_VERSION]}" if a.get(Attr.POLICY_VERSION) is not None else ""
         return f"llm call{agent}", f"model {a.get(Attr.MODEL)}{version}"
@@ -432,7 +432,7 @@ def call_views(spans: Sequence[Span], decode: Decode | None = None) -> list[Call
         views.append(CallView(
             number=count, span=span, messages=messages, new_from=new_from, choices=choices, trainable=trainable,
             training=trained.get(response_id, []) if isinstance(response_id, str) else [],
-            agent=_text(named) if (named := a.get(Attr.AGENT_NAME) or a.get(Attr.CALLER_AGENT)) else None,
+            agent=_text(named) if (named := call_agent_name(a)) else None,
             error=span.status.message if span.status.code == "error" else "",
             request_extra={k: v for k, v in request.items() if k not in ("messages", "prompt")},
         ))  # fmt: skip

@@ -14,22 +14,25 @@ A LangChain agent written as runnables names its parts as LangChain does: a run 
   LLM runs, the agent of that model's run as `lightrail.types.AGENT_HEADER` — or, inside a LangGraph node, the
   node (LangGraph's ``langgraph_node`` metadata, as a runner with OpenTelemetry on names it).
 
-A name set with `lightrail.as_agent` or by the caller wins over this one. The handler runs inline (LangChain calls
+A name set by the caller, with `lightrail.as_agent` or guessed by a runner with OpenTelemetry on wins over this one
+(the stamp's priority is `lightrail.tracing.naming.LANGCHAIN`, after theirs). The handler runs inline (LangChain calls
 it in the model's own task or thread, before the request), so it marks the model run the request belongs to in a
 `ContextVar`; a request LangChain makes outside any model run (a raw client inside a named chain) gets the agent of
 the innermost run of LangChain's runnable config.
 
 Imports LangChain; `lightrail.agent.Runner` calls `install` when ``langchain_core`` is imported by the agent.
 
-Concurrency model: run records live in a dict keyed by run id (single dict operations, atomic under the GIL; callbacks
-come from any thread); the model run of the current code is a `ContextVar`, so concurrent runs in tasks and threads
-never see each other's.
+Concurrency model: run records live in an `OrderedDict` keyed by run id, bounded by evicting the oldest (single
+operations, atomic under the GIL; callbacks come from any thread); the model run of the current code is a
+`ContextVar`, so concurrent runs in tasks and threads never see each other's.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
+from collections import OrderedDict
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -41,12 +44,16 @@ from langchain_core.runnables.config import var_child_runnable_config
 from langchain_core.tracers.context import register_configure_hook
 
 from lightrail.tracing import naming
-from lightrail.types import AGENT_HEADER, agent_header_value
+from lightrail.types import AGENT_HEADER, agent_header_value, normalize_agent_name
 
 __all__ = ["current_agent", "install"]
 
 AGENT_TAG = "agent:"
 """A LangChain tag ``agent:<name>`` names the agent of the run it is given to (and of that run's children)."""
+
+
+_MAX_OPEN_RUNS = 100_000
+_MAX_CLASS_NAMES = 4096
 
 
 @dataclass(slots=True)
@@ -63,23 +70,28 @@ class _RunAgents(BaseCallbackHandler):
     run_inline = True  # called in the run's own task or thread: the context variable set here is the request's
     raise_error = False
 
-    def __init__(self) -> None:
-        self.runs: dict[UUID, _Run] = {}
+    def __init__(self, max_open_runs: int = _MAX_OPEN_RUNS) -> None:
+        self.runs: OrderedDict[UUID, _Run] = OrderedDict()
+        """Open runs, oldest first."""
+        self.max_open_runs = max_open_runs
+        """Runs never ended (an abandoned stream) cannot grow `runs` past this: the oldest open run is forgotten
+        (its calls go unnamed), never the runs of the other rollouts running now."""
 
     def _start(self, run_id: UUID, parent_run_id: UUID | None, tags: list[str] | None, name: str | None) -> _Run:
         parent = self.runs.get(parent_run_id) if parent_run_id is not None else None
         own = frozenset(tags or ())
         agent = None
         for tag in own - (parent.tags if parent is not None else frozenset()):
-            if tag.startswith(AGENT_TAG) and len(tag) > len(AGENT_TAG):
-                agent = tag[len(AGENT_TAG) :]
+            if tag.startswith(AGENT_TAG):
+                agent = normalize_agent_name(tag[len(AGENT_TAG) :]) or agent
         if agent is None and name and not _is_class_name(name):
-            agent = name
+            agent = normalize_agent_name(name)
         if agent is None and parent is not None:
             agent = parent.agent
-        if len(self.runs) >= _MAX_OPEN_RUNS:
-            self.runs.clear()  # crude bound on runs never ended (an abandoned stream): names are lost, not memory
         run = self.runs[run_id] = _Run(agent, own, None)
+        while len(self.runs) > self.max_open_runs:
+            with contextlib.suppress(KeyError):  # another thread emptied it meanwhile
+                self.runs.popitem(last=False)
         return run
 
     def on_chain_start(self, serialized: Any, inputs: Any, *, run_id: UUID, parent_run_id: UUID | None = None,
@@ -113,19 +125,19 @@ class _RunAgents(BaseCallbackHandler):
     on_chain_end = on_chain_error = on_tool_end = on_tool_error = on_llm_end = on_llm_error = _end
 
 
-_MAX_OPEN_RUNS = 100_000
 _model_run: ContextVar[UUID | None] = ContextVar("lightrail_langchain_model_run", default=None)
-_class_names: dict[str, bool] = {}
 
 
 def _is_class_name(name: str) -> bool:
     """Whether ``name`` (``RunnableParallel<a,b>`` read as ``RunnableParallel``) is the name of a `Runnable`
     class: the name LangChain gives a run nobody named."""
-    base = name.split("<", 1)[0]
-    known = _class_names.get(base)
-    if known is None:
-        known = _class_names[base] = any(cls.__name__ == base for cls in _subclasses(Runnable))
-    return known
+    return _is_runnable_class(name.split("<", 1)[0])
+
+
+@functools.lru_cache(maxsize=_MAX_CLASS_NAMES)
+def _is_runnable_class(name: str) -> bool:
+    # cached: an attempt has few distinct run names; bounded: run names may be made per task (f"writer-{i}")
+    return any(cls.__name__ == name for cls in _subclasses(Runnable))
 
 
 def _subclasses(cls: type) -> set[type]:
@@ -148,12 +160,13 @@ _installed = False
 
 def current_agent() -> str | None:
     """The agent of the LangChain code running now: the LangGraph node, else the agent of the model run the code is
-    in, else of the innermost run of LangChain's runnable config; None outside LangChain or when no run names one."""
+    in, else of the innermost run of LangChain's runnable config; None outside LangChain or when no run names one.
+    Names are read through `lightrail.types.normalize_agent_name`, as the adapters read spans."""
     config = var_child_runnable_config.get()
     if config:
-        node = (config.get("metadata") or {}).get("langgraph_node")
+        node = normalize_agent_name((config.get("metadata") or {}).get("langgraph_node"))
         if node is not None:
-            return str(node)
+            return node
     runs = _handler.runs
     model_run = _model_run.get()
     if model_run is not None and (run := runs.get(model_run)) is not None:
@@ -165,8 +178,7 @@ def current_agent() -> str | None:
 
 def _stamp(request: Any) -> None:
     if AGENT_HEADER not in request.headers and (agent := current_agent()) is not None:
-        with contextlib.suppress(ValueError):  # a name the header cannot carry: the call goes unnamed
-            request.headers[AGENT_HEADER] = agent_header_value(agent.strip())
+        request.headers[AGENT_HEADER] = agent_header_value(agent)
 
 
 def install() -> None:
@@ -179,4 +191,4 @@ def install() -> None:
             return
         register_configure_hook(_hook, inheritable=True)
         _installed = True
-    naming.add_stamp(_stamp)
+    naming.add_stamp(_stamp, naming.LANGCHAIN)

@@ -10,16 +10,18 @@ language), the `lightrail.types.AGENT_HEADER` set by the caller, or this module:
   ``httpx`` / ``httpx2`` requests (the openai client, LangChain, the OpenAI Agents SDK, AutoGen and litellm use
   one of them) carry the header. Clients on other HTTP libraries set the header themselves or use
   `LLM.endpoint_for`.
-* `lightrail.tracing.otel` adds its own header stamp here (``traceparent``, and the agent it can tell from
-  OpenTelemetry spans): a name given by `as_agent` wins over that guess; a header the caller set wins over both.
+* `lightrail.tracing.otel` and `lightrail.tracing.langchain` add their own header stamps here (``traceparent``, and
+  the agent they can tell from OpenTelemetry spans or LangChain runs). A stamp leaves a header already set alone, so
+  the first to set it wins: stamps run in order of their priority (`AS_AGENT`, then `OTEL`, then `LANGCHAIN`),
+  whatever order they were added in. A header the caller set wins over all of them.
 
 The requests are stamped by a wrapper around ``Client.send`` / ``AsyncClient.send`` of both libraries, installed on
 first use (the first `as_agent` block, or OpenTelemetry's setup) and kept for the life of the process (without a
 name or a stamp it only reads a context variable). No OpenTelemetry import here: ``import lightrail`` stays light.
 
 Concurrency model: the name is a `contextvars.ContextVar`, so concurrent attempts in tasks and threads never see
-each other's; the wrapper is installed once under a lock; the tuple of stamps is replaced, never mutated, so a
-request in any thread sees a whole tuple.
+each other's; the wrapper is installed once under a lock; the tuple of stamps is replaced (under the lock, sorted by
+priority), never mutated, so a request in any thread sees a whole tuple.
 
 Example::
 
@@ -36,19 +38,23 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.util
+import inspect
 import logging
 import threading
-from collections.abc import Callable, Iterator
-from contextvars import ContextVar
-from typing import Any
+from collections.abc import Callable
+from contextvars import ContextVar, Token
+from typing import Any, TypeVar, cast
 
 from lightrail.types import AGENT_HEADER, agent_header_value, check_agent_name
 
-__all__ = ["add_stamp", "as_agent", "named_agent", "remove_stamp"]
+__all__ = ["AS_AGENT", "LANGCHAIN", "OTEL", "AgentBlock", "add_stamp", "as_agent", "named_agent", "remove_stamp"]
 
 log = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 _agent: ContextVar[str | None] = ContextVar("lightrail_agent", default=None)
 _agent_header: ContextVar[str | None] = ContextVar("lightrail_agent_header", default=None)
@@ -60,27 +66,69 @@ def named_agent() -> str | None:
     return _agent.get()
 
 
-@contextlib.contextmanager
-def as_agent(name: str) -> Iterator[str]:
+def as_agent(name: str) -> AgentBlock:
     """Make the LLM calls inside the block calls of agent ``name``: their requests carry the agent header, the
     gateway records the name on each call's span, and training selects the calls by it (``grpo.policies``, agent
     filters) — no OpenTelemetry needed. Blocks nest (the innermost name wins); works in sync and async code, and
-    as a decorator of sync functions. An invalid name (`lightrail.types.check_agent_name`) is a ValueError here,
-    before any call is made.
+    as a decorator of sync and ``async def`` functions (the name holds while the coroutine runs, wherever it is
+    awaited). An invalid name (`lightrail.types.check_agent_name`) is a ValueError here, before any call is made.
 
     Example::
 
         with lightrail.as_agent("writer"):
             draft = client.chat.completions.create(model=llm.model, messages=messages)
+
+        @lightrail.as_agent("critic")
+        async def review(draft):
+            return await client.chat.completions.create(model=llm.model, messages=[...])
     """
     header = agent_header_value(check_agent_name(name))
     install()
-    token, header_token = _agent.set(name), _agent_header.set(header)
-    try:
-        yield name
-    finally:
+    return AgentBlock(name, header)
+
+
+class AgentBlock(contextlib.ContextDecorator):
+    """What `as_agent` returns: a context manager (one ``with`` at a time: entering it again before it exits, nested
+    or from another task, is a RuntimeError; call `as_agent` for each) and a decorator that enters a fresh one
+    around every call of the function it decorates."""
+
+    def __init__(self, name: str, header: str) -> None:
+        self.name = name
+        self._header = header
+        self._tokens: tuple[Token[str | None], Token[str | None]] | None = None
+
+    def __enter__(self) -> str:
+        if self._tokens is not None:  # its tokens would be lost: the outer name could never be restored
+            raise RuntimeError(f"this as_agent({self.name!r}) block is entered already; call as_agent again")
+        self._tokens = (_agent.set(self.name), _agent_header.set(self._header))
+        return self.name
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._tokens is not None
+        token, header_token = self._tokens
+        self._tokens = None
         _agent_header.reset(header_token)
         _agent.reset(token)
+
+    def _recreate_cm(self) -> AgentBlock:
+        return AgentBlock(self.name, self._header)
+
+    def __call__(self, func: F) -> F:
+        if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
+            # a block around creating the generator ends before it runs; one inside would leak into its consumer
+            raise TypeError(
+                f"as_agent cannot decorate the generator function {func.__qualname__}: use "
+                f"'with as_agent({self.name!r}):' around the calls inside it"
+            )
+        if inspect.iscoroutinefunction(func):
+            # ContextDecorator's wrapper would leave the block when the coroutine is created, before it runs
+            @functools.wraps(func)
+            async def named(*args: Any, **kwargs: Any) -> Any:
+                with self._recreate_cm():
+                    return await func(*args, **kwargs)
+
+            return cast("F", named)
+        return super().__call__(func)
 
 
 # -- stamping outgoing requests --------------------------------------------------------------------------------
@@ -100,27 +148,41 @@ def _stamp_agent(request: Any) -> None:
         request.headers[AGENT_HEADER] = header
 
 
+AS_AGENT = 0
+"""Priority of `as_agent`'s stamp: a name given in the code wins over every guess."""
+OTEL = 10
+"""Priority of `lightrail.tracing.otel`'s stamp: the agent of the current OpenTelemetry span (or LangGraph node)."""
+LANGCHAIN = 20
+"""Priority of `lightrail.tracing.langchain`'s stamp: the agent of the LangChain run making the call."""
+
+_priorities: dict[Stamp, int] = {_stamp_agent: AS_AGENT}
 _stamps: tuple[Stamp, ...] = (_stamp_agent,)
+"""The stamps of `_priorities`, lowest priority first (ties: the one added first)."""
 _lock = threading.Lock()
 _installed = False
 _failed: set[str] = set()
 
 
-def add_stamp(stamp: Stamp) -> None:
-    """Run ``stamp`` on every outgoing request after the ones added before (`as_agent`'s first), installing the
-    wrapper if needed. Adding a stamp twice keeps one."""
+def add_stamp(stamp: Stamp, priority: int) -> None:
+    """Run ``stamp`` on every outgoing request, after the stamps of a lower ``priority`` (`AS_AGENT`, `OTEL`,
+    `LANGCHAIN`; equal ones in the order added), installing the wrapper if needed. Stamps leave headers already
+    set alone, so of two stamps that would set one, the one of lower priority wins, whichever was added first (an
+    OpenTelemetry setup after LangChain's install, or again after a shutdown). Adding a stamp again keeps one, at
+    the new priority."""
     global _stamps
     install()
     with _lock:
-        if stamp not in _stamps:
-            _stamps = (*_stamps, stamp)
+        _priorities.pop(stamp, None)
+        _priorities[stamp] = priority
+        _stamps = tuple(sorted(_priorities, key=_priorities.__getitem__))  # stable: ties keep the order added
 
 
 def remove_stamp(stamp: Stamp) -> None:
     """Stop running ``stamp`` (a stamp not added is ignored)."""
     global _stamps
     with _lock:
-        _stamps = tuple(s for s in _stamps if s is not stamp)
+        if _priorities.pop(stamp, None) is not None:
+            _stamps = tuple(sorted(_priorities, key=_priorities.__getitem__))
 
 
 def _apply(request: Any) -> None:

@@ -73,7 +73,16 @@ from lightrail.tracing import naming
 from lightrail.tracing._context import AttemptContext, current_attempt
 from lightrail.tracing.naming import named_agent
 from lightrail.tracing.semconv import AGENT_OPERATIONS, names_its_agent, normalize, status_code
-from lightrail.types import AGENT_HEADER, Attr, Span, SpanEvent, SpanStatus, agent_header_value, next_seq
+from lightrail.types import (
+    AGENT_HEADER,
+    Attr,
+    Span,
+    SpanEvent,
+    SpanStatus,
+    agent_header_value,
+    next_seq,
+    normalize_agent_name,
+)
 
 __all__ = ["FRAMEWORKS", "OTel", "current", "current_agent", "setup", "to_lightrail_span", "traceparent"]
 
@@ -153,6 +162,10 @@ class _AttemptProcessor(SpanProcessor):
 
     ``_open`` maps the span id of every started, not yet ended span of an attempt to its `AttemptContext` (the
     span that ends is a fresh `ReadableSpan`, and it may end in another thread or task than it started in).
+    When an attempt ends (`end_attempt`, at the end of `OTel.attempt_parent`) its spans that never ended (abandoned
+    by their code: a stream never read to the end) are forgotten, so a long-running process keeps nothing of ended
+    attempts; such a span ending later is not exported (its attempt's spans were complete in the store when the
+    attempt finished).
     """
 
     def __init__(self) -> None:
@@ -167,6 +180,8 @@ class _AttemptProcessor(SpanProcessor):
         """Open span id -> the span itself, still being written: `current_agent` reads the agent from its
         attributes and its ancestors' as they are when the LLM call is made (instrumentations set the agent's name
         after starting its span: CrewAI's ``graph.node.id``)."""
+        self._of_attempt: dict[str, set[int]] = {}
+        """Attempt id -> the ids of its open spans (dropped from `_open` and `live` by `end_attempt`)."""
 
     def on_start(self, span: SDKSpan, parent_context: Any = None) -> None:
         if not self.active:
@@ -184,6 +199,13 @@ class _AttemptProcessor(SpanProcessor):
         span_id = span.context.span_id
         self._open[span_id] = ctx
         self.live[span_id] = span
+        self._of_attempt.setdefault(ctx.attempt_id, set()).add(span_id)
+
+    def end_attempt(self, attempt_id: str) -> None:
+        """Forget the spans of attempt ``attempt_id`` that are still open: it has ended."""
+        for span_id in self._of_attempt.pop(attempt_id, ()):
+            self._open.pop(span_id, None)
+            self.live.pop(span_id, None)
 
     def agent_of(self, span_id: int) -> str | None:
         """The agent open span ``span_id`` runs in, from its attributes and its open ancestors' as they are now:
@@ -204,9 +226,14 @@ class _AttemptProcessor(SpanProcessor):
         return fallback
 
     def on_end(self, span: ReadableSpan) -> None:
-        self.live.pop(span.context.span_id, None)
-        ctx = self._open.pop(span.context.span_id, None)
-        if ctx is None or not self.active:
+        span_id = span.context.span_id
+        self.live.pop(span_id, None)
+        ctx = self._open.pop(span_id, None)
+        if ctx is None:
+            return
+        if (open_ids := self._of_attempt.get(ctx.attempt_id)) is not None:
+            open_ids.discard(span_id)
+        if not self.active:
             return
         self.exported += 1
         if self.batch is not None:
@@ -255,7 +282,8 @@ class OTel:
         """Run the enclosed code (an attempt's agent) with a current OTel span that stands for the runner's span
         ``span_id`` in ``ctx``'s trace: spans started inside are in the attempt's trace, roots under that span.
 
-        Must be entered and exited in the same task or thread (it attaches an OTel context)."""
+        On exit the attempt has ended: its spans still open are forgotten (`_AttemptProcessor.end_attempt`). Must be
+        entered and exited in the same task or thread (it attaches an OTel context)."""
         trace_id = int(ctx.trace_id, 16)
         parent = SpanContext(trace_id, int(span_id, 16), is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
         token = otel_context.attach(trace.set_span_in_context(NonRecordingSpan(parent)))
@@ -264,6 +292,7 @@ class OTel:
             yield
         finally:
             self.processor._by_trace.pop(trace_id, None)
+            self.processor.end_attempt(ctx.attempt_id)
             otel_context.detach(token)
 
     def force_flush(self, timeout_s: float = 30.0) -> bool:
@@ -282,6 +311,7 @@ class OTel:
             self.processor.active = False
             self.processor._open.clear()  # spans never ended (abandoned by their code): nothing will pop them
             self.processor.live.clear()
+            self.processor._of_attempt.clear()
             if self.processor.batch is not None:
                 self.processor.batch.shutdown()
                 self.processor.batch = None
@@ -534,8 +564,8 @@ def current_agent() -> str | None:
     """The agent making the current call, as far as the runner can tell while it is made: the name of the
     enclosing `lightrail.as_agent` block, else the LangGraph node the code runs in (LangGraph's runnable config),
     else the agent of the current OTel span (its own name attribute, `lightrail.adapters.AGENT_NAME_KEYS`, or its
-    nearest ancestor's, tracked by the span processor). None when none knows. Sent with every LLM request as
-    `lightrail.types.AGENT_HEADER`."""
+    nearest ancestor's, tracked by the span processor), each read through `lightrail.types.normalize_agent_name`.
+    None when none knows. Sent with every LLM request as `lightrail.types.AGENT_HEADER`."""
     named = named_agent()
     if named is not None:
         return named
@@ -555,42 +585,43 @@ def _langgraph_node() -> str | None:
         config = sys.modules["langgraph.config"].get_config()
     except Exception:  # outside a runnable: no config
         return None
-    node = (config.get("metadata") or {}).get("langgraph_node")
-    return str(node) if node is not None else None
+    return normalize_agent_name((config.get("metadata") or {}).get("langgraph_node"))
 
 
 def _agent_named(span: SDKSpan) -> tuple[str | None, bool]:
     """The agent an open span names in its attributes so far, and whether it is the agent the span is
-    (`semconv.names_its_agent`; else the name is used only when no ancestor names one)."""
+    (`semconv.names_its_agent`; else the name is used only when no ancestor names one). Names are read through
+    `normalize_agent_name`, as the adapters read the ended spans."""
     a = span.attributes or {}
     op = a.get("gen_ai.operation.name")
     if op in AGENT_OPERATIONS and span.name.startswith(f"{op} ") and "openinference.span.kind" not in a:
         # GenAI names the span ``invoke_agent <gen_ai.agent.name>``; instrumentations that fill the attribute at
         # the end start it with a default (the OpenAI Agents one: ``OpenAI Agent``): the span name is right early
-        return span.name.removeprefix(f"{op} "), True
-    for key in AGENT_NAME_KEYS:
-        name = a.get(key)
+        name = normalize_agent_name(span.name.removeprefix(f"{op} "))
         if name is not None:
-            return str(name), names_its_agent(a)
+            return name, True
+    for key in AGENT_NAME_KEYS:
+        name = normalize_agent_name(a.get(key))
+        if name is not None:
+            return name, names_its_agent(a)
     if a.get("openinference.span.kind") == "AGENT":
-        return span.name, True
+        name = normalize_agent_name(span.name)
+        return name, name is not None
     return None, False
 
 
 def _stamp(request: Any) -> None:
     """``traceparent`` and `AGENT_HEADER` on an outgoing request, unless the caller (or `lightrail.as_agent`) set
-    them; a name is sent without surrounding whitespace, one the header cannot carry otherwise
-    (`lightrail.types.check_agent_name`) is left out."""
+    them, with `current_agent`'s name."""
     headers = request.headers
     if "traceparent" not in headers and (value := traceparent()) is not None:
         headers["traceparent"] = value
     if AGENT_HEADER not in headers and (agent := current_agent()) is not None:
-        with contextlib.suppress(ValueError):
-            headers[AGENT_HEADER] = agent_header_value(agent.strip())
+        headers[AGENT_HEADER] = agent_header_value(agent)
 
 
 def _inject() -> None:
-    naming.add_stamp(_stamp)
+    naming.add_stamp(_stamp, naming.OTEL)
 
 
 def _uninject() -> None:

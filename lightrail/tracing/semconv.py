@@ -11,8 +11,9 @@ keeps the original attributes and adds the few lightrail reads, in one spelling:
 * ``gen_ai.agent.name``: the agent or graph node the span is (``agent.name``, ``graph.node.name``; an OpenInference
   ``AGENT`` span's ``graph.node.id``, else its span name: CrewAI, AutoGen and the OpenAI Agents SDK put the bare
   agent name in ``graph.node.id`` and name the span ``<agent>._execute_core`` / ``<agent>.on_messages_stream``; a
-  GenAI ``invoke_agent`` / ``create_agent`` span's name without the operation, ``invoke_agent <agent>``), and
-  ``langgraph.node`` from LangChain's ``metadata`` (the node a LangGraph span ran in);
+  GenAI ``invoke_agent`` / ``create_agent`` span's name without the operation, ``invoke_agent <agent>``), as
+  `lightrail.types.normalize_agent_name` spells it (no surrounding whitespace: the name the runner's header
+  stamps send), and ``langgraph.node`` from LangChain's ``metadata`` (the node a LangGraph span ran in);
 * ``gen_ai.tool.name`` and ``gen_ai.tool.call.id`` on tool spans (tool outcomes become intermediate rewards,
   linked to the LLM call that asked for the tool through the call id);
 * ``gen_ai.response.id`` on LLM spans when the framework recorded the response (so a framework's LLM span and the
@@ -38,7 +39,7 @@ from typing import Any
 
 import msgspec
 
-from lightrail.types import Attr, StatusCode
+from lightrail.types import Attr, StatusCode, normalize_agent_name
 
 __all__ = [
     "AGENT_OPERATIONS",
@@ -127,14 +128,16 @@ def normalize(name: str, attributes: dict[str, Any]) -> dict[str, Any]:
     kind = kind_of(a)
     a.setdefault(Attr.KIND, kind)
     if Attr.AGENT_NAME not in a:
-        agent = a.get("agent.name") or a.get("graph.node.name")
+        # each candidate as `normalize_agent_name` reads it: the name the header stamps send for the same span
+        agent = normalize_agent_name(a.get("agent.name")) or normalize_agent_name(a.get("graph.node.name"))
         if agent is None and kind == "agent":
-            agent = a.get("graph.node.id")
+            agent = normalize_agent_name(a.get("graph.node.id"))
             if agent is None:
                 op = a.get(_GENAI_OP)
-                agent = name.removeprefix(f"{op} ") if op in AGENT_OPERATIONS and _OI_KIND not in a else name
+                own = name.removeprefix(f"{op} ") if op in AGENT_OPERATIONS and _OI_KIND not in a else name
+                agent = normalize_agent_name(own)
         if agent is not None:
-            a[Attr.AGENT_NAME] = str(agent)
+            a[Attr.AGENT_NAME] = agent
     node = _json_field(a.get("metadata"), "langgraph_node")
     if node is not None:
         a.setdefault("langgraph.node", str(node))

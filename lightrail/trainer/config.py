@@ -425,7 +425,7 @@ def _sft_teacher(section: Any, seed: int, train_tasks: list[dict] | None) -> Any
         make = _resolve(teacher["script"], "sft.teacher.script")
         return None if train_tasks is None else _teacher_program(make, teacher["script"], train_tasks, seed)
     key_env = teacher.pop("api_key_env", None)
-    fields = set(LLM.__struct_fields__) - {"routed"}
+    fields = set(LLM.__struct_fields__) - {"routed", "agent"}  # a teacher is no gateway: no route, no agent
     unknown = sorted(set(teacher) - fields)
     if unknown:
         raise ConfigError(f"sft.teacher: unknown setting(s) {unknown}; accepted: {sorted(fields | {'api_key_env'})}")

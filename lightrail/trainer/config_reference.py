@@ -342,7 +342,7 @@ def sections() -> list[Section]:
     from lightrail.trainer.config import RunnerKinds, RunnerSettings, TrainConfig
     from lightrail.types import LLM
 
-    teacher = _struct_fields(LLM, exclude=frozenset({"routed"}))
+    teacher = _struct_fields(LLM, exclude=frozenset({"routed", "agent"}))
     teacher.append(
         ConfigField("api_key_env", "str", "null", "Name of the environment variable holding the key (``sft.teacher``).")
     )

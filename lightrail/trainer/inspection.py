@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from lightrail.store.base import MAX_PAGE, Store
 from lightrail.trainer.report import FailureGroup, attempt_error, digest_failures, failed_attempts, may_have_failed
-from lightrail.types import Attempt, AttemptStatus, Attr, Rollout, RolloutStatus, Span
+from lightrail.types import Attempt, AttemptStatus, Attr, Rollout, RolloutStatus, Span, call_agent_name
 
 if TYPE_CHECKING:
     from rich.console import JustifyMethod
@@ -445,7 +445,7 @@ def span_label(span: Span) -> str:
             parts.append(f"{len(prompt)} prompt tokens → {'+'.join(map(str, answer)) or 0} generated")
         if a.get(Attr.POLICY_VERSION) is not None:
             parts.append(f"policy v{a[Attr.POLICY_VERSION]}")
-        if agent := a.get(Attr.AGENT_NAME) or a.get(Attr.CALLER_AGENT):
+        if agent := call_agent_name(a):
             parts.append(f"agent {escape(str(agent))}")
         return "  ".join(parts) + took + error
     if span.name == Attr.SPAN_REWARD:

@@ -144,6 +144,30 @@ def test_genai_spans_of_other_operations_name_an_agent_only_when_no_ancestor_doe
     assert [c.agent_name for c in build_episode(spans).calls] == ["triage", "OpenAI Agent", "oi"]
 
 
+def test_names_read_from_spans_are_spelled_as_the_header_sends_them():
+    """A name with surrounding whitespace (a CrewAI role from YAML ends in a newline) is the name without, as the
+    runner's header stamps send it; a value that names no agent (blank, control characters inside, too long) is
+    passed over for the next span up."""
+    node = span("node", {"langgraph.node": "solver"})
+    role = span("researcher._execute_core", {"graph.node.id": "Researcher\n"}, parent_id=node.span_id)
+    oi_agent = span(" critic\n", {"openinference.span.kind": "AGENT"})
+    blank = span("x", {"gen_ai.agent.name": "  "}, parent_id=node.span_id)
+    broken = span("x", {"agent.name": "a\x00b"}, parent_id=node.span_id)
+    long = span("x", {"agent.name": "x" * 201}, parent_id=node.span_id)
+    spans = [
+        node, role, oi_agent, blank, broken, long,
+        llm_call("a", [1], [2], parent_id=role.span_id),
+        llm_call("b", [1], [2], parent_id=node.span_id, caller="Researcher"),  # by the header
+        llm_call("c", [1], [2], parent_id=oi_agent.span_id),
+        llm_call("d", [1], [2], parent_id=blank.span_id),
+        llm_call("e", [1], [2], parent_id=broken.span_id),
+        llm_call("f", [1], [2], parent_id=long.span_id),
+        llm_call("g", [1], [2], agent="writer\n"),
+    ]  # fmt: skip
+    names = ["Researcher", "Researcher", "critic", "solver", "solver", "solver", "writer"]
+    assert [c.agent_name for c in build_episode(spans).calls] == names
+
+
 def test_agent_name_from_the_framework_span_of_the_same_response():
     """A framework whose spans are not the current context during the HTTP call (no traceparent reaches the
     gateway) still names the call: its own LLM span recorded the response id."""

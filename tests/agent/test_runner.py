@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
 
 from lightrail.agent import Runner, rollout
-from lightrail.store import MemoryStore
+from lightrail.store import MemoryStore, SQLiteStore
 from lightrail.types import AttemptStatus, Attr, RetryPolicy, RolloutSpec, RolloutStatus, StatusCode, Task
 
 
@@ -208,3 +211,43 @@ def test_a_store_outage_is_reported_at_a_rate_not_per_retry_and_ends_after_the_p
     assert len(lines) == 1 and "ConnectionRefusedError: nobody there" in lines[0] and "giving up" not in lines[0]
     with pytest.raises(StoreUnavailableError, match="unreachable for 0 s, giving up: nobody there"):
         _Outage(patience_s=0.0).failed(ConnectionRefusedError("nobody there"))
+
+
+def test_an_incompatible_langchain_leaves_calls_unnamed_and_attempts_running(tmp_path):
+    """The runner names LangChain calls once an agent imported ``langchain_core``; a LangChain lightrail cannot
+    hook into (here one without the callbacks module) is said once in the log and every attempt still runs. In a
+    subprocess: the real ``lightrail runner`` importing the incompatible package first on its path."""
+    (tmp_path / "incompatible" / "langchain_core").mkdir(parents=True)
+    (tmp_path / "incompatible" / "langchain_core" / "__init__.py").write_text('"""No callbacks, no runnables."""\n')
+    (tmp_path / "lc_agents.py").write_text(
+        "import langchain_core  # noqa: F401\n\n\ndef solve(task):\n    return 1.0\n"
+    )
+
+    async def enqueue_two() -> list[str]:
+        store = SQLiteStore(tmp_path / "store.db")
+        ids = [r.rollout_id for r in await store.enqueue([RolloutSpec(task=Task(input={"i": i})) for i in range(2)])]
+        await store.close()
+        return ids
+
+    ids = asyncio.run(enqueue_two())
+    path = os.pathsep.join([str(tmp_path / "incompatible"), os.environ.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-m", "lightrail", "runner", "--store", "store.db", "--agent", "lc_agents:solve"]
+        + ["--max-rollouts", "2"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": path},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+
+    async def statuses() -> list[RolloutStatus]:
+        store = SQLiteStore(tmp_path / "store.db")
+        found = [(await store.get_rollout(i)).status for i in ids]
+        await store.close()
+        return found
+
+    assert asyncio.run(statuses()) == [RolloutStatus.SUCCEEDED] * 2
+    assert done.stderr.count("cannot name LangChain calls by their runnables") == 1, done.stderr
+    assert "ModuleNotFoundError" in done.stderr and "Traceback" not in done.stderr

@@ -6,6 +6,8 @@ backends that answer with their own name; the embedded engines are exercised end
 
 from __future__ import annotations
 
+import re
+
 import openai
 import pytest
 
@@ -55,7 +57,15 @@ def test_policy_map_names_every_agent_once():
         ({"w": "write_query"}, "non-empty list"),
         ({"w": ["a"], "r": ["a"]}, "in both 'w' and 'r'"),
         ({"w/x": ["a"]}, "not a policy name"),
-        ({"w": [""]}, "non-empty strings"),
+        ({"w": [""]}, "w: '' cannot name an agent"),
+        (
+            {"w": ["Researcher\n"]},
+            re.escape(repr("Researcher\n")) + " cannot name an agent: .*whitespace",
+        ),  # no call carries it
+        ({"w": [" a"]}, "' a' cannot name an agent"),
+        ({"w": ["a\tb"]}, "control characters"),
+        ({"w": ["x" * 201]}, "1 to 200 characters"),
+        ({"w": [7]}, "7 cannot name an agent: .*a string"),
     ]:
         with pytest.raises(ValueError, match=message):
             PolicyMap(bad)

@@ -71,3 +71,15 @@ def test_resource_diffs_are_by_line_and_json_templates_are_indented():
     assert items["prompt"].status == "changed" and ("add", "+Solve it carefully.") in items["prompt"].diff
     assert items["llm"].status == "" and items["llm"].diff is None and "sk-" not in items["llm"].text
     assert (items["extra"].status, items["extra"].text) == ("new", "{not json")
+
+
+def test_a_call_shows_the_agent_name_training_reads():
+    """A name set on the call span with a trailing newline is shown as training selects it (`build_episode`), the
+    name the call carried when the span sets none."""
+    root = _span(Attr.SPAN_ROLLOUT, 100.0, 110.0)
+    own = _span(Attr.SPAN_LLM_CALL, 101.0, 102.0, parent=root.span_id, **{Attr.AGENT_NAME: "Researcher\n"})
+    carried = _span(Attr.SPAN_LLM_CALL, 103.0, 104.0, parent=root.span_id, **{Attr.CALLER_AGENT: "writer"})
+    blank = {Attr.AGENT_NAME: "  ", Attr.CALLER_AGENT: "critic"}
+    overruled = _span(Attr.SPAN_LLM_CALL, 105.0, 106.0, parent=root.span_id, **blank)
+    labels = [r.label for r in timeline([root, own, carried, overruled])[1:]]
+    assert labels == ["llm call (Researcher)", "llm call (writer)", "llm call (critic)"]

@@ -9,12 +9,15 @@ made the call.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
+import urllib.request
 
 from openai import AsyncOpenAI, OpenAI
 from opentelemetry import trace
 
 from lightrail import emit_event, rollout
+from lightrail.tracing.otel import traceparent
 from lightrail.types import Attr
 
 tracer = trace.get_tracer("lightrail.tests.otel_agents")  # a proxy until setup() installs the provider
@@ -78,4 +81,40 @@ async def tagged_spans(task) -> float:
     for i in range(task["n"]):
         with tracer.start_as_current_span(f"work-{i}", attributes={"test.task": task_id}):
             await asyncio.sleep(0.001)
+    return 1.0
+
+
+@rollout
+def padded_role(task, llm) -> float:
+    """A CrewAI-shaped agent whose role, read from YAML, ends in a newline: an OpenInference ``AGENT`` span given
+    its ``graph.node.id`` after it starts, and two calls inside it: one by the openai client (the runner stamps the
+    agent header), one by urllib, which sends only the ``traceparent`` it is given (the call is named from the
+    spans)."""
+    with tracer.start_as_current_span(
+        "researcher._execute_core", attributes={"openinference.span.kind": "AGENT"}
+    ) as agent:
+        agent.set_attribute("graph.node.id", "Researcher\n")
+        ask = [{"role": "user", "content": "research"}]
+        with OpenAI(base_url=llm.endpoint, api_key="none", max_retries=0) as client:
+            client.chat.completions.create(model=llm.model, messages=ask)
+        headers = {"content-type": "application/json", "traceparent": traceparent() or ""}
+        body = json.dumps({"model": llm.model, "messages": ask}).encode()
+        request = urllib.request.Request(llm.endpoint + "/chat/completions", data=body, headers=headers)
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            answer.read()
+    return 1.0
+
+
+@rollout
+async def abandons_spans(task, llm) -> float:
+    """Leaves spans open (what an abandoned stream's instrumentation does), one of them the current span of an LLM
+    call, and ends one."""
+    for i in range(3):
+        tracer.start_span(f"abandoned-{i}", attributes={"test.task": task["task_id"]})  # never ended
+    abandoned = tracer.start_span("abandoned-agent", attributes={"agent.name": "streamer"})
+    with trace.use_span(abandoned, end_on_exit=False):
+        async with AsyncOpenAI(base_url=llm.endpoint, api_key="none", max_retries=0) as client:
+            await client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": "x"}])
+    with tracer.start_as_current_span("ended", attributes={"test.task": task["task_id"]}):
+        await asyncio.sleep(0)
     return 1.0

@@ -7,8 +7,11 @@ LangChain code already gives its runnables are the names training selects the ca
 
 from __future__ import annotations
 
+import asyncio
 from typing import TypedDict
+from uuid import uuid4
 
+import httpx
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import RunnableLambda, chain
 from langchain_openai import ChatOpenAI
@@ -18,7 +21,8 @@ from lightrail import Runner, as_agent, rollout
 from lightrail.adapters import build_episode
 from lightrail.gateway import GatewayServer, ScriptedBackend
 from lightrail.store import SQLiteStore
-from lightrail.types import LLM, Attr, Resources, RolloutSpec, Task
+from lightrail.tracing import langchain
+from lightrail.types import AGENT_HEADER, LLM, Attr, Resources, RolloutSpec, Task
 
 TOKEN = "langchain-token"
 PROMPT = ChatPromptTemplate.from_messages([("user", "{q}")])
@@ -88,3 +92,51 @@ async def test_sync_chains_name_their_calls_by_run_name_and_agent_tag(tmp_path):
 
 async def test_async_runnables_chat_models_and_graph_nodes_name_their_calls(tmp_path):
     assert await _agents_of(tmp_path, async_runnables) == ["planner", "critic", "judge", "draft"]
+
+
+async def test_runs_never_ended_cost_the_oldest_names_not_the_open_runs_of_other_rollouts(monkeypatch):
+    """Past its bound the run table forgets the oldest runs (here abandoned ones, driven through the real handler),
+    not every run: a chain still running while other rollouts start theirs keeps its name. The header is read
+    from a real request through httpx."""
+    monkeypatch.setattr(langchain._handler, "max_open_runs", 4)
+    seen: list[str | None] = []
+
+    async def app(scope, receive, send):
+        if scope["type"] == "http":
+            seen.append(dict(scope["headers"]).get(AGENT_HEADER.encode(), b"").decode() or None)
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"ok"})
+
+    langchain.install()
+    for i in range(10):  # streams abandoned long ago: started, never ended
+        langchain._handler.on_chain_start({}, {}, run_id=uuid4(), name=f"abandoned-{i}")
+    go = asyncio.Event()
+    started = asyncio.Semaphore(0)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
+
+        async def writer(_: str) -> None:
+            started.release()
+            await go.wait()
+            await client.get("/")
+
+        async def other(_: str) -> None:  # another rollout's chain, open while the writer waits
+            started.release()
+            await go.wait()
+
+        running = asyncio.gather(
+            RunnableLambda(writer).ainvoke("x"), *(RunnableLambda(other).ainvoke("x") for _ in range(3))
+        )
+        for _ in range(4):
+            await started.acquire()
+        go.set()
+        await running
+    assert seen == ["writer"]
+    assert len(langchain._handler.runs) <= 4
+
+
+def test_the_cache_of_langchain_class_names_is_bounded():
+    """Run names made per task (``f"writer-{i}"``) cannot grow it without limit."""
+    for i in range(3 * langchain._MAX_CLASS_NAMES):
+        assert not langchain._is_class_name(f"writer-{i}")
+    assert langchain._is_class_name("RunnableSequence") and langchain._is_class_name("RunnableParallel<a,b>")
+    assert langchain._is_runnable_class.cache_info().currsize <= langchain._MAX_CLASS_NAMES

@@ -9,9 +9,15 @@ that serves the call.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
+import uvicorn
+from langchain_core.runnables import RunnableLambda
+from langchain_openai import ChatOpenAI
 from openai import AsyncOpenAI, OpenAI
 from opentelemetry import trace
 
@@ -20,7 +26,7 @@ from lightrail.adapters import build_episode
 from lightrail.algorithms.policies import PolicyMap, PolicyRouter
 from lightrail.gateway import GatewayServer, ScriptedBackend
 from lightrail.store import SQLiteStore
-from lightrail.tracing import ListSink, attempt_context, named_agent, otel
+from lightrail.tracing import ListSink, attempt_context, langchain, named_agent, otel
 from lightrail.types import AGENT_HEADER, LLM, Attr, Resources, RolloutSpec, Task
 
 TOKEN = "naming-token"
@@ -87,6 +93,22 @@ async def test_a_named_call_is_served_by_its_agents_policy(tmp_path):
         with as_agent("writer"):
             assert await served_by(client) == "policy-write"
         assert await served_by(writer) == "policy-write"
+
+        @as_agent("writer")
+        async def write() -> str | None:  # named while the coroutine runs, not while it is created
+            return await served_by(client)
+
+        @as_agent("writer")
+        def write_sync() -> str | None:
+            with OpenAI(base_url=llm.base_url(), api_key=TOKEN, max_retries=0) as sync_client:
+                reply = sync_client.chat.completions.create(model="policy", messages=ASK)
+            return reply.choices[0].message.content
+
+        pending = write()
+        assert named_agent() is None
+        assert await pending == "policy-write"
+        assert await asyncio.gather(write(), served_by(client)) == ["policy-write", "policy-base"]
+        assert await asyncio.to_thread(write_sync) == "policy-write"
         await client.close()
         await writer.close()
 
@@ -139,6 +161,21 @@ async def test_raw_http_clients_name_their_agent_by_route_or_header(tmp_path):
     await store.close()
 
 
+def test_as_agent_refuses_to_decorate_generator_functions():
+    """A block around creating a generator ends before it runs: refused, not silently unnamed."""
+    with pytest.raises(TypeError, match="generator function"):
+
+        @as_agent("writer")
+        def lines():
+            yield 1
+
+    with pytest.raises(TypeError, match="generator function"):
+
+        @as_agent("writer")
+        async def chunks():
+            yield 1
+
+
 def test_as_agent_checks_the_name_and_restores_the_outer_one():
     with pytest.raises(ValueError, match="agent name"), as_agent("line\nbreak"):
         pass
@@ -148,6 +185,14 @@ def test_as_agent_checks_the_name_and_restores_the_outer_one():
             assert named_agent() == "inner"
         assert named_agent() == "outer"
     assert named_agent() is None
+    block = as_agent("reused")
+    for _ in range(2):  # one block after the other
+        with block:
+            assert named_agent() == "reused"
+            with pytest.raises(RuntimeError, match="entered already"), block:
+                pass
+            assert named_agent() == "reused"
+        assert named_agent() is None
 
 
 async def test_as_agent_wins_over_the_agent_opentelemetry_guesses_and_a_callers_header_over_both():
@@ -172,3 +217,158 @@ async def test_as_agent_wins_over_the_agent_opentelemetry_guesses_and_a_callers_
     finally:
         handle.shutdown()
     assert seen == ["guessed", "named", "callers"]
+
+
+async def test_which_guess_names_a_call_does_not_depend_on_the_order_the_stamps_were_added():
+    """OpenTelemetry's guess wins over LangChain's run name (docs/architecture.md, "Naming agents"), also after
+    OpenTelemetry is set up again once LangChain's stamp was installed (its stamp then comes back after it)."""
+    seen: list[str | None] = []
+
+    async def app(scope, receive, send):
+        if scope["type"] == "http":
+            seen.append(dict(scope["headers"]).get(AGENT_HEADER.encode(), b"").decode() or None)
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"ok"})
+
+    tracer = trace.get_tracer("lightrail.tests.test_naming")
+    otel.setup(instrument=False).shutdown()
+    langchain.install()
+    handle = otel.setup(instrument=False)  # its stamp added again, now after LangChain's
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
+
+            async def writer(_: str) -> None:
+                await client.get("/")
+
+            named_run = RunnableLambda(writer)
+            guessed = tracer.start_as_current_span("agent", attributes={Attr.AGENT_NAME: "guessed"})
+            with attempt_context("r", "a", ListSink()):
+                await named_run.ainvoke("x")
+                with guessed:
+                    await named_run.ainvoke("x")
+    finally:
+        handle.shutdown()
+    assert seen == ["writer", "guessed"]
+
+
+_together: asyncio.Barrier | None = None
+"""Both rollouts of `two_names_at_once` meet here before each of their calls, so the calls are in flight together."""
+
+
+async def _meet() -> None:
+    assert _together is not None
+    await asyncio.wait_for(_together.wait(), 30)
+
+
+@rollout
+async def two_names_at_once(task, llm) -> float:
+    """A call in an `as_agent` block of the task's name, then one by a LangChain chat model run under the task's
+    run name, each made while the other rollout of the process makes the same."""
+    client = AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key, max_retries=0)
+    model = ChatOpenAI(base_url=llm.endpoint, api_key=llm.api_key, model=llm.model, max_retries=0)
+    with as_agent(task["agent"]):
+        await _meet()
+        await client.chat.completions.create(model=llm.model, messages=ASK)
+    await _meet()
+    await model.with_config(run_name=task["run"]).ainvoke("hi")
+    await client.close()
+    return 1.0
+
+
+async def test_concurrent_rollouts_of_one_runner_each_name_their_calls_with_their_own_names(tmp_path):
+    global _together
+    _together = asyncio.Barrier(2)
+    store = SQLiteStore(tmp_path / "store.db")
+    tasks = [{"agent": "proposer", "run": "drafter"}, {"agent": "critic", "run": "reviewer"}]
+    async with GatewayServer(ScriptedBackend(), store, token=TOKEN) as gateway:
+        await store.put_resources(Resources(items={"llm": LLM(endpoint=gateway.url, model="m", api_key=TOKEN)}))
+        queued = await store.enqueue([RolloutSpec(task=Task(input=t), resources_version=1) for t in tasks])
+        runner = Runner(store, two_names_at_once, concurrency=2, handle_signals=False)
+        stats = await runner.run(max_rollouts=2)
+    assert stats.ended["succeeded"] == 2, stats
+    for rollout_, task in zip(queued, tasks, strict=True):
+        calls = [s for s in await store.query_spans(rollout_.rollout_id) if s.name == Attr.SPAN_LLM_CALL]
+        calls.sort(key=lambda s: s.seq)
+        assert [s.attributes.get(Attr.CALLER_AGENT) for s in calls] == [task["agent"], task["run"]]
+    await store.close()
+
+
+@contextlib.asynccontextmanager
+async def _reverse_proxy(prefix: str, target: str) -> AsyncIterator[str]:
+    """An HTTP reverse proxy on 127.0.0.1 (uvicorn, httpx) that serves ``target`` under ``prefix``, stripped before
+    forwarding (as nginx's ``location /agents/gw/ { proxy_pass http://gateway/; }``); yields its root URL."""
+    upstream = httpx.AsyncClient(base_url=target)
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body, more = body + message.get("body", b""), message.get("more_body", False)
+        path = scope["path"]
+        if not path.startswith(prefix + "/"):
+            await send({"type": "http.response.start", "status": 404, "headers": []})
+            await send({"type": "http.response.body", "body": b"not under the prefix"})
+            return
+        headers = [(k, v) for k, v in scope["headers"] if k not in (b"host", b"content-length")]
+        query = f"?{scope['query_string'].decode()}" if scope["query_string"] else ""
+        answer = await upstream.request(
+            scope["method"], path.removeprefix(prefix) + query, headers=headers, content=body
+        )
+        out = [
+            (k.encode(), v.encode())
+            for k, v in answer.headers.items()
+            if k not in ("content-length", "content-encoding", "transfer-encoding")
+        ]
+        await send({"type": "http.response.start", "status": answer.status_code, "headers": out})
+        await send({"type": "http.response.body", "body": answer.content})
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
+    task = asyncio.ensure_future(server.serve(sockets=[sock]))
+    while not server.started:
+        assert not task.done(), "the proxy did not start"
+        await asyncio.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()
+        await upstream.aclose()
+
+
+@rollout
+async def behind_a_proxy(resources) -> float:
+    """One unnamed call, one by `LLM.endpoint_for`, one by an LLM of the resources that names its agent."""
+    llm = resources["llm"]
+    for base_url in (llm.endpoint, llm.endpoint_for("writer"), resources["judge"].endpoint):
+        async with AsyncOpenAI(base_url=base_url, api_key=llm.api_key, max_retries=0) as client:
+            await client.chat.completions.create(model=llm.model, messages=ASK)
+    return 1.0
+
+
+async def test_a_gateway_behind_a_reverse_proxy_prefix_that_reads_like_an_agent_route(tmp_path):
+    """``http://proxy/agents/gw/v1`` is the gateway's own URL: routing an attempt and naming an agent keep the prefix
+    (it was read as the agent ``gw`` and dropped, so every call went to the proxy's root and failed)."""
+    store = SQLiteStore(tmp_path / "store.db")
+    async with (
+        GatewayServer(ScriptedBackend(), store, token=TOKEN) as gateway,
+        _reverse_proxy("/agents/gw", gateway.url.removesuffix("/v1")) as proxy,
+    ):
+        endpoint = f"{proxy}/agents/gw/v1"
+        llm = LLM(endpoint=endpoint, model="m", api_key=TOKEN)
+        judge = LLM(endpoint=endpoint, model="m", api_key=TOKEN, agent="judge")
+        await store.put_resources(Resources(items={"llm": llm, "judge": judge}))
+        (queued,) = await store.enqueue([RolloutSpec(task=Task(input={}), resources_version=1)])
+        stats = await Runner(store, behind_a_proxy, handle_signals=False).run(max_rollouts=1)
+    assert stats.ended["succeeded"] == 1, stats
+    calls = [s for s in await store.query_spans(queued.rollout_id) if s.name == Attr.SPAN_LLM_CALL]
+    assert [s.attributes.get(Attr.CALLER_AGENT) for s in sorted(calls, key=lambda s: s.seq)] == [
+        None,
+        "writer",
+        "judge",
+    ]
+    await store.close()

@@ -27,6 +27,7 @@ from opentelemetry import trace
 
 from lightrail.adapters import build_episode
 from lightrail.agent import Runner, run_runners
+from lightrail.algorithms.policies import PolicyMap
 from lightrail.cli import main
 from lightrail.gateway import ScriptedBackend, create_gateway_app
 from lightrail.gateway.app import parse_traceparent
@@ -113,6 +114,44 @@ async def test_concurrent_rollouts_keep_otel_spans_apart_and_calls_name_their_ag
         assert episode.final_reward == 1.0
         exported += len(tagged) + len(llm_spans)
     assert handle.exported == exported
+
+
+async def test_an_agent_is_trained_under_one_name_whether_its_header_or_its_spans_named_the_call():
+    """A CrewAI role from YAML ends in a newline: the header the runner stamps cannot carry it and sends
+    ``Researcher``; the spans that name the agent of a call made without the header say the same, as do the
+    agent span's normalized attributes, and a policy of ``Researcher`` trains both calls."""
+    store = MemoryStore()
+    otel.setup(instrument=False)
+    async with serve(create_gateway_app(ScriptedBackend(), store)) as url:
+        (rollout_id,) = await enqueue(store, [{"task_id": "crew"}], url)
+        stats = await Runner(store, otel_agents.padded_role, otel=True, handle_signals=False).run(max_rollouts=1)
+    assert stats.ended["succeeded"] == 1, stats
+    spans = await store.query_spans(rollout_id)
+    (agent,) = [s for s in spans if s.attributes.get(Attr.KIND) == "agent"]
+    assert agent.attributes[Attr.AGENT_NAME] == "Researcher"
+    calls = build_episode(spans).calls
+    assert [c.span.attributes.get(Attr.CALLER_AGENT) for c in calls] == ["Researcher", None]  # header, spans
+    assert [c.agent_name for c in calls] == ["Researcher", "Researcher"]
+    trained = PolicyMap({"research": ["Researcher"]}).filter("research")
+    assert all(trained(c.agent_name) for c in calls)
+
+
+async def test_ended_attempts_leave_none_of_their_spans_behind():
+    """Spans an agent never ends (an abandoned stream) are kept while their attempt runs (a call made under one is
+    named by it) and forgotten when it ends: a runner that lives for days does not keep every attempt's spans."""
+    store = MemoryStore()
+    handle = otel.setup(instrument=False)
+    async with serve(create_gateway_app(ScriptedBackend(), store)) as url:
+        ids = await enqueue(store, [{"task_id": f"t{i}"} for i in range(4)], url)
+        runner = Runner(store, otel_agents.abandons_spans, concurrency=2, otel=True, handle_signals=False)
+        stats = await runner.run(max_rollouts=4)
+    assert stats.ended["succeeded"] == 4, stats
+    processor = handle.processor
+    assert processor.live == {} and processor._open == {} and processor._of_attempt == {}
+    for rollout_id in ids:
+        spans = await store.query_spans(rollout_id)
+        assert [c.span.attributes.get(Attr.CALLER_AGENT) for c in build_episode(spans).calls] == ["streamer"]
+        assert [s.name for s in spans if "test.task" in s.attributes] == ["ended"]
 
 
 async def test_openai_instrumentor_llm_span_is_the_parent_of_the_gateway_span():

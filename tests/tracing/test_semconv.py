@@ -20,6 +20,10 @@ AGENT = {"openinference.span.kind": "AGENT"}
         ("planner", dict(AGENT), "planner"),  # an AGENT span that names nothing else: its span name
         ("x.run", {**AGENT, "graph.node.id": "x", "agent.name": "named"}, "named"),  # agent.name is explicit
         ("x.run", {**AGENT, "graph.node.id": "x", Attr.AGENT_NAME: "kept"}, "kept"),  # never overwritten
+        # a CrewAI role from YAML: the name the runner's header sends, without its newline
+        ("researcher._execute_core", {**AGENT, "graph.node.id": "Researcher\n"}, "Researcher"),
+        (" critic ", dict(AGENT), "critic"),
+        ("x.run", {**AGENT, "graph.node.id": "a\x00b"}, "x.run"),  # names no agent: the next candidate
     ],
 )
 def test_agent_spans_are_named_by_their_node_id_before_their_span_name(span_name, framework_attributes, agent):
