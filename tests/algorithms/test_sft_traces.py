@@ -16,10 +16,10 @@ import pytest
 from lightrail import MemoryStore, Trainer
 from lightrail.adapters import AgentFilter
 from lightrail.algorithms import SFT, GRPOConfig, TraceFilter
+from lightrail.algorithms.protocol import TrainerContext
 from lightrail.algorithms.sft import call_rows, conversation_rows
 from lightrail.engine.chat import ChatFormat, parse_tool_calls
 from lightrail.store.sqlite import SQLiteStore
-from lightrail.trainer.algorithm import TrainerContext
 from lightrail.types import AttemptStatus, Attr, RetryPolicy, RolloutSpec, Span, Task
 
 AGENT = "examples.calculator.train:calculator_agent"
