@@ -135,7 +135,7 @@ def main() -> None:
         log(json.dumps({k: v for k, v in out.items() if "p50" in k}))
     if args.only in (None, "demo"):
         from examples.continuous.demo import ContinuousSettings, run
-        from lightrail.continuous.policies import PolicyRegistry
+        from lightrail.engine.promotions import PolicyRegistry
 
         overrides = {"out": args.out} if args.out else {}
         settings = ContinuousSettings.quick(**overrides) if args.quick else ContinuousSettings(**overrides)

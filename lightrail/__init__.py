@@ -32,7 +32,7 @@ _EXPORTS: dict[str, str] = {
     "SQLiteStore": "lightrail.store",
     "StoreClient": "lightrail.store",
     "open_store": "lightrail.store",
-    "feedback": "lightrail.store.sessions",
+    "feedback": "lightrail.store.client",
     # tracing
     "emit_reward": "lightrail.tracing",
     "emit_event": "lightrail.tracing",

@@ -10,9 +10,9 @@ from typing import NoReturn
 
 # module providing `add_parser(subparsers)`, in --help order
 _COMMANDS = [
-    "lightrail.trainer.demo",  # demo
+    "lightrail.demos.cli",  # demo
     "lightrail.trainer.cli",  # train, dev
-    "lightrail.trainer.inspection_cli",  # runs, rollouts, show, failures
+    "lightrail.inspection.cli",  # runs, rollouts, show, failures
     "lightrail.dashboard.cli",  # dashboard
     "lightrail.agent.cli",  # runner
     "lightrail.store.cli",  # store serve

@@ -125,10 +125,10 @@ def run(settings: ContinuousSettings, console: Any = None) -> dict[str, Any]:
     from transformers.utils import logging as hf_logging
 
     from lightrail.continuous.learn import GateSettings, LearnConfig
-    from lightrail.continuous.policies import PolicyRegistry, read_history
     from lightrail.demos.calculator.agent import solve
     from lightrail.demos.calculator.data import make_splits
     from lightrail.demos.calculator.demo import DemoSettings, build_model, warm_start
+    from lightrail.engine.promotions import PolicyRegistry, read_history
     from lightrail.gateway.recording import SESSION_HEADER
 
     console = console or Console()

@@ -85,8 +85,8 @@ from lightrail.store.base import Store
 from lightrail.types import LLM, PromptTemplate, Resources, Rollout, RolloutSpec, RolloutStatus, Task
 
 if TYPE_CHECKING:
+    from lightrail.algorithms.protocol import TrainerContext
     from lightrail.gateway.server import GatewaySettings
-    from lightrail.trainer.algorithm import TrainerContext
 
 __all__ = ["APO", "Candidate", "demonstration_messages", "render_demonstration", "select_demonstrations"]
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from lightrail.trainer.algorithm import Algorithm, TrainerContext
+    from lightrail.algorithms.protocol import Algorithm, TrainerContext
 
 __all__ = ["Chain"]
 

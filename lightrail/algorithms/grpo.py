@@ -67,9 +67,9 @@ log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from lightrail.algorithms._loss import LossNorm
+    from lightrail.algorithms.protocol import TrainerContext
     from lightrail.algorithms.updater import GRPOConfig
     from lightrail.gateway.server import GatewaySettings
-    from lightrail.trainer.algorithm import TrainerContext
 
 __all__ = ["GRPO"]
 
@@ -478,7 +478,7 @@ class GRPO:
         rollouts = await ctx.run_rollouts(
             ctx.val_tasks, mode="val", resources_version=version.version, metadata={"step": self.step}
         )
-        from lightrail.trainer.report import print_failure_digest
+        from lightrail.inspection.report import print_failure_digest
 
         await print_failure_digest(ctx.store, rollouts, title=f"validation at step {self.step}: failure digest")
         finished = [

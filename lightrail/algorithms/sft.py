@@ -65,10 +65,10 @@ from lightrail.types import LLM, Rollout, RolloutStatus, Span, Task, TrainingRow
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
+    from lightrail.algorithms.protocol import TrainerContext
     from lightrail.algorithms.updater import GRPOConfig
     from lightrail.gateway.backends import Backend
     from lightrail.gateway.server import GatewaySettings
-    from lightrail.trainer.algorithm import TrainerContext
 
 __all__ = ["SFT", "call_rows", "conversation_rows"]
 

@@ -127,7 +127,7 @@ def _console() -> Any:
 
 
 def _policies(args: argparse.Namespace) -> int:
-    from lightrail.continuous.policies import PolicyRegistry
+    from lightrail.engine.promotions import PolicyRegistry
 
     registry = PolicyRegistry(args.dir)
     current = registry.current()
@@ -143,7 +143,7 @@ def _policies(args: argparse.Namespace) -> int:
 
 
 def _rollback(args: argparse.Namespace) -> int:
-    from lightrail.continuous.policies import PolicyRegistry
+    from lightrail.engine.promotions import PolicyRegistry
 
     try:
         restored = PolicyRegistry(args.dir).rollback()

@@ -80,7 +80,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from lightrail.trainer.inspection_cli import store_location
+    from lightrail.inspection.cli import store_location
 
     if refuse_to_serve("lightrail dashboard", args, TOKEN_ENV):
         return 2

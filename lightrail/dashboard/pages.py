@@ -13,8 +13,8 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from lightrail.dashboard import views
-from lightrail.store.base import MAX_PAGE, NotFoundError, Store
-from lightrail.trainer.inspection import (
+from lightrail.inspection.report import may_have_failed
+from lightrail.inspection.runs import (
     Run,
     derive_runs,
     failure_digest,
@@ -23,7 +23,7 @@ from lightrail.trainer.inspection import (
     rollouts_page,
     run_tag,
 )
-from lightrail.trainer.report import may_have_failed
+from lightrail.store.base import MAX_PAGE, NotFoundError, Store
 
 Render = Any
 

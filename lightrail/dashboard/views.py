@@ -3,7 +3,7 @@
 Every read goes through the store API, so the dashboard works on any store: a SQLite file, PostgreSQL, or another
 store server over HTTP. A page costs what its reads cost: the rollouts table is one `Store.query_rollouts_page`
 call (paged and filtered by the store), a rollout is its attempts plus one attempt's spans. Only the runs pages
-read every rollout (runs are derived from rollout metadata, `lightrail.trainer.inspection.derive_runs`).
+read every rollout (runs are derived from rollout metadata, `lightrail.inspection.runs.derive_runs`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from markupsafe import Markup
 
 from lightrail._errors import counted
 from lightrail.dashboard.charts import line_chart
-from lightrail.trainer.inspection import Run, ordered_spans, span_children
+from lightrail.inspection.runs import Run, ordered_spans, span_children
 from lightrail.types import LLM, Attr, PromptTemplate, Resources, Rollout, RolloutStatus, Span, call_agent_name
 
 __all__ = ["CallView", "SpanRow", "call_views", "run_charts", "timeline"]

@@ -147,7 +147,7 @@ def _serve(args: argparse.Namespace) -> int:
         print("lightrail gateway serve: --retention-days must be > 0", file=sys.stderr)
         return 2
     if args.policies:
-        from lightrail.continuous.policies import PolicyRegistry
+        from lightrail.engine.promotions import PolicyRegistry
 
         registry = PolicyRegistry(args.policies)
         if args.upstream or args.fake:
@@ -210,7 +210,7 @@ async def _run(args: argparse.Namespace, redact: Any = None) -> None:
         raise
     watcher = None
     if args.policies:
-        from lightrail.continuous.policies import PolicyRegistry, PolicyWatcher
+        from lightrail.engine.promotions import PolicyRegistry, PolicyWatcher
 
         watcher = PolicyWatcher(PolicyRegistry(args.policies), backend, poll_s=args.poll_s)
         watcher.start()
@@ -272,7 +272,7 @@ async def _open_backend(args: argparse.Namespace) -> Any:
     from lightrail.engine.models import prepare_model
 
     if args.policies:
-        from lightrail.continuous.policies import PolicyRegistry
+        from lightrail.engine.promotions import PolicyRegistry
 
         current = PolicyRegistry(args.policies).current()
         assert current is not None  # checked in _serve

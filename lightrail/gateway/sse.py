@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from lightrail.gateway.openai_api import chat_logprobs, completion_logprobs
+from lightrail.gateway.logprobs import chat_logprobs, completion_logprobs
 
 __all__ = ["chat_stream", "completion_stream"]
 

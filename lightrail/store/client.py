@@ -93,7 +93,7 @@ from lightrail.types import (
     new_id,
 )
 
-__all__ = ["LeanHTTPTransport", "StoreClient", "StoreUnavailableError", "SyncStoreClient"]
+__all__ = ["LeanHTTPTransport", "StoreClient", "StoreUnavailableError", "SyncStoreClient", "feedback"]
 
 T = TypeVar("T")
 
@@ -795,3 +795,34 @@ class SyncStoreClient(_Base):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def feedback(
+    store: str | Any,
+    *,
+    reward: float,
+    session_id: str | None = None,
+    response_id: str | None = None,
+    feedback_id: str | None = None,
+    intermediate: dict[str, float] | None = None,
+    note: str | None = None,
+    token: str | None = None,
+) -> FeedbackResult:
+    """Reward a served session from ordinary (synchronous) application code: ``store`` is a store server's URL
+    (``lightrail store serve``; ``token`` its bearer token) or a `SyncStoreClient`. Retrying with the same
+    ``feedback_id`` is safe; without one a fresh id is chosen, so pass yours when you may send twice."""
+    body = Feedback(
+        reward=reward,
+        session_id=session_id,
+        response_id=response_id,
+        feedback_id=feedback_id or new_id("fb"),
+        intermediate=dict(intermediate or {}),
+        note=note,
+    )
+    if isinstance(store, str):
+        client = SyncStoreClient(store, token=token)
+        try:
+            return client.feedback(body)
+        finally:
+            client.close()
+    return store.feedback(body)

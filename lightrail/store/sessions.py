@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 import re
 import time
-from typing import Any
 
 import msgspec
 
@@ -32,7 +31,6 @@ __all__ = [
     "SESSION_ID_PATTERN",
     "Feedback",
     "FeedbackResult",
-    "feedback",
     "give_feedback",
     "session_rollout_id",
 ]
@@ -151,36 +149,3 @@ def _reward_spans(feedback: Feedback, rollout_id: str, attempt_id: str) -> list[
     for i, (response_id, value) in enumerate(sorted(feedback.intermediate.items())):
         spans.append(span(f".{i}", value, False, {Attr.LINKED_RESPONSE_ID: response_id}))
     return spans
-
-
-def feedback(
-    store: str | Any,
-    *,
-    reward: float,
-    session_id: str | None = None,
-    response_id: str | None = None,
-    feedback_id: str | None = None,
-    intermediate: dict[str, float] | None = None,
-    note: str | None = None,
-    token: str | None = None,
-) -> FeedbackResult:
-    """Reward a served session from ordinary (synchronous) application code: ``store`` is a store server's URL
-    (``lightrail store serve``; ``token`` its bearer token) or a `SyncStoreClient`. Retrying with the same
-    ``feedback_id`` is safe; without one a fresh id is chosen, so pass yours when you may send twice."""
-    from lightrail.store.client import SyncStoreClient
-
-    body = Feedback(
-        reward=reward,
-        session_id=session_id,
-        response_id=response_id,
-        feedback_id=feedback_id or new_id("fb"),
-        intermediate=dict(intermediate or {}),
-        note=note,
-    )
-    if isinstance(store, str):
-        client = SyncStoreClient(store, token=token)
-        try:
-            return client.feedback(body)
-        finally:
-            client.close()
-    return store.feedback(body)

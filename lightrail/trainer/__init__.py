@@ -1,11 +1,11 @@
 """Training and development runs: `Trainer` (dev and fit), the `Algorithm` protocol, and `DevReport`.
 
-See `lightrail.trainer.trainer` for the processes a session starts and `lightrail.trainer.algorithm` for how
+See `lightrail.trainer.trainer` for the processes a session starts and `lightrail.algorithms.protocol` for how
 GRPO, APO and SFT plug in.
 """
 
-from lightrail.trainer.algorithm import Algorithm, TrainerContext
-from lightrail.trainer.report import DevReport, FailureGroup, RolloutRow, message_pattern
+from lightrail.algorithms.protocol import Algorithm, TrainerContext
+from lightrail.inspection.report import DevReport, FailureGroup, RolloutRow, message_pattern
 from lightrail.trainer.trainer import StoreServerProcess, Trainer, as_tasks
 
 __all__ = [

@@ -83,8 +83,8 @@ def _train(args: argparse.Namespace) -> int:
     if args.config is None:
         print("lightrail train: give CONFIG.yaml (or --config-reference)", file=sys.stderr)
         return 2
+    from lightrail.store import redact_url
     from lightrail.trainer.config import ConfigError, load_config, train
-    from lightrail.trainer.trainer import redact_url
 
     overrides = list(args.overrides)
     for key, value in (("grpo.steps", args.steps), ("model", args.model), ("out_dir", args.out)):

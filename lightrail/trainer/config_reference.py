@@ -409,7 +409,7 @@ def sections() -> list[Section]:
 
 def learn_sections() -> list[Section]:
     """Every section of a ``lightrail learn`` config."""
-    from lightrail.continuous.learn import GateSettings, LearnConfig
+    from lightrail.trainer.learn_config import GateSettings, LearnConfig
 
     return [
         Section("", _summary(LearnConfig), _struct_fields(LearnConfig)),

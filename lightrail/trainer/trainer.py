@@ -42,10 +42,10 @@ from lightrail._net import is_loopback_host
 from lightrail.agent.agent import LitAgent, agent_reference, check_agent_file, load_agent
 from lightrail.agent.cli import DEFAULT_CONCURRENCY
 from lightrail.agent.processes import RUNNER_ENV, RunnerProcesses, run_runners
+from lightrail.algorithms.protocol import Algorithm, TrainerContext, cancel_unfinished
+from lightrail.inspection.report import DevReport, build_report
 from lightrail.store import check_store, redact_url
 from lightrail.store.base import Store
-from lightrail.trainer.algorithm import Algorithm, TrainerContext, cancel_unfinished
-from lightrail.trainer.report import DevReport, build_report
 from lightrail.types import LLM, PromptTemplate, Resources, RetryPolicy, Task
 
 if TYPE_CHECKING:

@@ -16,10 +16,10 @@ import pytest
 from lightrail import MemoryStore, Trainer
 from lightrail.adapters import AgentFilter
 from lightrail.algorithms import SFT, GRPOConfig, TraceFilter
+from lightrail.algorithms.protocol import TrainerContext
 from lightrail.algorithms.sft import call_rows, conversation_rows
 from lightrail.engine.chat import ChatFormat, parse_tool_calls
 from lightrail.store.sqlite import SQLiteStore
-from lightrail.trainer.algorithm import TrainerContext
 from lightrail.types import AttemptStatus, Attr, RetryPolicy, RolloutSpec, Span, Task
 
 AGENT = "examples.calculator.train:calculator_agent"
@@ -473,8 +473,14 @@ def test_lightrail_train_distils_from_a_teacher_program_and_says_where_the_model
         ("sft.steps=many", "sft.steps: Expected `int`"),
         ("sft.teacher={endpoint: http://x/v1, model: t, bogus: 1}", "sft.teacher: unknown setting(s) ['bogus']"),
         ("sft.traces={since: yesterday}", "sft.traces.since: Expected `float | null`"),
-        ("sft.teacher={script: no_such_module:teacher}", "sft.teacher.script: 'no_such_module:teacher': no module named"),
-        ("sft.teacher={script: examples.calc_agent.teacher}", "sft.teacher.script: 'examples.calc_agent.teacher' must look like"),
+        (
+            "sft.teacher={script: no_such_module:teacher}",
+            "sft.teacher.script: 'no_such_module:teacher': no module named",
+        ),
+        (
+            "sft.teacher={script: examples.calc_agent.teacher}",
+            "sft.teacher.script: 'examples.calc_agent.teacher' must look like",
+        ),
         (
             "sft.teacher={script: 'examples.calc_agent.teacher:teacher', model: t}",
             "sft.teacher: a script teacher takes no other setting",

@@ -19,7 +19,7 @@ from gate_agents import QUESTIONS
 from openai import AsyncOpenAI
 
 from lightrail.continuous.learn import GateSettings, LearnConfig, learn_round
-from lightrail.continuous.policies import PolicyRegistry, PolicyWatcher
+from lightrail.engine.promotions import PolicyRegistry, PolicyWatcher
 from lightrail.store import SQLiteStore
 from lightrail.store.sessions import Feedback, give_feedback
 

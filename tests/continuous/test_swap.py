@@ -13,7 +13,7 @@ import time
 import pytest
 from openai import AsyncOpenAI
 
-from lightrail.continuous.policies import PolicyRegistry, PolicyWatcher
+from lightrail.engine.promotions import PolicyRegistry, PolicyWatcher
 from lightrail.store import SQLiteStore
 from lightrail.types import Attr
 

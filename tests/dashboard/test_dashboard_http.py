@@ -221,7 +221,7 @@ def test_with_a_tokenizer_each_generated_token_is_shown_as_text(trained):
 def test_the_failure_digest_covers_a_time_window(server, trained):
     import time
 
-    from lightrail.trainer.inspection import failure_digest
+    from lightrail.inspection.runs import failure_digest
 
     recent = get(server, "/ui/failures?minutes=60", ADMIN_TOKEN)
     assert "4 failed attempts in 1 groups" in recent.text

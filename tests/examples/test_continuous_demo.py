@@ -14,7 +14,7 @@ from examples.continuous.demo import ContinuousSettings, run
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_quick_continuous_demo_serves_learns_and_swaps_without_losing_anything(tmp_path):
-    from lightrail.continuous.policies import PolicyRegistry
+    from lightrail.engine.promotions import PolicyRegistry
 
     settings = ContinuousSettings.quick(out=tmp_path / "continuous")
     report = run(settings)

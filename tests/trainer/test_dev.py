@@ -10,9 +10,9 @@ import pytest
 from rich.console import Console
 
 from lightrail.cli import main
+from lightrail.inspection.report import digest_failures
 from lightrail.store import MemoryStore
 from lightrail.trainer import Trainer, TrainerContext, message_pattern
-from lightrail.trainer.report import digest_failures
 from lightrail.types import Attempt, AttemptStatus, ErrorInfo, PromptTemplate, RolloutStatus, Task
 
 TASKS = [

@@ -88,8 +88,8 @@ def test_a_killed_trainer_resumes_from_its_checkpoint(tmp_path):
 async def test_only_the_runs_own_unfinished_rollouts_are_cancelled():
     """What the trainer does before its runners start: queued and running rollouts tagged with this run are
     cancelled; another run's, and this run's finished ones, are left alone."""
+    from lightrail.algorithms.protocol import cancel_unfinished
     from lightrail.store import MemoryStore
-    from lightrail.trainer.algorithm import cancel_unfinished
     from lightrail.types import AttemptStatus, RolloutSpec, Task
 
     store = MemoryStore()

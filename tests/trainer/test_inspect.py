@@ -14,8 +14,8 @@ import sys
 import pytest
 
 from lightrail.cli import main
+from lightrail.inspection.runs import derive_runs
 from lightrail.store.sqlite import SQLiteStore
-from lightrail.trainer.inspection import derive_runs
 from lightrail.types import Attr, RetryPolicy, Rollout, RolloutSpec, RolloutStatus, Task
 
 TRAIN = [{"question": "1+1"}, {"question": "2+2"}]
@@ -231,7 +231,7 @@ def test_derive_runs_by_tag_then_by_idle_gap():
 
 def test_an_attempt_index_a_queued_rollout_does_not_have_is_an_error():
     from lightrail import MemoryStore
-    from lightrail.trainer.inspection import rollout_details
+    from lightrail.inspection.runs import rollout_details
     from lightrail.types import RolloutSpec, Task
 
     async def go():

@@ -1,7 +1,7 @@
 """``lightrail runs | rollouts | show | failures``: look into a store from the terminal.
 
 Only argparse at import time (the main CLI imports this module to build ``--help``); the store, rich and
-`lightrail.trainer.inspection` load inside the handlers.
+`lightrail.inspection.runs` load inside the handlers.
 """
 
 from __future__ import annotations
@@ -192,14 +192,14 @@ def _with_store(command: str, args: argparse.Namespace, body: Any) -> int:
 
 
 def _label(location: str) -> str:
-    from lightrail.trainer.trainer import redact_url
+    from lightrail.store import redact_url
 
     return redact_url(location)
 
 
 def _runs(args: argparse.Namespace) -> int:
     async def body(store: Any, console: Any, location: str) -> int:
-        from lightrail.trainer.inspection import derive_runs, render_runs
+        from lightrail.inspection.runs import derive_runs, render_runs
 
         render_runs(derive_runs(await store.query_rollouts(), args.gap * 60), console, store_label=_label(location))
         return 0
@@ -226,7 +226,7 @@ def _rollouts(args: argparse.Namespace) -> int:
     async def body(store: Any, console: Any, location: str) -> int:
         import asyncio
 
-        from lightrail.trainer.inspection import last_error, render_rollouts, rollouts_page
+        from lightrail.inspection.runs import last_error, render_rollouts, rollouts_page
 
         page, total = await rollouts_page(
             store, status=statuses, mode=args.mode, run=args.run, limit=args.limit, offset=args.offset,
@@ -247,7 +247,7 @@ def _rollouts(args: argparse.Namespace) -> int:
 
 def _show(args: argparse.Namespace) -> int:
     async def body(store: Any, console: Any, location: str) -> int:
-        from lightrail.trainer.inspection import render_rollout, rollout_details
+        from lightrail.inspection.runs import render_rollout, rollout_details
 
         render_rollout(await rollout_details(store, args.rollout_id, args.attempt), console, full=args.full)
         return 0
@@ -262,8 +262,8 @@ def _failures(args: argparse.Namespace) -> int:
     since = None if args.since is None else time.time() - 60 * args.since
 
     async def body(store: Any, console: Any, location: str) -> int:
-        from lightrail.trainer.inspection import failure_digest
-        from lightrail.trainer.report import render_digest
+        from lightrail.inspection.report import render_digest
+        from lightrail.inspection.runs import failure_digest
 
         digest, read, candidates = await failure_digest(
             store, run=args.run, limit=args.limit, gap_s=args.gap * 60, since=since

@@ -1,5 +1,5 @@
 """Reading a store after the fact: the runs it holds, its rollouts, one rollout's spans and messages, and the
-failure digest. What ``lightrail runs | rollouts | show | failures`` print (`lightrail.trainer.inspection_cli`).
+failure digest. What ``lightrail runs | rollouts | show | failures`` print (`lightrail.inspection.cli`).
 
 **What a run is.** The store records rollouts, attempts, spans and resources, not runs, so runs are derived
 (`derive_runs`): rollouts whose metadata names their run form that run (``run``: the trainer tags every rollout of
@@ -25,8 +25,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from lightrail.inspection.report import FailureGroup, attempt_error, digest_failures, failed_attempts, may_have_failed
 from lightrail.store.base import MAX_PAGE, Store
-from lightrail.trainer.report import FailureGroup, attempt_error, digest_failures, failed_attempts, may_have_failed
 from lightrail.types import Attempt, AttemptStatus, Attr, Rollout, RolloutStatus, Span, call_agent_name
 
 if TYPE_CHECKING:

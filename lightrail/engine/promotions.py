@@ -1,4 +1,7 @@
-"""The policies a serving gateway may serve: promoted versions in a folder, the current one named by a file.
+"""Promoted policies: the versions a serving gateway may serve, in a folder, the current one named by a file.
+
+(Not to be confused with ``grpo.policies``, `lightrail.algorithms.policies`: one trained policy per group of agents
+within a run.) `lightrail learn` promotes into the folder; the engine behind ``gateway serve --policies`` follows it.
 
 Layout of a policies folder::
 
