@@ -1,0 +1,161 @@
+"""Rollouts that succeed but capture nothing to train on are named with their cause: in `lightrail dev`'s table and
+summary, in the failure digest (`lightrail failures`), and by `lightrail doctor` (`lightrail.trainer.capture`).
+
+The real ``lightrail`` command in subprocesses, in a temporary folder, with agents written there that use the real
+openai client: one calls its own server (a real HTTP server on 127.0.0.1) instead of ``llm.endpoint``, one returns
+None without a reward, one works.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from lightrail.trainer.capture import CaptureCause, capture_problems
+from lightrail.types import Attr, RetryPolicy, Rollout, RolloutStatus, Span, SpanStatus, StatusCode, Task
+
+AGENTS = """
+from openai import OpenAI
+
+from lightrail import rollout
+
+
+def ask(base_url, api_key, model):
+    client = OpenAI(base_url=base_url, api_key=api_key or "none", max_retries=0)
+    reply = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "2 + 2 = ?"}])
+    return reply.choices[0].message.content
+
+
+@rollout
+def own_client(task, llm):
+    ask(task["own_url"], "mine", "gpt-4o-mini")  # its own base_url: lightrail's gateway never sees the call
+    return 1.0
+
+
+@rollout
+def no_reward(task, llm):
+    ask(llm.endpoint, llm.api_key, llm.model)
+    return None
+
+
+@rollout
+def works(task, llm):
+    ask(llm.endpoint, llm.api_key, llm.model)
+    return 1.0
+"""
+
+
+class _OwnModel(BaseHTTPRequestHandler):
+    """An OpenAI-compatible server of the agent's own: every chat completion answers "4"."""
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        body = json.dumps({
+            "id": "chatcmpl-own", "object": "chat.completion", "created": 0, "model": "gpt-4o-mini",
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "4"}}],
+        }).encode()  # fmt: skip
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def own_url() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _OwnModel)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+    server.server_close()
+
+
+def lightrail(args: list[str], cwd: Path, timeout_s: float = 120.0) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTRAIL_STORE") and k != "LIGHTRAIL_TOKEN"}
+    env["PYTHONPATH"] = os.pathsep.join([str(cwd), env.get("PYTHONPATH", "")])
+    env["COLUMNS"] = "300"
+    return subprocess.run(
+        [sys.executable, "-m", "lightrail", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s
+    )
+
+
+def dev(tmp_path: Path, agent: str, tasks: list[dict]) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "capture_agents.py").write_text(AGENTS)
+    (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    return lightrail(
+        ["dev", "--agent", f"capture_agents:{agent}", "--tasks", "tasks.jsonl", "--llm", "fake",
+         "--runners", "1", "-k", "2", "--store", "store.db"],
+        tmp_path,
+    )  # fmt: skip
+
+
+def test_dev_names_an_agent_that_calls_its_own_base_url(tmp_path, own_url):
+    done = dev(tmp_path, "own_client", [{"own_url": own_url}] * 3)
+    out = done.stdout
+    assert "no LLM call recorded: the agent did not call llm.endpoint (it may use its own client or base_url)" in out
+    assert "not trainable: 3 rollouts captured nothing to train on (3 no LLM call)" in out
+    assert "3 capture problems in succeeded rollouts" in out
+    assert "3x no LLM call in 3 rollouts: the agent did not call llm.endpoint" in out  # its own digest group
+    assert done.returncode == 1  # succeeded, yet nothing to train on: loud
+
+    failures = lightrail(["failures", "--store", "store.db"], tmp_path, timeout_s=30)
+    assert failures.returncode == 0, failures.stderr
+    assert "3 capture problems in succeeded rollouts" in failures.stdout
+    assert "3x no LLM call in 3 rollouts: the agent did not call llm.endpoint" in failures.stdout
+
+
+def test_dev_names_an_agent_that_returns_no_reward(tmp_path):
+    done = dev(tmp_path, "no_reward", [{"q": 1}, {"q": 2}])
+    out = done.stdout
+    assert "no reward: the agent returned None and emitted no reward" in out
+    assert "not trainable: 2 rollouts captured nothing to train on (2 no reward)" in out
+    assert "2x no reward in 2 rollouts: the agent returned None and emitted no reward" in out
+    assert "no LLM call" not in out and done.returncode == 1  # its calls went through lightrail's endpoint
+
+
+def test_dev_of_a_working_agent_names_nothing(tmp_path):
+    done = dev(tmp_path, "works", [{"q": 1}, {"q": 2}])
+    assert done.returncode == 0, done.stderr
+    assert "2 rollouts in" in done.stdout and "2 succeeded" in done.stdout
+    assert "not trainable" not in done.stdout and "not captured" not in done.stdout
+    assert "failure digest: no failed attempts" in done.stdout
+
+
+def _rollout(reward: float | None) -> Rollout:
+    return Rollout(
+        rollout_id="ro-1", task=Task(input=1), mode="val", sample_index=0, resources_version=1,
+        policy=RetryPolicy(), status=RolloutStatus.SUCCEEDED, created_at=0.0, reward=reward,
+    )  # fmt: skip
+
+
+def _call(token_ids: bool, ok: bool = True) -> Span:
+    return Span(
+        rollout_id="ro-1", attempt_id="at-1", seq=1, name=Attr.SPAN_LLM_CALL,
+        attributes={Attr.TOKEN_IDS_AVAILABLE: token_ids},
+        status=SpanStatus(code=StatusCode.OK if ok else StatusCode.ERROR),
+    )  # fmt: skip
+
+
+def test_capture_problems_from_hand_built_spans():
+    untrainable = capture_problems(_rollout(1.0), [_call(False), _call(False), _call(False), _call(True)])
+    assert [(p.cause, p.message.split(":")[0]) for p in untrainable] == [
+        (CaptureCause.NO_TOKEN_IDS, "3 calls without token ids")
+    ]
+    assert "the backend does not return them (not trainable" in untrainable[0].message
+    assert capture_problems(_rollout(1.0), [_call(True), _call(False, ok=False)]) == []  # a failed call is no cause
+    framework = Span(rollout_id="ro-1", attempt_id="at-1", seq=2, name="openai.chat", attributes={Attr.KIND: "llm"})
+    [elsewhere] = capture_problems(_rollout(0.0), [framework])
+    assert elsewhere.cause is CaptureCause.NO_LLM_CALL and "1 LLM call seen over OpenTelemetry" in elsewhere.message
+    assert capture_problems(_rollout(0.0), [], expects_llm=False) == []  # no endpoint was given
+    assert [p.cause for p in capture_problems(_rollout(None), [_call(True)])] == [CaptureCause.NO_REWARD]
