@@ -12,6 +12,7 @@ from typing import NoReturn
 _COMMANDS = [
     "lightrail.trainer.demo",  # demo
     "lightrail.trainer.cli",  # train, dev
+    "lightrail.trainer.doctor",  # doctor
     "lightrail.trainer.inspection_cli",  # runs, rollouts, show, failures
     "lightrail.dashboard.cli",  # dashboard
     "lightrail.agent.cli",  # runner

@@ -23,7 +23,7 @@ from lightrail.trainer.capture import (
     llm_expected,
     read_capture_problems,
 )
-from lightrail.types import Attempt, AttemptStatus, Rollout, RolloutStatus
+from lightrail.types import Attempt, AttemptStatus, Attr, Rollout, RolloutStatus
 
 if TYPE_CHECKING:
     from rich.console import Console, JustifyMethod
@@ -79,6 +79,8 @@ class RolloutRow:
     """From the first attempt's start to the rollout's end (retries included); None if it did not end."""
     error: str | None = None
     """``Type: message`` of the last attempt that did not succeed, if any."""
+    llm_calls: int = 0
+    """LLM calls the gateway recorded in the last attempt (through lightrail's endpoint)."""
     capture: tuple[CaptureProblem, ...] = ()
     """What the rollout failed to capture although it succeeded (`capture_problems`)."""
 
@@ -290,6 +292,7 @@ async def build_report(
                 spans=len(spans),
                 seconds=seconds_,
                 error=error,
+                llm_calls=sum(1 for s in last if s.name == Attr.SPAN_LLM_CALL),
                 capture=tuple(capture),
             )
         )

@@ -211,6 +211,7 @@ class Trainer:
         *,
         timeout_s: float | None = None,
         llm: Any = None,
+        sampling: Mapping[str, Any] | None = None,
     ) -> DevReport:
         """Run ``agent`` once on each task (mode ``val``) with real runner processes, print a per-rollout table
         and a failure digest, and return them as a `DevReport`. Rollouts that succeeded but captured nothing to
@@ -222,9 +223,9 @@ class Trainer:
         ``if __name__ == "__main__":``). ``tasks`` are `Task` objects or bare task inputs. ``resources`` (if
         given) are published first and used by every rollout. ``llm``: a model `Backend` (`ScriptedBackend()`,
         `OpenAIUpstream(url)`, a rollout engine's) to start a gateway in front of, recording into the run's store;
-        its endpoint is published as the ``llm`` resource, as training does.
+        its endpoint is published as the ``llm`` resource (with ``sampling`` as its defaults), as training does.
         """
-        return _run_sync(self.dev_async(agent, tasks, resources, timeout_s=timeout_s, llm=llm))
+        return _run_sync(self.dev_async(agent, tasks, resources, timeout_s=timeout_s, llm=llm, sampling=sampling))
 
     async def dev_async(
         self,
@@ -234,6 +235,7 @@ class Trainer:
         *,
         timeout_s: float | None = None,
         llm: Any = None,
+        sampling: Mapping[str, Any] | None = None,
     ) -> DevReport:
         """`dev` for callers already inside an event loop."""
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -256,7 +258,9 @@ class Trainer:
                 if hasattr(llm, "refresh_models"):  # an upstream names its models once asked
                     await llm.refresh_models()
                 names = llm.model_names() or ["default"]
-                items["llm"] = LLM(endpoint=server.url, model=names[0], api_key=server.token)
+                items["llm"] = LLM(
+                    endpoint=server.url, model=names[0], api_key=server.token, sampling=dict(sampling or {})
+                )
             if resources is not None or llm is not None:
                 await ctx.publish(items)
             with Progress(

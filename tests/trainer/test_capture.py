@@ -23,6 +23,8 @@ from lightrail.trainer.capture import CaptureCause, capture_problems
 from lightrail.types import Attr, RetryPolicy, Rollout, RolloutStatus, Span, SpanStatus, StatusCode, Task
 
 AGENTS = """
+import os
+
 from openai import OpenAI
 
 from lightrail import rollout
@@ -36,7 +38,7 @@ def ask(base_url, api_key, model):
 
 @rollout
 def own_client(task, llm):
-    ask(task["own_url"], "mine", "gpt-4o-mini")  # its own base_url: lightrail's gateway never sees the call
+    ask(os.environ["OWN_BASE_URL"], "mine", "gpt-4o-mini")  # its own base_url: lightrail's gateway never sees it
     return 1.0
 
 
@@ -81,8 +83,9 @@ def own_url() -> Iterator[str]:
     server.server_close()
 
 
-def lightrail(args: list[str], cwd: Path, timeout_s: float = 120.0) -> subprocess.CompletedProcess[str]:
+def lightrail(args: list[str], cwd: Path, timeout_s: float = 120.0, **extra: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTRAIL_STORE") and k != "LIGHTRAIL_TOKEN"}
+    env.update(extra)
     env["PYTHONPATH"] = os.pathsep.join([str(cwd), env.get("PYTHONPATH", "")])
     env["COLUMNS"] = "300"
     return subprocess.run(
@@ -90,18 +93,18 @@ def lightrail(args: list[str], cwd: Path, timeout_s: float = 120.0) -> subproces
     )
 
 
-def dev(tmp_path: Path, agent: str, tasks: list[dict]) -> subprocess.CompletedProcess[str]:
+def dev(tmp_path: Path, agent: str, tasks: list[dict], **env: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "capture_agents.py").write_text(AGENTS)
     (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
     return lightrail(
         ["dev", "--agent", f"capture_agents:{agent}", "--tasks", "tasks.jsonl", "--llm", "fake",
          "--runners", "1", "-k", "2", "--store", "store.db"],
-        tmp_path,
+        tmp_path, **env,
     )  # fmt: skip
 
 
 def test_dev_names_an_agent_that_calls_its_own_base_url(tmp_path, own_url):
-    done = dev(tmp_path, "own_client", [{"own_url": own_url}] * 3)
+    done = dev(tmp_path, "own_client", [{"q": 1}] * 3, OWN_BASE_URL=own_url)
     out = done.stdout
     assert "no LLM call recorded: the agent did not call llm.endpoint (it may use its own client or base_url)" in out
     assert "not trainable: 3 rollouts captured nothing to train on (3 no LLM call)" in out
@@ -159,3 +162,75 @@ def test_capture_problems_from_hand_built_spans():
     assert elsewhere.cause is CaptureCause.NO_LLM_CALL and "1 LLM call seen over OpenTelemetry" in elsewhere.message
     assert capture_problems(_rollout(0.0), [], expects_llm=False) == []  # no endpoint was given
     assert [p.cause for p in capture_problems(_rollout(None), [_call(True)])] == [CaptureCause.NO_REWARD]
+
+
+DATA = """
+def splits(n=2):
+    return [{"q": i} for i in range(n)], [{"q": 9}]
+
+
+def empty():
+    return [], []
+"""
+
+
+def doctor(tmp_path: Path, agent: str, *overrides: str, **env: str) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "capture_agents.py").write_text(AGENTS)
+    (tmp_path / "capture_data.py").write_text(DATA)
+    (tmp_path / "config.yaml").write_text(
+        f"name: doctor\nagent: capture_agents:{agent}\ndata: capture_data:splits\nmodel: tiny\n"
+        "trainer: {n_runners: 1, concurrency: 1}\ngrpo: {val_sampling: {max_tokens: 4}}\n"
+    )
+    args = ["doctor", "config.yaml"] + [f"--set={item}" for item in overrides]
+    return lightrail(args, tmp_path, timeout_s=300, **env)
+
+
+def lines(done: subprocess.CompletedProcess[str]) -> list[str]:
+    return [line for line in done.stdout.splitlines() if line.startswith(("✓", "✗"))]
+
+
+def test_doctor_passes_a_working_config(tmp_path):
+    done = doctor(tmp_path, "works")
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    checks = lines(done)
+    assert [line[0] for line in checks] == ["✓"] * 9, done.stdout
+    assert "✓ config parses (config.yaml)" in checks
+    assert "✓ store opens (runs/doctor/store.db)" in checks
+    assert "✓ agent imports (capture_agents:works)" in checks
+    assert "✓ 1 LLM call recorded through lightrail's endpoint" in checks
+    assert "✓ with token ids" in checks and "✓ a reward came back (1)" in checks
+    assert "all 9 checks passed" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("agent", "failed"),
+    [
+        pytest.param(
+            "own_client",
+            "✗ an LLM call through lightrail's endpoint: no LLM call recorded: the agent did not call llm.endpoint "
+            "(it may use its own client or base_url)",
+            id="own-base-url",
+        ),
+        pytest.param(
+            "no_reward",
+            "✗ a reward came back: no reward: the agent returned None and emitted no reward",
+            id="no-reward",
+        ),
+    ],
+)
+def test_doctor_names_what_was_not_captured(tmp_path, own_url, agent, failed):
+    done = doctor(tmp_path, agent, OWN_BASE_URL=own_url)
+    assert done.returncode == 1, done.stdout
+    assert lines(done)[-1].startswith(failed), done.stdout
+    assert "fix the one marked ✗ and run lightrail doctor again" in done.stdout
+
+
+def test_doctor_stops_at_a_config_or_an_agent_that_does_not_load(tmp_path):
+    done = doctor(tmp_path, "nowhere")
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert lines(done)[-1].startswith("✗ agent capture_agents:nowhere imports: "), done.stdout
+    assert len(lines(done)) == 3  # config, store, then the agent: nothing after it ran
+    done = doctor(tmp_path, "works", "grpo.steps=many")
+    assert lines(done) == [lines(done)[0]] and lines(done)[0].startswith(
+        "✗ config parses: grpo.steps: Expected `int`, got `str`"
+    )
