@@ -204,6 +204,7 @@ def read_tasks(path: str) -> list:
 
 def _dev(args: argparse.Namespace) -> int:
     from lightrail._errors import one_line
+    from lightrail.gateway.backends import UpstreamError
     from lightrail.store import StoreError
     from lightrail.trainer import Trainer
     from lightrail.types import RolloutStatus
@@ -218,7 +219,7 @@ def _dev(args: argparse.Namespace) -> int:
             n_runners=args.runners, store=args.store, concurrency=args.concurrency, token=args.store_token
         )
         report = trainer.dev(args.agent, tasks, llm=_dev_backend(args.llm))
-    except (ImportError, ValueError, RuntimeError, StoreError, OSError) as exc:
+    except (ImportError, ValueError, RuntimeError, StoreError, OSError, UpstreamError) as exc:
         print(f"lightrail dev: {one_line(exc)}", file=sys.stderr)
         return 1
     return 0 if all(row.status is RolloutStatus.SUCCEEDED and not row.capture for row in report.rows) else 1

@@ -80,9 +80,10 @@ def doctor(path: str, overrides: list[str] | tuple[str, ...] = (), out: Any = No
     try:
         _run_checks(checks, path, list(overrides))
     except _Failed:
-        print(
-            f"{checks.passed} checks passed; fix the one marked {FAIL} and run lightrail doctor again", file=checks.out
-        )
+        from lightrail._errors import counted
+
+        passed = counted(checks.passed, "check")
+        print(f"{passed} passed; fix the one marked {FAIL} and run lightrail doctor again", file=checks.out)
         return 1
     print(f"all {checks.passed} checks passed: lightrail train {path} should run", file=checks.out)
     return 0

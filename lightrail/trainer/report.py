@@ -10,7 +10,7 @@ are groups of their own, one per cause.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -244,7 +244,7 @@ def digest_failures(attempts: Iterable[Attempt]) -> list[FailureGroup]:
     return sorted(groups.values(), key=lambda g: -g.count)
 
 
-def digest_capture(problems: dict[str, Sequence[CaptureProblem]]) -> list[FailureGroup]:
+def digest_capture(problems: Mapping[str, Sequence[CaptureProblem]]) -> list[FailureGroup]:
     """Group the capture problems of rollouts (by rollout id) by cause, most frequent first; the first message of a
     cause is its example (``3 calls without token ids`` differs only in its count)."""
     groups: dict[CaptureCause, FailureGroup] = {}

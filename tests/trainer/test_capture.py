@@ -8,6 +8,8 @@ None without a reward, one works.
 
 from __future__ import annotations
 
+import asyncio
+import io
 import json
 import os
 import subprocess
@@ -18,8 +20,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
+from lightrail.store import open_store
 from lightrail.trainer.capture import CaptureCause, capture_problems
+from lightrail.trainer.report import print_failure_digest
 from lightrail.types import Attr, RetryPolicy, Rollout, RolloutStatus, Span, SpanStatus, StatusCode, Task
 
 AGENTS = """
@@ -56,14 +61,20 @@ def works(task, llm):
 
 
 class _OwnModel(BaseHTTPRequestHandler):
-    """An OpenAI-compatible server of the agent's own: every chat completion answers "4"."""
+    """An OpenAI-compatible server of the agent's own: every chat completion answers "4", without token ids."""
+
+    def do_GET(self) -> None:  # noqa: N802
+        self._send({"object": "list", "data": [{"id": "gpt-4o-mini", "object": "model"}]})
 
     def do_POST(self) -> None:  # noqa: N802 (http.server's name)
         self.rfile.read(int(self.headers.get("content-length", 0)))
-        body = json.dumps({
+        self._send({
             "id": "chatcmpl-own", "object": "chat.completion", "created": 0, "model": "gpt-4o-mini",
             "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "4"}}],
-        }).encode()  # fmt: skip
+        })  # fmt: skip
+
+    def _send(self, answer: dict) -> None:
+        body = json.dumps(answer).encode()
         self.send_response(200)
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(body)))
@@ -93,11 +104,13 @@ def lightrail(args: list[str], cwd: Path, timeout_s: float = 120.0, **extra: str
     )
 
 
-def dev(tmp_path: Path, agent: str, tasks: list[dict], **env: str) -> subprocess.CompletedProcess[str]:
+def dev(
+    tmp_path: Path, agent: str, tasks: list[dict], llm: str = "fake", **env: str
+) -> subprocess.CompletedProcess[str]:
     (tmp_path / "capture_agents.py").write_text(AGENTS)
     (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
     return lightrail(
-        ["dev", "--agent", f"capture_agents:{agent}", "--tasks", "tasks.jsonl", "--llm", "fake",
+        ["dev", "--agent", f"capture_agents:{agent}", "--tasks", "tasks.jsonl", "--llm", llm,
          "--runners", "1", "-k", "2", "--store", "store.db"],
         tmp_path, **env,
     )  # fmt: skip
@@ -125,6 +138,28 @@ def test_dev_names_an_agent_that_returns_no_reward(tmp_path):
     assert "not trainable: 2 rollouts captured nothing to train on (2 no reward)" in out
     assert "2x no reward in 2 rollouts: the agent returned None and emitted no reward" in out
     assert "no LLM call" not in out and done.returncode == 1  # its calls went through lightrail's endpoint
+
+    # what training prints after every validation: the same groups, from the store
+    async def validation_digest() -> str:
+        store = open_store(str(tmp_path / "store.db"))
+        try:
+            console = Console(file=io.StringIO(), width=300)
+            await print_failure_digest(store, await store.query_rollouts(), title="validation", console=console)
+            return console.file.getvalue()
+        finally:
+            await store.close()
+
+    digest = asyncio.run(validation_digest())
+    assert "validation: no failed attempts; 2 capture problems in succeeded rollouts" in digest
+    assert "2x no reward in 2 rollouts: the agent returned None and emitted no reward" in digest
+
+
+def test_dev_names_calls_without_token_ids(tmp_path, own_url):
+    """A gateway in front of a server that returns no token ids records the calls, but nothing is trainable."""
+    done = dev(tmp_path, "works", [{"q": 1}], llm=own_url)
+    assert "1 call without token ids: the backend does not return them (not trainable" in done.stdout
+    assert "not trainable: 1 rollout captured nothing to train on (1 no token ids)" in done.stdout
+    assert done.returncode == 1
 
 
 def test_dev_of_a_working_agent_names_nothing(tmp_path):
@@ -234,3 +269,25 @@ def test_doctor_stops_at_a_config_or_an_agent_that_does_not_load(tmp_path):
     assert lines(done) == [lines(done)[0]] and lines(done)[0].startswith(
         "✗ config parses: grpo.steps: Expected `int`, got `str`"
     )
+
+
+def test_doctor_checks_a_store_servers_token_and_role(tmp_path):
+    from lightrail.trainer.trainer import StoreServerProcess
+
+    server = StoreServerProcess(tmp_path / "served.db", token="admin-secret")
+    try:
+        url = server.url
+        done = doctor(tmp_path, "works", f"store={url}", LIGHTRAIL_TOKEN="wrong")
+        assert done.returncode == 1 and len(lines(done)) == 2, done.stdout
+        assert lines(done)[1].startswith(f"✗ store opens ({url}): "), done.stdout
+        assert "LIGHTRAIL_TOKEN" in lines(done)[1]
+        read = lightrail(
+            ["token", "create", "--store", url, "--role", "read"], tmp_path, LIGHTRAIL_TOKEN="admin-secret"
+        )
+        assert read.returncode == 0, read.stderr
+        done = doctor(tmp_path, "works", f"store={url}", LIGHTRAIL_TOKEN=read.stdout.strip())
+        assert lines(done)[1].startswith(f"✗ store opens ({url}): ") and "read" in lines(done)[1], done.stdout
+        done = doctor(tmp_path, "works", f"store={url}", LIGHTRAIL_TOKEN="admin-secret")
+        assert done.returncode == 0 and f"✓ store opens ({url})" in lines(done), done.stdout
+    finally:
+        server.stop()
