@@ -206,7 +206,9 @@ async def _one_rollout(checks: _Checks, config: Any, task: Any, token: str | Non
             n_runners=1, concurrency=1, store=config.store_location, token=token,
             runs_dir=config.run_dir / "doctor", console=Console(file=io.StringIO()), **options,
         )  # fmt: skip
-        report = await trainer.dev_async(config.agent, [task], llm=backend, sampling=sampling, timeout_s=300)
+        report = await trainer.dev_async(
+            config.agent, [task], _prompts(config), llm=backend, sampling=sampling, timeout_s=300
+        )
     except (ImportError, ValueError, RuntimeError, StoreError, OSError) as exc:
         raise checks.fail("one rollout runs", one_line(exc)) from None
     [row] = report.rows
@@ -226,3 +228,13 @@ async def _one_rollout(checks: _Checks, config: Any, task: Any, token: str | Non
     if CaptureCause.NO_REWARD in causes:
         raise checks.fail("a reward came back", causes[CaptureCause.NO_REWARD])
     checks.ok(f"a reward came back ({row.reward:.3g})")
+
+
+def _prompts(config: Any) -> dict[str, Any] | None:
+    """The templates prompt optimization starts from (``apo.prompts``), which its agent takes as resources."""
+    from lightrail.trainer.config import _apo_kwargs
+    from lightrail.types import PromptTemplate
+
+    if config.algorithm != "apo":
+        return None
+    return {name: PromptTemplate(template=text) for name, text in (_apo_kwargs(config).get("prompts") or {}).items()}

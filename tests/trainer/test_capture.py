@@ -54,6 +54,12 @@ def no_reward(task, llm):
 
 
 @rollout
+def templated(task, prompt_template, llm):
+    ask(llm.endpoint, llm.api_key, llm.model)
+    return float(prompt_template.format(q=task["q"]) == f"Say {task['q']}.")
+
+
+@rollout
 def works(task, llm):
     ask(llm.endpoint, llm.api_key, llm.model)
     return 1.0
@@ -235,6 +241,12 @@ def test_doctor_passes_a_working_config(tmp_path):
     assert "✓ 1 LLM call recorded through lightrail's endpoint" in checks
     assert "✓ with token ids" in checks and "✓ a reward came back (1)" in checks
     assert "all 9 checks passed" in done.stdout
+
+
+def test_doctor_gives_a_prompt_optimization_agent_its_templates(tmp_path):
+    done = doctor(tmp_path, "templated", "algorithm=apo", "apo={prompts: {prompt_template: 'Say {q}.'}}")
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert "✓ a reward came back (1)" in lines(done)
 
 
 @pytest.mark.parametrize(
