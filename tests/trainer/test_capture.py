@@ -136,6 +136,36 @@ def test_dev_names_an_agent_that_calls_its_own_base_url(tmp_path, own_url):
     assert "3 capture problems in succeeded rollouts" in failures.stdout
     assert "3x no LLM call in 3 rollouts: the agent did not call llm.endpoint" in failures.stdout
 
+    page = dashboard_page(tmp_path, "store.db", "/ui/failures")  # the dashboard's digest counts them apart
+    assert "No failed attempts; 3 capture problems in succeeded rollouts" in page
+    assert "<code>no LLM call</code>" in page
+
+
+def dashboard_page(cwd: Path, store: str, path: str) -> str:
+    """``path`` as `lightrail dashboard --store STORE` serves it."""
+    import time
+    import urllib.error
+    import urllib.request
+
+    command = [sys.executable, "-m", "lightrail", "dashboard", "--store", store, "--port", "0", "--token", "t0k"]
+    process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        url = process.stdout.readline().strip().rsplit(" ", 1)[-1]
+        request = urllib.request.Request(url + path, headers={"Authorization": "Bearer t0k"})
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(request, timeout=30) as answer:
+                    return answer.read().decode()
+            except urllib.error.URLError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+    finally:
+        process.terminate()
+        process.wait(10)
+
 
 def test_dev_names_an_agent_that_returns_no_reward(tmp_path):
     done = dev(tmp_path, "no_reward", [{"q": 1}, {"q": 2}])
