@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from lightrail._errors import counted
-from lightrail.store.base import Store
+from lightrail.store.base import NotFoundError, Store
 from lightrail.types import LLM, Attr, Rollout, RolloutStatus, Span, StatusCode
 
 __all__ = ["CaptureCause", "CaptureProblem", "capture_problems", "llm_expected", "read_capture_problems"]
@@ -99,14 +99,19 @@ async def read_capture_problems(
 
 
 def llm_expected(store: Store) -> Callable[[int | None], Awaitable[bool]]:
-    """``await expects(version)``: whether the resources of that version (None: the latest) hold an `LLM`, i.e.
-    the agent had an endpoint to call; each version is read once."""
+    """``await expects(version)``: whether the resources of that version (None: the latest) hold an `LLM` served by
+    lightrail's gateway (``routed``), i.e. the agent had an endpoint whose calls are recorded; each version is read
+    once."""
     known: dict[int | None, bool] = {}
 
     async def expects(version: int | None) -> bool:
         if version not in known:
-            resources = await store.get_resources(version)
-            known[version] = resources is not None and any(isinstance(r, LLM) for r in resources.items.values())
+            try:
+                resources = await store.get_resources(version)
+            except NotFoundError:  # a version no longer there: nothing says an endpoint was given
+                resources = None
+            items = resources.items.values() if resources is not None else ()
+            known[version] = any(isinstance(r, LLM) and r.routed for r in items)  # an endpoint lightrail records
         return known[version]
 
     return expects

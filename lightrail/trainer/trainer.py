@@ -50,6 +50,7 @@ from lightrail.types import LLM, PromptTemplate, Resources, RetryPolicy, Task
 
 if TYPE_CHECKING:
     from lightrail.agent.ray import RaySettings
+    from lightrail.gateway.backends import Backend
     from lightrail.tracking import LoggerSettings, Trackers
 
 __all__ = ["StoreServerProcess", "Trainer", "as_tasks"]
@@ -210,7 +211,7 @@ class Trainer:
         resources: Resources | dict[str, LLM | PromptTemplate] | None = None,
         *,
         timeout_s: float | None = None,
-        llm: Any = None,
+        llm: Backend | None = None,
         sampling: Mapping[str, Any] | None = None,
     ) -> DevReport:
         """Run ``agent`` once on each task (mode ``val``) with real runner processes, print a per-rollout table
@@ -234,7 +235,7 @@ class Trainer:
         resources: Resources | dict[str, LLM | PromptTemplate] | None = None,
         *,
         timeout_s: float | None = None,
-        llm: Any = None,
+        llm: Backend | None = None,
         sampling: Mapping[str, Any] | None = None,
     ) -> DevReport:
         """`dev` for callers already inside an event loop."""
@@ -255,8 +256,9 @@ class Trainer:
                 server = await gateway.enter_async_context(
                     GatewayServer(llm, session.store, token=secrets.token_urlsafe(16))
                 )
-                if hasattr(llm, "refresh_models"):  # an upstream names its models once asked
-                    await llm.refresh_models()
+                refresh = getattr(llm, "refresh_models", None)
+                if refresh is not None:  # an upstream names its models once asked
+                    await refresh()
                 names = llm.model_names() or ["default"]
                 items["llm"] = LLM(
                     endpoint=server.url, model=names[0], api_key=server.token, sampling=dict(sampling or {})

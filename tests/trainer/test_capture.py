@@ -333,3 +333,23 @@ def test_doctor_checks_a_store_servers_token_and_role(tmp_path):
         assert done.returncode == 0 and f"✓ store opens ({url})" in lines(done), done.stdout
     finally:
         server.stop()
+
+
+def test_only_an_endpoint_lightrail_records_is_expected_to_be_called():
+    from lightrail.store import MemoryStore
+    from lightrail.trainer.capture import llm_expected
+    from lightrail.types import LLM, PromptTemplate, Resources
+
+    async def expected() -> list[bool]:
+        store = MemoryStore()
+        judge = LLM(endpoint="http://judge:8000/v1", model="judge", routed=False)  # an outside judge: not recorded
+        for items in (
+            {"prompt": PromptTemplate(template="x")},
+            {"judge": judge},
+            {"llm": LLM(endpoint="http://g/v1", model="p")},
+        ):
+            await store.put_resources(Resources(items=items))
+        expects = llm_expected(store)
+        return [await expects(version) for version in (1, 2, 3, None, 99)]
+
+    assert asyncio.run(expected()) == [False, False, True, True, False]
