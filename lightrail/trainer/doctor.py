@@ -8,7 +8,9 @@ One line per check, ✓ or ✗ and, on failure, what to do; the first failure st
 
 Everything is what ``lightrail train`` itself uses (`load_config`, the model built or prepared as `train` does, the
 configured rollout engine, the trainer's store and runners), so a config that passes here fails in training only
-for reasons of training itself. The rollout is recorded in the configured store like any ``lightrail dev`` run.
+for reasons of training itself. The rollout is recorded in the configured store like any ``lightrail dev`` run; its
+runner is a local process (under ``trainer.runner_python`` when set) even when the config asks for Ray actors or
+runners started elsewhere.
 Only argparse at import time (the main CLI imports this module to build ``--help``).
 """
 
@@ -154,6 +156,8 @@ async def _open_store(config: Any, location: str, token: str | None) -> None:
 
 
 async def _model_and_rollout(checks: _Checks, config: Any, task: Any, token: str | None) -> None:
+    import secrets
+
     from lightrail._errors import one_line
     from lightrail.algorithms.rollout_engines import make_rollout_engine
     from lightrail.gateway.server import GatewayServer
@@ -168,14 +172,17 @@ async def _model_and_rollout(checks: _Checks, config: Any, task: Any, token: str
             grpo.get("rollout_engine", "embedded"), model, served_name=grpo.get("served_name", "policy"),
             out_dir=config.run_dir, lora_rank=None, engine_options=grpo.get("engine_options"), vllm=grpo.get("vllm"),
         )  # fmt: skip
-        await engine.start()
     except (ConfigError, ValueError, OSError, RuntimeError, ImportError) as exc:
         raise checks.fail(f"model {config.model} prepares", one_line(exc)) from None
     try:
+        try:
+            await engine.start()
+        except (ValueError, OSError, RuntimeError, ImportError) as exc:
+            raise checks.fail(f"model {config.model} starts", one_line(exc)) from None
         where = config.gateway
         try:  # where training's gateway will listen: a busy port or a bad advertise_url fails here
             gateway = await GatewayServer(
-                engine.backend, MemoryStore(), token="doctor", host=where.host, port=where.port,
+                engine.backend, MemoryStore(), token=secrets.token_urlsafe(16), host=where.host, port=where.port,
                 advertise_url=where.advertise_url,
             ).start()  # fmt: skip
             await gateway.stop()
