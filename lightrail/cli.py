@@ -12,6 +12,7 @@ from typing import NoReturn
 _COMMANDS = [
     "lightrail.demos.cli",  # demo
     "lightrail.trainer.cli",  # train, dev
+    "lightrail.trainer.doctor",  # doctor
     "lightrail.inspection.cli",  # runs, rollouts, show, failures
     "lightrail.dashboard.cli",  # dashboard
     "lightrail.agent.cli",  # runner

@@ -107,8 +107,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="the failure digest of a store or run: failed attempts grouped by exception and message pattern",
         description=_wrap(
             "Group failed, timed-out, lost and infrastructure-failed attempts by exception type and message "
-            "pattern (numbers, ids and quoted strings replaced), most frequent first, with one example each: the "
-            "digest `lightrail dev` and training validations print. " + _RUNS_HELP
+            "pattern (numbers, ids and quoted strings replaced), most frequent first, with one example each, and "
+            "count succeeded rollouts that captured nothing to train on (no LLM call through lightrail's endpoint, "
+            "calls without token ids, no reward): the digest `lightrail dev` and training validations print. "
+            + _RUNS_HELP
         ),
         epilog="example:\n  lightrail failures --store runs/calc/store.db --run 1",
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -2,19 +2,28 @@
 
 The digest groups failed attempts by exception type and message *pattern*: numbers, ids, hex values and quoted
 strings are replaced by placeholders, so "no such file 'a.txt'" and "no such file 'b.txt'" are one line with a
-count instead of a hundred lines to scroll through.
+count instead of a hundred lines to scroll through. Next to them, rollouts that succeeded but captured nothing to
+train on (`lightrail.inspection.capture`: no LLM call through lightrail's endpoint, calls without token ids, no reward)
+are groups of their own, one per cause.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lightrail._errors import counted
+from lightrail.inspection.capture import (
+    CaptureCause,
+    CaptureProblem,
+    capture_problems,
+    llm_expected,
+    read_capture_problems,
+)
 from lightrail.store.base import Store
-from lightrail.types import Attempt, AttemptStatus, Rollout, RolloutStatus
+from lightrail.types import Attempt, AttemptStatus, Attr, Rollout, RolloutStatus
 
 if TYPE_CHECKING:
     from rich.console import Console, JustifyMethod
@@ -24,6 +33,7 @@ __all__ = [
     "FailureGroup",
     "RolloutRow",
     "build_report",
+    "digest_capture",
     "digest_failures",
     "attempt_error",
     "failed_attempts",
@@ -69,6 +79,10 @@ class RolloutRow:
     """From the first attempt's start to the rollout's end (retries included); None if it did not end."""
     error: str | None = None
     """``Type: message`` of the last attempt that did not succeed, if any."""
+    llm_calls: int = 0
+    """LLM calls the gateway recorded in the last attempt (through lightrail's endpoint)."""
+    capture: tuple[CaptureProblem, ...] = ()
+    """What the rollout failed to capture although it succeeded (`capture_problems`)."""
 
 
 @dataclass
@@ -82,6 +96,9 @@ class FailureGroup:
     example: str = ""
     example_rollout_id: str = ""
     rollout_ids: list[str] = field(default_factory=list)
+    cause: CaptureCause | None = None
+    """Set for a group of rollouts that succeeded but captured nothing to train on (``status`` is then
+    succeeded, ``type`` the cause)."""
 
 
 @dataclass
@@ -108,9 +125,16 @@ class DevReport:
         rewards = [r.reward for r in self.rows if r.reward is not None]
         return sum(rewards) / len(rewards) if rewards else None
 
+    @property
+    def capture_counts(self) -> dict[CaptureCause, int]:
+        """Rollouts per capture problem (only causes that occur), in `CaptureCause` order."""
+        out = {cause: sum(1 for r in self.rows if any(p.cause is cause for p in r.capture)) for cause in CaptureCause}
+        return {cause: n for cause, n in out.items() if n}
+
     def render(self, console: Console | None = None, *, max_rows: int = 50) -> None:
         """Print the per-rollout table (first ``max_rows``), a status summary and the failure digest with rich."""
         from rich.console import Console
+        from rich.markup import escape
         from rich.table import Table
 
         out = console if console is not None else Console()
@@ -123,6 +147,9 @@ class DevReport:
             ("spans", "right"),
             ("seconds", "right"),
         ]
+        noted = any(row.capture for row in self.rows[:max_rows])
+        if noted:
+            columns.append(("not captured", "left"))
         for name, justify in columns:
             table.add_column(name, justify=justify)
         for row in self.rows[:max_rows]:
@@ -134,6 +161,7 @@ class DevReport:
                 str(row.attempts),
                 str(row.spans),
                 "-" if row.seconds is None else f"{row.seconds:.2f}",
+                *(["[yellow]" + escape("; ".join(p.message for p in row.capture)) + "[/yellow]"] if noted else []),
             )
         if len(self.rows) > max_rows:
             table.caption = f"... {counted(len(self.rows) - max_rows, 'more rollout')} in the report"
@@ -145,6 +173,12 @@ class DevReport:
             + ("" if mean is None else f"; mean reward {mean:.3g}")
             + (f"; store: {self.store}" if self.store else "")
         )
+        if self.capture_counts:
+            causes = ", ".join(f"{n} {cause.value}" for cause, n in self.capture_counts.items())
+            out.print(
+                f"[yellow]not trainable[/yellow]: {counted(len([r for r in self.rows if r.capture]), 'rollout')} "
+                f"captured nothing to train on ({causes})"
+            )
         render_digest(self.digest, out)
 
 
@@ -154,12 +188,23 @@ def render_digest(digest: Sequence[FailureGroup], console: object, *, title: str
     from rich.markup import escape
 
     out: Any = console
-    if not digest:
-        out.print(f"{title}: no failed attempts")
-        return
-    failed = sum(g.count for g in digest)
-    out.print(f"[bold]{escape(title)}[/bold]: {counted(failed, 'attempt')} in {counted(len(digest), 'group')}")
-    for group in digest:
+    failures = [g for g in digest if g.cause is None]
+    captures = [g for g in digest if g.cause is not None]
+    if not failures:
+        head = f"{escape(title)}: no failed attempts"
+    else:
+        failed = sum(g.count for g in failures)
+        head = f"[bold]{escape(title)}[/bold]: {counted(failed, 'attempt')} in {counted(len(failures), 'group')}"
+    if captures:
+        head += f"; {counted(sum(g.count for g in captures), 'capture problem')} in succeeded rollouts"
+    out.print(head)
+    for group in captures:
+        out.print(
+            f"  [bold]{group.count}x[/bold] [yellow]{group.type}[/yellow] in {counted(len(group.rollout_ids), 'rollout')}"
+            f": {escape(group.example.partition(': ')[2] or group.example)}\n      e.g. {group.example_rollout_id}",
+            soft_wrap=True,
+        )
+    for group in failures:
         rollouts = len(group.rollout_ids)
         out.print(
             f"  [bold]{group.count}x[/bold] {group.status.value} in {counted(rollouts, 'rollout')}  "
@@ -199,12 +244,30 @@ def digest_failures(attempts: Iterable[Attempt]) -> list[FailureGroup]:
     return sorted(groups.values(), key=lambda g: -g.count)
 
 
+def digest_capture(problems: Mapping[str, Sequence[CaptureProblem]]) -> list[FailureGroup]:
+    """Group the capture problems of rollouts (by rollout id) by cause, most frequent first; the first message of a
+    cause is its example (``3 calls without token ids`` differs only in its count)."""
+    groups: dict[CaptureCause, FailureGroup] = {}
+    for rollout_id, found in problems.items():
+        for problem in found:
+            group = groups.get(problem.cause)
+            if group is None:
+                group = groups[problem.cause] = FailureGroup(
+                    AttemptStatus.SUCCEEDED, problem.cause.value, message_pattern(problem.message),
+                    example=problem.message, example_rollout_id=rollout_id, cause=problem.cause,
+                )  # fmt: skip
+            group.count += 1
+            group.rollout_ids.append(rollout_id)
+    return sorted(groups.values(), key=lambda g: -g.count)
+
+
 async def build_report(
     store: Store, rollouts: Sequence[Rollout], *, store_label: str = "", seconds: float = 0.0
 ) -> DevReport:
     """Read attempts and span counts of ``rollouts`` from the store and assemble the report."""
     rows: list[RolloutRow] = []
     all_attempts: list[Attempt] = []
+    expects_llm = llm_expected(store)
     for rollout in rollouts:
         attempts = await store.query_attempts(rollout.rollout_id)
         spans = await store.query_spans(rollout.rollout_id)
@@ -217,6 +280,8 @@ async def build_report(
         seconds_ = None
         if rollout.ended_at is not None and attempts:
             seconds_ = rollout.ended_at - attempts[0].started_at
+        last = [s for s in spans if attempts and s.attempt_id == attempts[-1].attempt_id]
+        capture = capture_problems(rollout, last, expects_llm=await expects_llm(rollout.resources_version))
         rows.append(
             RolloutRow(
                 rollout_id=rollout.rollout_id,
@@ -227,9 +292,12 @@ async def build_report(
                 spans=len(spans),
                 seconds=seconds_,
                 error=error,
+                llm_calls=sum(1 for s in last if s.name == Attr.SPAN_LLM_CALL),
+                capture=tuple(capture),
             )
         )
-    return DevReport(rows=rows, digest=digest_failures(all_attempts), store=store_label, seconds=seconds)
+    digest = digest_capture({r.rollout_id: r.capture for r in rows if r.capture}) + digest_failures(all_attempts)
+    return DevReport(rows=rows, digest=digest, store=store_label, seconds=seconds)
 
 
 def may_have_failed(rollout: Rollout) -> bool:
@@ -255,10 +323,12 @@ async def failed_attempts(store: Store, rollouts: Iterable[Rollout], *, concurre
 async def print_failure_digest(
     store: Store, rollouts: Sequence[Rollout], *, title: str = "failure digest", console: object | None = None
 ) -> list[FailureGroup]:
-    """Digest the failed attempts of ``rollouts`` and print it (on rich's global console by default, so a live
-    progress bar stays below it); returns the groups. What training loops call after each validation."""
+    """Digest the failed attempts of ``rollouts`` and the capture problems of those that succeeded, and print it
+    (on rich's global console by default, so a live progress bar stays below it); returns the groups. What training
+    loops call after each validation."""
     from rich import get_console
 
-    digest = digest_failures(await failed_attempts(store, rollouts))
+    digest = digest_capture(await read_capture_problems(store, rollouts))
+    digest += digest_failures(await failed_attempts(store, rollouts))
     render_digest(digest, console if console is not None else get_console(), title=title)
     return digest

@@ -11,8 +11,8 @@ numbered 1, 2, ... by their first rollout, which keeps the numbers stable as a s
 **Paging.** `rollouts_page` asks the store for one page (`Store.query_rollouts_page`: status, mode and a run's tag
 filtered and paged by the store), so a page costs the same in a store of 100,000 rollouts. Only a run named by its
 number, or an untagged session, needs the runs derived, which reads every rollout once. Attempts and spans are read
-only for the rollouts shown (or, for the digest, the ones that may hold a failed attempt, at most ``limit`` of
-them).
+only for the rollouts shown (or, for the digest, the ones that may hold a failed attempt and, for their capture
+problems, the ones that succeeded, at most ``limit`` of each).
 
 Rendering uses rich with plain text when the output is not a terminal (no colours, no wrapping of ids).
 """
@@ -25,7 +25,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from lightrail.inspection.report import FailureGroup, attempt_error, digest_failures, failed_attempts, may_have_failed
+from lightrail.inspection.capture import read_capture_problems
+from lightrail.inspection.report import (
+    FailureGroup,
+    attempt_error,
+    digest_capture,
+    digest_failures,
+    failed_attempts,
+    may_have_failed,
+)
 from lightrail.store.base import MAX_PAGE, Store
 from lightrail.types import Attempt, AttemptStatus, Attr, Rollout, RolloutStatus, Span, call_agent_name
 
@@ -183,8 +191,9 @@ async def failure_digest(
     since: float | None = None,
 ) -> tuple[list[FailureGroup], int, int]:
     """The digest of failed attempts among the newest ``limit`` rollouts that may hold one (of a run, or of the
-    whole store; enqueued at or after ``since``, a Unix time, when given); returns it with how many rollouts were
-    read and how many could have been."""
+    whole store; enqueued at or after ``since``, a Unix time, when given), with the capture problems of the newest
+    ``limit`` that succeeded; returns it with how many rollouts that may have failed were read and how many could
+    have been."""
     rollouts = await store.query_rollouts()
     if run is not None:
         rollouts = _pick_run(derive_runs(rollouts, gap_s), run).rollouts
@@ -192,7 +201,9 @@ async def failure_digest(
         rollouts = [r for r in rollouts if r.created_at >= since]
     candidates = [r for r in rollouts if may_have_failed(r)]
     read = candidates[-limit:] if limit > 0 else candidates
-    return digest_failures(await failed_attempts(store, read)), len(read), len(candidates)
+    succeeded = [r for r in rollouts if r.status is RolloutStatus.SUCCEEDED]
+    captured = await read_capture_problems(store, succeeded[-limit:] if limit > 0 else succeeded)
+    return digest_capture(captured) + digest_failures(await failed_attempts(store, read)), len(read), len(candidates)
 
 
 async def rollout_details(store: Store, rollout_id: str, attempt: int | None = None) -> RolloutDetails:

@@ -148,9 +148,12 @@ def add_dev_parser(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Run AGENT once on every task of a JSONL file (one task input per line, or a Task object with an "
             "'input' key), with N runner processes of K concurrent rollouts against a store server, then print "
-            "a per-rollout table and failures grouped by exception type and message pattern."
+            "a per-rollout table and failures grouped by exception type and message pattern. With --llm, rollouts "
+            "that recorded no LLM call through lightrail's endpoint, calls without token ids, or no reward are named "
+            "with their likely cause. Exits 1 if any rollout failed or captured nothing to train on."
         ),
-        epilog="example:\n  lightrail dev --agent my_agents:solve --tasks tasks.jsonl --runners 2 -k 4",
+        epilog="examples:\n  lightrail dev --agent my_agents:solve --tasks tasks.jsonl --runners 2 -k 4\n"
+        "  lightrail dev --agent my_agents:solve --tasks tasks.jsonl --llm http://127.0.0.1:8000/v1",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     dev.add_argument("--agent", required=True, metavar="MODULE:OBJECT", help="the agent, as an import reference")
@@ -160,6 +163,13 @@ def add_dev_parser(subparsers: argparse._SubParsersAction) -> None:
         "-k", "--concurrency", type=int, default=DEFAULT_CONCURRENCY, metavar="K",
         help=f"rollouts per runner (default: {DEFAULT_CONCURRENCY})",
     )  # fmt: skip
+    dev.add_argument(
+        "--llm",
+        metavar="fake|URL",
+        default=None,
+        help="start a gateway in front of the scripted fake model ('fake') or an OpenAI-compatible server, and give "
+        "the agent its endpoint as the 'llm' resource; the table then names rollouts whose calls it did not record",
+    )
     add_store_arguments(
         dev,
         store_help="SQLite file, postgresql:// URL or store server URL",
@@ -194,6 +204,7 @@ def read_tasks(path: str) -> list:
 
 def _dev(args: argparse.Namespace) -> int:
     from lightrail._errors import one_line
+    from lightrail.gateway.backends import UpstreamError
     from lightrail.store import StoreError
     from lightrail.trainer import Trainer
     from lightrail.types import RolloutStatus
@@ -207,8 +218,23 @@ def _dev(args: argparse.Namespace) -> int:
         trainer = Trainer(
             n_runners=args.runners, store=args.store, concurrency=args.concurrency, token=args.store_token
         )
-        report = trainer.dev(args.agent, tasks)
-    except (ImportError, ValueError, RuntimeError, StoreError, OSError) as exc:
+        report = trainer.dev(args.agent, tasks, llm=_dev_backend(args.llm))
+    except (ImportError, ValueError, RuntimeError, StoreError, OSError, UpstreamError) as exc:
         print(f"lightrail dev: {one_line(exc)}", file=sys.stderr)
         return 1
-    return 0 if all(row.status is RolloutStatus.SUCCEEDED for row in report.rows) else 1
+    return 0 if all(row.status is RolloutStatus.SUCCEEDED and not row.capture for row in report.rows) else 1
+
+
+def _dev_backend(llm: str | None) -> Any:
+    """The model `lightrail dev --llm` puts a gateway in front of: the scripted fake, or an upstream server."""
+    if llm is None:
+        return None
+    if llm == "fake":
+        from lightrail.gateway.fake import ScriptedBackend
+
+        return ScriptedBackend()
+    if not llm.startswith(("http://", "https://")):
+        raise ValueError(f"--llm: expected 'fake' or an http(s):// URL of an OpenAI-compatible server, not {llm!r}")
+    from lightrail.gateway.backends import OpenAIUpstream
+
+    return OpenAIUpstream(llm)

@@ -50,6 +50,7 @@ from lightrail.types import LLM, PromptTemplate, Resources, RetryPolicy, Task
 
 if TYPE_CHECKING:
     from lightrail.agent.ray import RaySettings
+    from lightrail.gateway.backends import Backend
     from lightrail.tracking import LoggerSettings, Trackers
 
 __all__ = ["StoreServerProcess", "Trainer", "as_tasks"]
@@ -210,17 +211,22 @@ class Trainer:
         resources: Resources | dict[str, LLM | PromptTemplate] | None = None,
         *,
         timeout_s: float | None = None,
+        llm: Backend | None = None,
+        sampling: Mapping[str, Any] | None = None,
     ) -> DevReport:
         """Run ``agent`` once on each task (mode ``val``) with real runner processes, print a per-rollout table
-        and a failure digest, and return them as a `DevReport`.
+        and a failure digest, and return them as a `DevReport`. Rollouts that succeeded but captured nothing to
+        train on (no LLM call through ``llm.endpoint``, calls without token ids, no reward) are named in the table.
 
         ``agent`` must be importable by the runner processes: a ``"module:object"`` string, or an object whose
         ``__module__``/``__qualname__`` lead back to it (see `agent_reference`; agents of a script run as
         ``__main__`` are loaded from the script's path, so guard its entry point with
         ``if __name__ == "__main__":``). ``tasks`` are `Task` objects or bare task inputs. ``resources`` (if
-        given) are published first and used by every rollout.
+        given) are published first and used by every rollout. ``llm``: a model `Backend` (`ScriptedBackend()`,
+        `OpenAIUpstream(url)`, a rollout engine's) to start a gateway in front of, recording into the run's store;
+        its endpoint is published as the ``llm`` resource (with ``sampling`` as its defaults), as training does.
         """
-        return _run_sync(self.dev_async(agent, tasks, resources, timeout_s=timeout_s))
+        return _run_sync(self.dev_async(agent, tasks, resources, timeout_s=timeout_s, llm=llm, sampling=sampling))
 
     async def dev_async(
         self,
@@ -229,6 +235,8 @@ class Trainer:
         resources: Resources | dict[str, LLM | PromptTemplate] | None = None,
         *,
         timeout_s: float | None = None,
+        llm: Backend | None = None,
+        sampling: Mapping[str, Any] | None = None,
     ) -> DevReport:
         """`dev` for callers already inside an event loop."""
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -236,13 +244,27 @@ class Trainer:
         task_list = as_tasks(tasks)
         started = time.monotonic()
         run = _run_name("dev")
-        async with self._session(agent, run) as session:
+        async with self._session(agent, run) as session, contextlib.AsyncExitStack() as gateway:
             ctx = TrainerContext(
                 store=session.store, train_tasks=[], val_tasks=task_list, retry=self.retry,
                 health_check=session.health_check, run=run,
             )  # fmt: skip
-            if resources is not None:
-                await ctx.publish(resources)
+            items = dict(resources.items if isinstance(resources, Resources) else resources or {})
+            if llm is not None:
+                from lightrail.gateway.server import GatewayServer
+
+                server = await gateway.enter_async_context(
+                    GatewayServer(llm, session.store, token=secrets.token_urlsafe(16))
+                )
+                refresh = getattr(llm, "refresh_models", None)
+                if refresh is not None:  # an upstream names its models once asked
+                    await refresh()
+                names = llm.model_names() or ["default"]
+                items["llm"] = LLM(
+                    endpoint=server.url, model=names[0], api_key=server.token, sampling=dict(sampling or {})
+                )
+            if resources is not None or llm is not None:
+                await ctx.publish(items)
             with Progress(
                 TextColumn("[bold]dev[/bold]"),
                 BarColumn(),
