@@ -68,7 +68,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from lightrail.engine.formats import TOOL_FORMATS, ToolFormat, _Pythonic
+from lightrail.engine.formats import TOOL_FORMATS, ToolFormat
 from lightrail.types import BackendError, ChatRequest
 
 __all__ = ["Constraint", "Grammar", "Grammars", "RowMatcher", "apply_bitmask", "build_grammar", "grammars_for"]
@@ -158,10 +158,6 @@ def _response_rule(fmt: Any) -> tuple[str, str] | None:
     )
 
 
-def _parameters(fn: dict) -> Any:
-    return fn.get("parameters", {"type": "object", "properties": {}})
-
-
 def _tool_functions(tools: Any) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for tool in tools or ():
@@ -214,19 +210,12 @@ def build_grammar(
     lines: list[str] = []
     if callable_:
         tag = tags(fmt) if tags is not None else {t: json.dumps(t) for t in fmt.tags}
-        if isinstance(fmt, _Pythonic):
-            params = [(name, _parameters(tools[name])) for name in callable_]
-            lines += fmt.pythonic_rules(
-                [(name, closed_schema(p)) for name, p in params],
-                single,
-                lambda schema: _schema_rule(schema, False, "tools"),
-            )
-        else:
-            bodies = [
-                (name, _schema_rule(_parameters(tools[name]), bool(tools[name].get("strict")), "tools"))
-                for name in callable_
-            ]
-            lines += fmt.calls_rule(bodies, single, tag)
+        lines += fmt.calls_rule(
+            [(name, tools[name]) for name in callable_],
+            single,
+            tag,
+            lambda schema, strict: _schema_rule(schema, strict, "tools"),
+        )
         calls = "calls"
     if forced is not None:
         kind, start = "tool_choice", calls

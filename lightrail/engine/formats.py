@@ -40,6 +40,7 @@ import hashlib
 import json
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,10 @@ __all__ = [
     "model_format",
     "template_of",
 ]
+
+
+SchemaRule = Callable[[Any, bool], str]
+"""``(schema, strict) -> Lark expression`` of a JSON value valid against the schema (the engine's grammar builder)."""
 
 
 class UnknownFormatError(ValueError):
@@ -120,9 +125,18 @@ class ToolFormat:
         """The calls in generated ``text`` (special marker tokens may have been dropped by decoding)."""
         raise NotImplementedError
 
-    def calls_rule(self, bodies: list[tuple[str, str]], single: bool, tag: dict[str, str]) -> list[str]:
-        """Lark rules whose ``calls`` rule is one call (``single``) or several, in this markup. ``bodies`` are
-        (tool name, Lark expression of its arguments object); ``tag`` maps each of `tags` to its Lark expression."""
+    def calls_rule(
+        self, tools: list[tuple[str, dict[str, Any]]], single: bool, tag: dict[str, str], schema_rule: SchemaRule
+    ) -> list[str]:
+        """Lark rules whose ``calls`` rule is one call (``single``) or several to ``tools`` (name, OpenAI
+        ``function`` object), in this markup. ``tag`` maps each of `tags` to its Lark expression; ``schema_rule
+        (schema, strict)`` is the Lark expression of a JSON value valid against a schema."""
+        bodies = [(name, schema_rule(parameters_of(fn), bool(fn.get("strict")))) for name, fn in tools]
+        return self._json_calls(bodies, single, tag)
+
+    def _json_calls(self, bodies: list[tuple[str, str]], single: bool, tag: dict[str, str]) -> list[str]:
+        """`calls_rule` for a markup whose arguments are one JSON object: ``bodies`` are (tool name, Lark
+        expression of its arguments)."""
         raise NotImplementedError
 
     def tools_prompt(self, tools: list[dict[str, Any]]) -> str:
@@ -180,7 +194,7 @@ class _Hermes(ToolFormat):
             return ParsedToolCalls(text, [], malformed)
         return ParsedToolCalls("".join(pieces).strip(), calls, malformed)
 
-    def calls_rule(self, bodies: list[tuple[str, str]], single: bool, tag: dict[str, str]) -> list[str]:
+    def _json_calls(self, bodies: list[tuple[str, str]], single: bool, tag: dict[str, str]) -> list[str]:
         rules = _json_bodies(bodies, "arguments")
         rules.append(f'call: {tag["<tool_call>"]} "\\n" body "\\n" {tag["</tool_call>"]}')
         rules.append("calls: call" if single else 'calls: call ("\\n" call)*')
@@ -223,7 +237,7 @@ class _Llama3Json(ToolFormat):
                 return ParsedToolCalls(text, [], 1)
             pos = len(body) - len(rest[1:].lstrip())
 
-    def calls_rule(self, bodies: list[tuple[str, str]], single: bool, tag: dict[str, str]) -> list[str]:
+    def _json_calls(self, bodies: list[tuple[str, str]], single: bool, tag: dict[str, str]) -> list[str]:
         rules = _json_bodies(bodies, "parameters")
         rules.append("call: body")
         rules.append("calls: call" if single else 'calls: call ("; " call)*')
@@ -260,7 +274,7 @@ class _Mistral(ToolFormat):
         content = (head + stripped[end:]).strip() if marker else stripped[end:].strip()
         return ParsedToolCalls(content, [c for c in calls if c is not None], 0)
 
-    def calls_rule(self, bodies: list[tuple[str, str]], single: bool, tag: dict[str, str]) -> list[str]:
+    def _json_calls(self, bodies: list[tuple[str, str]], single: bool, tag: dict[str, str]) -> list[str]:
         rules = _json_bodies(bodies, "arguments")
         rules.append("call: body")
         items = "call" if single else 'call (", " call)*'
@@ -341,21 +355,21 @@ class _Pythonic(ToolFormat):
             }
         return ast.literal_eval(node)
 
-    def calls_rule(self, bodies: list[tuple[str, str]], single: bool, tag: dict[str, str]) -> list[str]:
-        raise NotImplementedError  # built from the schemas' properties: see `pythonic_rules`
-
-    def pythonic_rules(self, tools: list[tuple[str, dict[str, Any]]], single: bool, value: Any) -> list[str]:
-        """Lark rules for forced calls: ``name(k=v, ...)`` with only the declared keyword arguments, in their
-        declared order, the required ones always present. ``value(schema)`` gives a property's Lark value."""
+    def calls_rule(
+        self, tools: list[tuple[str, dict[str, Any]]], single: bool, tag: dict[str, str], schema_rule: SchemaRule
+    ) -> list[str]:
+        """``name(k=v, ...)`` with only the declared keyword arguments, in their declared order, the required ones
+        always present; booleans and null as Python writes them, other values as JSON (Python reads those too)."""
         rules: list[str] = []
         bodies = []
-        for i, (name, params) in enumerate(tools):
+        for i, (name, fn) in enumerate(tools):
+            params = parameters_of(fn)
             props = list((params.get("properties") or {}).items())
             required = set(params.get("required") or ())
             n = len(props)
             for j, (key, schema) in enumerate(props):
                 v = _PY_LITERALS.get(str(schema.get("type"))) if isinstance(schema, dict) else None
-                v = v or value(schema)  # strings and numbers: JSON's spelling is Python's
+                v = v or schema_rule(schema, False)  # strings and numbers: JSON's spelling is Python's
                 rules.append(f"v_{i}_{j}: {v}")
                 opt = key not in required
                 rules.append(
@@ -371,6 +385,11 @@ class _Pythonic(ToolFormat):
         rules.append("call: " + " | ".join(bodies))
         rules.append('calls: "[" call "]"' if single else 'calls: "[" call (", " call)* "]"')
         return rules
+
+
+def parameters_of(fn: dict[str, Any]) -> Any:
+    """A tool's ``parameters`` schema (a tool without one takes no arguments)."""
+    return fn.get("parameters", {"type": "object", "properties": {}})
 
 
 def _py(value: Any) -> str:
