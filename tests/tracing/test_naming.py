@@ -220,7 +220,7 @@ async def test_as_agent_wins_over_the_agent_opentelemetry_guesses_and_a_callers_
 
 
 async def test_which_guess_names_a_call_does_not_depend_on_the_order_the_stamps_were_added():
-    """OpenTelemetry's guess wins over LangChain's run name (docs/architecture.md, "Naming agents"), also after
+    """OpenTelemetry's guess wins over LangChain's run name (docs/frameworks.md, "Naming agents"), also after
     OpenTelemetry is set up again once LangChain's stamp was installed (its stamp then comes back after it)."""
     seen: list[str | None] = []
 
