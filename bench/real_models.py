@@ -3,6 +3,8 @@
     .venv/bin/python bench/real_models.py                    # embedded engine, every family
     .venv/bin/python bench/real_models.py --vllm             # ... and vLLM's CPU build for Hermes and Llama 3 JSON
                                                              #     (needs .venv-vllm: tests/gateway/test_gateway_vllm.py)
+    LIGHTRAIL_TORCH_THREADS=2 .venv/bin/python bench/real_models.py --showcases sql_agent --seeds 3
+                                                             # SmolLM2 learning showcases instead (bench/_smollm2_showcases.py)
 
 For each family (`tests/engine/families.py`: Qwen2.5 and Qwen3 Hermes, Llama 3.2 JSON, Mistral v0.3, Llama 3.2
 pythonic; each its published chat template on a random ~0.1 M-parameter model with the family's special tokens) the
@@ -123,7 +125,27 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--vllm", action="store_true", help="also through vLLM's CPU build (Hermes, Llama 3 JSON)")
     parser.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
+    parser.add_argument("--showcases", nargs="+", metavar="NAME", help="instead: train SmolLM2 on these showcases")
+    parser.add_argument("--seeds", type=int, default=3, help="with --showcases: seeds 0..N-1 per showcase (default 3)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
+                        help="with --showcases: a config override for every run (as lightrail train --set)")  # fmt: skip
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / time.strftime("bench-smollm2-%Y%m%d-%H%M%S"))
     args = parser.parse_args()
+    if args.showcases:
+        from bench._smollm2_showcases import RECIPES, measure
+
+        unknown = sorted(set(args.showcases) - set(RECIPES))
+        if unknown:
+            parser.error(f"no SmolLM2 recipe for {unknown}; known: {sorted(RECIPES)}")
+        facts = machine_facts()
+        log(f"machine: {facts}")
+        figures = await asyncio.to_thread(
+            measure, args.showcases, args.seeds, args.out, args.overrides
+        )  # trains in its own loop
+        print(
+            json.dumps({**figures, **facts, "overrides": args.overrides, "load_1m_after": machine_facts()["load_1m"]})
+        )
+        return
     from families import FAMILIES
 
     from lightrail.engine.formats import formats_of

@@ -30,7 +30,7 @@ from typing import Any, TypedDict
 
 from examples.sql_agent.database import QueryError, connect, database_path, run_query, schema_text
 
-__all__ = ["ONE_SHOT", "SQLState", "answer", "build_graph", "extract_sql"]
+__all__ = ["ONE_SHOT", "ONE_SHOT_BASIC", "SQLState", "answer", "build_graph", "extract_sql"]
 
 WRITE = (
     "You write one SQLite query that answers the question. Tables:\n{schema}\nReply with the query in a ```sql block."
@@ -48,6 +48,15 @@ ONE_SHOT: list[tuple[str, str]] = [
         "How many flights left John F Kennedy Intl on January 1?",
         "SELECT COUNT(*) FROM flights f JOIN airports o ON o.faa = f.origin "
         "WHERE o.name = 'John F Kennedy Intl' AND f.month = 1 AND f.day = 1",
+    )
+]
+
+#: The worked example of the basic tier (`data.BASIC_TEMPLATES`: counts over the flights table filtered by codes,
+#: months and days): one shape of that tier, its values those of no held-out question.
+ONE_SHOT_BASIC: list[tuple[str, str]] = [
+    (
+        "How many flights did carrier AA fly to ORD on June 15?",
+        "SELECT COUNT(*) FROM flights WHERE carrier = 'AA' AND dest = 'ORD' AND month = 6 AND day = 15",
     )
 ]
 

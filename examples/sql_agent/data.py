@@ -30,7 +30,7 @@ from typing import Any
 
 from examples.sql_agent.database import QueryError, connect, database_path, run_query, schema_text
 
-__all__ = ["TEMPLATES", "Template", "splits", "tokenizer_corpus"]
+__all__ = ["BASIC_TEMPLATES", "TEMPLATES", "TIERS", "Template", "splits", "tokenizer_corpus"]
 
 MONTHS = [
     "January", "February", "March", "April", "May", "June",
@@ -177,10 +177,47 @@ TEMPLATES: list[Template] = [
 ]
 
 
+def _draw(*keys: str) -> Callable[[random.Random, dict[str, list]], dict[str, Any]]:
+    """Values for the basic tier: codes from the pools, a month, a day of the month (1-28)."""
+
+    def draw(rng: random.Random, pools: dict[str, list]) -> dict[str, Any]:
+        ranges = {"month": (1, 12), "day": (1, 28)}
+        return {k: rng.randint(*ranges[k]) if k in ranges else rng.choice(pools[k + "s"]) for k in keys}
+
+    return draw
+
+
+def _count(name: str, question: str, *keys: str) -> Template:
+    """A basic-tier count: the flights matching ``keys`` (columns of the flights table, ``month`` and ``day``
+    included), asked as ``question``."""
+    where = " AND ".join(f"{k} = {{{k}}}" for k in keys)
+    return Template(name, question, f"SELECT COUNT(*) FROM flights WHERE {where}", _draw(*keys))
+
+
+BASIC_TEMPLATES: list[Template] = [
+    _count("carrier_dest_day", "How many flights did carrier {carrier} fly to {dest} on {month_name} {day}?",
+           "carrier", "dest", "month", "day"),
+    _count("carrier_dest_month", "How many flights did carrier {carrier} fly to {dest} in {month_name}?",
+           "carrier", "dest", "month"),
+    _count("carrier_dest", "How many flights did carrier {carrier} fly to {dest}?", "carrier", "dest"),
+    _count("origin_dest", "How many flights went from {origin} to {dest}?", "origin", "dest"),
+    _count("carrier_origin_month", "How many flights did carrier {carrier} fly from {origin} in {month_name}?",
+           "carrier", "origin", "month"),
+    _count("origin_day", "How many flights left {origin} on {month_name} {day}?", "origin", "month", "day"),
+]  # fmt: skip
+"""The ``basic`` tier: counts over the flights table alone, filtered by one to four of carrier, origin, destination
+(as the codes the table holds), month and day; no joins. Chosen for a small pretrained model before any training
+(SmolLM2-135M matches none of `TEMPLATES`, nor single-table questions that ask for other aggregates or columns than its
+worked example shows, at temperature 0 or 0.7: README.md). The first template has the shape of the basic agent's
+worked example (`agent.ONE_SHOT_BASIC`), the others drop or swap its filters."""
+TIERS = {"full": TEMPLATES, "basic": BASIC_TEMPLATES}
+
+
 @cache
 def _pools() -> dict[str, list]:
     """Values questions are drawn from: every airline, and the destinations with at least 1,000 flights that the
-    airports table knows (a destination missing there would make its name-based question unanswerable)."""
+    airports table knows (a destination missing there would make its name-based question unanswerable); for the
+    basic tier, codes: carriers with at least 1,000 flights, the three origins, destinations with at least 2,000."""
     conn = connect(database_path())
     try:
         airlines = [name for (name,) in run_query(conn, "SELECT name FROM airlines ORDER BY carrier")[1]]
@@ -192,9 +229,19 @@ def _pools() -> dict[str, list]:
                 "HAVING COUNT(*) >= 1000 ORDER BY COUNT(*) DESC, d.name",
             )[1]
         ]
+        carriers = [
+            c for (c,) in run_query(conn, "SELECT carrier FROM flights GROUP BY carrier HAVING COUNT(*) >= 1000")[1]
+        ]
+        dests = [d for (d,) in run_query(conn, "SELECT dest FROM flights GROUP BY dest HAVING COUNT(*) >= 2000")[1]]
     finally:
         conn.close()
-    return {"airlines": airlines, "destinations": destinations}
+    return {
+        "airlines": airlines,
+        "destinations": destinations,
+        "carriers": sorted(carriers),
+        "origins": sorted(ORIGINS),
+        "dests": sorted(dests),
+    }
 
 
 def _instance(template: Template, values: dict[str, Any]) -> tuple[str, str, str | None]:
@@ -230,31 +277,36 @@ def split_of(question: str, val_fraction: float = 0.2) -> str:
     return "val" if bucket < val_fraction else "train"
 
 
-def splits(seed: int = 0, n_train: int = 400, n_val: int = 100) -> tuple[list[dict], list[dict]]:
+def splits(seed: int = 0, n_train: int = 400, n_val: int = 100, tier: str = "full") -> tuple[list[dict], list[dict]]:
     """``n_train`` training and ``n_val`` held-out tasks, deterministic for a seed, no question in both.
 
     Templates take turns (a seeded shuffle of them per round), so both splits mix all kinds of question; a
     smaller request is a prefix of a larger one with the same seed. Raises ValueError when the templates cannot
     produce that many distinct questions of a split. Each gold query runs once (~10 ms); the splits are cached
-    next to the database, keyed by the database, the templates and the arguments.
+    next to the database, keyed by the database, the templates and the arguments. ``tier``: ``full`` (`TEMPLATES`)
+    or ``basic`` (`BASIC_TEMPLATES`, for small pretrained models).
     """
+    if tier not in TIERS:
+        raise ValueError(f"tier must be one of {sorted(TIERS)}, got {tier!r}")
     if n_train < 0 or n_val < 0:
         raise ValueError(f"n_train and n_val must be >= 0, got {n_train} and {n_val}")
     db = database_path()
-    templates = [(t.name, t.question, t.sql, t.argmax) for t in TEMPLATES]
+    templates = [(t.name, t.question, t.sql, t.argmax) for t in TIERS[tier]]
     key = hashlib.sha256(repr((db.name, templates, seed, n_train, n_val)).encode()).hexdigest()[:16]
     cached = db.parent / f"sql_agent-splits-{key}.json"
     if cached.exists():
         train, val = json.loads(cached.read_text())
         return train, val
-    train, val = _generate(db, seed, n_train, n_val)
+    train, val = _generate(db, seed, n_train, n_val, TIERS[tier])
     staging = cached.with_suffix(f".{os.getpid()}.tmp")
     staging.write_text(json.dumps([train, val]))
     os.replace(staging, cached)  # atomic: concurrent writers write identical content
     return train, val
 
 
-def _generate(db: Path, seed: int, n_train: int, n_val: int) -> tuple[list[dict], list[dict]]:
+def _generate(
+    db: Path, seed: int, n_train: int, n_val: int, templates: list[Template]
+) -> tuple[list[dict], list[dict]]:
     rng = random.Random(seed)
     pools = _pools()
     seen: set[str] = set()
@@ -264,7 +316,7 @@ def _generate(db: Path, seed: int, n_train: int, n_val: int) -> tuple[list[dict]
     try:
         misses = 0
         while len(out["train"]) < n_train or len(out["val"]) < n_val:
-            order = rng.sample(TEMPLATES, len(TEMPLATES))
+            order = rng.sample(templates, len(templates))
             for template in order:
                 question, sql, top_two = _instance(template, template.draw(rng, pools))
                 split = split_of(question)

@@ -13,7 +13,7 @@ import sqlite3
 import threading
 from functools import cache
 
-from examples.sql_agent.agent import ONE_SHOT, answer
+from examples.sql_agent.agent import ONE_SHOT, ONE_SHOT_BASIC, answer
 from examples.sql_agent.database import connect, database_path
 from examples.sql_agent.reward import execution_match
 from lightrail import rollout
@@ -35,11 +35,11 @@ def _connection() -> sqlite3.Connection:
     return conn
 
 
-def _score(task: dict, llm, examples=()) -> float:
+def _score(task: dict, llm, examples=(), max_turns: int = MAX_TURNS) -> float:
     conn = _connection()
     state = answer(
         task["question"], base_url=llm.endpoint, model=llm.model, api_key=llm.api_key or "none",
-        max_turns=MAX_TURNS, examples=examples, conn=conn, **llm.sampling,
+        max_turns=max_turns, examples=examples, conn=conn, **llm.sampling,
     )  # fmt: skip
     return execution_match(conn, state.get("sql"), task["sql"])
 
@@ -55,3 +55,10 @@ def sql_agent_one_shot(task, llm):
     """The same agent with one worked example shown to the writer and the rewriter (what a small instruct model
     like SmolLM2 needs to answer in SQL rather than prose)."""
     return _score(task, llm, ONE_SHOT)
+
+
+@rollout
+def sql_agent_basic(task, llm):
+    """The agent for the basic tier (``data_args.tier: basic``) and a small pretrained model: one worked example
+    of that tier (`agent.ONE_SHOT_BASIC`), at most two queries (the first and one rewrite)."""
+    return _score(task, llm, ONE_SHOT_BASIC, max_turns=2)

@@ -39,8 +39,8 @@ from one_step import (
     train_step_metrics,
 )
 
-from examples.sql_agent.agent import CHECK, ONE_SHOT, REWRITE, WRITE, extract_sql
-from examples.sql_agent.data import MONTHS, TEMPLATES, splits, tokenizer_corpus
+from examples.sql_agent.agent import CHECK, ONE_SHOT, ONE_SHOT_BASIC, REWRITE, WRITE, extract_sql
+from examples.sql_agent.data import BASIC_TEMPLATES, MONTHS, TEMPLATES, splits, tokenizer_corpus
 from examples.sql_agent.database import SCHEMA, QueryError, connect, data_dir, database_path, run_query, schema_text
 from examples.sql_agent.reward import execution_match, same_rows
 from lightrail.adapters import AgentFilter, build_episode, episode_transitions
@@ -120,6 +120,38 @@ def test_splits_are_deterministic_disjoint_and_mix_every_template():
     json.dumps([train, val])  # tasks travel to runner processes as JSON
     with pytest.raises(ValueError, match="n_train and n_val"):
         splits(n_train=-1)
+
+
+def test_the_basic_tier_counts_flights_by_codes_and_shares_no_question_with_the_full_tier(db, csv_tables):
+    """The task set chosen for SmolLM2 (``tier: basic``): counts over the flights table alone, each gold answer
+    recounted here from the CSV rows; disjoint splits mixing every basic template; a tier that does not exist is
+    a ValueError naming the tiers."""
+    train, val = splits(seed=0, n_train=60, n_val=48, tier="basic")
+    assert (len(train), len(val)) == (60, 48)
+    assert {t["question"] for t in train}.isdisjoint(t["question"] for t in val)
+    assert {t["template"] for t in train} == {t.name for t in BASIC_TEMPLATES}
+    full_train, full_val = splits(seed=0, n_train=60, n_val=48)
+    assert {t["question"] for t in full_train + full_val}.isdisjoint(t["question"] for t in train + val)
+    month = {name: i + 1 for i, name in enumerate(MONTHS)}
+    columns = {"carrier": "carrier", "to": "dest", "from": "origin", "left": "origin"}
+    for task in train[:12] + val[:12]:
+        assert "JOIN" not in task["sql"] and task["sql"].startswith("SELECT COUNT(*) FROM flights WHERE")
+        words = task["question"].rstrip("?").split()
+        wanted = {columns[w]: words[i + 1] for i, w in enumerate(words[:-1]) if w in columns}
+        dates = [(month[w], words[i + 1]) for i, w in enumerate(words[:-1]) if w in month]
+        if dates:
+            wanted["month"] = str(dates[0][0])
+            if dates[0][1].isdigit():
+                wanted["day"] = dates[0][1]
+        elif words[-1] in month:
+            wanted["month"] = str(month[words[-1]])
+        rows = csv_tables["flights_by_month"][wanted["month"]] if "month" in wanted else csv_tables["flights"]
+        count = sum(all(r[k] == v for k, v in wanted.items() if k != "month") for r in rows)
+        assert task["answer"] == [[count]], task["question"]
+    (question, sql), *_ = ONE_SHOT_BASIC
+    assert run_query(db, sql)[1][0][0] > 0 and question not in {t["question"] for t in train + val}
+    with pytest.raises(ValueError, match="tier must be one of"):
+        splits(n_train=1, n_val=1, tier="hard")
 
 
 def _expected(task: dict, t: dict[str, list[dict[str, str]]]):
