@@ -37,9 +37,9 @@ def train_step_metrics(report: dict[str, Any]) -> dict[str, Any]:
 def assert_the_recipe_learns(config_path, out_dir, *, n_val: int, sft_floor: float, overrides=()) -> dict[str, Any]:
     """Run a showcase's ``[sft, grpo]`` recipe (``config_path``) reduced to fit a slow test: its SFT stage as
     configured, then 4 GRPO steps of 8 tasks × 4 samples, validated on ``n_val`` held-out tasks. Held-out success
-    must go up: the untrained model solves none, SFT through the agent's own framework reaches ``sft_floor``, and
-    GRPO's few steps lose at most 0.1 of it (the full recipe's GRPO figures are ``bench/showcases.py``'s). Returns
-    the run's report."""
+    must go up twice: the untrained model solves none, SFT through the agent's own framework reaches ``sft_floor``,
+    and GRPO ends above the start it measured in the same run (the SFT model's score; the full recipe's GRPO figures
+    are ``bench/showcases.py``'s). Returns the run's report."""
     from lightrail.trainer.config import load_config, train
 
     config = load_config(
@@ -58,7 +58,7 @@ def assert_the_recipe_learns(config_path, out_dir, *, n_val: int, sft_floor: flo
     report = train(config).report
     sft = report["stages"]["sft"]
     assert sft["val_before"] == 0.0 and sft["val_after"] >= sft_floor, sft
-    assert report["steps"] == 4 and report["val_after"] >= report["val_before"] - 0.1, report
+    assert report["steps"] == 4 and report["val_after"] > report["val_before"], report
     return report
 
 
