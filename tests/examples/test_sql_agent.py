@@ -609,18 +609,3 @@ def test_the_recipe_reduced_learns_through_langgraph(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     assert_the_recipe_learns(ROOT / "examples" / "sql_agent" / "config.yaml", tmp_path / "run", n_val=60, sft_floor=0.2)
 
-
-@pytest.mark.slow
-@needs_langgraph
-def test_smollm2_learns_the_basic_tier_without_a_teacher(tmp_path, monkeypatch):
-    """The pretrained-model recipe (``config.smollm2.yaml``) as configured: SmolLM2-135M-Instruct with LoRA, GRPO
-    alone through the LangGraph app, no teacher. It starts inside the band the task set was chosen for (5-50 %
-    held out) and ends above the start it measured in the same run. ~45 minutes on 2 cores; the figures over seeds
-    are ``bench/real_models.py --showcases sql_agent``'s."""
-    from lightrail.trainer.config import load_config, train
-
-    monkeypatch.chdir(ROOT)
-    config = load_config(ROOT / "examples" / "sql_agent" / "config.smollm2.yaml", [f"out_dir={tmp_path / 'run'}"])
-    report = train(config).report
-    assert 0.05 <= report["val_before"] <= 0.5, report
-    assert report["steps"] == 10 and report["val_after"] > report["val_before"], report
