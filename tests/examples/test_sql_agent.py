@@ -608,4 +608,3 @@ def test_the_recipe_reduced_learns_through_langgraph(tmp_path, monkeypatch):
     decayed from step 300 and 0.245 at a constant rate), not rerun here."""
     monkeypatch.chdir(ROOT)
     assert_the_recipe_learns(ROOT / "examples" / "sql_agent" / "config.yaml", tmp_path / "run", n_val=60, sft_floor=0.2)
-
