@@ -16,7 +16,9 @@ them into `TrainingRow`s whose loss covers only those calls' assistant turns (to
 parses them: `ChatFormat.assistant_text`). **The recorded messages, not the recorded token ids, are the data**: a
 teacher's tokens are re-rendered with the student's chat template and re-tokenized by the student's tokenizer,
 so any teacher works (another vocabulary, a hosted API that returns no ids). `PolicyUpdater.step(rows,
-objective="sft")` then trains the student (full or LoRA) for ``steps`` optimizer steps of ``batch_size`` rows.
+objective="sft")` then trains the student (full or LoRA) for ``steps`` optimizer steps of ``batch_size`` rows; with ``backend="llamafactory"`` LLaMA-Factory's trainer
+runs them instead, in its own environment, on the same rows exported in its dataset format, and its model is loaded
+back into the updater (`lightrail.algorithms.llamafactory`).
 
 One run::
 
@@ -205,7 +207,9 @@ class SFT:
     optimizer and LoRA (its GRPO-only fields are unused; ``kl_coef`` must be 0). Training is ``steps`` optimizer
     steps of ``batch_size`` rows drawn without replacement (reshuffled each epoch). Held-out tasks are run with
     the student at the end (and every ``val_every`` steps; before training with ``validate_before``), greedy
-    by default (``val_sampling``).
+    by default (``val_sampling``). ``backend="llamafactory"`` has LLaMA-Factory's trainer take the ``steps``
+    (full fine-tuning; ``llamafactory``, a `LlamaFactorySettings`, names its interpreter; ``val_every`` and
+    ``checkpoint_every`` then apply only at the end).
 
         >>> teacher = LLM(endpoint="http://teacher:8000/v1", model="big", sampling={"temperature": 0.7})  # doctest: +SKIP
         >>> sft = SFT("runs/base", teacher=teacher, n_samples=4, best_of=1, steps=300)                   # doctest: +SKIP
