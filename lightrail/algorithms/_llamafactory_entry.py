@@ -3,15 +3,31 @@
 Saves lightrail's rows (``input_ids``, ``labels``) as LLaMA-Factory's tokenized dataset at the config's
 ``tokenized_path`` (a `datasets.DatasetDict` with a ``train`` split, what its loader reads back with
 ``load_from_disk``), then runs LLaMA-Factory's own entry point (``run_exp``, what ``llamafactory-cli train`` calls)
-on the config. Only the standard library, PyYAML, datasets and LLaMA-Factory: lightrail is not installed there.
+on the config. It ends when its parent does. Only the standard library, PyYAML, datasets and LLaMA-Factory: lightrail is not installed there.
 """
 
 import json
 import os
 import sys
+import threading
+import time
+
+
+def _exit_with_parent() -> None:
+    """End this process when the lightrail process that started it is gone (killed, crashed): a trainer that dies
+    must not leave LLaMA-Factory training on its cores."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
 
 
 def main(config_path: str, rows_path: str) -> None:
+    _exit_with_parent()
     import yaml
     from datasets import Dataset, DatasetDict
 

@@ -154,6 +154,47 @@ def test_a_missing_llamafactory_environment_is_one_clear_line(tiny_model, tmp_pa
         SFT(tiny_model, backend="llamafactory", config=GRPOConfig(lora=LoraSettings()))
 
 
+def test_llamafactory_training_ends_with_the_process_that_started_it(llamafactory_python, tiny_model, tmp_path):
+    """A trainer SIGKILLed mid-run leaves no LLaMA-Factory training behind: its child sees its parent go."""
+    import signal
+    import time
+
+    from lightrail.algorithms import llamafactory as lf
+
+    folder = tmp_path / "lf"
+    row = TrainingRow(input_ids=[5, 6, 7, 8], loss_mask=[0, 0, 1, 1], old_logprobs=[0.0] * 4, advantages=[1.0] * 4)
+    write_dataset(folder, [], [row])
+    arguments = lf.train_arguments(
+        folder, tiny_model, steps=100_000, batch_size=1, config=GRPOConfig(), max_len=8, settings=LlamaFactorySettings()
+    )
+    (folder / "train.yaml").write_text(json.dumps(arguments))
+    parent = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys, time; c = subprocess.Popen(sys.argv[1:]); "
+         "print(c.pid, flush=True); time.sleep(600)", llamafactory_python, "-P", str(lf._ENTRY),
+         str(folder / "train.yaml"), str(folder / "rows.jsonl")],
+        stdout=subprocess.PIPE, text=True, cwd=folder,
+    )  # fmt: skip
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    deadline = time.monotonic() + 120
+    while not (folder / "output" / "trainer_log.jsonl").exists():  # training has started
+        assert time.monotonic() < deadline, "LLaMA-Factory did not start training"
+        time.sleep(0.5)
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child}").exists() and "zombie" not in _state(child):
+        assert time.monotonic() < deadline, "LLaMA-Factory outlived its parent"
+        time.sleep(0.2)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].splitlines()[0].lower()
+    except (OSError, IndexError):
+        return "zombie"
+
+
 def test_distillation_through_llamafactory_gives_a_lightrail_model(llamafactory_python, tiny_model, tmp_path):
     """A short SFT through LLaMA-Factory's trainer: the export is written, the loss falls, and the result is a
     lightrail checkpoint and model folder (served for validation, exportable, a GRPO stage's start)."""
