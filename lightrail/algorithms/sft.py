@@ -16,9 +16,9 @@ them into `TrainingRow`s whose loss covers only those calls' assistant turns (to
 parses them: `ChatFormat.assistant_text`). **The recorded messages, not the recorded token ids, are the data**: a
 teacher's tokens are re-rendered with the student's chat template and re-tokenized by the student's tokenizer,
 so any teacher works (another vocabulary, a hosted API that returns no ids). `PolicyUpdater.step(rows,
-objective="sft")` then trains the student (full or LoRA) for ``steps`` optimizer steps of ``batch_size`` rows; with ``backend="llamafactory"`` LLaMA-Factory's trainer
-runs them instead, in its own environment, on the same rows exported in its dataset format, and its model is loaded
-back into the updater (`lightrail.algorithms.llamafactory`).
+objective="sft")` then trains the student (full or LoRA) for ``steps`` optimizer steps of ``batch_size`` rows
+(with ``backend="llamafactory"``, LLaMA-Factory's trainer takes them, in its own environment, on the same rows
+exported in its dataset format, and its model is loaded back into the updater: `lightrail.algorithms.llamafactory`).
 
 One run::
 

@@ -399,13 +399,19 @@ def _sft_kwargs(config: TrainConfig, train_tasks: list[dict] | None = None) -> d
             raise ConfigError("sft.config.kl_coef: SFT has no KL term (leave it at 0)")
         kwargs["config"] = settings
     llamafactory = options.pop("llamafactory", None)
-    if llamafactory is not None:
+    if llamafactory is not None or options.get("backend") == "llamafactory":
         from lightrail.algorithms.llamafactory import LlamaFactorySettings
 
         try:
-            kwargs["llamafactory"] = msgspec.convert(llamafactory, LlamaFactorySettings)
+            kwargs["llamafactory"] = settings = msgspec.convert(llamafactory or {}, LlamaFactorySettings)
         except msgspec.ValidationError as exc:
-            raise ConfigError(f"sft.llamafactory.{_readable(exc)}") from None
+            at = "." if "`$." in str(exc) else ": "  # a field's error, or the section's (an unknown field)
+            raise ConfigError(f"sft.llamafactory{at}{_readable(exc)}") from None
+        if options.get("backend") == "llamafactory":
+            try:
+                settings.interpreter()
+            except FileNotFoundError as exc:
+                raise ConfigError(str(exc)) from None
     parameters = inspect.signature(SFT).parameters
     sections = {"teacher", "traces", "agents", "config", "llamafactory"}
     accepted = set(parameters) - {"model", "gateway", "out_dir"} - sections

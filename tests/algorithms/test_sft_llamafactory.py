@@ -154,6 +154,35 @@ def test_a_missing_llamafactory_environment_is_one_clear_line(tiny_model, tmp_pa
         SFT(tiny_model, backend="llamafactory", config=GRPOConfig(lora=LoraSettings()))
 
 
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("sft={backend: llamafactory, llamafactory: {python: /nowhere/python}}", "/nowhere/python"),
+        ("sft={backend: llamafactory, llamafactory: {pyton: x}}", "sft.llamafactory: Object contains unknown field"),
+        ("sft={backend: llamafactory, llamafactory: {args: 3}}", "sft.llamafactory.args: Expected `object`"),
+    ],
+)
+def test_config_llamafactory_errors_name_the_field(tmp_path, override, message):
+    from lightrail.trainer.config import ConfigError, load_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text("agent: a:b\ndata: c:d\nalgorithm: sft\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, [override])
+    assert message in str(err.value)
+
+
+def test_config_llamafactory_section_reaches_sft(llamafactory_python, tmp_path):
+    from lightrail.trainer.config import _sft_kwargs, load_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text("agent: a:b\ndata: c:d\nalgorithm: sft\n")
+    override = f"sft={{backend: llamafactory, llamafactory: {{python: {llamafactory_python}, args: {{seed: 3}}}}}}"
+    kwargs = _sft_kwargs(load_config(path, [override]))
+    assert kwargs["backend"] == "llamafactory"
+    assert kwargs["llamafactory"] == LlamaFactorySettings(python=llamafactory_python, args={"seed": 3})
+
+
 def test_llamafactory_training_ends_with_the_process_that_started_it(llamafactory_python, tiny_model, tmp_path):
     """A trainer SIGKILLed mid-run leaves no LLaMA-Factory training behind: its child sees its parent go."""
     import signal
