@@ -200,6 +200,7 @@ def train_arguments(
         "stage": "sft",
         "do_train": True,
         "finetuning_type": "full",
+        "disable_gradient_checkpointing": True,  # LLaMA-Factory's default recomputes activations; lightrail's does not
         "dataset": DATASET,
         "dataset_dir": str(folder),
         "template": settings.template,
