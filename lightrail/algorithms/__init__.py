@@ -1,7 +1,9 @@
 """Learning algorithms that turn recorded rollouts into a better policy.
 
 SFT: `SFT` (`sft.py`) fine-tunes on the best recorded traces (rejection sampling from a store, `TraceFilter`; or
-distillation from a teacher LLM); `Chain` runs algorithms one after another (SFT, then GRPO).
+distillation from a teacher LLM), with lightrail's updater or, ``backend="llamafactory"``, LLaMA-Factory's trainer in
+its own environment (`LlamaFactorySettings`, `llamafactory.py`); `Chain` runs algorithms one after another (SFT, then
+GRPO).
 
 GRPO: `GRPO` (`grpo.py`) is the training loop (an `Algorithm` for `Trainer.fit`); `PolicyUpdater`
 runs the PPO-clipped policy update (`updater.py`; or SFT) over `lightrail.types.TrainingRow`s built by `lightrail.adapters`, on
@@ -23,6 +25,7 @@ _EXPORTS: dict[str, str] = {
     "Chain": "lightrail.algorithms.chain",
     "GRPO": "lightrail.algorithms.grpo",
     "GRPOConfig": "lightrail.algorithms.updater",
+    "LlamaFactorySettings": "lightrail.algorithms.llamafactory",
     "LoraSettings": "lightrail.algorithms.updater",
     "LossNorm": "lightrail.algorithms._loss",
     "PolicyUpdater": "lightrail.algorithms.updater",
@@ -40,6 +43,7 @@ __all__ = [
     "Chain",
     "GRPO",
     "GRPOConfig",
+    "LlamaFactorySettings",
     "LoraSettings",
     "LossNorm",
     "PolicyUpdater",
@@ -71,6 +75,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from lightrail.algorithms.apo import APO
     from lightrail.algorithms.chain import Chain
     from lightrail.algorithms.grpo import GRPO
+    from lightrail.algorithms.llamafactory import LlamaFactorySettings
     from lightrail.algorithms.rejection import TraceFilter
     from lightrail.algorithms.sft import SFT
     from lightrail.algorithms.updater import (

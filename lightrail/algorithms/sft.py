@@ -16,7 +16,9 @@ them into `TrainingRow`s whose loss covers only those calls' assistant turns (to
 parses them: `ChatFormat.assistant_text`). **The recorded messages, not the recorded token ids, are the data**: a
 teacher's tokens are re-rendered with the student's chat template and re-tokenized by the student's tokenizer,
 so any teacher works (another vocabulary, a hosted API that returns no ids). `PolicyUpdater.step(rows,
-objective="sft")` then trains the student (full or LoRA) for ``steps`` optimizer steps of ``batch_size`` rows.
+objective="sft")` then trains the student (full or LoRA) for ``steps`` optimizer steps of ``batch_size`` rows
+(with ``backend="llamafactory"``, LLaMA-Factory's trainer takes them, in its own environment, on the same rows
+exported in its dataset format, and its model is loaded back into the updater: `lightrail.algorithms.llamafactory`).
 
 One run::
 
@@ -65,6 +67,7 @@ from lightrail.types import LLM, Rollout, RolloutStatus, Span, Task, TrainingRow
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
+    from lightrail.algorithms.llamafactory import LlamaFactorySettings
     from lightrail.algorithms.protocol import TrainerContext
     from lightrail.algorithms.updater import GRPOConfig
     from lightrail.gateway.backends import Backend
@@ -204,7 +207,9 @@ class SFT:
     optimizer and LoRA (its GRPO-only fields are unused; ``kl_coef`` must be 0). Training is ``steps`` optimizer
     steps of ``batch_size`` rows drawn without replacement (reshuffled each epoch). Held-out tasks are run with
     the student at the end (and every ``val_every`` steps; before training with ``validate_before``), greedy
-    by default (``val_sampling``).
+    by default (``val_sampling``). ``backend="llamafactory"`` has LLaMA-Factory's trainer take the ``steps``
+    (full fine-tuning; ``llamafactory``, a `LlamaFactorySettings`, names its interpreter; ``val_every`` and
+    ``checkpoint_every`` then apply only at the end).
 
         >>> teacher = LLM(endpoint="http://teacher:8000/v1", model="big", sampling={"temperature": 0.7})  # doctest: +SKIP
         >>> sft = SFT("runs/base", teacher=teacher, n_samples=4, best_of=1, steps=300)                   # doctest: +SKIP
@@ -239,7 +244,13 @@ class SFT:
         seed: int = 0,
         engine_options: dict[str, Any] | None = None,
         gateway: GatewaySettings | None = None,
+        backend: str = "lightrail",
+        llamafactory: LlamaFactorySettings | None = None,
     ) -> None:
+        if backend not in ("lightrail", "llamafactory"):
+            raise ValueError(f"backend is 'lightrail' or 'llamafactory', not {backend!r}")
+        if backend == "llamafactory" and config is not None and config.lora is not None:
+            raise ValueError("the llamafactory backend fine-tunes the full model: leave config.lora unset")
         if teacher is not None and traces is not None:
             raise ValueError("give a teacher (distillation) or traces (rejection sampling from a store), not both")
         if steps < 0 or batch_size < 1 or n_samples < 1 or (tasks is not None and tasks < 1):
@@ -282,6 +293,13 @@ class SFT:
         self.seed = seed
         self.engine_options = engine_options or {}
         self.gateway = gateway
+        self.backend = backend
+        self.llamafactory = llamafactory
+        if backend == "llamafactory":
+            from lightrail.algorithms.llamafactory import LlamaFactorySettings
+
+            self.llamafactory = llamafactory or LlamaFactorySettings()
+            self.llamafactory.interpreter()  # a missing environment is said before any teacher call
         self.report: dict[str, Any] = {}
         self.step = 0
         self._rng = random.Random(seed)
@@ -289,6 +307,7 @@ class SFT:
         self._history: list[dict[str, Any]] = []
         self._track: Any = None
         self._rows: list[TrainingRow] = []
+        self._samples: list[ChatSample] = []
         self._updater: Any = None
         self._tokenizer: Any = None
         self._source: Any = None
@@ -368,6 +387,8 @@ class SFT:
         elif self.validate_before:
             val_before = next((m["val_success"] for m in self._history if m["kind"] == "val"), None)
         t_train = time.monotonic()
+        if self.backend == "llamafactory":
+            await self._train_llamafactory()
         with StepBar("SFT", total=self.steps, completed=self.step) as bar:
             while self.step < self.steps:
                 metrics = await self._train_step()
@@ -520,6 +541,7 @@ class SFT:
             elif not ours:
                 dropped.add("no_trained_calls", rollout.rollout_id)
             samples += ours
+        self._samples = samples
         tokenizer = self._tokenizer
         student = ChatFormat(  # the student's formats, as its engine reads them (engine_options may name them)
             tokenizer,
@@ -553,6 +575,38 @@ class SFT:
         }
         self._record(metrics)
         return metrics
+
+    async def _train_llamafactory(self) -> None:
+        """All ``steps`` by LLaMA-Factory's trainer on the rows (`lightrail.algorithms.llamafactory`), its model
+        loaded back into the updater: checkpoint, export and validation go on as after lightrail's own steps. A
+        resumed run whose checkpoint holds every step does not train again."""
+        if self.step >= self.steps:
+            return
+        from lightrail.algorithms import llamafactory as lf
+        from lightrail.algorithms.updater import GRPOConfig
+
+        assert self.llamafactory is not None
+        folder = self.out_dir / "llamafactory"
+        await asyncio.to_thread(lf.write_dataset, folder, self._samples, self._rows)
+        arguments = lf.train_arguments(
+            folder, self.model, steps=self.steps, batch_size=self.batch_size, config=self.config or GRPOConfig(),
+            max_len=max(len(r.input_ids) for r in self._rows), settings=self.llamafactory,
+        )  # fmt: skip
+        with StepBar("SFT (LLaMA-Factory)", total=self.steps, completed=self.step) as bar:
+            output = await lf.train(self.llamafactory.interpreter(), folder, arguments)
+            bar.update(self.steps, "trained")
+        await asyncio.to_thread(self._load_trained, output)
+        for line in lf.read_train_log(output):
+            if "loss" in line:
+                self._record({"kind": "train", "step": line["current_steps"], "loss": line["loss"],
+                              "lr": line.get("lr"), "backend": "llamafactory"})  # fmt: skip
+        self.step = self._updater.steps = self.steps
+
+    def _load_trained(self, output: Path) -> None:
+        from transformers import AutoModelForCausalLM
+
+        trained = AutoModelForCausalLM.from_pretrained(str(output), dtype=self._updater.dtype)
+        self._updater.model.load_state_dict(trained.state_dict())
 
     def _next_batch(self) -> list[int]:
         """The next ``batch_size`` row indices of a seeded shuffle, reshuffled each epoch (checkpointed)."""

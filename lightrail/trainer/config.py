@@ -398,11 +398,26 @@ def _sft_kwargs(config: TrainConfig, train_tasks: list[dict] | None = None) -> d
         if settings.kl_coef:
             raise ConfigError("sft.config.kl_coef: SFT has no KL term (leave it at 0)")
         kwargs["config"] = settings
+    llamafactory = options.pop("llamafactory", None)
+    if llamafactory is not None or options.get("backend") == "llamafactory":
+        from lightrail.algorithms.llamafactory import LlamaFactorySettings
+
+        try:
+            kwargs["llamafactory"] = settings = msgspec.convert(llamafactory or {}, LlamaFactorySettings)
+        except msgspec.ValidationError as exc:
+            at = "." if "`$." in str(exc) else ": "  # a field's error, or the section's (an unknown field)
+            raise ConfigError(f"sft.llamafactory{at}{_readable(exc)}") from None
+        if options.get("backend") == "llamafactory":
+            try:
+                settings.interpreter()
+            except FileNotFoundError as exc:
+                raise ConfigError(str(exc)) from None
     parameters = inspect.signature(SFT).parameters
-    accepted = set(parameters) - {"model", "gateway", "teacher", "traces", "agents", "config", "out_dir"}
+    sections = {"teacher", "traces", "agents", "config", "llamafactory"}
+    accepted = set(parameters) - {"model", "gateway", "out_dir"} - sections
     unknown = sorted(set(options) - accepted)
     if unknown:
-        extra = {"teacher", "traces", "agents", "agents_pattern", "config"}
+        extra = {"teacher", "traces", "agents", "agents_pattern", "config", "llamafactory"}
         raise ConfigError(f"sft: unknown setting(s) {unknown}; SFT accepts {sorted(accepted | extra)}")
     for key, value in options.items():
         kwargs[key] = _checked(f"sft.{key}", value, parameters[key].annotation)

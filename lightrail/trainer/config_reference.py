@@ -168,6 +168,9 @@ _MEANINGS = {
     "complete); null keeps every one.",
     "SFT.resume": "Continue from the newest checkpoint in the output folder.",
     "SFT.served_name": "The model name the gateway serves the student as.",
+    "SFT.backend": "Who runs the optimizer steps on the rows: ``lightrail`` (its own updater) or ``llamafactory`` "
+    "(LLaMA-Factory's trainer in its own environment, full fine-tuning; the rows are also exported as a "
+    "LLaMA-Factory dataset; see ``sft.llamafactory``).",
     "SFT.engine_options": "Keyword arguments of the embedded `Engine`; `tool_format` and `reasoning` name the model's formats (as in `grpo.engine_options`), which SFT targets are then written in.",
 }
 
@@ -205,6 +208,8 @@ _CONFIG_FORMS: dict[str, dict[str, tuple[str, str, str]]] = {
         "agents": ("list[str] | str", "null", "Train only the calls of these agents (null: every call)."),
         "agents_pattern": ("str", "null", "Train only the calls of agents whose name fully matches this regex."),
         "config": ("mapping", "{}", "Optimizer and LoRA (the ``grpo.config`` fields; ``kl_coef`` must stay 0)."),
+        "llamafactory": ("mapping", "null", "With ``backend: llamafactory``: its environment and arguments (the "
+                         "``sft.llamafactory`` fields)."),
         "seed": ("int", "the top-level seed", "Seeds row sampling and the teacher's task sample (`tasks`)."),
     },
 }  # fmt: skip
@@ -334,6 +339,7 @@ def sections() -> list[Section]:
     from lightrail.agent.ray import RaySettings
     from lightrail.algorithms.apo import APO
     from lightrail.algorithms.grpo import GRPO
+    from lightrail.algorithms.llamafactory import LlamaFactorySettings
     from lightrail.algorithms.rejection import TraceFilter
     from lightrail.algorithms.sft import SFT
     from lightrail.algorithms.updater import GRPOConfig, LoraSettings
@@ -404,6 +410,7 @@ def sections() -> list[Section]:
             teacher,
         ),
         Section("sft.traces", _summary(TraceFilter), _struct_fields(TraceFilter)),
+        Section("sft.llamafactory", _summary(LlamaFactorySettings), _struct_fields(LlamaFactorySettings)),
     ]
 
 
