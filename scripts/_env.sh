@@ -30,8 +30,5 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
   "$CREW_VENV/bin/python" -m pip install -q -c "$ROOT/constraints-crewai.txt" -e "$ROOT[openai,otel,crewai]"
   echo "$WANT" > "$STAMP"
 fi
-# LLaMA-Factory (sft: {backend: llamafactory}) pins older transformers, peft and datasets: a venv of its own,
-# ($VENV-llamafactory); this sets LIGHTRAIL_LLAMAFACTORY_PYTHON to its interpreter.
-source "$ROOT/scripts/_env_llamafactory.sh"
 export PATH="$VENV/bin:$PATH"
 export LIGHTRAIL_CREWAI_PYTHON="$CREW_VENV/bin/python"
