@@ -19,6 +19,7 @@ def test_public_surface_is_pinned():
         "Chain",
         "GRPO",
         "GRPOConfig",
+        "LlamaFactorySettings",
         "LoraSettings",
         "LossNorm",
         "PolicyUpdater",
