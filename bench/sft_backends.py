@@ -36,7 +36,9 @@ from bench._util import REPO, log, machine_facts  # noqa: E402
 AGENT = "examples.calculator.train:calculator_agent"
 
 
-def _llamafactory_python() -> str:
+def llamafactory_python() -> str:
+    """LLaMA-Factory's interpreter: ``$LIGHTRAIL_LLAMAFACTORY_PYTHON`` when it names a file, else the venv
+    ``scripts/_env_llamafactory.sh`` builds (or finds already built); a build that fails raises."""
     python = os.environ.get("LIGHTRAIL_LLAMAFACTORY_PYTHON")
     if python and Path(python).is_file():
         return python
@@ -73,7 +75,7 @@ def main() -> None:
     from lightrail.algorithms.llamafactory import LlamaFactorySettings
     from lightrail.store.sqlite import SQLiteStore
 
-    python = _llamafactory_python()
+    python = llamafactory_python()
     train_tasks, val_tasks = make_splits(n_train, n_val, seed=args.seed)
     model = build_model(DemoSettings(model="small", seed=args.seed, out=args.out), train_tasks, Console(stderr=True))
     store_path = args.out / "store.db"

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.sft_backends import llamafactory_python as bench_llamafactory_python
 from lightrail import MemoryStore, Trainer
 from lightrail.adapters import ChatSample
 from lightrail.algorithms import SFT, GRPOConfig, LoraSettings
@@ -38,13 +39,7 @@ TOOLS = [
 def llamafactory_python() -> str:
     """LLaMA-Factory's interpreter: the environment's variable, else the venv the script builds (a build that
     fails fails the test: the backend is part of the product)."""
-    python = os.environ.get("LIGHTRAIL_LLAMAFACTORY_PYTHON")
-    if python and Path(python).is_file():
-        return python
-    built = subprocess.run(
-        ["bash", str(REPO / "scripts" / "_env_llamafactory.sh")], check=True, capture_output=True, text=True
-    )
-    return built.stdout.strip().splitlines()[-1]
+    return bench_llamafactory_python()
 
 
 @pytest.fixture(scope="module")
