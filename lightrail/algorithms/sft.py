@@ -9,6 +9,10 @@
   e.g. a scripted teacher): the agent runs on the training tasks through the runners with the teacher as its
   model, behind a recording gateway (`OpenAIUpstream` in front of an endpoint), and the successful rollouts are
   kept the same way.
+* **The student's own samples** (``teacher="self"``: rejection sampling fine-tuning, as in STaR and RFT): the agent
+  runs on the training tasks with the student itself, served by the embedded engine at ``sampling`` (``n_samples``
+  tries per task), and the student is trained on its own successful tries: no program or stronger model that
+  knows the answers, only the reward deciding what is kept.
 
 Either way, each kept rollout's last attempt's spans become one `ChatSample` per LLM call (`episode_messages`);
 only the calls of the trained agents (``agents``, an `AgentFilter`, as in `GRPO`) are kept, and `call_rows` turns
@@ -49,7 +53,7 @@ import statistics
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from lightrail.adapters import AgentFilter, ChatSample, Exclusions, build_episode, episode_messages
 from lightrail.algorithms._loop_state import (
@@ -76,6 +80,8 @@ if TYPE_CHECKING:
 __all__ = ["SFT", "call_rows", "conversation_rows"]
 
 _TRACES = "traces.json"
+SELF = "self"
+"""``SFT(teacher=SELF)``: the student's own samples are the teacher's."""
 
 # One trained turn: the messages before it, the assistant message to learn, the tools offered, the row's owner.
 _Turn = tuple[Sequence[dict[str, Any]], dict[str, Any], list[dict[str, Any]] | None, str]
@@ -202,8 +208,9 @@ class SFT:
 
     ``model`` is a local Hugging Face directory (the student). Kept rollouts: reward at least ``min_reward`` (None:
     any), at most ``best_of`` per task (None: all). With a ``teacher``, each training task is run ``n_samples``
-    times with it (``tasks`` limits how many training tasks; None: all); without one, ``traces`` says which stored
-    rollouts are candidates. ``agents`` picks the trained agents' calls (None: every call). ``config`` sets the
+    times with it (``tasks`` limits how many training tasks; None: all); ``teacher="self"`` samples the student itself
+    at ``sampling`` (default temperature 1.0, 64 tokens); without a teacher, ``traces`` says which stored rollouts
+    are candidates. ``agents`` picks the trained agents' calls (None: every call). ``config`` sets the
     optimizer and LoRA (its GRPO-only fields are unused; ``kl_coef`` must be 0). Training is ``steps`` optimizer
     steps of ``batch_size`` rows drawn without replacement (reshuffled each epoch). Held-out tasks are run with
     the student at the end (and every ``val_every`` steps; before training with ``validate_before``), greedy
@@ -220,9 +227,10 @@ class SFT:
         self,
         model: str | Path,
         *,
-        teacher: LLM | Backend | None = None,
+        teacher: LLM | Backend | Literal["self"] | None = None,
         traces: TraceFilter | None = None,
         n_samples: int = 1,
+        sampling: dict[str, Any] | None = None,
         tasks: int | None = None,
         min_reward: float | None = 1.0,
         best_of: int | None = None,
@@ -263,7 +271,14 @@ class SFT:
             raise ValueError("SFT has no KL term: leave config.kl_coef at 0")
         if config is not None and (mismatch := config.schedule_mismatch(steps)):
             log.warning("SFT: %s", mismatch)
-        if teacher is not None and not isinstance(teacher, LLM) and not teacher.model_names():
+        if sampling is not None and teacher != SELF:
+            raise ValueError("sampling sets how the student samples itself (teacher='self'); an LLM teacher's "
+                             "sampling is its own (LLM.sampling)")  # fmt: skip
+        if isinstance(teacher, str) and teacher != SELF:
+            raise ValueError(
+                f"teacher is an LLM, a gateway Backend or 'self' (the student's own samples), not {teacher!r}"
+            )
+        if teacher is not None and not isinstance(teacher, (LLM, str)) and not teacher.model_names():
             raise ValueError(
                 f"the teacher backend ({type(teacher).__name__}) lists no model names: its model_names() must "
                 "name the model the agent is to call"
@@ -272,6 +287,7 @@ class SFT:
         self.teacher = teacher
         self.traces = traces if traces is not None or teacher is not None else TraceFilter()
         self.n_samples = n_samples
+        self.sampling = {"temperature": 1.0, "max_tokens": 64, **(sampling or {})}
         self.tasks = tasks
         self.min_reward = min_reward
         self.best_of = best_of
@@ -348,7 +364,7 @@ class SFT:
 
             self._source = open_store(self.traces.store, token=os.environ.get("LIGHTRAIL_TOKEN"))
             self._owned_source = True
-        if self.teacher is not None:
+        if self.teacher is not None and self.teacher != SELF:
             self._teacher_backend = self._backend_of(self.teacher)
             if not (self.resume and (self.out_dir / _TRACES).exists()):  # (else the pinned traces are reloaded)
                 from lightrail.gateway.server import GatewayServer, GatewaySettings
@@ -470,7 +486,11 @@ class SFT:
         self._rows, calls = await self._rows_of(source, kept, dropped)
         trained = {r.rollout_id for r in self._rows}
         data = {
-            "source": "teacher" if self.teacher is not None else (self.traces.store if self.traces else None),
+            "source": ("self" if self.teacher == SELF else "teacher")
+            if self.teacher is not None
+            else self.traces.store
+            if self.traces
+            else None,
             "rollout_ids": [r.rollout_id for r in kept if r.rollout_id in trained],
             "kept_rollouts": len(trained),
             "dropped": dict(sorted(dropped.counts.items())),
@@ -495,14 +515,15 @@ class SFT:
         return data
 
     async def _teacher_rollouts(self, ctx: TrainerContext) -> list[Rollout]:
-        assert self.teacher is not None and self._teacher_gateway is not None
-        if isinstance(self.teacher, LLM):
-            model, sampling = self.teacher.model, dict(self.teacher.sampling)
+        assert self.teacher is not None
+        if self.teacher == SELF:  # the student before any update, served as it is validated
+            await self._serve_student(ctx)
+            gateway, model, sampling = self._student_gateway, self.served_name, self.sampling
+        elif isinstance(self.teacher, LLM):
+            gateway, model, sampling = self._teacher_gateway, self.teacher.model, dict(self.teacher.sampling)
         else:  # a program: its first model name, whatever the agent's default sampling is
-            model, sampling = self.teacher.model_names()[0], {}
-        llm = LLM(
-            endpoint=self._teacher_gateway.url, model=model, sampling=sampling, api_key=self._teacher_gateway.token
-        )
+            gateway, model, sampling = self._teacher_gateway, self.teacher.model_names()[0], {}
+        llm = LLM(endpoint=gateway.url, model=model, sampling=sampling, api_key=gateway.token)
         version = await ctx.publish({"llm": llm})
         tasks = self._teacher_tasks(ctx.train_tasks)
         return await ctx.run_rollouts(tasks, mode="train", n_samples=self.n_samples, resources_version=version.version)

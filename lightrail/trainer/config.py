@@ -27,6 +27,7 @@ A config names the agent and its data by import reference, the model, how runner
     # sft:                                         # keyword arguments of lightrail.algorithms.SFT
     #   teacher: {endpoint: http://teacher:8000/v1, model: big, api_key_env: TEACHER_KEY}   # distillation
     #   teacher: {script: examples.calc_agent.teacher:teacher}   # or a program: fn(train_tasks, seed=) -> Backend
+    #   teacher: self                              # or the student's own samples (sampling: {temperature: 1.0})
     #   traces: {store: runs/old/store.db, since: 1.7e9, task_metadata: {level: easy}}    # or: rejection sampling
     #   min_reward: 1.0                            # keep rollouts rewarded at least this; best_of: 1 per task
     #   steps: 300
@@ -425,12 +426,18 @@ def _sft_kwargs(config: TrainConfig, train_tasks: list[dict] | None = None) -> d
 
 
 def _sft_teacher(section: Any, seed: int, train_tasks: list[dict] | None) -> Any:
-    """``sft.teacher`` as `SFT`'s teacher: an `LLM` from its fields, or the backend its ``script`` program returns
-    (None until ``train_tasks`` are given: the reference is only checked)."""
+    """``sft.teacher`` as `SFT`'s teacher: ``self`` (the student's own samples at ``sft.sampling``), an `LLM` from its
+    fields, or the backend its ``script`` program returns (None until ``train_tasks`` are given: the reference is
+    only checked)."""
+    from lightrail.algorithms.sft import SELF
     from lightrail.types import LLM
 
+    if section == SELF:
+        return SELF
     if not isinstance(section, dict):
-        raise ConfigError(f"sft.teacher: expected a mapping of LLM fields, got {section!r}")
+        raise ConfigError(
+            f"sft.teacher: expected {SELF!r} (the student's own samples) or a mapping of LLM fields, got {section!r}"
+        )
     teacher = dict(section)
     if "script" in teacher:
         if set(teacher) != {"script"}:

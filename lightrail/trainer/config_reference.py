@@ -149,6 +149,10 @@ _MEANINGS = {
     "APO.engine_options": "Keyword arguments of the embedded `Engine`.",
     # SFT's keyword arguments
     "SFT.n_samples": "With a teacher: rollouts per training task.",
+    "SFT.sampling": (
+        "With ``teacher: self``: how the student samples itself (OpenAI parameters; temperature 1.0 and 64 tokens "
+        "unless set)."
+    ),
     "SFT.tasks": (
         "With a teacher: how many training tasks are run (null: all), a random sample fixed by `seed`. A chained "
         "`grpo` stage still draws from all the training tasks, in an order independent of this sample."
@@ -200,9 +204,9 @@ _CONFIG_FORMS: dict[str, dict[str, tuple[str, str, str]]] = {
                         "demonstrations, e.g. a stronger model's or production's runs of the same agent."),
     },
     "sft": {
-        "teacher": ("mapping", "null", "Distillation: run the training tasks with this teacher (the ``sft.teacher`` "
-                    "fields: an endpoint, or ``{script: module:function}``, a program) and train on its best "
-                    "rollouts."),
+        "teacher": ("mapping | 'self'", "null", "Distillation: run the training tasks with this teacher (the "
+                    "``sft.teacher`` fields: an endpoint, or ``{script: module:function}``, a program; or ``self``, "
+                    "the student's own samples at ``sampling``) and train on its best rollouts."),
         "traces": ("mapping", "{} when no teacher", "Rejection sampling: train on the best stored rollouts that "
                    "pass this filter (the ``sft.traces`` fields)."),
         "agents": ("list[str] | str", "null", "Train only the calls of these agents (null: every call)."),

@@ -240,6 +240,42 @@ def test_distillation_trains_the_student_to_reproduce_the_teacher(tiny_model, tm
     assert generated[: len(target) + 1] == [*target, tokenizer.eos_token_id], tokenizer.decode(generated)
 
 
+def test_the_students_own_samples_are_the_teachers_with_teacher_self(tiny_model, tmp_path):
+    """``teacher="self"``: every training task is run ``n_samples`` times by the student itself (served by the
+    embedded engine at ``sampling``, recorded under this run), and the kept rows are those tries."""
+    train, val = _problems()
+    store = MemoryStore()
+    sampling = {"temperature": 0.9, "max_tokens": 24}
+    sft = SFT(
+        tiny_model, teacher="self", sampling=sampling, n_samples=2, min_reward=None, steps=2, batch_size=4,
+        val_sampling={"max_tokens": 24}, out_dir=tmp_path / "sft", checkpoint_every=0,
+    )  # fmt: skip
+    Trainer(n_runners=1, concurrency=8, store=store, algorithm=sft).fit(AGENT, train, val)
+    tries = [r for r in asyncio.run(store.query_rollouts()) if r.mode == "train"]
+    assert sorted(json.dumps(r.task.input) for r in tries) == sorted(json.dumps(t) for t in train for _ in range(2))
+    traces = json.loads((tmp_path / "sft" / "traces.json").read_text())
+    assert traces["source"] == "self" and set(traces["rollout_ids"]) <= {r.rollout_id for r in tries}
+    assert traces["rollout_ids"] and sft.report["rows"] > 0 and sft.report["steps"] == 2
+    spans = asyncio.run(store.query_spans(traces["rollout_ids"][0]))
+    requests = [s.attributes[Attr.REQUEST] for s in spans if s.name == Attr.SPAN_LLM_CALL]
+    assert requests and all(r["temperature"] == 0.9 and r["max_tokens"] == 24 for r in requests), requests
+    assert all(r["model"] == "policy" for r in requests)  # the student, as served for validation
+
+
+def test_teacher_self_is_the_only_teacher_sampling_applies_to(tmp_path):
+    from lightrail.trainer.config import _sft_kwargs, load_config
+    from lightrail.types import LLM
+
+    with pytest.raises(ValueError, match="sampling sets how the student samples itself"):
+        SFT(tmp_path, teacher=LLM(endpoint="http://127.0.0.1:9/v1", model="m"), sampling={"temperature": 0.5})
+    with pytest.raises(ValueError, match="'self' \\(the student's own samples\\), not 'me'"):
+        SFT(tmp_path, teacher="me")
+    path = tmp_path / "c.yaml"
+    path.write_text("agent: a:b\ndata: c:d\nalgorithm: sft\nsft: {teacher: self, sampling: {temperature: 0.5}}\n")
+    kwargs = _sft_kwargs(load_config(path))
+    assert kwargs["teacher"] == "self" and kwargs["sampling"] == {"temperature": 0.5}
+
+
 def test_sft_closes_the_teacher_backend_and_a_resumed_run_does_not_ask_it_again(tiny_model, tmp_path):
     """A teacher backend (a program's) belongs to the run: closed when it ends; a resumed run reloads its pinned
     traces without calling it or serving it."""
