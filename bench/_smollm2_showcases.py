@@ -28,11 +28,15 @@ def train_seed(name: str, seed: int, out: Path, overrides: list[str]) -> dict[st
     t0 = time.monotonic()
     config = load_config(REPO / RECIPES[name], [f"out_dir={out / name / f'seed-{seed}'}", f"seed={seed}", *overrides])
     report = train(config).report
+    stages = report.get("stages", {"": report})  # a chain (sft then grpo): every stage's minutes count
+    minutes = sum(stage.get("minutes", stage.get("train_minutes", 0.0)) for stage in stages.values())
     return {
         "val_before": report["val_before"],
         "val_after": report["val_after"],
         "gain": round(report["val_after"] - report["val_before"], 4),
-        "minutes": round(report["train_minutes"], 2),
+        "minutes": round(minutes, 2),
+        "stage_minutes": {name: round(stage.get("minutes", stage.get("train_minutes", 0.0)), 2)
+                          for name, stage in stages.items()},  # fmt: skip
         "wall_minutes": round((time.monotonic() - t0) / 60, 2),
         "steps": report["steps"],
     }

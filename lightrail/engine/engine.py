@@ -29,6 +29,11 @@ request with ``n > 1`` becomes ``n`` rows, each its own choice), presence/freque
 (`sampling.LogitProcessors`: kept per batch only while some row uses them), structured-output masks, and
 top_logprobs.
 
+Prompt prefixes that recent prompts shared (an agent's system prompt, worked examples, tools) are prefilled once and
+their keys and values reused (`prefix_cache.PrefixCache`; ``prefix_cache=False`` turns it off; cleared on every
+weight update): a request's prompt is then prefilled from where its cached prefix ends. ``stats`` counts the
+tokens prefilled (``prompt_tokens``) and those taken from the cache (``cached_prompt_tokens``).
+
 Logprobs: the value reported for a sampled token is ``log_softmax(logits / temperature)[token]`` -- the
 temperature-scaled distribution *before* top-p truncation (what PPO-style ratios against a trainer that applies
 the same temperature expect). For greedy rows (temperature 0) it is ``log_softmax(logits)[token]``, the
@@ -70,6 +75,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from lightrail.engine.chat import ChatFormat
 from lightrail.engine.constraints import Constraint, apply_bitmask, build_grammar, grammars_for
+from lightrail.engine.prefix_cache import PrefixCache, PrefixEntry, supported
 from lightrail.engine.sampling import LogitProcessors, draw, tempered_logprobs, top_logprobs
 from lightrail.types import (
     BackendError,
@@ -190,6 +196,7 @@ class Engine:
         policy_version: int = 0,
         tool_format: str | None = None,
         reasoning: str | None = None,
+        prefix_cache: bool = True,
     ):
         configure_threads()
         if gather_window_s < 0 or max_batch_rows < 1:
@@ -208,6 +215,7 @@ class Engine:
         if getattr(tokenizer, "chat_template", None):
             self.chat_format  # noqa: B018 - an unknown tool format is a start-up error, not a failure per request
         self._eos_ids = self._find_eos_ids()
+        self._prefixes = PrefixCache() if prefix_cache and supported(self.model) else None
         pad = tokenizer.pad_token_id
         self._pad_id = pad if pad is not None else min(self._eos_ids, default=0)
         # forward_passes, batches, prompt/generated_tokens and max_rows_in_batch are written only by the worker
@@ -216,7 +224,8 @@ class Engine:
             "requests": 0,
             "batches": 0,
             "forward_passes": 0,
-            "prompt_tokens": 0,
+            "prompt_tokens": 0,  # prefilled; the cached prefixes' tokens are counted apart:
+            "cached_prompt_tokens": 0,
             "generated_tokens": 0,
             "max_rows_in_batch": 0,
             "weight_updates": 0,
@@ -655,19 +664,58 @@ class Engine:
             return batch
 
     def _prefill_and_merge(self, requests: list[_Request], batch: _Batch | None) -> _Batch:
-        """Prefill the new requests' prompts as one left-padded group and merge them into the running batch."""
+        """Prefill the new requests' prompts and merge them into the running batch: rows whose prompt starts with a
+        cached prefix (`PrefixCache`) as one group per prefix over their remainder, the others as one group."""
+        groups: dict[tuple[int, ...] | None, tuple[PrefixEntry | None, list[_Row]]] = {}
+        for row in (row for req in requests for row in req.rows):
+            entry = self._cached_prefix(row.request.prompt_ids)
+            groups.setdefault(entry.ids if entry else None, (entry, []))[1].append(row)
+        merged = batch
+        for entry, rows in groups.values():
+            new = self._prefill(rows, entry)
+            merged = new if merged is None else _merge(merged, new)
+        assert merged is not None
+        self.stats["max_rows_in_batch"] = max(self.stats["max_rows_in_batch"], len(merged.rows))
+        return merged
+
+    def _cached_prefix(self, prompt: list[int]) -> PrefixEntry | None:
+        """The cached prefix ``prompt`` starts with, making one first when it shares enough with a recent prompt."""
+        if self._prefixes is None:
+            return None
+        if (entry := self._prefixes.lookup(prompt)) is not None:
+            self._prefixes.stats["hits"] += 1
+            return entry
+        self._prefixes.stats["misses"] += 1
+        if (ids := self._prefixes.to_make(prompt)) is None:
+            return None
         with torch.inference_mode():
-            rows = [row for req in requests for row in req.rows]
-            prompts = [row.request.prompt_ids for row in rows]
+            out = self.model(input_ids=torch.tensor([ids], device=self.device), use_cache=True)
+        self.stats["forward_passes"] += 1
+        entry = PrefixEntry(ids, [(layer.keys, layer.values) for layer in out.past_key_values.layers])
+        self._prefixes.add(entry)
+        return entry
+
+    def _prefill(self, rows: list[_Row], prefix: PrefixEntry | None) -> _Batch:
+        """One left-padded prefill of ``rows``; with a ``prefix``, of each prompt's remainder after it, on top of the
+        prefix's keys and values (row layout: prefix, padding, remainder; the mask hides the padding)."""
+        with torch.inference_mode():
+            skip = len(prefix.ids) if prefix is not None else 0
+            prompts = [row.request.prompt_ids[skip:] for row in rows]
             width = max(len(p) for p in prompts)
             ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
-            mask = torch.zeros((len(rows), width), dtype=torch.long)
+            mask = torch.zeros((len(rows), skip + width), dtype=torch.long)
+            mask[:, :skip] = 1
             for i, p in enumerate(prompts):
                 ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-                mask[i, width - len(p) :] = 1
+                mask[i, skip + width - len(p) :] = 1
             ids, mask = ids.to(self.device), mask.to(self.device)
-            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, skip:]
             cache = DynamicCache(config=self.model.config)
+            if prefix is not None:
+                for index, (keys, values) in enumerate(prefix.layers):
+                    n = len(rows)
+                    cache.update(keys.expand(n, -1, -1, -1).clone(), values.expand(n, -1, -1, -1).clone(), index)
+                self.stats["cached_prompt_tokens"] += skip * len(rows)
             out = self.model(
                 input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
             )
@@ -691,9 +739,7 @@ class Engine:
                 top_k=[p.top_logprobs for p in params] if any(p.top_logprobs for p in params) else None,
             )
             self._sample_into(new, out.logits[:, -1, :])
-            merged = new if batch is None else _merge(batch, new)
-            self.stats["max_rows_in_batch"] = max(self.stats["max_rows_in_batch"], len(merged.rows))
-            return merged
+            return new
 
     def _decode_step(self, batch: _Batch) -> None:
         """Feed each row its last sampled token and sample the next one."""
@@ -831,6 +877,8 @@ class Engine:
         with torch.no_grad():
             for key, value in state.items():
                 own[key].copy_(value)  # state_dict() tensors share storage with the parameters: in place
+        if self._prefixes is not None:
+            self._prefixes.clear()  # their keys and values were computed by the old weights
 
     # -- results --------------------------------------------------------------------------------------------------
 
