@@ -79,8 +79,10 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from lightrail.algorithms._loop_state import append_metrics
+from lightrail.adapters.selection import POLICY_OUTCOMES
 from lightrail.algorithms.rejection import TraceFilter
+from lightrail.algorithms.run.folder import RunFolder
+from lightrail.algorithms.run.policy import ServedPolicy, last_attempt_spans
 from lightrail.store.base import Store
 from lightrail.types import LLM, PromptTemplate, Resources, Rollout, RolloutSpec, RolloutStatus, Task
 
@@ -92,7 +94,6 @@ __all__ = ["APO", "Candidate", "demonstration_messages", "render_demonstration",
 
 PROMPTS_DIR = Path(__file__).parent / "apo_prompts"
 _STATE = "apo_state.json"
-_FINISHED = (RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.TIMEOUT)
 DEMO_HEADER = "Worked examples:"
 DEMO_TRACES_MAX = 256
 """At most this many of the newest successful rollouts ``demo_traces`` picks are read as demonstrations."""
@@ -226,6 +227,7 @@ class APO:
         self.optimizer_sampling = {"temperature": 0.7, "max_tokens": 512, **(optimizer_sampling or {})}
         self.success_threshold = success_threshold
         self.out_dir = Path(out_dir)
+        self.folder = RunFolder(out_dir, "APO")  # metrics.jsonl and report.json (the search's state: apo_state.json)
         self.served_name = served_name
         self.llm_name = llm_name
         self.seed = seed
@@ -235,22 +237,20 @@ class APO:
         self.candidates: dict[str, Candidate] = {}
         self.beam: list[str] = []
         self._state: dict[str, Any] = {}
-        self._engine: Any = None
-        self._gateway: Any = None
+        self._served: ServedPolicy | None = None
         self._policy: LLM | None = None
         self._optimizer_llm: LLM | None = None
         self._client: Any = None
         self._versions: dict[str, int] = {}  # candidate -> resources version published by this session
         self._convos: dict[str, list[dict[str, Any]]] = {}  # rollout id -> conversation (read from the store)
         self._logged: set[str] = set()
-        self._track: Any = None
 
     # -- Algorithm protocol ------------------------------------------------------------------------------------
 
     async def setup(self, ctx: TrainerContext) -> None:
         """Serve the policy (embedded engine + gateway) unless an `LLM` was given, load the run's state if there is
         one (resume), and publish the seed prompts."""
-        self._track = ctx.track
+        self.folder.track = ctx.track
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self._load_state()
         self._state["session"] = self._state.get("session", 0) + 1
@@ -261,26 +261,18 @@ class APO:
         if stale:
             await ctx.store.cancel(stale)
         if self.model is not None:
-            from lightrail.algorithms.rollout_engines import EmbeddedRollouts
-            from lightrail.gateway.server import GatewayServer, GatewaySettings
-
-            self._engine = EmbeddedRollouts(self.model, **self.engine_options)
-            await self._engine.start()
-            where = self.gateway or GatewaySettings()
-            self._gateway = await GatewayServer(
-                self._engine.backend, ctx.store, token=secrets.token_urlsafe(16),
-                host=where.host, port=where.port, advertise_url=where.advertise_url,
-            ).start()  # fmt: skip
-            self._policy = LLM(
-                endpoint=self._gateway.url, model=self.served_name, sampling=self.sampling, api_key=self._gateway.token
+            self._served = await ServedPolicy.embedded(
+                self.model, ctx.store, self.gateway, name=self.served_name, engine_options=self.engine_options
             )
+            self._policy = self._served.llm(self.sampling)
         else:
             llm = self.llm
             assert llm is not None  # __init__ requires one of model and llm
             self._policy = msgspec.structs.replace(llm, sampling={**llm.sampling, **self.sampling})
         if self.optimizer == "self":
+            assert self._served is not None  # __init__ requires the model for optimizer "self"
             self._optimizer_llm = LLM(
-                endpoint=self._gateway.bound_url, model=self.served_name, api_key=self._gateway.token,
+                endpoint=self._served.gateway.bound_url, model=self.served_name, api_key=self._served.gateway.token,
                 sampling=self.optimizer_sampling, routed=False,
             )  # fmt: skip
         elif isinstance(self.optimizer, LLM):
@@ -329,18 +321,15 @@ class APO:
             "minutes": (time.monotonic() - started) / 60,
             "metrics": str(self.out_dir / "metrics.jsonl"),
         }
-        (self.out_dir / "report.json").write_text(json.dumps(self.report, indent=2))
+        self.folder.write_report(self.report)
 
     async def close(self) -> None:
         if self._client is not None:
             await self._client.close()
             self._client = None
-        if self._gateway is not None:
-            await self._gateway.stop()
-            self._gateway = None
-        if self._engine is not None:
-            await self._engine.close()
-            self._engine = None
+        if self._served is not None:
+            await self._served.close()
+            self._served = None
 
     # -- one round -----------------------------------------------------------------------------------------------
 
@@ -388,7 +377,7 @@ class APO:
         elif pending.get("session") != self._state["session"]:  # resumed: keep what finished, redo what did not
             stored = {x.rollout_id: x for x in await ctx.store.query_rollouts(rollout_ids=[e[3] for e in entries])}
             for e in entries:
-                if e[3] in stored and stored[e[3]].status not in _FINISHED:
+                if e[3] in stored and stored[e[3]].status not in POLICY_OUTCOMES:
                     e[3] = f"{self._rollout_id(r, e[0], e[1], e[2])}-x{self._state['session']}"
         pending.update(rollouts=entries, session=self._state["session"])
         self._save_state()
@@ -419,7 +408,7 @@ class APO:
                     "kind": "candidate", "round": r, "candidate": cid, "parent": c.parent, "origin": c.origin,
                     "score": c.scores[str(r)], "rollouts": len(by_candidate[cid]),
                     "successes": sum(1 for x in by_candidate[cid] if _succeeded(x, self.success_threshold)),
-                    "excluded": sum(1 for x in by_candidate[cid] if x.status not in _FINISHED),
+                    "excluded": sum(1 for x in by_candidate[cid] if x.status not in POLICY_OUTCOMES),
                     "resources_version": c.version, "kept": cid in self.beam, "demos": len(c.demos),
                     "prompts": self._render(c),
                 },
@@ -525,7 +514,7 @@ class APO:
         last = max(parent.scores, key=int)
         ids = self._state["last_rollouts"][last][parent.id]
         rollouts = await ctx.store.query_rollouts(rollout_ids=ids)
-        failed = [x for x in rollouts if x.status in _FINISHED and not _succeeded(x, self.success_threshold)]
+        failed = [x for x in rollouts if x.status in POLICY_OUTCOMES and not _succeeded(x, self.success_threshold)]
         good = [x for x in rollouts if _succeeded(x, self.success_threshold)]
         picked: list[Rollout] = []
         while len(picked) < self.trace_examples and (failed or good):
@@ -663,8 +652,7 @@ class APO:
         if rollout.rollout_id not in self._convos:
             from lightrail.adapters.messages import spans_to_messages
 
-            attempts = await store.query_attempts(rollout.rollout_id)
-            spans = await store.query_spans(rollout.rollout_id, attempts[-1].attempt_id) if attempts else []
+            (spans,) = await last_attempt_spans(store, [rollout])
             samples = spans_to_messages(spans)
             self._convos[rollout.rollout_id] = samples[-1].messages if samples else []
         return self._convos[rollout.rollout_id]
@@ -726,7 +714,7 @@ class APO:
         ]  # fmt: skip
         await ctx.store.enqueue(specs)
         rollouts = await ctx.wait_for([s.rollout_id for s in specs])
-        finished = [x for x in rollouts if x.status in _FINISHED]
+        finished = [x for x in rollouts if x.status in POLICY_OUTCOMES]
         success = sum(1 for x in finished if _succeeded(x, self.success_threshold)) / max(len(finished), 1)
         self._state["val"][cid] = success
         self._state["val_rollouts"] += len(specs)
@@ -793,7 +781,7 @@ class APO:
         if key in self._logged:  # written before a crash that came before the state was saved
             return
         self._logged.add(key)
-        append_metrics(self.out_dir, {"key": key, **metrics}, self._track)  # trackers skip the key (not a number)
+        self.folder.append({"key": key, **metrics})  # trackers skip the key (not a number)
 
 
 # -- pure helpers ------------------------------------------------------------------------------------------------
@@ -897,12 +885,15 @@ def _extract_prompt(text: str) -> str:
 
 
 def _succeeded(rollout: Rollout, threshold: float) -> bool:
+    """APO's success (its held-out ``val_success`` too): status succeeded and reward at least ``threshold``. Stricter
+    than `success_rate` only for a failed or timed-out rollout that carries a reward, which lightrail's runner never
+    reports; kept so APO's numbers stay what they were."""
     return rollout.status == RolloutStatus.SUCCEEDED and rollout.reward is not None and rollout.reward >= threshold
 
 
 def _score(rollouts: Sequence[Rollout]) -> float:
     """Mean reward over the rollouts that ran (infrastructure failures are not the prompt's fault)."""
-    rewards = [r.reward if r.reward is not None else 0.0 for r in rollouts if r.status in _FINISHED]
+    rewards = [r.reward if r.reward is not None else 0.0 for r in rollouts if r.status in POLICY_OUTCOMES]
     return statistics.fmean(rewards) if rewards else 0.0
 
 

@@ -56,7 +56,7 @@ class Chain:
         later stage's would otherwise stay until its turn, and a ``--resume`` after a crash before that turn would
         continue the earlier run's checkpoints. Each stage is set up when its turn comes (it may load what the
         previous stage wrote)."""
-        from lightrail.algorithms._loop_state import start_fresh
+        from lightrail.algorithms.run.folder import start_fresh
 
         for name, stage in zip(self.names, self.stages, strict=True):
             out_dir = getattr(stage, "out_dir", None)

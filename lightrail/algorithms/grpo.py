@@ -28,11 +28,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import math
-import random
-import secrets
 import statistics
 import time
 from collections.abc import Mapping, Sequence
@@ -52,16 +49,11 @@ from lightrail.adapters import (
     to_rows,
 )
 from lightrail.adapters.transitions import training_spans
-from lightrail.algorithms._loop_state import (
-    append_metrics,
-    latest_checkpoint,
-    read_loop_state,
-    start_metrics,
-    write_checkpoint,
-)
-from lightrail.algorithms._progress import StepBar
 from lightrail.algorithms.policies import PolicyMap, PolicyRouter
-from lightrail.types import LLM, Attr, Rollout, RolloutStatus, Span, Task, Transition
+from lightrail.algorithms.run.folder import RunFolder
+from lightrail.algorithms.run.loop import run_steps
+from lightrail.algorithms.run.policy import ServedPolicy, last_attempt_spans, success_rate, validate
+from lightrail.types import LLM, Attr, Rollout, Task, Transition
 
 log = logging.getLogger(__name__)
 
@@ -154,8 +146,7 @@ class GRPO:
 
         if steps < 0 or tasks_per_step < 1 or n_samples < 1:
             raise ValueError("steps must be >= 0, tasks_per_step and n_samples >= 1")
-        if keep_checkpoints is not None and keep_checkpoints < 1:
-            raise ValueError(f"keep_checkpoints must be >= 1 (None keeps every one), not {keep_checkpoints}")
+        self.folder = RunFolder(out_dir, "GRPO", keep_checkpoints=keep_checkpoints, seed=seed)
         if max_sample_rounds < 1:
             raise ValueError(f"max_sample_rounds must be >= 1, got {max_sample_rounds}")
         if rollout_engine not in ROLLOUT_ENGINES:
@@ -205,18 +196,18 @@ class GRPO:
         self.val_before: float | None = None
         """Held-out success already measured on ``model`` (same val tasks, ``val_sampling``, ``success_threshold``,
         embedded engine): set by a `Chain` from its previous stage, the opening validation is then not run again."""
-        self.step = 0
-        self._rng = random.Random(seed)
-        self._order: list[int] = []
-        self._history: list[dict[str, Any]] = []
         self._rollouts: Any = None
         """The shared policy's rollout engine (the start model's, with several policies)."""
         self._updater: Any = None
         """The shared policy's updater (None with several policies)."""
         self._slots: list[_Slot] = []
-        self._gateway: Any = None
+        self._served: ServedPolicy | None = None
         self._llm: LLM | None = None
-        self._track: Any = None
+
+    @property
+    def step(self) -> int:
+        """Training steps done (a resumed run's included)."""
+        return self.folder.step
 
     # -- Algorithm protocol ------------------------------------------------------------------------------------
 
@@ -226,7 +217,7 @@ class GRPO:
         from lightrail.algorithms.rollout_engines import make_rollout_engine
         from lightrail.algorithms.updater import GRPOConfig, PolicyUpdater
 
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.out_dir.mkdir(parents=True, exist_ok=True)  # (before the engine: vLLM's files go in it)
         config = self.config or GRPOConfig()
         if "temperature" in self.sampling and self.sampling["temperature"] > 0:
             # The engine reports logprobs of the temperature-scaled distribution; the ratio must use the same one.
@@ -246,27 +237,15 @@ class GRPO:
             backend = self._rollouts.backend
         else:
             backend = await self._start_policies(config)
-        checkpoint = latest_checkpoint(self.out_dir) if self.resume else None
+        checkpoint, state = self.folder.start(resume=self.resume, track=ctx.track)
         if checkpoint is not None:
-            state = read_loop_state(checkpoint, self._rng)
-            self.step, self._order, self._history = state["step"], state["order"], state["history"]
             versions = state.get("policy_versions") or {"": state["policy_version"]}
             for slot in self._slots:
                 await asyncio.to_thread(slot.updater.load, checkpoint / slot.name if slot.name else checkpoint)
                 if versions[slot.name] > slot.rollouts.policy_version:  # 0: every update so far was skipped
                     await slot.rollouts.sync(slot.updater, versions[slot.name])
-        start_metrics(self.out_dir, self._history if checkpoint is not None else None, resume=self.resume, stage="GRPO")
-        from lightrail.gateway.server import GatewayServer, GatewaySettings
-
-        where = self.gateway or GatewaySettings()
-        self._gateway = await GatewayServer(
-            backend, ctx.store, token=secrets.token_urlsafe(16),
-            host=where.host, port=where.port, advertise_url=where.advertise_url,
-        ).start()  # fmt: skip
-        self._llm = LLM(
-            endpoint=self._gateway.url, model=self.served_name, sampling=self.sampling, api_key=self._gateway.token
-        )
-        self._track = ctx.track
+        self._served = await ServedPolicy.start(backend, ctx.store, self.gateway, name=self.served_name)
+        self._llm = self._served.llm(self.sampling)
 
     async def _start_policies(self, config: GRPOConfig) -> PolicyRouter:
         """An engine and an updater per policy, the start model's engine for every other call, and the router."""
@@ -311,22 +290,18 @@ class GRPO:
             raise ValueError("GRPO needs training tasks")
         started = time.monotonic()
         if self.step:
-            val_before = self._last_val()
+            val_before = self.folder.first_val()
         elif self.val_before is not None:
             val_before = self.val_before
-            self._record({"kind": "val", "step": 0, "policy_version": 0, "val_success": val_before, "reused": True})
+            self.folder.record(
+                {"kind": "val", "step": 0, "policy_version": 0, "val_success": val_before, "reused": True}
+            )
         else:
             val_before = await self._validate(ctx)
-        with StepBar("GRPO", total=self.steps, completed=self.step) as bar:
-            while self.step < self.steps:
-                metrics = await self._train_step(ctx)
-                status = f"reward {metrics['reward_mean']:.3f}  success {metrics['success_rate']:.0%}"
-                if self.val_every and self.step % self.val_every == 0 and self.step < self.steps:
-                    val = await self._validate(ctx)
-                    status += f"  val {val:.0%}" if val is not None else ""
-                if self.checkpoint_every and self.step % self.checkpoint_every == 0:
-                    await self._checkpoint()
-                bar.update(self.step, status)
+        await run_steps(
+            self.folder, self.steps, train_step=lambda: self._train_step(ctx), validate=lambda: self._validate(ctx),
+            checkpoint=self._checkpoint, val_every=self.val_every, checkpoint_every=self.checkpoint_every,
+        )  # fmt: skip
         val_after = await self._validate(ctx)
         checkpoint = await self._checkpoint()
         self.report = {
@@ -338,15 +313,15 @@ class GRPO:
             "train_minutes": (time.monotonic() - started) / 60,
             "checkpoint": str(checkpoint),
             **({"policies": {s.name: str(checkpoint / s.name) for s in self._slots}} if self.policies else {}),
-            "reward_curve": str(_plot(self._history, self.out_dir / "reward_curve.png")),
+            "reward_curve": str(_plot(self.folder.history, self.out_dir / "reward_curve.png")),
             "metrics": str(self.out_dir / "metrics.jsonl"),
         }
-        (self.out_dir / "report.json").write_text(json.dumps(self.report, indent=2))
+        self.folder.write_report(self.report)
 
     async def close(self) -> None:
-        if self._gateway is not None:
-            await self._gateway.stop()
-            self._gateway = None
+        if self._served is not None:
+            await self._served.close()
+            self._served = None
         for slot in self._slots:
             if slot.rollouts is not self._rollouts:
                 await slot.rollouts.close()
@@ -358,7 +333,8 @@ class GRPO:
 
     # -- steps -----------------------------------------------------------------------------------------------
 
-    async def _train_step(self, ctx: TrainerContext) -> dict[str, Any]:
+    async def _train_step(self, ctx: TrainerContext) -> str:
+        """One GRPO step (rollouts, advantages, update, new weights served); its status for the step bar."""
         t0 = time.monotonic()
         version = await ctx.publish({"llm": self.llm})
         rollouts: list[Rollout] = []
@@ -371,7 +347,7 @@ class GRPO:
                 resources_version=version.version, metadata={"step": self.step + 1},
             )  # fmt: skip
             rollouts += batch
-            for r, s in await self._spans(ctx, batch):
+            for r, s in zip(batch, await last_attempt_spans(ctx.store, batch), strict=True):
                 episodes[r.rollout_id] = build_episode(s, tool_rewards_rule=self.tool_rewards)
             trainable, excluded = select_trainable(rollouts, episodes)
             transitions, groups = group_advantages(
@@ -395,7 +371,7 @@ class GRPO:
         else:
             update, trained = await self._update_policies(transitions, episodes)
         t_update = time.monotonic() - t0 - t_rollouts
-        self.step += 1
+        self.folder.step += 1
         if trained:  # what this step trained on, next to the calls (the dashboard shows it per call)
             await ctx.store.add_spans(training_spans(trained, step=self.step, algorithm="grpo"))
         rewards = [r.reward if r.reward is not None else 0.0 for r in trainable]
@@ -404,7 +380,7 @@ class GRPO:
             "kind": "train",
             "step": self.step,
             "reward_mean": statistics.fmean(rewards) if rewards else 0.0,
-            "success_rate": _success(trainable, self.success_threshold),
+            "success_rate": success_rate(trainable, self.success_threshold),
             "rollouts": len(rollouts),
             "excluded": excluded.total,
             **{f"excluded_{reason}": n for reason, n in excluded.counts.items()},
@@ -418,8 +394,8 @@ class GRPO:
             "update_s": t_update,
             "step_s": time.monotonic() - t0,
         }
-        self._record(metrics)
-        return metrics
+        self.folder.record(metrics)
+        return f"reward {metrics['reward_mean']:.3f}  success {metrics['success_rate']:.0%}"
 
     async def _update(self, slot: _Slot, transitions: list[Transition]) -> tuple[dict[str, Any], list[Transition]]:
         """One update of ``slot``'s policy on ``transitions``, its new weights served; its metrics and the
@@ -474,70 +450,19 @@ class GRPO:
         if not ctx.val_tasks:
             return None
         llm = msgspec.structs.replace(self.llm, sampling=self.val_sampling)  # same endpoint, greedy by default
-        version = await ctx.publish({"llm": llm})
-        rollouts = await ctx.run_rollouts(
-            ctx.val_tasks, mode="val", resources_version=version.version, metadata={"step": self.step}
-        )
+        val = await validate(ctx, ctx.val_tasks, llm, self.success_threshold, metadata={"step": self.step})
         from lightrail.inspection.report import print_failure_digest
 
-        await print_failure_digest(ctx.store, rollouts, title=f"validation at step {self.step}: failure digest")
-        finished = [
-            r for r in rollouts if r.status in (RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.TIMEOUT)
-        ]
-        success = _success(finished, self.success_threshold)
-        self._record(
-            {
-                "kind": "val",
-                "step": self.step,
-                "policy_version": self._policy_version(),
-                "val_success": success,
-                "val_rollouts": len(rollouts),
-                "val_infra_excluded": len(rollouts) - len(finished),
-            }
-        )
-        return success
-
-    async def _spans(self, ctx: TrainerContext, rollouts: Sequence[Rollout]) -> list[tuple[Rollout, list[Span]]]:
-        """Spans of each rollout's last attempt (earlier attempts were lost or failed in the infrastructure)."""
-        limit = asyncio.Semaphore(16)
-
-        async def one(rollout: Rollout) -> tuple[Rollout, list[Span]]:
-            async with limit:
-                attempts = await ctx.store.query_attempts(rollout.rollout_id)
-                if not attempts:
-                    return rollout, []
-                return rollout, await ctx.store.query_spans(rollout.rollout_id, attempts[-1].attempt_id)
-
-        return list(await asyncio.gather(*(one(r) for r in rollouts)))
+        await print_failure_digest(ctx.store, val.rollouts, title=f"validation at step {self.step}: failure digest")
+        self.folder.record(val.metrics(self.step, policy_version=self._policy_version()))
+        return val.success
 
     def _next_tasks(self, tasks: Sequence[Task], n: int) -> list[Task]:
-        """The next ``n`` tasks of a seeded shuffle, reshuffled each epoch (resumable: the order and the RNG are
-        checkpointed)."""
-        picked: list[Task] = []
-        while len(picked) < min(n, len(tasks)):
-            if not self._order:
-                self._order = list(range(len(tasks)))
-                self._rng.shuffle(self._order)
-            picked.append(tasks[self._order.pop()])
-        return picked
-
-    # -- records ---------------------------------------------------------------------------------------------
-
-    def _record(self, metrics: dict[str, Any]) -> None:
-        self._history.append(metrics)
-        append_metrics(self.out_dir, metrics, self._track)
-
-    def _last_val(self) -> float | None:
-        vals = [m["val_success"] for m in self._history if m["kind"] == "val"]
-        return vals[0] if vals else None
+        """The next ``n`` tasks of the run's seeded shuffle (`RunFolder.next_indices`)."""
+        return [tasks[i] for i in self.folder.next_indices(n, len(tasks))]
 
     async def _checkpoint(self) -> Path:
-        state: dict[str, Any] = {
-            "step": self.step,
-            "order": self._order,
-            "history": self._history,
-            "policy_version": self._policy_version(),
-        }
+        state: dict[str, Any] = {"policy_version": self._policy_version()}
         if self.policies is not None:
             state["policy_versions"] = {slot.name: slot.rollouts.policy_version for slot in self._slots}
 
@@ -545,9 +470,7 @@ class GRPO:
             for slot in self._slots:
                 slot.updater.save(path / slot.name if slot.name else path)
 
-        return await asyncio.to_thread(
-            write_checkpoint, self.out_dir, self.step, save, state, self._rng, self.keep_checkpoints
-        )
+        return await self.folder.checkpoint(save, **state)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -604,12 +527,6 @@ NATURAL_LOSS_NORM: dict[str, LossNorm] = {"dr_grpo": "sequence_sum_norm"}
 def _informative_groups(transitions: Sequence[Transition]) -> set[Any]:
     """Group ids of the transitions with a non-zero advantage: the groups an update learns from."""
     return {t.metadata.get("group_id") for t in transitions if abs(t.advantage or 0.0) > 1e-9}
-
-
-def _success(rollouts: Sequence[Rollout], threshold: float) -> float:
-    if not rollouts:
-        return 0.0
-    return sum(1 for r in rollouts if r.reward is not None and r.reward >= threshold) / len(rollouts)
 
 
 def _plot(history: list[dict[str, Any]], path: Path) -> Path:

@@ -48,7 +48,6 @@ import json
 import logging
 import os
 import random
-import secrets
 import statistics
 import time
 from collections.abc import Iterable, Sequence
@@ -56,17 +55,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from lightrail.adapters import AgentFilter, ChatSample, Exclusions, build_episode, episode_messages
-from lightrail.algorithms._loop_state import (
-    append_metrics,
-    latest_checkpoint,
-    read_loop_state,
-    start_metrics,
-    write_checkpoint,
-)
-from lightrail.algorithms._progress import StepBar
 from lightrail.algorithms.rejection import TraceFilter, keep_best
+from lightrail.algorithms.run.folder import RunFolder
+from lightrail.algorithms.run.loop import run_steps
+from lightrail.algorithms.run.policy import ServedPolicy, last_attempt_spans, validate
+from lightrail.algorithms.run.progress import StepBar
 from lightrail.engine.chat import ChatFormat
-from lightrail.types import LLM, Rollout, RolloutStatus, Span, Task, TrainingRow
+from lightrail.types import LLM, Rollout, Task, TrainingRow
 
 log = logging.getLogger(__name__)
 
@@ -263,8 +258,7 @@ class SFT:
             raise ValueError("give a teacher (distillation) or traces (rejection sampling from a store), not both")
         if steps < 0 or batch_size < 1 or n_samples < 1 or (tasks is not None and tasks < 1):
             raise ValueError("steps must be >= 0; batch_size, n_samples and tasks >= 1")
-        if keep_checkpoints is not None and keep_checkpoints < 1:
-            raise ValueError(f"keep_checkpoints must be >= 1 (None keeps every one), not {keep_checkpoints}")
+        self.folder = RunFolder(out_dir, "SFT", keep_checkpoints=keep_checkpoints, seed=seed)
         if best_of is not None and best_of < 1:
             raise ValueError(f"best_of must be >= 1, not {best_of}")
         if config is not None and config.kl_coef:
@@ -317,21 +311,20 @@ class SFT:
             self.llamafactory = llamafactory or LlamaFactorySettings()
             self.llamafactory.interpreter()  # a missing environment is said before any teacher call
         self.report: dict[str, Any] = {}
-        self.step = 0
-        self._rng = random.Random(seed)
-        self._order: list[int] = []
-        self._history: list[dict[str, Any]] = []
-        self._track: Any = None
         self._rows: list[TrainingRow] = []
         self._samples: list[ChatSample] = []
         self._updater: Any = None
         self._tokenizer: Any = None
         self._source: Any = None
         self._owned_source = False
-        self._teacher_gateway: Any = None
+        self._teacher: ServedPolicy | None = None
         self._teacher_backend: Any = None
-        self._engine: Any = None
-        self._student_gateway: Any = None
+        self._student: ServedPolicy | None = None
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps done (a resumed run's included)."""
+        return self.folder.step
 
     @property
     def output_model(self) -> Path:
@@ -343,21 +336,16 @@ class SFT:
     async def setup(self, ctx: TrainerContext) -> None:
         """Load the student's updater and tokenizer (from the newest checkpoint with ``resume``), open the traces'
         store, and start the recording gateway in front of the teacher."""
-        self._track = ctx.track
         from transformers import AutoTokenizer
 
         from lightrail.algorithms.updater import GRPOConfig, PolicyUpdater
 
-        self.out_dir.mkdir(parents=True, exist_ok=True)
         config = self.config or GRPOConfig()
         self._tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(self.model))
         self._updater = await asyncio.to_thread(PolicyUpdater, str(self.model), config)
-        checkpoint = latest_checkpoint(self.out_dir) if self.resume else None
+        checkpoint, _ = self.folder.start(resume=self.resume, track=ctx.track)
         if checkpoint is not None:
             await asyncio.to_thread(self._updater.load, checkpoint)
-            state = read_loop_state(checkpoint, self._rng)
-            self.step, self._order, self._history = state["step"], state["order"], state["history"]
-        start_metrics(self.out_dir, self._history if checkpoint is not None else None, resume=self.resume, stage="SFT")
         self._source = ctx.store
         if self.traces is not None and self.traces.store is not None:
             from lightrail.store import open_store
@@ -367,13 +355,7 @@ class SFT:
         if self.teacher is not None and self.teacher != SELF:
             self._teacher_backend = self._backend_of(self.teacher)
             if not (self.resume and (self.out_dir / _TRACES).exists()):  # (else the pinned traces are reloaded)
-                from lightrail.gateway.server import GatewayServer, GatewaySettings
-
-                where = self.gateway or GatewaySettings()
-                self._teacher_gateway = await GatewayServer(
-                    self._teacher_backend, ctx.store, token=secrets.token_urlsafe(16),
-                    host=where.host, port=where.port, advertise_url=where.advertise_url,
-                ).start()  # fmt: skip
+                self._teacher = await ServedPolicy.start(self._teacher_backend, ctx.store, self.gateway)
 
     @staticmethod
     def _backend_of(teacher: LLM | Backend) -> Backend:
@@ -401,25 +383,19 @@ class SFT:
         if self.validate_before and not self.step:
             val_before = await self._validate(ctx)
         elif self.validate_before:
-            val_before = next((m["val_success"] for m in self._history if m["kind"] == "val"), None)
+            val_before = self.folder.first_val()
         t_train = time.monotonic()
         if self.backend == "llamafactory":
             await self._train_llamafactory()
-        with StepBar("SFT", total=self.steps, completed=self.step) as bar:
-            while self.step < self.steps:
-                metrics = await self._train_step()
-                status = f"nll {metrics['loss']:.3f}"
-                if self.val_every and self.step % self.val_every == 0 and self.step < self.steps:
-                    val = await self._validate(ctx)
-                    status += f"  val {val:.0%}" if val is not None else ""
-                if self.checkpoint_every and self.step % self.checkpoint_every == 0:
-                    await self._checkpoint()
-                bar.update(self.step, status)
+        await run_steps(
+            self.folder, self.steps, train_step=self._train_step, validate=lambda: self._validate(ctx),
+            checkpoint=self._checkpoint, val_every=self.val_every, checkpoint_every=self.checkpoint_every,
+        )  # fmt: skip
         train_s = time.monotonic() - t_train
         checkpoint = await self._checkpoint()
         model = await asyncio.to_thread(self._export, self.output_model)
         val_after = await self._validate(ctx)
-        losses = [m["loss"] for m in self._history if m["kind"] == "train"]
+        losses = [m["loss"] for m in self.folder.history if m["kind"] == "train"]
         self.report = {
             "val_before": val_before,
             "val_after": val_after,
@@ -436,21 +412,20 @@ class SFT:
             "model": str(model),
             "metrics": str(self.out_dir / "metrics.jsonl"),
         }
-        (self.out_dir / "report.json").write_text(json.dumps(self.report, indent=2))
+        self.folder.write_report(self.report)
 
     async def close(self) -> None:
-        for server in (self._teacher_gateway, self._student_gateway):
-            if server is not None:
-                await server.stop()
-        self._teacher_gateway = self._student_gateway = None
+        if self._teacher is not None:
+            await self._teacher.close()
+        self._teacher = None
         if self._teacher_backend is not None:
             from lightrail.gateway.backends import close_backend
 
             backend, self._teacher_backend = self._teacher_backend, None
             await close_backend(backend)
-        if self._engine is not None:
-            await self._engine.close()
-            self._engine = None
+        if self._student is not None:
+            await self._student.close()
+            self._student = None
         if self._owned_source and self._source is not None:
             await self._source.close()
         self._source = None
@@ -470,8 +445,8 @@ class SFT:
             order = {rid: i for i, rid in enumerate(data["rollout_ids"])}
             kept.sort(key=lambda r: order[r.rollout_id])
             self._rows, _ = await self._rows_of(source, kept, Exclusions())
-            if "record" in data and not any(m["kind"] == "data" for m in self._history):
-                self._record(data["record"])  # resumed with no checkpoint yet: the metrics started over
+            if "record" in data and not any(m["kind"] == "data" for m in self.folder.history):
+                self.folder.record(data["record"])  # resumed with no checkpoint yet: the metrics started over
             return data
         t0 = time.monotonic()
         if self.teacher is not None:
@@ -511,20 +486,19 @@ class SFT:
             "collect_s": time.monotonic() - t0,
         }
         pinned.write_text(json.dumps({**data, "record": record}))
-        self._record(record)
+        self.folder.record(record)
         return data
 
     async def _teacher_rollouts(self, ctx: TrainerContext) -> list[Rollout]:
         assert self.teacher is not None
         if self.teacher == SELF:  # the student before any update, served as it is validated
-            await self._serve_student(ctx)
-            gateway, model, sampling = self._student_gateway, self.served_name, self.sampling
+            served, model, sampling = await self._serve_student(ctx), self.served_name, self.sampling
         elif isinstance(self.teacher, LLM):
-            gateway, model, sampling = self._teacher_gateway, self.teacher.model, dict(self.teacher.sampling)
+            served, model, sampling = self._teacher, self.teacher.model, dict(self.teacher.sampling)
         else:  # a program: its first model name, whatever the agent's default sampling is
-            gateway, model, sampling = self._teacher_gateway, self.teacher.model_names()[0], {}
-        llm = LLM(endpoint=gateway.url, model=model, sampling=sampling, api_key=gateway.token)
-        version = await ctx.publish({"llm": llm})
+            served, model, sampling = self._teacher, self.teacher.model_names()[0], {}
+        assert served is not None
+        version = await ctx.publish({"llm": served.llm(sampling, model)})
         tasks = self._teacher_tasks(ctx.train_tasks)
         return await ctx.run_rollouts(tasks, mode="train", n_samples=self.n_samples, resources_version=version.version)
 
@@ -545,7 +519,7 @@ class SFT:
     ) -> tuple[list[TrainingRow], dict[str, int]]:
         """Rows of the trained agents' calls of each kept rollout (its last attempt); rollouts that end up with no
         row are counted in ``dropped`` (``no_spans``, ``no_llm_calls``, ``no_trained_calls``, ``too_long``)."""
-        spans = await _last_attempt_spans(source, kept)
+        spans = await last_attempt_spans(source, kept)
         samples: list[ChatSample] = []
         calls = {"calls": 0, "calls_trained": 0, "calls_other_agents": 0}
         for rollout, rollout_spans in zip(kept, spans, strict=True):
@@ -576,11 +550,12 @@ class SFT:
 
     # -- training --------------------------------------------------------------------------------------------
 
-    async def _train_step(self) -> dict[str, Any]:
+    async def _train_step(self) -> str:
+        """One optimizer step on the next ``batch_size`` rows of the run's seeded shuffle; its status for the bar."""
         t0 = time.monotonic()
-        batch = [self._rows[i] for i in self._next_batch()]
+        batch = [self._rows[i] for i in self.folder.next_indices(self.batch_size, len(self._rows))]
         update = await asyncio.to_thread(self._updater.step, batch, objective="sft")
-        self.step += 1
+        self.folder.step += 1
         metrics = {
             "kind": "train",
             "step": self.step,
@@ -594,8 +569,8 @@ class SFT:
             "skipped": bool(update["skipped"]),
             "step_s": time.monotonic() - t0,
         }
-        self._record(metrics)
-        return metrics
+        self.folder.record(metrics)
+        return f"nll {metrics['loss']:.3f}"
 
     async def _train_llamafactory(self) -> None:
         """All ``steps`` by LLaMA-Factory's trainer on the rows (`lightrail.algorithms.llamafactory`), its model
@@ -619,25 +594,15 @@ class SFT:
         await asyncio.to_thread(self._load_trained, output)
         for line in lf.read_train_log(output):
             if "loss" in line:
-                self._record({"kind": "train", "step": line["current_steps"], "loss": line["loss"],
+                self.folder.record({"kind": "train", "step": line["current_steps"], "loss": line["loss"],
                               "lr": line.get("lr"), "backend": "llamafactory"})  # fmt: skip
-        self.step = self._updater.steps = self.steps
+        self.folder.step = self._updater.steps = self.steps
 
     def _load_trained(self, output: Path) -> None:
         from transformers import AutoModelForCausalLM
 
         trained = AutoModelForCausalLM.from_pretrained(str(output), dtype=self._updater.dtype)
         self._updater.model.load_state_dict(trained.state_dict())
-
-    def _next_batch(self) -> list[int]:
-        """The next ``batch_size`` row indices of a seeded shuffle, reshuffled each epoch (checkpointed)."""
-        picked: list[int] = []
-        while len(picked) < min(self.batch_size, len(self._rows)):
-            if not self._order:
-                self._order = list(range(len(self._rows)))
-                self._rng.shuffle(self._order)
-            picked.append(self._order.pop())
-        return picked
 
     def _export(self, path: Path) -> Path:
         """The current policy as a Hugging Face folder (LoRA merged into the base), with the student's tokenizer."""
@@ -664,69 +629,20 @@ class SFT:
         """Held-out success of the student's current weights (served by an embedded engine behind a gateway)."""
         if not ctx.val_tasks:
             return None
-        await self._serve_student(ctx)
-        await self._engine.sync(self._updater, self._engine.policy_version + 1)
-        llm = LLM(
-            endpoint=self._student_gateway.url,
-            model=self.served_name,
-            sampling=self.val_sampling,
-            api_key=self._student_gateway.token,
-        )
-        version = await ctx.publish({"llm": llm})
-        rollouts = await ctx.run_rollouts(ctx.val_tasks, mode="val", resources_version=version.version)
-        finished = [
-            r for r in rollouts if r.status in (RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.TIMEOUT)
-        ]
-        wins = sum(1 for r in finished if r.reward is not None and r.reward >= self.success_threshold)
-        success = wins / len(finished) if finished else 0.0
-        self._record(
-            {
-                "kind": "val",
-                "step": self.step,
-                "val_success": success,
-                "val_rollouts": len(rollouts),
-                "val_infra_excluded": len(rollouts) - len(finished),
-            }
-        )
-        return success
+        student = await self._serve_student(ctx)
+        await student.engine.sync(self._updater, student.engine.policy_version + 1)
+        val = await validate(ctx, ctx.val_tasks, student.llm(self.val_sampling), self.success_threshold)
+        self.folder.record(val.metrics(self.step))
+        return val.success
 
-    async def _serve_student(self, ctx: TrainerContext) -> None:
-        if self._engine is not None:
-            return
-        from lightrail.algorithms.rollout_engines import EmbeddedRollouts
-        from lightrail.gateway.server import GatewayServer, GatewaySettings
-
-        self._engine = EmbeddedRollouts(self.model, **self.engine_options)
-        await self._engine.start()
-        where = self.gateway or GatewaySettings()
-        port = 0 if self._teacher_gateway is not None else where.port  # the teacher's gateway holds a fixed port
-        self._student_gateway = await GatewayServer(
-            self._engine.backend, ctx.store, token=secrets.token_urlsafe(16), host=where.host, port=port,
-            advertise_url=where.advertise_url if port == where.port else None,
-        ).start()  # fmt: skip
-
-    # -- records ---------------------------------------------------------------------------------------------
-
-    def _record(self, metrics: dict[str, Any]) -> None:
-        self._history.append(metrics)
-        append_metrics(self.out_dir, metrics, self._track)
+    async def _serve_student(self, ctx: TrainerContext) -> ServedPolicy:
+        """The student on an embedded engine behind a gateway, started on first use."""
+        if self._student is None:  # the teacher's gateway, when there is one, holds the configured port
+            self._student = await ServedPolicy.embedded(
+                self.model, ctx.store, self.gateway, name=self.served_name, engine_options=self.engine_options,
+                free_port=self._teacher is not None,
+            )  # fmt: skip
+        return self._student
 
     async def _checkpoint(self) -> Path:
-        state = {"step": self.step, "order": self._order, "history": self._history}
-        return await asyncio.to_thread(
-            write_checkpoint, self.out_dir, self.step, self._updater.save, state, self._rng, self.keep_checkpoints
-        )
-
-
-async def _last_attempt_spans(store: Any, rollouts: Sequence[Rollout]) -> list[list[Span]]:
-    """Spans of each rollout's last attempt (earlier attempts were lost or failed in the infrastructure)."""
-    limit = asyncio.Semaphore(16)
-
-    async def one(rollout: Rollout) -> list[Span]:
-        async with limit:
-            attempts = await store.query_attempts(rollout.rollout_id)
-            if not attempts:
-                return []
-            return await store.query_spans(rollout.rollout_id, attempts[-1].attempt_id)
-
-    return list(await asyncio.gather(*(one(r) for r in rollouts)))
+        return await self.folder.checkpoint(self._updater.save)

@@ -32,9 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import math
-import secrets
 import shutil
 import statistics
 import tempfile
@@ -44,9 +42,11 @@ from typing import Any, Literal
 
 import msgspec
 
+from lightrail.algorithms.run.folder import RunFolder
+from lightrail.algorithms.run.policy import ServedPolicy, validate
 from lightrail.engine.promotions import PolicyRegistry
 from lightrail.trainer.learn_config import GateSettings, LearnConfig
-from lightrail.types import LLM, Attr, Rollout, RolloutStatus
+from lightrail.types import Attr, Rollout, RolloutStatus
 
 __all__ = ["GateSettings", "LearnConfig", "LearnState", "learn_round", "served_rows"]
 
@@ -243,8 +243,7 @@ def learn_round(config: LearnConfig, *, console: Any = None, force: bool = False
     metrics["minutes"] = (time.time() - started) / 60
     metrics["finished_at"] = time.time()
     _save_state(state_file, state)
-    with (registry.root / "metrics.jsonl").open("a") as f:
-        f.write(json.dumps(metrics) + "\n")
+    RunFolder(registry.root, "learn").append(metrics)
     return metrics
 
 
@@ -291,32 +290,19 @@ class _Evaluate:
         self.sampling = sampling
         self.success_threshold = success_threshold
         self.success: float | None = None
-        self._engine: Any = None
-        self._gateway: Any = None
+        self._served: ServedPolicy | None = None
 
     async def setup(self, ctx: Any) -> None:
-        from lightrail.algorithms.rollout_engines import EmbeddedRollouts
-        from lightrail.gateway.server import GatewayServer
-
-        self._engine = EmbeddedRollouts(self.model)
-        await self._engine.start()
-        self._gateway = await GatewayServer(self._engine.backend, ctx.store, token=secrets.token_urlsafe(16)).start()
-        llm = LLM(endpoint=self._gateway.url, model="policy", sampling=self.sampling, api_key=self._gateway.token)
-        await ctx.publish({"llm": llm})
+        self._served = await ServedPolicy.embedded(self.model, ctx.store)
 
     async def run(self, ctx: Any) -> None:
-        rollouts = await ctx.run_rollouts(ctx.val_tasks, mode="val")
-        finished = [
-            r for r in rollouts if r.status in (RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.TIMEOUT)
-        ]
-        wins = sum(1 for r in finished if r.reward is not None and r.reward >= self.success_threshold)
-        self.success = wins / len(finished) if finished else 0.0
+        assert self._served is not None
+        llm = self._served.llm(self.sampling)
+        self.success = (await validate(ctx, ctx.val_tasks, llm, self.success_threshold)).success
 
     async def close(self) -> None:
-        if self._gateway is not None:
-            await self._gateway.stop()
-        if self._engine is not None:
-            await self._engine.close()
+        if self._served is not None:
+            await self._served.close()
 
 
 def evaluate(config: LearnConfig, model: str | Path, val_tasks: list[Any], *, console: Any = None) -> float:

@@ -156,11 +156,9 @@ async def _open_store(config: Any, location: str, token: str | None) -> None:
 
 
 async def _model_and_rollout(checks: _Checks, config: Any, task: Any, token: str | None) -> None:
-    import secrets
-
     from lightrail._errors import one_line
     from lightrail.algorithms.rollout_engines import make_rollout_engine
-    from lightrail.gateway.server import GatewayServer
+    from lightrail.algorithms.run.policy import ServedPolicy
     from lightrail.store import MemoryStore
     from lightrail.trainer.config import ConfigError, _build_model, _check_formats
 
@@ -181,11 +179,7 @@ async def _model_and_rollout(checks: _Checks, config: Any, task: Any, token: str
             raise checks.fail(f"model {config.model} starts", one_line(exc)) from None
         where = config.gateway
         try:  # where training's gateway will listen: a busy port or a bad advertise_url fails here
-            gateway = await GatewayServer(
-                engine.backend, MemoryStore(), token=secrets.token_urlsafe(16), host=where.host, port=where.port,
-                advertise_url=where.advertise_url,
-            ).start()  # fmt: skip
-            await gateway.stop()
+            await (await ServedPolicy.start(engine.backend, MemoryStore(), where)).close()
         except (OSError, ValueError, RuntimeError) as exc:
             raise checks.fail("gateway starts", f"{one_line(exc)} (see the gateway section)") from None
         port = f"{where.host}:{where.port}" if where.port else f"a free port of {where.host}"

@@ -251,18 +251,15 @@ class Trainer:
             )  # fmt: skip
             items = dict(resources.items if isinstance(resources, Resources) else resources or {})
             if llm is not None:
-                from lightrail.gateway.server import GatewayServer
+                from lightrail.algorithms.run.policy import ServedPolicy
 
-                server = await gateway.enter_async_context(
-                    GatewayServer(llm, session.store, token=secrets.token_urlsafe(16))
-                )
+                served = await ServedPolicy.start(llm, session.store)
+                gateway.push_async_callback(served.close)
                 refresh = getattr(llm, "refresh_models", None)
                 if refresh is not None:  # an upstream names its models once asked
                     await refresh()
                 names = llm.model_names() or ["default"]
-                items["llm"] = LLM(
-                    endpoint=server.url, model=names[0], api_key=server.token, sampling=dict(sampling or {})
-                )
+                items["llm"] = served.llm(dict(sampling or {}), names[0])
             if resources is not None or llm is not None:
                 await ctx.publish(items)
             with Progress(

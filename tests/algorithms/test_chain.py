@@ -10,8 +10,8 @@ import json
 import pytest
 
 from lightrail.algorithms import GRPO, SFT
-from lightrail.algorithms._loop_state import LOOP_STATE, latest_checkpoint
 from lightrail.algorithms.chain import Chain
+from lightrail.algorithms.run.folder import LOOP_STATE, latest_checkpoint
 
 
 def earlier_run(out_dir, step):

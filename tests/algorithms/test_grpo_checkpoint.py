@@ -134,7 +134,7 @@ def test_a_stage_whose_steps_miss_its_decay_schedule_says_so(caplog):
 
 def test_pruning_keeps_the_newest_complete_checkpoints_and_one_being_written(tmp_path):
     from lightrail.algorithms import GRPO, SFT
-    from lightrail.algorithms._loop_state import LOOP_STATE, latest_checkpoint, prune_checkpoints
+    from lightrail.algorithms.run.folder import LOOP_STATE, latest_checkpoint, prune_checkpoints
 
     root = tmp_path / "checkpoints"
     for step, complete in ((5, True), (10, True), (15, False), (20, True), (25, False)):

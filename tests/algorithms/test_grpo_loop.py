@@ -8,8 +8,8 @@ import json
 
 from lightrail import MemoryStore, Trainer
 from lightrail.algorithms import GRPOConfig
-from lightrail.algorithms._loop_state import latest_checkpoint
 from lightrail.algorithms.grpo import GRPO
+from lightrail.algorithms.run.folder import latest_checkpoint
 from lightrail.engine.models import build_tiny_model
 
 AGENT = "loop_agents:parity_agent"

@@ -120,7 +120,7 @@ def warm_start(settings: DemoSettings, base: Path, train: list[dict], console: A
     from transformers import AutoTokenizer
 
     from lightrail.algorithms import GRPOConfig, PolicyUpdater
-    from lightrail.algorithms._progress import StepBar
+    from lightrail.algorithms.run.progress import StepBar
     from lightrail.algorithms.sft import conversation_rows
 
     tokenizer = AutoTokenizer.from_pretrained(base)

@@ -8,8 +8,8 @@ import io
 import pytest
 from rich.console import Console
 
-from lightrail.algorithms import _progress
-from lightrail.algorithms._progress import StepBar
+from lightrail.algorithms.run import progress
+from lightrail.algorithms.run.progress import StepBar
 
 
 class Clock:
@@ -25,7 +25,7 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch):
     clock = Clock()
-    monkeypatch.setattr(_progress.time, "monotonic", clock)
+    monkeypatch.setattr(progress.time, "monotonic", clock)
     return clock
 
 
