@@ -35,8 +35,9 @@ def train_seed(name: str, seed: int, out: Path, overrides: list[str]) -> dict[st
         "val_after": report["val_after"],
         "gain": round(report["val_after"] - report["val_before"], 4),
         "minutes": round(minutes, 2),
-        "stage_minutes": {name: round(stage.get("minutes", stage.get("train_minutes", 0.0)), 2)
-                          for name, stage in stages.items()},  # fmt: skip
+        "stage_minutes": {
+            name: round(stage.get("minutes", stage.get("train_minutes", 0.0)), 2) for name, stage in stages.items()
+        },  # fmt: skip
         "wall_minutes": round((time.monotonic() - t0) / 60, 2),
         "steps": report["steps"],
     }

@@ -352,7 +352,7 @@ class SFT:
 
             self._source = open_store(self.traces.store, token=os.environ.get("LIGHTRAIL_TOKEN"))
             self._owned_source = True
-        if self.teacher is not None and self.teacher != SELF:
+        if self.teacher is not None and not isinstance(self.teacher, str):  # (SELF: the student serves itself)
             self._teacher_backend = self._backend_of(self.teacher)
             if not (self.resume and (self.out_dir / _TRACES).exists()):  # (else the pinned traces are reloaded)
                 self._teacher = await ServedPolicy.start(self._teacher_backend, ctx.store, self.gateway)
@@ -491,7 +491,8 @@ class SFT:
 
     async def _teacher_rollouts(self, ctx: TrainerContext) -> list[Rollout]:
         assert self.teacher is not None
-        if self.teacher == SELF:  # the student before any update, served as it is validated
+        served: ServedPolicy | None
+        if isinstance(self.teacher, str):  # SELF: the student before any update, served as it is validated
             served, model, sampling = await self._serve_student(ctx), self.served_name, self.sampling
         elif isinstance(self.teacher, LLM):
             served, model, sampling = self._teacher, self.teacher.model, dict(self.teacher.sampling)
