@@ -29,15 +29,13 @@ def train_seed(name: str, seed: int, out: Path, overrides: list[str]) -> dict[st
     config = load_config(REPO / RECIPES[name], [f"out_dir={out / name / f'seed-{seed}'}", f"seed={seed}", *overrides])
     report = train(config).report
     stages = report.get("stages", {"": report})  # a chain (sft then grpo): every stage's minutes count
-    minutes = sum(stage.get("minutes", stage.get("train_minutes", 0.0)) for stage in stages.values())
+    stage_minutes = {name: stage.get("minutes", stage.get("train_minutes", 0.0)) for name, stage in stages.items()}
     return {
         "val_before": report["val_before"],
         "val_after": report["val_after"],
         "gain": round(report["val_after"] - report["val_before"], 4),
-        "minutes": round(minutes, 2),
-        "stage_minutes": {
-            name: round(stage.get("minutes", stage.get("train_minutes", 0.0)), 2) for name, stage in stages.items()
-        },  # fmt: skip
+        "minutes": round(sum(stage_minutes.values()), 2),
+        "stage_minutes": {name: round(m, 2) for name, m in stage_minutes.items()},
         "wall_minutes": round((time.monotonic() - t0) / 60, 2),
         "steps": report["steps"],
     }

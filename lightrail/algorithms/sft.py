@@ -461,11 +461,7 @@ class SFT:
         self._rows, calls = await self._rows_of(source, kept, dropped)
         trained = {r.rollout_id for r in self._rows}
         data = {
-            "source": ("self" if self.teacher == SELF else "teacher")
-            if self.teacher is not None
-            else self.traces.store
-            if self.traces
-            else None,
+            "source": self._source_name(),
             "rollout_ids": [r.rollout_id for r in kept if r.rollout_id in trained],
             "kept_rollouts": len(trained),
             "dropped": dict(sorted(dropped.counts.items())),
@@ -488,6 +484,13 @@ class SFT:
         pinned.write_text(json.dumps({**data, "record": record}))
         self.folder.record(record)
         return data
+
+    def _source_name(self) -> str | None:
+        """Where the kept rollouts came from, as ``traces.json`` records it: ``self``, ``teacher``, or the traces'
+        store (None: this run's)."""
+        if self.teacher is not None:
+            return SELF if isinstance(self.teacher, str) else "teacher"
+        return self.traces.store if self.traces else None
 
     async def _teacher_rollouts(self, ctx: TrainerContext) -> list[Rollout]:
         assert self.teacher is not None

@@ -667,9 +667,9 @@ class Engine:
         """Prefill the new requests' prompts and merge them into the running batch: rows whose prompt starts with a
         cached prefix (`PrefixCache`) as one group per prefix over their remainder, the others as one group."""
         groups: dict[tuple[int, ...] | None, tuple[PrefixEntry | None, list[_Row]]] = {}
-        for row in (row for req in requests for row in req.rows):
-            entry = self._cached_prefix(row.request.prompt_ids)
-            groups.setdefault(entry.ids if entry else None, (entry, []))[1].append(row)
+        for req in requests:  # a request's rows (n > 1) share its prompt: one lookup for all of them
+            entry = self._cached_prefix(req.prompt_ids)
+            groups.setdefault(entry.ids if entry else None, (entry, []))[1].extend(req.rows)
         merged = batch
         for entry, rows in groups.values():
             new = self._prefill(rows, entry)
@@ -683,9 +683,7 @@ class Engine:
         if self._prefixes is None:
             return None
         if (entry := self._prefixes.lookup(prompt)) is not None:
-            self._prefixes.stats["hits"] += 1
             return entry
-        self._prefixes.stats["misses"] += 1
         if (ids := self._prefixes.to_make(prompt)) is None:
             return None
         with torch.inference_mode():
@@ -712,8 +710,8 @@ class Engine:
             positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, skip:]
             cache = DynamicCache(config=self.model.config)
             if prefix is not None:
+                n = len(rows)
                 for index, (keys, values) in enumerate(prefix.layers):
-                    n = len(rows)
                     cache.update(keys.expand(n, -1, -1, -1).clone(), values.expand(n, -1, -1, -1).clone(), index)
                 self.stats["cached_prompt_tokens"] += skip * len(rows)
             out = self.model(

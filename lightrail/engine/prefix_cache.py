@@ -53,7 +53,7 @@ class PrefixCache:
         self.entries = entries
         self._cached: OrderedDict[tuple[int, ...], PrefixEntry] = OrderedDict()
         self._recent: deque[tuple[int, ...]] = deque(maxlen=recent)
-        self.stats = {"hits": 0, "misses": 0, "cached_tokens": 0, "entries_made": 0}
+        self.stats = {"hits": 0, "misses": 0, "entries_made": 0}
 
     def lookup(self, prompt: list[int]) -> PrefixEntry | None:
         """The longest cached prefix of ``prompt`` that leaves it at least one token, or None."""
@@ -63,11 +63,15 @@ class PrefixCache:
                 best = entry
         if best is not None:
             self._cached.move_to_end(best.ids)
+        self.stats["hits" if best is not None else "misses"] += 1
         return best
 
     def to_make(self, prompt: list[int]) -> tuple[int, ...] | None:
         """A prefix worth caching for ``prompt``: its longest common prefix with a recent prompt (at most all but
-        its last token), if at least ``min_tokens`` long and not cached yet. Remembers ``prompt`` either way."""
+        its last token), if at least ``min_tokens`` long and not cached yet. Remembers ``prompt`` either way (but
+        one too short to share ``min_tokens`` with any other, which is skipped)."""
+        if len(prompt) <= self.min_tokens:
+            return None
         best = 0
         for seen in self._recent:
             best = max(best, _common(prompt, seen))
