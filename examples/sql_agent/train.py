@@ -15,7 +15,7 @@ from functools import cache
 
 from examples.sql_agent.agent import ONE_SHOT, ONE_SHOT_BASIC, answer
 from examples.sql_agent.database import connect, database_path
-from examples.sql_agent.reward import execution_match
+from examples.sql_agent.reward import condition_credit, execution_match
 from lightrail import rollout
 
 MAX_TURNS = 3
@@ -35,13 +35,13 @@ def _connection() -> sqlite3.Connection:
     return conn
 
 
-def _score(task: dict, llm, examples=(), max_turns: int = MAX_TURNS) -> float:
+def _score(task: dict, llm, examples=(), max_turns: int = MAX_TURNS, reward=execution_match) -> float:
     conn = _connection()
     state = answer(
         task["question"], base_url=llm.endpoint, model=llm.model, api_key=llm.api_key or "none",
         max_turns=max_turns, examples=examples, conn=conn, **llm.sampling,
     )  # fmt: skip
-    return execution_match(conn, state.get("sql"), task["sql"])
+    return reward(conn, state.get("sql"), task["sql"])
 
 
 @rollout
@@ -62,3 +62,11 @@ def sql_agent_basic(task, llm):
     """The agent for the basic tier (``data_args.tier: basic``) and a small pretrained model: one worked example
     of that tier (`agent.ONE_SHOT_BASIC`), at most two queries (the first and one rewrite)."""
     return _score(task, llm, ONE_SHOT_BASIC, max_turns=2)
+
+
+@rollout
+def sql_agent_basic_credit(task, llm):
+    """`sql_agent_basic` with a denser reward (`reward.condition_credit`): 1 on an execution match, else up to 0.5
+    for the WHERE conditions the query shares with the gold query. Train and validate it with
+    ``success_threshold: 1.0``: a success is still an execution match."""
+    return _score(task, llm, ONE_SHOT_BASIC, max_turns=2, reward=condition_credit)

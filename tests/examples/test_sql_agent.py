@@ -42,7 +42,7 @@ from one_step import (
 from examples.sql_agent.agent import CHECK, ONE_SHOT, ONE_SHOT_BASIC, REWRITE, WRITE, extract_sql
 from examples.sql_agent.data import BASIC_TEMPLATES, MONTHS, TEMPLATES, splits, tokenizer_corpus
 from examples.sql_agent.database import SCHEMA, QueryError, connect, data_dir, database_path, run_query, schema_text
-from examples.sql_agent.reward import execution_match, same_rows
+from examples.sql_agent.reward import condition_credit, equality_conditions, execution_match, same_rows
 from lightrail.adapters import AgentFilter, build_episode, episode_transitions
 from lightrail.gateway import GatewayServer
 from lightrail.types import Attr, RolloutStatus
@@ -246,6 +246,30 @@ def test_execution_match_on_a_hand_made_database(tmp_path):
     with pytest.raises(QueryError):  # a broken gold query is a broken task, not a score
         execution_match(conn, gold, "SELECT nope FROM t")
     conn.close()
+
+
+def test_condition_credit_ranks_near_misses_below_a_match_and_above_unrelated_queries(db):
+    """The basic tier's training reward: a query that returns the gold rows scores 1 whatever its conditions look
+    like; a wrong one that runs scores half the F1 of its WHERE equality conditions against the gold query's."""
+    gold = "SELECT COUNT(*) FROM flights WHERE carrier = 'AA' AND dest = 'ORD' AND month = 6"
+    assert equality_conditions('SELECT COUNT(*) FROM flights f WHERE f.carrier = "AA" AND month=6 LIMIT 1') == {
+        ("carrier", "AA"),
+        ("month", "6"),
+    }
+    assert equality_conditions("SELECT COUNT(*) FROM flights") == set()
+    reordered = "SELECT COUNT(flight) FROM flights WHERE month = 6 AND dest = 'ORD' AND carrier = 'AA'"
+    assert condition_credit(db, reordered, gold) == 1.0
+    extra_day = gold + " AND day = 15"  # the worked example's day copied: 3 of 4 conditions shared
+    assert condition_credit(db, extra_day, gold) == pytest.approx(0.5 * 2 * 3 / 7)
+    wrong_month = gold.replace("month = 6", "month = 7")
+    assert condition_credit(db, wrong_month, gold) == pytest.approx(0.5 * 2 * 2 / 6)
+    assert condition_credit(db, "SELECT COUNT(*) FROM flights WHERE origin = 'JFK'", gold) == 0.0
+    assert condition_credit(db, "SELECT COUNT(*) FROM flights WHERE carrier = 'AA'", gold) == pytest.approx(0.5 * 2 / 4)
+    assert condition_credit(db, "SELEC COUNT(*) FROM flights WHERE carrier = 'AA'", gold) == 0.0  # does not run
+    assert condition_credit(db, None, gold) == 0.0
+    assert 0 < condition_credit(db, extra_day, gold, partial=0.9) < 1.0
+    with pytest.raises(ValueError, match="partial"):
+        condition_credit(db, gold, gold, partial=1.0)
 
 
 def test_other_correct_sql_for_real_questions_scores_one(db):
