@@ -82,7 +82,7 @@ import msgspec
 from lightrail.adapters.selection import POLICY_OUTCOMES
 from lightrail.algorithms.rejection import TraceFilter
 from lightrail.algorithms.run.folder import RunFolder
-from lightrail.algorithms.run.policy import ServedPolicy, last_attempt_spans
+from lightrail.algorithms.run.policy import ServedPolicy, last_attempt_spans, succeeded, success_rate
 from lightrail.store.base import Store
 from lightrail.types import LLM, PromptTemplate, Resources, Rollout, RolloutSpec, RolloutStatus, Task
 
@@ -407,7 +407,7 @@ class APO:
                 {
                     "kind": "candidate", "round": r, "candidate": cid, "parent": c.parent, "origin": c.origin,
                     "score": c.scores[str(r)], "rollouts": len(by_candidate[cid]),
-                    "successes": sum(1 for x in by_candidate[cid] if _succeeded(x, self.success_threshold)),
+                    "successes": sum(1 for x in by_candidate[cid] if succeeded(x, self.success_threshold)),
                     "excluded": sum(1 for x in by_candidate[cid] if x.status not in POLICY_OUTCOMES),
                     "resources_version": c.version, "kept": cid in self.beam, "demos": len(c.demos),
                     "prompts": self._render(c),
@@ -514,8 +514,8 @@ class APO:
         last = max(parent.scores, key=int)
         ids = self._state["last_rollouts"][last][parent.id]
         rollouts = await ctx.store.query_rollouts(rollout_ids=ids)
-        failed = [x for x in rollouts if x.status in POLICY_OUTCOMES and not _succeeded(x, self.success_threshold)]
-        good = [x for x in rollouts if _succeeded(x, self.success_threshold)]
+        failed = [x for x in rollouts if x.status in POLICY_OUTCOMES and not succeeded(x, self.success_threshold)]
+        good = [x for x in rollouts if succeeded(x, self.success_threshold)]
         picked: list[Rollout] = []
         while len(picked) < self.trace_examples and (failed or good):
             for group in (failed, good):
@@ -542,7 +542,7 @@ class APO:
     async def _demonstrations(self, store: Store, rollouts: Sequence[Rollout]) -> list[dict[str, Any]]:
         pool = []
         for x in rollouts:
-            if not _succeeded(x, self.success_threshold):
+            if not succeeded(x, self.success_threshold):
                 continue
             convo = await self._conversation(store, x)
             if not convo:
@@ -572,7 +572,7 @@ class APO:
                 run_id = self._state["run_id"]
                 picked = [
                     x for x in picked
-                    if x.metadata.get("apo_run") != run_id and _succeeded(x, self.success_threshold)
+                    if x.metadata.get("apo_run") != run_id and succeeded(x, self.success_threshold)
                 ][-DEMO_TRACES_MAX:]  # fmt: skip
                 self._stored_pool = await self._demonstrations(source, picked)
                 # another run's task ids are its own: a demonstration of one of our training problems must keep
@@ -627,7 +627,7 @@ class APO:
         boot.update(done=True, rollouts=[x.rollout_id for x in rollouts])
         self._state["last_rollouts"].setdefault("bootstrap", {})[cid] = boot["rollouts"]
         self._save_state()
-        found = sum(1 for x in rollouts if _succeeded(x, self.success_threshold))
+        found = sum(1 for x in rollouts if succeeded(x, self.success_threshold))
         self._record(
             "bootstrap",
             {"kind": "bootstrap", "candidate": cid, "rollouts": len(rollouts), "successes": found,
@@ -714,8 +714,7 @@ class APO:
         ]  # fmt: skip
         await ctx.store.enqueue(specs)
         rollouts = await ctx.wait_for([s.rollout_id for s in specs])
-        finished = [x for x in rollouts if x.status in POLICY_OUTCOMES]
-        success = sum(1 for x in finished if _succeeded(x, self.success_threshold)) / max(len(finished), 1)
+        success = success_rate(rollouts, self.success_threshold)
         self._state["val"][cid] = success
         self._state["val_rollouts"] += len(specs)
         self._save_state()
@@ -882,13 +881,6 @@ def _extract_prompt(text: str) -> str:
     if found:
         return found[-1].strip()
     return re.sub(r"^\s*<prompt>|</prompt>\s*$", "", text).strip()
-
-
-def _succeeded(rollout: Rollout, threshold: float) -> bool:
-    """APO's success (its held-out ``val_success`` too): status succeeded and reward at least ``threshold``. Stricter
-    than `success_rate` only for a failed or timed-out rollout that carries a reward, which lightrail's runner never
-    reports; kept so APO's numbers stay what they were."""
-    return rollout.status == RolloutStatus.SUCCEEDED and rollout.reward is not None and rollout.reward >= threshold
 
 
 def _score(rollouts: Sequence[Rollout]) -> float:

@@ -9,12 +9,13 @@ import json
 import random
 
 import httpx
+import msgspec
 
 from lightrail import MemoryStore
 from lightrail.algorithms.protocol import TrainerContext
 from lightrail.algorithms.run.folder import LOOP_STATE, RunFolder, latest_checkpoint
 from lightrail.algorithms.run.loop import run_steps
-from lightrail.algorithms.run.policy import ServedPolicy, success_rate, validate
+from lightrail.algorithms.run.policy import ServedPolicy, succeeded, success_rate, validate
 from lightrail.gateway.fake import ScriptedBackend
 from lightrail.types import LLM, AttemptStatus, RetryPolicy, RolloutStatus, Task
 
@@ -168,6 +169,10 @@ def test_success_counts_policy_outcomes_only(tmp_path):
     assert published == llm and all(r.metadata == {"step": 3} for r in val.rollouts)
     assert [r.status for r in val.rollouts][-2:] == [RolloutStatus.INFRA_ERROR, RolloutStatus.CANCELLED]
     assert val.success == 1 / 4 and success_rate(val.rollouts, 0.5) == 2 / 4 and success_rate([], 1.0) == 0.0
+    assert [succeeded(r, 0.5) for r in val.rollouts] == [True, True, False, False, False, False]
+    # one meaning for every algorithm (APO's too): a failed rollout that carries a reward is judged by its reward
+    assert succeeded(msgspec.structs.replace(val.rollouts[2], reward=1.0), 1.0)
+    assert not succeeded(msgspec.structs.replace(val.rollouts[4], reward=1.0), 1.0)  # infrastructure: never
     assert val.metrics(3, policy_version=2) == {
         "kind": "val", "step": 3, "policy_version": 2, "val_success": 0.25, "val_rollouts": 6, "val_infra_excluded": 2,
     }  # fmt: skip

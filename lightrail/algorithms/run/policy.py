@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from lightrail.algorithms.protocol import TrainerContext
     from lightrail.gateway.server import GatewayServer, GatewaySettings
 
-__all__ = ["ServedPolicy", "Validation", "last_attempt_spans", "success_rate", "validate"]
+__all__ = ["ServedPolicy", "Validation", "last_attempt_spans", "succeeded", "success_rate", "validate"]
 
 
 @dataclass
@@ -84,12 +84,16 @@ class ServedPolicy:
             await self.engine.close()
 
 
+def succeeded(rollout: Rollout, threshold: float) -> bool:
+    """The one meaning of a success: a policy outcome (`POLICY_OUTCOMES`: succeeded, failed, timed out;
+    infrastructure errors and cancellations are not the policy's) with a reward of at least ``threshold``."""
+    return rollout.status in POLICY_OUTCOMES and rollout.reward is not None and rollout.reward >= threshold
+
+
 def success_rate(rollouts: Sequence[Rollout], threshold: float) -> float:
-    """Among ``rollouts`` with a policy outcome (`POLICY_OUTCOMES`: succeeded, failed, timed out; infrastructure
-    errors and cancellations are left out), the share whose reward is at least ``threshold`` (0.0 if none)."""
+    """Among ``rollouts`` with a policy outcome, the share that `succeeded` (0.0 if none)."""
     finished = [r for r in rollouts if r.status in POLICY_OUTCOMES]
-    wins = sum(1 for r in finished if r.reward is not None and r.reward >= threshold)
-    return wins / len(finished) if finished else 0.0
+    return sum(1 for r in finished if succeeded(r, threshold)) / len(finished) if finished else 0.0
 
 
 @dataclass
