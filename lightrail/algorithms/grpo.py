@@ -152,7 +152,7 @@ class GRPO:
         if rollout_engine not in ROLLOUT_ENGINES:
             raise ValueError(f"rollout_engine must be one of {ROLLOUT_ENGINES}, not {rollout_engine!r}")
         self.advantage, self.loss_agg = check_estimator_options(advantage, loss_agg, config)
-        if config is not None and (mismatch := config.schedule_mismatch(steps)):
+        if config is not None and (mismatch := config.schedule_mismatch(steps * config.mini_batches)):
             log.warning("GRPO: %s", mismatch)
         self.policies = PolicyMap(policies) if policies is not None else None
         if self.policies is not None:

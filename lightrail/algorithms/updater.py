@@ -110,6 +110,12 @@ class GRPOConfig:
     logprobs of the temperature-scaled distribution)."""
     micro_batch_tokens: int = 4096
     """Budget of one micro-batch in padded tokens (rows x longest row); a longer row runs alone."""
+    mini_batches: int = 1
+    """Optimizer steps per `PolicyUpdater.step` of the policy loss: its rows are split by GRPO group (``group_id``)
+    into this many mini-batches, each normalised on its own and taken as one optimizer step (PPO's mini-batches:
+    verl's ``train_batch_size / ppo_mini_batch_size``). The first is on-policy; the later ones see rows sampled by
+    weights one or more optimizer steps old, which the clipped ratio corrects. More learning per rollout, at the
+    same rollout cost. Learning-rate schedules count optimizer steps. SFT steps are not split."""
     max_staleness: int | None = None
     """With ``step(rows, current_version=v)``: drop rows sampled by a policy older than ``v - max_staleness``."""
     skip_zero_advantage_rows: bool = True
@@ -138,6 +144,8 @@ class GRPOConfig:
     def __post_init__(self) -> None:
         if self.ranks < 1:
             raise ValueError(f"ranks must be >= 1, not {self.ranks}")
+        if self.mini_batches < 1:
+            raise ValueError(f"mini_batches must be >= 1, not {self.mini_batches}")
         if not 0 <= self.clip_low < 1 or self.clip_high < 0:
             raise ValueError("need 0 <= clip_low < 1 and clip_high >= 0")
         try:
@@ -197,6 +205,45 @@ def drop_stale_rows(
     oldest = current_version - max_staleness
     kept = [r for r in rows if r.policy_version is None or r.policy_version >= oldest]
     return kept, len(rows) - len(kept)
+
+
+def split_groups(rows: Sequence[TrainingRow], n: int) -> list[list[TrainingRow]]:
+    """``rows`` in at most ``n`` mini-batches of whole GRPO groups (``group_id``; rows without one are groups of
+    their own), in order, each holding as near an equal share of the groups as whole groups allow; empty ones are
+    left out."""
+    groups: dict[str, list[TrainingRow]] = {}
+    for i, row in enumerate(rows):
+        groups.setdefault(row.group_id or f"\0row-{i}", []).append(row)
+    ordered = list(groups.values())
+    n = min(n, len(ordered))
+    bounds = [round(k * len(ordered) / n) for k in range(n + 1)] if n else [0]
+    return [[r for g in ordered[a:b] for r in g] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+
+
+def _combine(steps: Sequence[dict[str, float]]) -> dict[str, float]:
+    """One metrics dict for several optimizer steps taken in one `PolicyUpdater.step`: token means weighted by the
+    response tokens each ran, counts summed, ``ratio_max`` the largest, ``grad_norm`` the mean, ``lr`` the first
+    step's, ``step`` the last; ``skipped`` 1 only when every one was skipped; ``mismatch_approx_kl``: the first
+    step's ``approx_kl``, taken before any weight moved (the sampler's logprobs against the trainer's)."""
+    if len(steps) == 1:
+        return dict(steps[0])
+    n = [s["response_tokens"] for s in steps]
+    total = sum(n) or 1.0
+    combined = {k: sum(s[k] * w for s, w in zip(steps, n, strict=True)) / total
+                for k in ("pg_loss", "kl_ref", "clip_frac", "approx_kl", "ratio_mean", "entropy")}  # fmt: skip
+    combined.update(
+        {k: sum(s[k] for s in steps) for k in ("loss", "tokens", "response_tokens", "micro_batches", "rows_run")}
+    )
+    combined.update(
+        ratio_max=max(s["ratio_max"] for s in steps),
+        grad_norm=sum(s["grad_norm"] for s in steps) / len(steps),
+        lr=steps[0]["lr"],
+        step=steps[-1]["step"],
+        skipped=float(all(s["skipped"] for s in steps)),
+        optimizer_steps=float(sum(not s["skipped"] for s in steps)),
+        mismatch_approx_kl=steps[0]["approx_kl"],
+    )
+    return combined
 
 
 def pack_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
@@ -540,7 +587,12 @@ class PolicyUpdater:
         if current_version is not None and self.config.max_staleness is not None:
             rows, n_stale = drop_stale_rows(rows, current_version, self.config.max_staleness)
         _validate(rows)
-        metrics = self._step_on(rows, objective=objective)
+        if objective == "grpo" and self.config.mini_batches > 1:
+            metrics = _combine(
+                [self._step_on(mb, objective=objective) for mb in split_groups(rows, self.config.mini_batches)]
+            )
+        else:
+            metrics = self._step_on(rows, objective=objective)
         seconds = time.perf_counter() - t0
         metrics.update(
             tokens_per_s=metrics["tokens"] / seconds if seconds > 0 else 0.0,

@@ -324,3 +324,41 @@ def test_autocast_is_validated():
         GRPOConfig(autocast="float16")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="float32 master weights"):
         GRPOConfig(autocast="bfloat16", dtype="float64")
+
+
+def test_split_groups_keeps_groups_whole_and_in_order():
+    from lightrail.algorithms.updater import split_groups
+
+    rows = make_rows(10, seed=6)
+    for i, r in enumerate(rows):
+        r.group_id = f"g-{i // 2}"  # five groups of two
+    parts = split_groups(rows, 2)
+    assert [[r.group_id for r in p] for p in parts] == [
+        ["g-0", "g-0", "g-1", "g-1"],
+        ["g-2"] * 2 + ["g-3"] * 2 + ["g-4"] * 2,
+    ]
+    assert [r for p in split_groups(rows, 9) for r in p] == rows and len(split_groups(rows, 9)) == 5
+    assert split_groups(rows, 1) == [rows] and split_groups([], 3) == []
+
+
+def test_mini_batches_take_one_optimizer_step_per_mini_batch_in_order():
+    """``mini_batches: 2`` is the same as two `step`s, one per half of the groups (each normalised on its own):
+    the second runs on the weights the first left, and its rows' ratios move off 1."""
+    rows = make_rows(8, seed=7)
+    for i, r in enumerate(rows):
+        r.group_id = f"g-{i // 4}"
+    base = tiny_llama(seed=8, dtype=torch.float64)
+    first = PolicyUpdater(copy.deepcopy(base), GRPOConfig(dtype="float64", lr=1e-2))
+    rows = _on_policy(first, rows)
+    split = PolicyUpdater(copy.deepcopy(base), GRPOConfig(dtype="float64", lr=1e-2, mini_batches=2))
+    m = split.step(rows)
+    one_by_one = [first.step(rows[:4]), first.step(rows[4:])]
+    assert m["step"] == 2 == first.steps and m["optimizer_steps"] == 2 and m["skipped"] == 0
+    assert m["mismatch_approx_kl"] == pytest.approx(0.0, abs=1e-9)  # the first mini-batch is on-policy
+    assert one_by_one[1]["approx_kl"] > 1e-6  # the second is not: the weights moved
+    assert m["loss"] == pytest.approx(sum(s["loss"] for s in one_by_one), abs=1e-12)
+    assert m["rows"] == 8 and m["response_tokens"] == sum(s["response_tokens"] for s in one_by_one)
+    for name, p in split._trainable.items():
+        torch.testing.assert_close(p.detach(), first._trainable[name].detach(), atol=1e-12, rtol=0)
+    with pytest.raises(ValueError, match="mini_batches"):
+        GRPOConfig(mini_batches=0)
