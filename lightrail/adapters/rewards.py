@@ -17,7 +17,7 @@ A tool call with neither is *unanswered* (the agent never ran it, or never showe
 Example::
 
     rule = ToolRewardRule(success=0.1, error=-0.1, unanswered=-0.2)
-    episode = build_episode(spans, tool_rewards=rule)   # episode.intermediate now holds the tool rewards
+    episode = build_episode(spans, tool_rewards_rule=rule)   # episode.intermediate now holds the tool rewards
 """
 
 from __future__ import annotations

@@ -48,8 +48,10 @@ def _fsync_dir(path: Path) -> None:
 def atomic_directory(dest: str | os.PathLike) -> Iterator[Path]:
     """Yield a fresh temporary directory; on normal exit it replaces ``dest`` atomically, on error it is removed.
 
-    >>> with atomic_directory("ckpt/step-3") as tmp:      # doctest: +SKIP
-    ...     (tmp / "state.json").write_text("{}")
+    >>> with atomic_directory("ckpt/step-3") as tmp:
+    ...     _ = (tmp / "state.json").write_text("{}")
+    >>> sorted(p.name for p in Path("ckpt/step-3").iterdir())
+    ['state.json']
     """
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)

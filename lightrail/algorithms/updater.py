@@ -350,9 +350,9 @@ class PolicyUpdater:
     """Owns the trainable policy (full model or LoRA adapter), its AdamW optimizer and the GRPO step.
 
         >>> upd = PolicyUpdater("path/to/model", GRPOConfig(lora=LoraSettings(r=8)))   # doctest: +SKIP
-        >>> metrics = upd.step(rows)                     # one optimizer step over every row
-        >>> await engine.update_weights(upd.state_dict_for_serving(), version=upd.steps + 1)
-        >>> upd.save("runs/ckpt")                         # ... later: upd.load("runs/ckpt")
+        >>> metrics = upd.step(rows)                     # one optimizer step over every row   # doctest: +SKIP
+        >>> await engine.update_weights(upd.state_dict_for_serving(), version=upd.steps + 1)   # doctest: +SKIP
+        >>> upd.save("runs/ckpt")                         # ... later: upd.load("runs/ckpt")   # doctest: +SKIP
 
     ``model`` is a local Hugging Face directory or a causal LM instance; an instance is taken over (moved to the
     configured device and dtype and, with LoRA, wrapped by peft in place).

@@ -176,9 +176,13 @@ class _Batch:
 class Engine:
     """An asyncio model server for one causal LM: chat and text completions with token ids and logprobs.
 
-    >>> engine = Engine.from_pretrained(prepare_model("tiny"))                        # doctest: +SKIP
-    >>> gen = await engine.chat(ChatRequest(model="tiny", messages=[{"role": "user", "content": "hi"}]))
-    >>> gen.prompt_ids, gen.choices[0].token_ids, gen.choices[0].logprobs, gen.policy_version
+    >>> from lightrail.engine.models import prepare_model
+    >>> engine = Engine.from_pretrained(prepare_model("tiny"))
+    >>> hi = [{"role": "user", "content": "hi"}]
+    >>> gen = await engine.chat(ChatRequest(model="tiny", messages=hi, sampling=SamplingParams(max_tokens=4)))
+    >>> len(gen.prompt_ids) > 0, len(gen.choices[0].token_ids) == len(gen.choices[0].logprobs), gen.policy_version
+    (True, True, 0)
+    >>> await engine.close()
 
     Safe to call from any event loop or thread (see the module docstring). ``stats`` counts requests, batches (prefill groups),
     forward passes, tokens, weight updates and malformed tool calls.

@@ -323,7 +323,7 @@ class PostgresStore:
     """A `Store` in a PostgreSQL database; several store servers may serve one database at once.
 
     >>> store = PostgresStore("postgresql://lightrail:s3cret@db.internal:5432/runs")
-    >>> rollouts = await store.enqueue([RolloutSpec(task=Task(input={"q": "2+2"}))])
+    >>> rollouts = await store.enqueue([RolloutSpec(task=Task(input={"q": "2+2"}))])   # doctest: +SKIP
 
     Connections open on first use (or `open`), inside the running event loop, which the store is then bound to.
     The schema ``lightrail`` is created in the database on first open. ``pool_size`` bounds the connections a

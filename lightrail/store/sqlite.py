@@ -175,8 +175,13 @@ class SchemaVersionError(StoreError):
 class SQLiteStore:
     """A `Store` in one SQLite file; the default for a single machine.
 
-    >>> store = SQLiteStore("runs/store.db")          # created on first use, resumed on the next
+    >>> store = SQLiteStore("store.db")          # created on first use, resumed on the next
     >>> rollouts = await store.enqueue([RolloutSpec(task=Task(input={"q": "2+2"}))])
+    >>> rollouts[0].status
+    <RolloutStatus.QUEUED: 'queued'>
+    >>> await store.close()
+
+    (Top-level ``await`` as in ``python -m asyncio``; in a script, inside an ``async def``.)
 
     ``synchronous`` is SQLite's setting: ``"NORMAL"`` (default) loses nothing acknowledged when a process
     crashes; ``"FULL"`` also survives power loss. ``busy_timeout_s`` bounds how long a write waits for another
