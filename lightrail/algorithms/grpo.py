@@ -414,7 +414,12 @@ class GRPO:
         self.folder.record(metrics)
         causes = [slot.stop for slot in self._slots if slot.stop]
         if causes:
+            from lightrail.inspection.report import print_failure_digest
+
             self.folder.append({"kind": "stop", "step": self.step, "cause": causes[0]})
+            await print_failure_digest(
+                ctx.store, rollouts, title=f"step {self.step}: failure digest", stopped=causes[0]
+            )
             raise MismatchError(causes[0])
         return f"reward {metrics['reward_mean']:.3f}  success {metrics['success_rate']:.0%}"
 

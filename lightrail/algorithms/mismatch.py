@@ -131,4 +131,6 @@ def unserved_cause(served: int, version: int) -> str | None:
     """The one-line cause when the engine serves ``served`` after a sync to ``version``, else None."""
     if served == version:
         return None
-    return f"the rollout engine still serves policy version {served} after update {version}: the weight sync did not take"
+    return (
+        f"the rollout engine still serves policy version {served} after update {version}: the weight sync did not take"
+    )

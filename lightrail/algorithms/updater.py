@@ -49,8 +49,8 @@ from lightrail.algorithms._loss import (
     resolve_loss_norm,
     token_entropy,
 )
-from lightrail.algorithms.mismatch import RowMismatch
 from lightrail.algorithms.checkpoint import atomic_directory, capture_rng_state, restore_rng_state
+from lightrail.algorithms.mismatch import RowMismatch
 from lightrail.engine import configure_threads
 from lightrail.types import TrainingRow
 
