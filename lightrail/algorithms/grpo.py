@@ -418,7 +418,10 @@ class GRPO:
 
             self.folder.append({"kind": "stop", "step": self.step, "cause": causes[0]})
             await print_failure_digest(
-                ctx.store, rollouts, title=f"step {self.step}: failure digest", stopped=causes[0]
+                ctx.store,
+                rollouts,
+                title=f"step {self.step}: failure digest",
+                stopped=f"at step {self.step}: {causes[0]}",
             )
             raise MismatchError(causes[0])
         return f"reward {metrics['reward_mean']:.3f}  success {metrics['success_rate']:.0%}"

@@ -186,13 +186,13 @@ def render_digest(
     digest: Sequence[FailureGroup], console: object, *, title: str = "failure digest", stopped: str | None = None
 ) -> None:
     """Print failure groups (most frequent first) with rich: count, status, exception type, message pattern and
-    one example; a single line when there are none. ``stopped``: why training stopped (a one-line cause, e.g. a
-    weight sync that did not take, `lightrail.algorithms.mismatch`), printed first."""
+    one example; a single line when there are none. ``stopped``: where and why training stopped (``at step 3: <one-line
+    cause>``, e.g. a weight sync that did not take, `lightrail.algorithms.mismatch`), printed first."""
     from rich.markup import escape
 
     out: Any = console
     if stopped:
-        out.print(f"[bold red]training stopped[/bold red]: {escape(stopped)}", soft_wrap=True)
+        out.print(f"[bold red]training stopped[/bold red] {escape(stopped)}", soft_wrap=True)
     failures = [g for g in digest if g.cause is None]
     captures = [g for g in digest if g.cause is not None]
     if not failures:
