@@ -12,8 +12,9 @@ Two GRPO runs through the real trainer, gateway, embedded engine (float32) and o
   measurement replaces; it rounds a healthy gap to 0 or to float32 noise).
 * ``broken``: the same run with the engine's weight loading skipped (it bumps its version and keeps the start
   weights: a sync that did not take). ``broken_sync_detected`` is 1 when the run stopped with `MismatchError` at the
-  step after its first update (within one step); ``broken_stop_kl`` is the KL that tripped ``mismatch_stop``
-  (the size of the update the engine missed), ``broken_stop_cause`` the one-line cause.
+  step after its first update (within one step); ``broken_stop_kl`` is the KL that tripped `GRPO`'s default
+  ``mismatch_stop`` (the size of the update the engine missed: it must stay above the threshold, which is why the
+  bench trains at lr 1e-2), ``broken_stop_cause`` the one-line cause.
 
 Progress goes to stderr; the LAST stdout line is one JSON object.
 """
@@ -21,6 +22,7 @@ Progress goes to stderr; the LAST stdout line is one JSON object.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import sys
 import tempfile
@@ -60,9 +62,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=4)
     args = parser.parse_args()
+    from lightrail.algorithms.grpo import GRPO
     from lightrail.engine import Engine, build_tiny_model
 
-    result: dict = {**machine_facts(), "steps": args.steps}
+    stop = inspect.signature(GRPO).parameters["mismatch_stop"].default
+    result: dict = {**machine_facts(), "steps": args.steps, "mismatch_stop": stop}
     log(f"machine: {result}")
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:

@@ -151,7 +151,7 @@ class GRPO:
         rollout_engine: str = "embedded",
         vllm: dict[str, Any] | None = None,
         mismatch_flag: float = 1e-3,
-        mismatch_stop: float | None = 0.05,
+        mismatch_stop: float | None = 0.02,
     ) -> None:
         from lightrail.algorithms.rollout_engines import ROLLOUT_ENGINES
 
