@@ -39,7 +39,16 @@ from typing import Literal
 
 import torch
 
-__all__ = ["LOSS_AGG", "LOSS_NORMS", "LossNorm", "loss_weights", "policy_loss", "resolve_loss_norm", "token_entropy"]
+__all__ = [
+    "LOSS_AGG",
+    "LOSS_NORMS",
+    "LossNorm",
+    "loss_weights",
+    "mismatch_kl",
+    "policy_loss",
+    "resolve_loss_norm",
+    "token_entropy",
+]
 
 LossNorm = Literal["token", "sequence", "rollout", "sequence_sum_norm"]
 """How the step's loss is normalised: ``token`` = mean over all masked tokens of the step; ``sequence`` = mean over
@@ -171,6 +180,21 @@ def policy_loss(
             "tokens": torch.tensor(n),
         }
     return loss, {k: v.detach() for k, v in stats.items()}
+
+
+def mismatch_kl(logp: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimate ``(r - 1) - log r`` (r = exp(logp - old_logp)) of KL(sampler || trainer): how far the
+    trainer's logprobs of the sampled tokens (``logp``) are from the ones the sampler recorded (``old_logp``).
+
+    Computed in float64 with ``expm1`` (no gradient): a healthy float32 pair differs by ~1e-7 per token, and
+    ``(r - 1) - log r`` in float32 would be rounding noise of that size. Never negative; 0 exactly when they agree.
+
+        >>> mismatch_kl(torch.tensor([-1.0, -2.0]), torch.tensor([-1.0, -1.0])).tolist()   # e^-1 - 1 + 1
+        [0.0, 0.36787944117144233]
+    """
+    with torch.no_grad():
+        log_ratio = logp.detach().to(torch.float64) - old_logp.detach().to(torch.float64)
+        return torch.expm1(log_ratio) - log_ratio
 
 
 def token_entropy(logits: torch.Tensor, lse: torch.Tensor | None = None) -> torch.Tensor:

@@ -49,6 +49,7 @@ from lightrail.adapters import (
     to_rows,
 )
 from lightrail.adapters.transitions import training_spans
+from lightrail.algorithms.mismatch import MismatchError, stop_cause, summarize, unserved_cause
 from lightrail.algorithms.policies import PolicyMap, PolicyRouter
 from lightrail.algorithms.run.folder import RunFolder
 from lightrail.algorithms.run.loop import run_steps
@@ -105,6 +106,14 @@ class GRPO:
     and calls of agents in no policy are served by the start model, unchanged. Needs the embedded engine and OTel on in
     the runners. Metrics of an update are then per policy (``write/loss``...), checkpoints hold one folder per policy.
 
+    Every update measures the train–inference mismatch (`lightrail.algorithms.mismatch`): the k3 KL between the
+    logprobs the sampler recorded and the trainer's own for the same tokens, before the optimizer step. Metrics
+    ``mismatch_kl_mean``, ``mismatch_kl_max``, ``mismatch_rows_flagged`` (rows whose mean exceeds ``mismatch_flag``)
+    and per policy version and per agent (``mismatch_by_version``, ``mismatch_by_agent``). The run stops with a
+    `MismatchError` naming the cause when a version's rows exceed ``mismatch_stop`` (None: never) or when the engine
+    does not serve the version it was just synced to; the cause is also the step's ``kind: stop`` line in
+    ``metrics.jsonl``.
+
         >>> grpo = GRPO("runs/warm", config=GRPOConfig(lr=5e-4), steps=60)                # doctest: +SKIP
         >>> Trainer(n_runners=2, concurrency=8, algorithm=grpo).fit(agent, train, val)  # doctest: +SKIP
         >>> grpo.report["val_after"]                                                      # doctest: +SKIP
@@ -141,6 +150,8 @@ class GRPO:
         gateway: GatewaySettings | None = None,
         rollout_engine: str = "embedded",
         vllm: dict[str, Any] | None = None,
+        mismatch_flag: float = 1e-3,
+        mismatch_stop: float | None = 0.02,
     ) -> None:
         from lightrail.algorithms.rollout_engines import ROLLOUT_ENGINES
 
@@ -192,6 +203,10 @@ class GRPO:
             from lightrail.algorithms.vllm_rollouts import check_vllm_sampling
 
             check_vllm_sampling(self.sampling)
+        if mismatch_flag < 0 or (mismatch_stop is not None and mismatch_stop < 0):
+            raise ValueError("mismatch_flag and mismatch_stop must be >= 0")
+        self.mismatch_flag = mismatch_flag
+        self.mismatch_stop = mismatch_stop
         self.report: dict[str, Any] = {}
         self.val_before: float | None = None
         """Held-out success already measured on ``model`` (same val tasks, ``val_sampling``, ``success_threshold``,
@@ -243,7 +258,9 @@ class GRPO:
             for slot in self._slots:
                 await asyncio.to_thread(slot.updater.load, checkpoint / slot.name if slot.name else checkpoint)
                 if versions[slot.name] > slot.rollouts.policy_version:  # 0: every update so far was skipped
-                    await slot.rollouts.sync(slot.updater, versions[slot.name])
+                    await self._sync(slot, versions[slot.name])
+                if slot.stop:
+                    raise MismatchError(slot.stop)
         self._served = await ServedPolicy.start(backend, ctx.store, self.gateway, name=self.served_name)
         self._llm = self._served.llm(self.sampling)
 
@@ -395,6 +412,18 @@ class GRPO:
             "step_s": time.monotonic() - t0,
         }
         self.folder.record(metrics)
+        causes = [slot.stop for slot in self._slots if slot.stop]
+        if causes:
+            from lightrail.inspection.report import print_failure_digest
+
+            self.folder.append({"kind": "stop", "step": self.step, "cause": causes[0]})
+            await print_failure_digest(
+                ctx.store,
+                rollouts,
+                title=f"step {self.step}: failure digest",
+                stopped=f"at step {self.step}: {causes[0]}",
+            )
+            raise MismatchError(causes[0])
         return f"reward {metrics['reward_mean']:.3f}  success {metrics['success_rate']:.0%}"
 
     async def _update(self, slot: _Slot, transitions: list[Transition]) -> tuple[dict[str, Any], list[Transition]]:
@@ -402,8 +431,11 @@ class GRPO:
         transitions it trained on (none when the update was skipped)."""
         rows, drift = to_rows(transitions, merge=self.merge_calls)
         update = await asyncio.to_thread(slot.updater.step, rows, current_version=slot.rollouts.policy_version)
-        if not update["skipped"]:
-            await slot.rollouts.sync(slot.updater, slot.rollouts.policy_version + 1)
+        measured = slot.updater.last_mismatch
+        mismatch = summarize(measured, self.mismatch_flag)
+        slot.stop = stop_cause(measured, self.mismatch_stop, synced=slot.synced)
+        if not update["skipped"] and slot.stop is None:  # a run that stops serves nothing more
+            await self._sync(slot, slot.rollouts.policy_version + 1)
         metrics = {
             "policy_version": slot.rollouts.policy_version,
             "transitions": len(transitions),
@@ -417,8 +449,15 @@ class GRPO:
             "update_tokens_per_s": update["tokens_per_s"],
             "dropped_stale": update["rows_stale_dropped"],
             "skipped": bool(update["skipped"]),
+            **mismatch,
         }
         return metrics, [] if update["skipped"] else transitions
+
+    async def _sync(self, slot: _Slot, version: int) -> None:
+        """Serve ``slot``'s updated weights as ``version`` and check the engine says so (``slot.stop`` when not)."""
+        await slot.rollouts.sync(slot.updater, version)
+        slot.synced = version
+        slot.stop = unserved_cause(slot.rollouts.policy_version, version)
 
     async def _update_policies(
         self, transitions: list[Transition], episodes: dict[str, Any]
@@ -487,6 +526,10 @@ class _Slot:
     updater: Any
     agents: AgentFilter | None = None
     served: str = ""
+    synced: int | None = None
+    """The version this run last synced the engine to (None before its first update)."""
+    stop: str | None = None
+    """Why the run must stop after this step (`lightrail.algorithms.mismatch`), or None."""
 
 
 def check_estimator_options(

@@ -41,8 +41,16 @@ from typing import Any, Literal
 import torch
 from safetensors.torch import load_file, save_file
 
-from lightrail.algorithms._loss import LossNorm, loss_weights, policy_loss, resolve_loss_norm, token_entropy
+from lightrail.algorithms._loss import (
+    LossNorm,
+    loss_weights,
+    mismatch_kl,
+    policy_loss,
+    resolve_loss_norm,
+    token_entropy,
+)
 from lightrail.algorithms.checkpoint import atomic_directory, capture_rng_state, restore_rng_state
+from lightrail.algorithms.mismatch import RowMismatch
 from lightrail.engine import configure_threads
 from lightrail.types import TrainingRow
 
@@ -308,6 +316,18 @@ def _nll_loss(logp: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, 
     return loss, stats
 
 
+def _row_mismatch(rows: Sequence[TrainingRow], order: Sequence[int], kl: torch.Tensor) -> list[RowMismatch]:
+    """Per-row means of a micro-batch's per-token `mismatch_kl` (its tokens come row by row, in ``order``)."""
+    values = kl.tolist()
+    out, k = [], 0
+    for i in order:
+        n = sum(1 for m in rows[i].loss_mask if m)
+        mine = values[k : k + n]
+        out.append(RowMismatch(rows[i], kl=sum(mine) / n, kl_max=max(mine), tokens=n))
+        k += n
+    return out
+
+
 @dataclass
 class _MicroBatch:
     """Right-padded token ids plus the flat list of response tokens to score (one entry per masked token)."""
@@ -387,6 +407,9 @@ class PolicyUpdater:
                 self.reference = copy.deepcopy(model).eval().requires_grad_(False)
         self.model = model
         self.steps = 0
+        self.last_mismatch: list[RowMismatch] = []
+        """The train–inference mismatch of each row the last GRPO `step` ran through the model (in its forward pass,
+        before the optimizer step; with data parallelism, rank 0's share of the rows)."""
         self._trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
         decay = [p for p in self._trainable.values() if p.ndim >= 2]
         no_decay = [p for p in self._trainable.values() if p.ndim < 2]
@@ -580,7 +603,9 @@ class PolicyUpdater:
         ``tokens`` (input tokens run through the model, padding excluded), ``response_tokens``, ``tokens_per_s``,
         ``rows``, ``rows_stale_dropped``, ``rows_zero_adv_skipped``, ``micro_batches``, ``seconds``, ``step``
         (optimizer steps taken so far), ``skipped`` (1 when no update was made: no row left anything to learn from, or
-        the gradient was not finite).
+        the gradient was not finite), ``mismatch_kl`` (token mean of `mismatch_kl` between the sampler's recorded
+        logprobs and this forward pass's, before the optimizer step: the train–inference mismatch of on-policy rows;
+        per row in `last_mismatch`; 0 for ``sft``).
         """
         t0 = time.perf_counter()
         n_stale = 0
@@ -625,7 +650,9 @@ class PolicyUpdater:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         sums = {"loss": 0.0, "pg_loss": 0.0, "kl_ref": 0.0, "clip_frac": 0.0, "approx_kl": 0.0, "ratio_mean": 0.0}
+        sums["mismatch_kl"] = 0.0
         ent_sum, n_tok, ratio_max, tokens = 0.0, 0, 0.0, 0
+        measured: list[RowMismatch] = []
         for mb in batches:
             ref = self._reference_logp(mb) if cfg.kl_coef and not supervised else None
             logp, ent = self._token_logp(self.model, mb, entropy=cfg.compute_entropy)
@@ -642,6 +669,10 @@ class PolicyUpdater:
                     ref_logp=ref,
                     kl_coef=cfg.kl_coef,
                 )
+                # The weights have not moved yet this step, so for on-policy rows this is the train–inference gap.
+                kl = mismatch_kl(logp, mb.old_logp)
+                sums["mismatch_kl"] += float(kl.sum())
+                measured += _row_mismatch(rows, mb.rows, kl)
             loss.backward()
             n = int(stats["tokens"])
             sums["loss"] += float(loss.detach())
@@ -653,6 +684,7 @@ class PolicyUpdater:
             n_tok += n
             tokens += mb.tokens
 
+        self.last_mismatch = measured
         params = list(self._trainable.values())
         local = [*sums.values(), ent_sum, n_tok, tokens, len(batches), sum(len(mb.rows) for mb in batches)]
         totals, ratio_max = self._reduce_step(params, torch.tensor(local, dtype=torch.float64), ratio_max)

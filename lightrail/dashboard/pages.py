@@ -22,6 +22,7 @@ from lightrail.inspection.runs import (
     rollout_details,
     rollouts_page,
     run_tag,
+    training_stop,
 )
 from lightrail.store.base import MAX_PAGE, NotFoundError, Store
 
@@ -163,5 +164,8 @@ async def failures(request: Request, store: Store, render: Render) -> Response:
         groups, read, candidates = await failure_digest(store, run=run_key, limit=limit, since=since)
     except LookupError as exc:
         raise NotFoundError(str(exc)) from None
+    chosen = views.find_run(await _runs(store), run_key) if run_key else None
+    stopped = await asyncio.to_thread(training_stop, chosen) if chosen is not None else None
     return render(request, "failures.html", title="Failures", groups=groups, read=read, candidates=candidates,
+                  stopped=stopped,
                   run_key=run_key or "", limit=limit, minutes=minutes or "", live_period_ms=SLOW_LIVE_MS)  # fmt: skip

@@ -91,6 +91,14 @@ def run_charts(run: Run, metrics_file: Path | None) -> list[Markup]:
         line_chart("KL and loss", {"kl": series("train", "kl"), "loss": series("train", "loss")}, x_label=step)
     )
     charts.append(line_chart("excluded rollouts", {"excluded": series("train", "excluded")}, x_label=step))
+    if any("mismatch_kl_mean" in m for m in records):  # GRPO: the sampler's logprobs vs the trainer's, per update
+        charts.append(line_chart("train–inference mismatch (k3 KL before each update)", {
+            "mean": series("train", "mismatch_kl_mean"), "worst row": series("train", "mismatch_kl_max"),
+            "rows flagged": series("train", "mismatch_rows_flagged"),
+        }, x_label=step))  # fmt: skip
+    for stop in (m for m in records if m.get("kind") == "stop"):
+        charts.append(Markup('<p class="stop" role="alert">training stopped at {} {}: {}</p>').format(
+            step, stop.get(step, "?"), stop.get("cause", "")))  # fmt: skip
     return charts
 
 

@@ -265,15 +265,16 @@ def _failures(args: argparse.Namespace) -> int:
 
     async def body(store: Any, console: Any, location: str) -> int:
         from lightrail.inspection.report import render_digest
-        from lightrail.inspection.runs import failure_digest
+        from lightrail.inspection.runs import failure_digest, run_stop
 
         digest, read, candidates = await failure_digest(
             store, run=args.run, limit=args.limit, gap_s=args.gap * 60, since=since
         )
+        stopped = await run_stop(store, args.run, args.gap * 60) if args.run else None
         scope = f"run {args.run}" if args.run else _label(location)
         if args.since is not None:
             scope += f", last {args.since:g} minutes"
-        render_digest(digest, console, title=f"failure digest of {scope}")
+        render_digest(digest, console, title=f"failure digest of {scope}", stopped=stopped)
         if read < candidates:
             console.print(
                 f"(from the newest {read} of {candidates} rollouts that failed or were retried; --limit 0 reads all)"

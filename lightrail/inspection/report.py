@@ -182,12 +182,17 @@ class DevReport:
         render_digest(self.digest, out)
 
 
-def render_digest(digest: Sequence[FailureGroup], console: object, *, title: str = "failure digest") -> None:
+def render_digest(
+    digest: Sequence[FailureGroup], console: object, *, title: str = "failure digest", stopped: str | None = None
+) -> None:
     """Print failure groups (most frequent first) with rich: count, status, exception type, message pattern and
-    one example; a single line when there are none."""
+    one example; a single line when there are none. ``stopped``: where and why training stopped (``at step 3: <one-line
+    cause>``, e.g. a weight sync that did not take, `lightrail.algorithms.mismatch`), printed first."""
     from rich.markup import escape
 
     out: Any = console
+    if stopped:
+        out.print(f"[bold red]training stopped[/bold red] {escape(stopped)}", soft_wrap=True)
     failures = [g for g in digest if g.cause is None]
     captures = [g for g in digest if g.cause is not None]
     if not failures:
@@ -321,14 +326,19 @@ async def failed_attempts(store: Store, rollouts: Iterable[Rollout], *, concurre
 
 
 async def print_failure_digest(
-    store: Store, rollouts: Sequence[Rollout], *, title: str = "failure digest", console: object | None = None
+    store: Store,
+    rollouts: Sequence[Rollout],
+    *,
+    title: str = "failure digest",
+    console: object | None = None,
+    stopped: str | None = None,
 ) -> list[FailureGroup]:
     """Digest the failed attempts of ``rollouts`` and the capture problems of those that succeeded, and print it
     (on rich's global console by default, so a live progress bar stays below it); returns the groups. What training
-    loops call after each validation."""
+    loops call after each validation, and when they stop (``stopped``: the cause, printed first)."""
     from rich import get_console
 
     digest = digest_capture(await read_capture_problems(store, rollouts))
     digest += digest_failures(await failed_attempts(store, rollouts))
-    render_digest(digest, console if console is not None else get_console(), title=title)
+    render_digest(digest, console if console is not None else get_console(), title=title, stopped=stopped)
     return digest

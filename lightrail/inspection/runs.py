@@ -23,6 +23,7 @@ import json
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lightrail.inspection.capture import read_capture_problems
@@ -50,6 +51,8 @@ __all__ = [
     "render_rollouts",
     "render_runs",
     "rollouts_page",
+    "run_stop",
+    "training_stop",
 ]
 
 RUN_TAGS = ("run", "apo_run")
@@ -204,6 +207,31 @@ async def failure_digest(
     succeeded = [r for r in rollouts if r.status is RolloutStatus.SUCCEEDED]
     captured = await read_capture_problems(store, succeeded[-limit:] if limit > 0 else succeeded)
     return digest_capture(captured) + digest_failures(await failed_attempts(store, read)), len(read), len(candidates)
+
+
+def training_stop(run: Run) -> str | None:
+    """Why ``run``'s training stopped early (e.g. a weight sync that did not take), from the last ``kind: stop`` line
+    of the ``metrics.jsonl`` in its tag's folder (the algorithm's ``out_dir``); None when it did not stop, or when
+    that folder cannot be read from here."""
+    if not run.tag:
+        return None
+    try:
+        lines = (Path(run.tag) / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("kind") == "stop":
+            return f"at step {record.get('step', '?')}: {record.get('cause', '')}"
+    return None
+
+
+async def run_stop(store: Store, run: str, gap_s: float = DEFAULT_GAP_S) -> str | None:
+    """`training_stop` of the run named ``run`` (its number or tag) in ``store``."""
+    return training_stop(_pick_run(derive_runs(await store.query_rollouts(), gap_s), run))
 
 
 async def rollout_details(store: Store, rollout_id: str, attempt: int | None = None) -> RolloutDetails:

@@ -117,6 +117,12 @@ _MEANINGS = {
     "GRPO.rollout_engine": "What samples rollouts: ``embedded`` (the engine in the trainer process) or ``vllm``.",
     "GRPO.vllm": "With ``rollout_engine: vllm``: ``python`` (start ``vllm serve`` with that interpreter) or "
     "``url`` (attach to a running server), and `VLLMRollouts` options.",
+    "GRPO.mismatch_flag": "Train–inference mismatch: a row is flagged (``mismatch_rows_flagged``) when the mean k3 KL "
+    "between the sampler's recorded logprobs and the trainer's own exceeds this (float32 on both sides: ~1e-13; "
+    "raise it for a bfloat16 engine).",
+    "GRPO.mismatch_stop": "Stop the run (`MismatchError`, one-line cause) when the rows of a policy version exceed "
+    "this mean k3 KL: a weight sync that did not take shows as the size of the missed update; null: never stop on "
+    "it (an engine that does not serve the synced version still stops the run).",
     # APO's keyword arguments
     "APO.prompts": "Resource name -> initial template of each prompt to optimize (required).",
     "APO.llm": "A policy already served by a lightrail gateway (`LLM` fields) instead of the config's ``model``.",

@@ -83,3 +83,33 @@ def test_a_call_shows_the_agent_name_training_reads():
     overruled = _span(Attr.SPAN_LLM_CALL, 105.0, 106.0, parent=root.span_id, **blank)
     labels = [r.label for r in timeline([root, own, carried, overruled])[1:]]
     assert labels == ["llm call (Researcher)", "llm call (writer)", "llm call (critic)"]
+
+
+def test_a_grpo_run_shows_its_mismatch_per_step_and_why_it_stopped(tmp_path):
+    """The run page charts the train–inference mismatch of each step, and a run stopped by a sync that did not take
+    says so there, on the failures page (`training_stop`) and first in the printed failure digest."""
+    import io
+    import json
+
+    from rich.console import Console
+
+    from lightrail.dashboard.views import run_charts
+    from lightrail.inspection.report import render_digest
+    from lightrail.inspection.runs import Run, training_stop
+
+    cause = "the rollout engine still serves policy version 0 after update 1: the weight sync did not take"
+    records = [
+        {"kind": "train", "step": 1, "mismatch_kl_mean": 1e-13, "mismatch_kl_max": 2e-13, "mismatch_rows_flagged": 0},
+        {"kind": "train", "step": 2, "mismatch_kl_mean": 0.3, "mismatch_kl_max": 0.5, "mismatch_rows_flagged": 8},
+        {"kind": "stop", "step": 2, "cause": cause},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    run = Run(number=1, tag=str(tmp_path))
+    html = "".join(run_charts(run, tmp_path / "metrics.jsonl"))
+    assert "train–inference mismatch" in html and "rows flagged" in html
+    assert f"training stopped at step 2: {cause}" in html
+    assert training_stop(run) == f"at step 2: {cause}"
+    assert training_stop(Run(number=2, tag=str(tmp_path / "elsewhere"))) is None
+    out = io.StringIO()
+    render_digest([], Console(file=out, width=300), stopped=training_stop(run))
+    assert out.getvalue().splitlines()[0] == f"training stopped at step 2: {cause}"
