@@ -231,8 +231,8 @@ def split_groups(rows: Sequence[TrainingRow], n: int) -> list[list[TrainingRow]]
 def _combine(steps: Sequence[dict[str, float]]) -> dict[str, float]:
     """One metrics dict for several optimizer steps taken in one `PolicyUpdater.step`: token means weighted by the
     response tokens each ran, counts summed, ``ratio_max`` the largest, ``grad_norm`` the mean, ``lr`` the first
-    step's, ``step`` the last; ``skipped`` 1 only when every one was skipped; ``mismatch_approx_kl``: the first
-    step's ``approx_kl``, taken before any weight moved (the sampler's logprobs against the trainer's)."""
+    step's, ``step`` the last; ``skipped`` 1 only when every one was skipped; ``mismatch_kl`` the first step's, the
+    only one measured before any weight moved (the sampler's logprobs against the trainer's)."""
     if len(steps) == 1:
         return dict(steps[0])
     n = [s["response_tokens"] for s in steps]
@@ -249,7 +249,7 @@ def _combine(steps: Sequence[dict[str, float]]) -> dict[str, float]:
         step=steps[-1]["step"],
         skipped=float(all(s["skipped"] for s in steps)),
         optimizer_steps=float(sum(not s["skipped"] for s in steps)),
-        mismatch_approx_kl=steps[0]["approx_kl"],
+        mismatch_kl=steps[0]["mismatch_kl"],
     )
     return combined
 
@@ -605,7 +605,7 @@ class PolicyUpdater:
         (optimizer steps taken so far), ``skipped`` (1 when no update was made: no row left anything to learn from, or
         the gradient was not finite), ``mismatch_kl`` (token mean of `mismatch_kl` between the sampler's recorded
         logprobs and this forward pass's, before the optimizer step: the train–inference mismatch of on-policy rows;
-        per row in `last_mismatch`; 0 for ``sft``).
+        per row in `last_mismatch`; 0 for ``sft``; with ``mini_batches``, the first mini-batch's rows).
         """
         t0 = time.perf_counter()
         n_stale = 0
@@ -613,9 +613,13 @@ class PolicyUpdater:
             rows, n_stale = drop_stale_rows(rows, current_version, self.config.max_staleness)
         _validate(rows)
         if objective == "grpo" and self.config.mini_batches > 1:
-            metrics = _combine(
-                [self._step_on(mb, objective=objective) for mb in split_groups(rows, self.config.mini_batches)]
-            )
+            steps, first_rows = [], None
+            for mb in split_groups(rows, self.config.mini_batches):
+                steps.append(self._step_on(mb, objective=objective))
+                first_rows = self.last_mismatch if first_rows is None else first_rows
+            # only the first mini-batch ran on the weights that sampled it: the later ones' gap is the update's own
+            self.last_mismatch = first_rows or []
+            metrics = _combine(steps)
         else:
             metrics = self._step_on(rows, objective=objective)
         seconds = time.perf_counter() - t0

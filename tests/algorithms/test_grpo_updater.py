@@ -354,7 +354,8 @@ def test_mini_batches_take_one_optimizer_step_per_mini_batch_in_order():
     m = split.step(rows)
     one_by_one = [first.step(rows[:4]), first.step(rows[4:])]
     assert m["step"] == 2 == first.steps and m["optimizer_steps"] == 2 and m["skipped"] == 0
-    assert m["mismatch_approx_kl"] == pytest.approx(0.0, abs=1e-9)  # the first mini-batch is on-policy
+    assert m["mismatch_kl"] == pytest.approx(0.0, abs=1e-9)  # the first mini-batch is on-policy, and only it counts
+    assert [r.row.group_id for r in split.last_mismatch] == ["g-0"] * 4
     assert one_by_one[1]["approx_kl"] > 1e-6  # the second is not: the weights moved
     assert m["loss"] == pytest.approx(sum(s["loss"] for s in one_by_one), abs=1e-12)
     assert m["rows"] == 8 and m["response_tokens"] == sum(s["response_tokens"] for s in one_by_one)
