@@ -1,6 +1,6 @@
 """How fast is the GRPO policy update compared with a plain forward+backward+AdamW pass over the same tokens?
 
-    .venv/bin/python bench/update.py [--quick] [--reps N] [--rows N] [--budget TOKENS]
+    .venv/bin/python bench/update.py [--quick] [--reps N] [--rows N] [--budget TOKENS] [--shared-only]
 
 Model: a random ~6 M-parameter Llama (hidden 256, 6 layers, 4 heads, ffn 1024, vocab 1024), full fine-tuning.
 Rows: prompts of 60-120 tokens and responses of 20-40 tokens (loss mask on the response), advantages +-1, old
@@ -16,6 +16,13 @@ Four passes per repetition, interleaved A/B/C/D/A/B/C/D so background load on th
 * ``update_bf16``: `PolicyUpdater.step` with ``GRPOConfig(autocast="bfloat16")`` (mixed precision over float32
   weights); ``update_bf16_over_update`` is its speed-up, which needs bfloat16 matrix units (``cpu_capability``
   ``AVX512`` with AMX on Sapphire Rapids; a CPU without them is slower in bfloat16).
+
+Shared prefixes (``GRPOConfig.share_prefixes``), on rows shaped like a multi-turn agent's: 4 tasks x 8 samples, each
+task's prompt 250-350 tokens (system prompt, worked example, question) shared by its samples, then two turns of a
+response (20-60 and 10-40 tokens, trained) around a tool result (10-30 tokens, not trained). ``update_shared`` and
+``update_unshared`` (the same step with ``share_prefixes=False``, the baseline) are interleaved in the same run;
+``shared_prefix_speedup`` is their ratio and ``shared_prefix_grad_diff`` the largest absolute difference of one
+step's gradients between them (float32). ``--shared-only`` runs just these two.
 
 Tokens = every input token run through the model (prompt and response; padding excluded). Medians are reported;
 ``update_over_fwd_bwd_cpu_time`` is the same ratio from the process's CPU seconds (steadier on a busy machine).
@@ -39,7 +46,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ when run from a checkout
 
-from bench._util import cpu_amx, log  # noqa: E402
+from bench._util import cpu_amx, log, machine_facts  # noqa: E402
 from lightrail.algorithms import GRPOConfig, PolicyUpdater, pack_micro_batches  # noqa: E402
 from lightrail.engine import configure_threads  # noqa: E402
 from lightrail.types import TrainingRow  # noqa: E402
@@ -80,6 +87,50 @@ def build_rows(n: int, vocab: int, seed: int = 0, rows_per_rollout: int = 1) -> 
             )
         )
     return rows
+
+
+def build_agent_rows(vocab: int, *, tasks: int = 4, samples: int = 8, seed: int = 0) -> list[TrainingRow]:
+    """Multi-turn agent rows: per task one prompt of 250-350 tokens shared by its ``samples`` rows, each row then a
+    response (20-60 tokens, trained), a tool result (10-30, not trained) and a second response (10-40, trained);
+    advantages +-1 within a group."""
+    rng = random.Random(seed)
+    rows = []
+    for task in range(tasks):
+        prompt = [rng.randrange(vocab) for _ in range(rng.randint(250, 350))]
+        for k in range(samples):
+            ids, mask = list(prompt), [0] * len(prompt)
+            for n, trained in ((rng.randint(20, 60), 1), (rng.randint(10, 30), 0), (rng.randint(10, 40), 1)):
+                ids += [rng.randrange(vocab) for _ in range(n)]
+                mask += [trained] * n
+            adv = 1.0 if k % 2 else -1.0
+            rows.append(
+                TrainingRow(
+                    input_ids=ids,
+                    loss_mask=mask,
+                    old_logprobs=[0.0] * len(mask),
+                    advantages=[adv * m for m in mask],
+                    rollout_id=f"ro-{task}-{k}",
+                    group_id=f"g-{task}",
+                )
+            )
+    return rows
+
+
+def on_policy(updater: PolicyUpdater, rows: list[TrainingRow]) -> None:
+    """Set the rows' old logprobs to ``updater``'s: ratios start at 1, as right after a weight sync."""
+    for r, lp in zip(rows, updater.token_logprobs(rows), strict=True):
+        it = iter(lp)
+        r.old_logprobs = [next(it) if m else 0.0 for m in r.loss_mask]
+
+
+def shared_prefix_grad_diff(base: LlamaForCausalLM, config: GRPOConfig, rows: list[TrainingRow]) -> float:
+    """Largest absolute difference between one step's gradients with and without shared prefixes."""
+    grads = []
+    for share in (True, False):
+        updater = PolicyUpdater(copy.deepcopy(base), dataclasses.replace(config, share_prefixes=share))
+        updater.step(rows)
+        grads.append({n: p.grad for n, p in updater._trainable.items() if p.grad is not None})
+    return max(float((grads[0][n] - grads[1][n]).abs().max()) for n in grads[1])
 
 
 class PlainStep:
@@ -128,6 +179,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=None)
     parser.add_argument("--budget", type=int, default=4096, help="micro-batch token budget")
     parser.add_argument("--vocab", type=int, default=1024)
+    parser.add_argument("--shared-only", action="store_true", help="only the shared-prefix passes")
     args = parser.parse_args()
     reps = args.reps or (2 if args.quick else 5)
     n_rows = args.rows or (16 if args.quick else 64)
@@ -139,20 +191,28 @@ def main() -> None:
     rows = build_rows(n_rows, args.vocab)
     updater = PolicyUpdater(copy.deepcopy(base), config)
     # On-policy old logprobs: ratios start at 1, as right after a weight sync (lr is small so they stay near it).
-    logps = updater.token_logprobs(rows)
-    for r, lp in zip(rows, logps, strict=True):
-        it = iter(lp)
-        r.old_logprobs = [next(it) if m else 0.0 for m in r.loss_mask]
+    on_policy(updater, rows)
+    agent_rows = build_agent_rows(args.vocab)
+    on_policy(updater, agent_rows)
     plain = PlainStep(copy.deepcopy(base), config, sliced=False)
     sliced = PlainStep(copy.deepcopy(base), config, sliced=True)
     n_tokens = sum(len(r.input_ids) for r in rows)
+    n_agent = sum(len(r.input_ids) for r in agent_rows)
     log(
         f"model {params / 1e6:.1f} M params, {n_rows} rows, {n_tokens} tokens "
-        f"({sum(sum(r.loss_mask) for r in rows)} response), budget {args.budget}, threads {threads}, reps {reps}"
+        f"({sum(sum(r.loss_mask) for r in rows)} response), budget {args.budget}, threads {threads}, reps {reps}; "
+        f"agent rows {len(agent_rows)}, {n_agent} tokens ({sum(sum(r.loss_mask) for r in agent_rows)} response)"
     )
 
-    mixed = PolicyUpdater(copy.deepcopy(base), dataclasses.replace(config, autocast="bfloat16"))
-    passes = {"update": updater.step, "fwd_bwd": plain.step, "fwd_bwd_sliced": sliced.step, "update_bf16": mixed.step}
+    unshared = PolicyUpdater(copy.deepcopy(base), dataclasses.replace(config, share_prefixes=False))
+    shared = PolicyUpdater(copy.deepcopy(base), config)
+    passes = {
+        "update_shared": lambda _: shared.step(agent_rows),
+        "update_unshared": lambda _: unshared.step(agent_rows),
+    }
+    if not args.shared_only:
+        mixed = PolicyUpdater(copy.deepcopy(base), dataclasses.replace(config, autocast="bfloat16"))
+        passes.update(update=updater.step, fwd_bwd=plain.step, fwd_bwd_sliced=sliced.step, update_bf16=mixed.step)
     for name, fn in passes.items():  # warm-up: allocator, SDPA kernels, lazy init
         fn(rows)
         log(f"warm-up {name} done")
@@ -172,15 +232,26 @@ def main() -> None:
 
     med = {name: statistics.median(v) for name, v in speeds.items()}
     med_cpu = {name: statistics.median(v) for name, v in cpu.items()}
-    result = {
-        "update_tokens_per_s": round(med["update"], 1),
-        "fwd_bwd_tokens_per_s": round(med["fwd_bwd"], 1),
-        "update_over_fwd_bwd": round(med["update"] / med["fwd_bwd"], 3),
-        "fwd_bwd_sliced_tokens_per_s": round(med["fwd_bwd_sliced"], 1),
-        "update_over_fwd_bwd_sliced": round(med["update"] / med["fwd_bwd_sliced"], 3),
-        "update_over_fwd_bwd_cpu_time": round(med_cpu["fwd_bwd"] / med_cpu["update"], 3),
-        "update_bf16_tokens_per_s": round(med["update_bf16"], 1),
-        "update_bf16_over_update": round(med["update_bf16"] / med["update"], 3),
+    result: dict[str, object] = {}
+    if not args.shared_only:
+        result.update(
+            update_tokens_per_s=round(med["update"], 1),
+            fwd_bwd_tokens_per_s=round(med["fwd_bwd"], 1),
+            update_over_fwd_bwd=round(med["update"] / med["fwd_bwd"], 3),
+            fwd_bwd_sliced_tokens_per_s=round(med["fwd_bwd_sliced"], 1),
+            update_over_fwd_bwd_sliced=round(med["update"] / med["fwd_bwd_sliced"], 3),
+            update_over_fwd_bwd_cpu_time=round(med_cpu["fwd_bwd"] / med_cpu["update"], 3),
+            update_bf16_tokens_per_s=round(med["update_bf16"], 1),
+            update_bf16_over_update=round(med["update_bf16"] / med["update"], 3),
+        )
+    result |= {
+        "shared_prefix_tokens_per_s": round(med["update_shared"], 1),
+        "shared_prefix_baseline_tokens_per_s": round(med["update_unshared"], 1),
+        "shared_prefix_speedup": round(med["update_shared"] / med["update_unshared"], 3),
+        "shared_prefix_speedup_cpu_time": round(med_cpu["update_unshared"] / med_cpu["update_shared"], 3),
+        "shared_prefix_grad_diff": float(f"{shared_prefix_grad_diff(base, config, agent_rows):.3g}"),
+        "agent_rows": len(agent_rows),
+        "agent_tokens_per_step": n_agent,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cpu_amx": cpu_amx(),
         "rows": n_rows,
@@ -189,6 +260,7 @@ def main() -> None:
         "threads": threads,
         "reps": reps,
         "micro_batch_tokens": args.budget,
+        **machine_facts(),
     }
     print(json.dumps(result))
 

@@ -19,6 +19,12 @@ How a step is computed (and why):
 * Rows whose response advantages are all zero contribute exactly zero gradient when ``kl_coef == 0``; they still
   count in the normalisation but are not run through the model (``skip_zero_advantage_rows``; GRPO groups where
   every sample got the same reward are common).
+* Rows that start with the same tokens (the samples of one task share their prompt) run that shared prefix once
+  (``share_prefixes``, `prefix_groups`): the decoder runs over the prefix alone (batch 1, with gradient), its keys and
+  values are expanded to the group's rows, and the rows' remainders run on top of them. The prefix's keys and values
+  receive the gradient of every row of the group, which is the sum the rows would give one by one, so the step is
+  the same (tested to 1e-5 in float32); a prefix ends before a row's first response token is predicted. With long
+  shared prompts and short responses (agents) most of a step's tokens are prompt: ``bench/update.py`` measures it.
 
 Concurrency model: not thread-safe; one caller drives an updater. `state_dict_for_serving` returns tensors that may
 alias the live weights: copy them (the engine does) before the next `step`.
@@ -52,6 +58,7 @@ from lightrail.algorithms._loss import (
 from lightrail.algorithms.checkpoint import atomic_directory, capture_rng_state, restore_rng_state
 from lightrail.algorithms.mismatch import RowMismatch
 from lightrail.engine import configure_threads
+from lightrail.engine.prefix_cache import supported as full_attention_cache
 from lightrail.types import TrainingRow
 
 __all__ = [
@@ -60,6 +67,7 @@ __all__ = [
     "PolicyUpdater",
     "drop_stale_rows",
     "pack_micro_batches",
+    "prefix_groups",
     "row_loss_weights",
 ]
 
@@ -67,6 +75,10 @@ __all__ = [
 LLAMA_LINEAR_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 CHECKPOINT_FORMAT = 1
+
+#: Shortest token prefix worth running once for a group of rows (`prefix_groups`): below it the extra forward pass
+#: costs more than the tokens it saves.
+MIN_SHARED_PREFIX = 32
 
 
 @dataclass(frozen=True)
@@ -127,6 +139,10 @@ class GRPOConfig:
     max_staleness: int | None = None
     """With ``step(rows, current_version=v)``: drop rows sampled by a policy older than ``v - max_staleness``."""
     skip_zero_advantage_rows: bool = True
+    share_prefixes: bool = True
+    """Run a token prefix shared by several rows (the samples of one task share their prompt) once per micro-batch
+    instead of once per row; the gradients are the same. Off, or unused, for models whose cache is not plain full
+    attention on every layer and under gradient checkpointing (which runs without a cache)."""
     compute_entropy: bool = True
     """Entropy of the new policy on response tokens: one extra softmax over the ``[N, V]`` logits, no backward."""
     lora: LoraSettings | None = None
@@ -274,6 +290,43 @@ def pack_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[i
     return batches
 
 
+def prefix_groups(
+    sequences: Sequence[Sequence[int]], limits: Sequence[int], min_tokens: int = MIN_SHARED_PREFIX
+) -> list[tuple[int, list[int]]]:
+    """Group the indices of ``sequences`` that start with the same tokens, as ``(prefix_length, indices)``.
+
+    A group's prefix is its members' longest common prefix, at most ``limits[i]`` for each member ``i`` (the updater
+    passes the position before row ``i``'s first response token, whose hidden state must come from the row's own
+    remainder) and at least ``min_tokens``; a sequence sharing no such prefix is a group of its own with prefix 0.
+    Sequences are sorted, so those with a common prefix are adjacent; a sequence joins the group before it when the
+    tokens the group saves (``(members - 1) x prefix``) do not shrink by it.
+
+        >>> prefix_groups([[1, 2, 3, 9], [5, 5], [1, 2, 3, 8]], [3, 1, 3], min_tokens=2)
+        [(3, [2, 0]), (0, [1])]
+    """
+    groups: list[tuple[int, list[int]]] = []
+    cap = 0  # the longest prefix the last group may have (its members' common prefix and limits)
+    for i in sorted(range(len(sequences)), key=lambda i: list(sequences[i])):
+        if groups:
+            length, members = groups[-1]
+            n = _common_length(sequences[members[0]], sequences[i], min(cap, limits[i]))
+            if n >= min_tokens and len(members) * n >= (len(members) - 1) * length:
+                groups[-1] = (n, [*members, i])
+                cap = n
+                continue
+        groups.append((0, [i]))
+        cap = limits[i]
+    return [(length if len(members) > 1 else 0, members) for length, members in groups]
+
+
+def _common_length(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+    n = min(len(a), len(b), limit)
+    for t in range(n):
+        if a[t] != b[t]:
+            return t
+    return n
+
+
 def row_loss_weights(
     rows: Sequence[TrainingRow], loss_norm: LossNorm = "token", loss_norm_tokens: int | None = None
 ) -> list[torch.Tensor]:
@@ -330,7 +383,10 @@ def _row_mismatch(rows: Sequence[TrainingRow], order: Sequence[int], kl: torch.T
 
 @dataclass
 class _MicroBatch:
-    """Right-padded token ids plus the flat list of response tokens to score (one entry per masked token)."""
+    """Right-padded token ids plus the flat list of response tokens to score (one entry per masked token).
+
+    With a ``prefix`` (the token ids all rows start with, shape [1, P]) ``input_ids`` hold each row's remainder after
+    it and ``source`` indexes the remainders' hidden states (t - 1 - P instead of t - 1)."""
 
     input_ids: torch.Tensor  # [B, T] long
     source: torch.Tensor  # [N] long: flat index b * T + (t - 1) of the hidden state that predicts token (b, t)
@@ -338,8 +394,9 @@ class _MicroBatch:
     old_logp: torch.Tensor  # [N] float64 (as recorded; cast to the compute dtype in the loss)
     advantages: torch.Tensor  # [N] float64
     weights: torch.Tensor  # [N] float64, slice of the step's loss weights
-    tokens: int  # real (unpadded) tokens in the micro-batch
+    tokens: int  # real (unpadded) tokens of the micro-batch's rows, a shared prefix counted once per row
     rows: list[int] = field(default_factory=list)
+    prefix: torch.Tensor | None = None  # [1, P] long
 
 
 def _validate(rows: Sequence[TrainingRow]) -> None:
@@ -425,6 +482,7 @@ class PolicyUpdater:
             self.optimizer, lambda s: lr_factor(s, config.warmup_steps, config.decay_steps, config.decay_start)
         )
         self._softcap = getattr(model.config, "final_logit_softcapping", None)
+        self._full_attention: bool | None = None  # `_shares_prefixes`, checked on first use
 
     def close(self) -> None:
         """Release the update's processes: none here (see `DistributedPolicyUpdater.close`); safe to call twice."""
@@ -494,24 +552,23 @@ class PolicyUpdater:
         """Micro-batches of the rows that need a forward pass, carrying their slices of the step's loss weights
         (computed over all rows, skipped ones included; ``weights`` gives them when ``rows`` are a shard of a larger
         step)."""
-        cfg = self.config
         positions = [[t for t, m in enumerate(r.loss_mask) if m] for r in rows]
         row_weights = self._row_weights(rows) if weights is None else weights
         active = self._active_rows(rows, skip_zero_advantage=skip_zero_advantage)
         batches = []
-        for group in pack_micro_batches([len(rows[i].input_ids) for i in active], cfg.micro_batch_tokens):
-            idx = [active[g] for g in group]
-            width = len(rows[idx[0]].input_ids)
+        for prefix, idx in self._pack(rows, active, positions):
+            width = max(len(rows[i].input_ids) for i in idx) - prefix
             ids = torch.zeros(len(idx), width, dtype=torch.long)
             source, targets, old, adv, w = [], [], [], [], []
             for b, i in enumerate(idx):
                 r = rows[i]
-                ids[b, : len(r.input_ids)] = torch.tensor(r.input_ids, dtype=torch.long)
-                source += [b * width + t - 1 for t in positions[i]]
+                ids[b, : len(r.input_ids) - prefix] = torch.tensor(r.input_ids[prefix:], dtype=torch.long)
+                source += [b * width + t - 1 - prefix for t in positions[i]]
                 targets += [r.input_ids[t] for t in positions[i]]
                 old += [r.old_logprobs[t] for t in positions[i]]
                 adv += [r.advantages[t] for t in positions[i]]
                 w.append(row_weights[i])
+            shared = torch.tensor([rows[idx[0]].input_ids[:prefix]], dtype=torch.long, device=self.device)
             batches.append(
                 _MicroBatch(
                     input_ids=ids.to(self.device),
@@ -522,16 +579,60 @@ class PolicyUpdater:
                     weights=torch.cat(w).to(self.device),
                     tokens=sum(len(rows[i].input_ids) for i in idx),
                     rows=idx,
+                    prefix=shared if prefix else None,
                 )
             )
         return batches
+
+    def _shares_prefixes(self) -> bool:
+        """Whether this step may run shared prefixes once: switched on, a plain full-attention cache (what the
+        remainders attend to), and no gradient checkpointing (its layers drop the cache when training)."""
+        if not self.config.share_prefixes:
+            return False
+        if any(getattr(m, "gradient_checkpointing", False) is True for m in self.model.modules()):
+            return False
+        if self._full_attention is None:
+            self._full_attention = full_attention_cache(self.model)
+        return self._full_attention
+
+    def _pack(
+        self, rows: Sequence[TrainingRow], active: list[int], positions: list[list[int]]
+    ) -> list[tuple[int, list[int]]]:
+        """The micro-batches of the ``active`` rows as ``(shared prefix length, row indices)``: a group of rows with a
+        shared prefix (`prefix_groups`) fills micro-batches of its own whose budget counts the prefix once; the other
+        rows are packed as `pack_micro_batches` does (prefix 0)."""
+        budget = self.config.micro_batch_tokens
+        alone = active
+        packed: list[tuple[int, list[int]]] = []
+        if self._shares_prefixes():
+            # The hidden state predicting a row's first response token (at its position - 1) must be the row's own.
+            groups = prefix_groups([rows[i].input_ids for i in active], [positions[i][0] - 1 for i in active])
+            alone = []
+            for prefix, members in groups:
+                idx = sorted((active[g] for g in members), key=lambda i: -len(rows[i].input_ids))
+                chunks: list[list[int]] = []
+                for i in idx:  # longest first: a chunk's first row sets its width
+                    width = len(rows[chunks[-1][0]].input_ids) - prefix if chunks else 0
+                    if chunks and prefix + (len(chunks[-1]) + 1) * width <= budget:
+                        chunks[-1].append(i)
+                    else:
+                        chunks.append([i])
+                for chunk in chunks:
+                    if prefix and len(chunk) > 1:
+                        packed.append((prefix, chunk))
+                    else:
+                        alone += chunk
+            alone.sort()
+        lengths = [len(rows[i].input_ids) for i in alone]
+        packed += [(0, [alone[g] for g in group]) for group in pack_micro_batches(lengths, budget)]
+        return packed
 
     def _token_logp(
         self, model: Any, mb: _MicroBatch, *, entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logprobs (float32) of the micro-batch's response tokens under ``model``, and optionally their entropy."""
         with self._autocast():
-            hidden = model.get_decoder()(input_ids=mb.input_ids, use_cache=False).last_hidden_state
+            hidden = self._hidden_states(model, mb)
         hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, mb.source)
         head = model.get_output_embeddings()
         # The LM head runs outside `autocast`, in the weights' dtype (float32 under mixed precision): bfloat16 logits
@@ -549,6 +650,25 @@ class PolicyUpdater:
         logp = logits.gather(-1, mb.targets[:, None]).squeeze(-1) - lse
         ent = token_entropy(logits.detach(), lse.detach()) if entropy else None
         return logp, ent
+
+    @staticmethod
+    def _hidden_states(model: Any, mb: _MicroBatch) -> torch.Tensor:
+        """The decoder's last hidden states of the micro-batch's rows (of their remainders after a shared prefix)."""
+        decoder = model.get_decoder()
+        if mb.prefix is None:
+            return decoder(input_ids=mb.input_ids, use_cache=False).last_hidden_state
+        from transformers import DynamicCache
+
+        # The prefix runs once, with gradient; each row's remainder attends to its keys and values expanded (not
+        # copied) to the batch, so backward sums every row's gradient into the one prefix pass. A fresh cache per
+        # micro-batch: the remainders' pass appends to it in place. Right padding needs no mask (as without a prefix);
+        # positions continue from the cache's length.
+        shared = decoder(input_ids=mb.prefix, use_cache=True).past_key_values
+        n = mb.input_ids.shape[0]
+        cache = DynamicCache(config=model.config)
+        for index, layer in enumerate(shared.layers):
+            cache.update(layer.keys.expand(n, -1, -1, -1), layer.values.expand(n, -1, -1, -1), index)
+        return decoder(input_ids=mb.input_ids, past_key_values=cache, use_cache=True).last_hidden_state
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.config.autocast is None:
