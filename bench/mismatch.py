@@ -4,7 +4,8 @@ weight sync is deliberately broken stopped within one step?
     .venv/bin/python bench/mismatch.py [--steps N]
 
 Two GRPO runs through the real trainer, gateway, embedded engine (float32) and one runner, on the tiny random Llama
-(`build_tiny_model`, seed 0), 2 tasks x 4 samples per step, lr 1e-2, `bench/_parity_agent.py`:
+(`build_tiny_model`, seed 0), 2 tasks x 4 samples per step, lr 1e-2, the GRPO loop tests' `parity_agent`
+(tests/algorithms/loop_agents.py):
 
 * ``healthy``: ``steps`` steps; ``mismatch_kl_mean`` is the largest per-step token mean of the k3 KL between the
   logprobs the engine recorded and the trainer's own for the same tokens (`lightrail.algorithms.mismatch`), next to
@@ -33,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/ and be
 
 from bench._util import log, machine_facts  # noqa: E402
 
-AGENT = str(Path(__file__).resolve().parent / "_parity_agent.py") + ":parity_agent"
+AGENT = str(Path(__file__).resolve().parents[1] / "tests" / "algorithms" / "loop_agents.py") + ":parity_agent"
 
 
 def run(model: Path, out: Path, steps: int) -> tuple[list[dict], str | None]:
