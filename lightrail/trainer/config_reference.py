@@ -93,7 +93,8 @@ _MEANINGS = {
     "GRPO.sampling": "Sampling of training rollouts (OpenAI parameters handed to the agent through its `LLM` "
     "resource); null: ``{temperature: 1.0, max_tokens: 64}``, and given keys override those.",
     "GRPO.val_sampling": "Sampling of validation rollouts; null: greedy, ``{temperature: 0.0, max_tokens: 64}``.",
-    "GRPO.val_every": "Validate every N steps (also always before training and at the end); 0: only then.",
+    "GRPO.val_every": "Validate every N steps (also before training, unless ``validate_before`` is false, and at the "
+    "end); 0: only then.",
     "GRPO.validate_before": "Validate before training (the report's ``val_before``); false skips it (null then).",
     "GRPO.advantage": "Outcome-advantage estimator: ``grpo``, ``rloo``, ``dr_grpo``, ``reinforce_pp``, "
     "``reinforce_pp_baseline``.",

@@ -248,8 +248,8 @@ VERL_KEYS: tuple[VerlKey, ...] = (
             "does not read them either, its seed script loads them and passes the rows to fit", _no_effect()),
     VerlKey("data.val_files", "", "no effect: as data.train_files", _no_effect()),
     VerlKey("data.train_batch_size", "grpo.tasks_per_step", "tasks per step", _to("tasks_per_step", _positive)),
-    VerlKey("data.max_prompt_length", "", "no effect: verl pads prompts to this length; lightrail trains unpadded "
-            "rows and never truncates a prompt", _no_effect(lambda v: isinstance(v, int) and v > 0,
+    VerlKey("data.max_prompt_length", "", "no effect: verl pads every prompt to this length; lightrail pads a "
+            "micro-batch only to its longest row and never truncates a prompt", _no_effect(lambda v: isinstance(v, int) and v > 0,
                                                             "expected an integer >= 1")),
     VerlKey("data.max_response_length", "grpo.sampling.max_tokens, grpo.val_sampling.max_tokens",
             "tokens per response, training and validation", _response_length),
@@ -300,7 +300,7 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     VerlKey("actor_rollout_ref.model.enable_gradient_checkpointing", "", "no effect: lightrail keeps activations; "
             "grpo.config.micro_batch_tokens bounds their memory", _no_effect(lambda v: isinstance(v, bool))),
     VerlKey("trainer.n_gpus_per_node", "grpo.config.ranks, grpo.config.device", "ranks = GPUs (data-parallel "
-            "update ranks), device auto (CUDA when present, else CPU)", _gpus),
+            "update ranks, each a full replica, not FSDP shards), device auto (CUDA when present, else CPU)", _gpus),
     VerlKey("trainer.nnodes", "", "1 only: the update's ranks run on one machine (runners scale out over the store)",
             _no_effect(lambda v: v == 1, "lightrail's update ranks run on one machine: only 1 is accepted")),
     VerlKey("trainer.val_before_train", "grpo.validate_before", "validate before training",
@@ -319,7 +319,7 @@ VERL_KEYS: tuple[VerlKey, ...] = (
             "lightrail always prints progress", _loggers),
     VerlKey("trainer.project_name", "trainer.loggers[].experiment", "the MLflow experiment / W&B project",
             _no_effect()),  # read by trainer.logger
-    VerlKey("trainer.experiment_name", "name", "the run's name (its folder runs/<name>)", _set_name),
+    VerlKey("trainer.experiment_name", "name", "the run's name (its folder under runs/)", _set_name),
 )  # fmt: skip
 
 _BY_PATH = {key.path: key for key in VERL_KEYS}
@@ -330,7 +330,10 @@ def _flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for name, value in config.items():
         path = f"{prefix}{name}"
-        if isinstance(value, Mapping) and any(p.startswith(f"{path}.") for p in _BY_PATH):
+        section = any(p.startswith(f"{path}.") for p in _BY_PATH)
+        if section and value is None:  # YAML's empty section (`ref:` with nothing under it)
+            continue
+        if section and isinstance(value, Mapping):
             flat.update(_flatten(value, f"{path}."))
         elif path in _BY_PATH:
             flat[path] = value
@@ -392,9 +395,12 @@ def VERL(config: Mapping[str, Any], **grpo_options: Any) -> GRPO:  # noqa: N802 
     if settings.name is not None:
         grpo_options.setdefault("out_dir", f"runs/{settings.name}")
     if settings.loggers is not None or settings.name is not None:
+        from lightrail.tracking import LoggerSettings
+
+        loggers = [LoggerSettings(**entry) for entry in settings.loggers or ()]
         log.warning(
-            "verl trainer.logger/experiment_name are Trainer settings: pass Trainer(loggers=%s, experiment=%r)",
-            settings.loggers, settings.name,
+            "verl trainer.logger/experiment_name are Trainer settings: pass Trainer(loggers=%r, experiment=%r)",
+            loggers, settings.name,
         )  # fmt: skip
     return GRPO(settings.model, **kwargs, **grpo_options)
 

@@ -181,27 +181,27 @@ def test_the_docs_show_the_table_the_code_uses():
 
 @needs_langgraph
 async def test_the_seed_walkthrough_config_trains_with_a_small_model(tmp_path, monkeypatch):
-    """The shipped walkthrough (the seed dict) through `train`: the tiny model, 2 tasks x 2 samples, one epoch."""
+    """The shipped walkthrough (the seed dict) through `train`: the tiny model, 4 tasks x 2 samples a step, one epoch."""
     monkeypatch.chdir(ROOT)
     overrides = [
         f"out_dir={tmp_path / 'run'}",
         "name=spider",  # the seed's experiment_name: the same name twice is no conflict
         "verl.actor_rollout_ref.model.path=tiny",
-        "verl.data.train_batch_size=2",
-        "verl.actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "verl.data.train_batch_size=4",
+        "verl.actor_rollout_ref.actor.ppo_mini_batch_size=4",
         "verl.actor_rollout_ref.rollout.n=2",
         "verl.data.max_response_length=32",
         "verl.actor_rollout_ref.actor.optim.lr=1.0e-3",
         "verl.trainer.total_epochs=1",
         "verl.trainer.logger=[console]",
-        "data_args={seed: 0, n_train: 3, n_val: 2}",
+        "data_args={seed: 0, n_train: 8, n_val: 2}",  # splits cached by other tests: no queries on a busy machine
         "trainer.n_runners=1",
         "trainer.concurrency=4",
     ]
     config = load_config(VERL_CONFIG, overrides)
     result = await asyncio.to_thread(train, config)
-    assert result.report["steps"] == 1  # total_epochs 1: 3 tasks // 2 per step
+    assert result.report["steps"] == 2  # total_epochs 1: 8 tasks // 4 per step
     assert result.report["val_before"] is not None  # val_before_train
     with sqlite3.connect(result.store) as db:
         modes = dict(db.execute("SELECT mode, count(*) FROM rollouts GROUP BY mode").fetchall())
-    assert modes == {"train": 4, "val": 4}  # 2 tasks x 2 samples; 2 held-out tasks before and after
+    assert modes == {"train": 16, "val": 4}  # 2 steps x 4 tasks x 2 samples; 2 held-out tasks before and after
