@@ -180,6 +180,7 @@ def test_the_docs_show_the_table_the_code_uses():
 
 
 @needs_langgraph
+@pytest.mark.timeout(1500)  # 13 minutes on 2 busy cores (a training run beside it); far less on a quiet machine
 async def test_the_seed_walkthrough_config_trains_with_a_small_model(tmp_path, monkeypatch):
     """The shipped walkthrough (the seed dict) through `train`: the tiny model, 4 tasks x 2 samples a step, one epoch."""
     monkeypatch.chdir(ROOT)
@@ -190,7 +191,7 @@ async def test_the_seed_walkthrough_config_trains_with_a_small_model(tmp_path, m
         "verl.data.train_batch_size=4",
         "verl.actor_rollout_ref.actor.ppo_mini_batch_size=4",
         "verl.actor_rollout_ref.rollout.n=2",
-        "verl.data.max_response_length=32",
+        "verl.data.max_response_length=16",
         "verl.actor_rollout_ref.actor.optim.lr=1.0e-3",
         "verl.trainer.total_epochs=1",
         "verl.trainer.logger=[console]",
