@@ -30,6 +30,7 @@ PUBLIC = [
     "Task",
     "Trainer",
     "Transition",
+    "VERL",
     "__version__",
     "as_agent",
     "emit_event",

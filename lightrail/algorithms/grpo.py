@@ -74,7 +74,10 @@ class GRPO:
     ``tasks_per_step`` training tasks and runs ``n_samples`` rollouts of each (a GRPO group), with the engine
     sampling by ``sampling`` (OpenAI parameters handed to the agent through its `LLM` resource). Validation runs
     every val task once with ``val_sampling`` (greedy by default) before training, every ``val_every`` steps and
-    at the end; a rollout counts as a success when its reward is at least ``success_threshold``.
+    at the end; a rollout counts as a success when its reward is at least ``success_threshold``. ``epochs`` counts
+    the run in passes over the training tasks instead of ``steps`` (verl's ``total_epochs``: ``epochs`` times
+    ``len(train_tasks) // tasks_per_step`` steps, at least one, fixed when the run starts); ``validate_before=False``
+    skips the opening validation (the report's ``val_before`` is then None).
 
     ``filter_groups`` is DAPO's dynamic sampling: a group whose transitions all have advantage 0 (every sample
     scored the same, no tool reward told them apart) teaches nothing but dilutes the token-mean loss, so it is left
@@ -125,11 +128,13 @@ class GRPO:
         *,
         config: GRPOConfig | None = None,
         steps: int = 50,
+        epochs: int | None = None,
         tasks_per_step: int = 8,
         n_samples: int = 8,
         sampling: dict[str, Any] | None = None,
         val_sampling: dict[str, Any] | None = None,
         val_every: int = 10,
+        validate_before: bool = True,
         advantage: str = "grpo",
         loss_agg: str | None = None,
         credit: CreditAssignment | None = None,
@@ -157,6 +162,8 @@ class GRPO:
 
         if steps < 0 or tasks_per_step < 1 or n_samples < 1:
             raise ValueError("steps must be >= 0, tasks_per_step and n_samples >= 1")
+        if epochs is not None and epochs < 1:
+            raise ValueError(f"epochs must be >= 1 (or None: count steps), not {epochs}")
         self.folder = RunFolder(out_dir, "GRPO", keep_checkpoints=keep_checkpoints, seed=seed)
         if max_sample_rounds < 1:
             raise ValueError(f"max_sample_rounds must be >= 1, got {max_sample_rounds}")
@@ -177,11 +184,13 @@ class GRPO:
         self.model = Path(model)
         self.config = config
         self.steps = steps
+        self.epochs = epochs
         self.tasks_per_step = tasks_per_step
         self.n_samples = n_samples
         self.sampling = {"temperature": 1.0, "max_tokens": 64, **(sampling or {})}
         self.val_sampling = {"temperature": 0.0, "max_tokens": 64, **(val_sampling or {})}
         self.val_every = val_every
+        self.validate_before = validate_before
         self.credit = credit or PerTurn()
         self.tool_rewards = tool_rewards
         self.agents = agents
@@ -306,14 +315,17 @@ class GRPO:
         if not ctx.train_tasks:
             raise ValueError("GRPO needs training tasks")
         started = time.monotonic()
+        if self.epochs is not None:  # the same count on a resumed run: it depends only on the tasks
+            self.steps = self.epochs * max(1, len(ctx.train_tasks) // self.tasks_per_step)
+        val_before: float | None = None
         if self.step:
             val_before = self.folder.first_val()
-        elif self.val_before is not None:
+        elif self.validate_before and self.val_before is not None:
             val_before = self.val_before
             self.folder.record(
                 {"kind": "val", "step": 0, "policy_version": 0, "val_success": val_before, "reused": True}
             )
-        else:
+        elif self.validate_before:
             val_before = await self._validate(ctx)
         await run_steps(
             self.folder, self.steps, train_step=lambda: self._train_step(ctx), validate=lambda: self._validate(ctx),

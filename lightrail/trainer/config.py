@@ -21,6 +21,8 @@ A config names the agent and its data by import reference, the model, how runner
       # loss_agg: token_mean                       # | seq_mean_token_mean | seq_mean_token_sum_norm (dr_grpo's)
       tool_rewards: true                           # or ToolRewardRule fields: {success: 0.1, error: -0.1}
       config: {lr: 1.0e-4, kl_coef: 0.05, lora: {r: 8}}   # GRPOConfig fields
+    # algorithm: verl                              # or a verl dict, as agent-lightning's agl.VERL(config) takes it:
+    # verl: {data: {train_batch_size: 32}, actor_rollout_ref: {rollout: {n: 4}, model: {path: ...}}, ...}
     # algorithm: apo                               # prompt optimization instead: the apo: section, APO's arguments
     # apo: {prompts: {prompt_template: "Solve it."}, rounds: 3, optimizer: self}   # optimizer: self | LLM fields
     # algorithm: [sft, grpo]                       # SFT first, then GRPO from the SFT stage's weights
@@ -129,13 +131,18 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     grpo: dict[str, Any] = msgspec.field(default_factory=dict)
     """Keyword arguments of `GRPO` (the ``grpo`` section below)."""
     algorithm: str | list[str] = "grpo"
-    """``grpo`` (the ``grpo:`` section), ``apo`` (prompt optimization: the ``apo:`` section, `APO`'s arguments),
+    """``grpo`` (the ``grpo:`` section), ``verl`` (the ``verl:`` section, a verl config dict, trained by `GRPO`), ``apo``
+    (prompt optimization: the ``apo:`` section, `APO`'s arguments),
     ``sft`` (the ``sft:`` section, `SFT`'s arguments), or the chain ``[sft, grpo]`` (GRPO starts from SFT's weights;
     their outputs go to ``<out_dir>/sft`` and ``<out_dir>/grpo``)."""
     apo: dict[str, Any] = msgspec.field(default_factory=dict)
     """Keyword arguments of `APO` when ``algorithm: apo`` (the ``apo`` section below)."""
     sft: dict[str, Any] = msgspec.field(default_factory=dict)
     """Keyword arguments of `SFT` when ``algorithm`` is ``sft`` or ``[sft, grpo]`` (the ``sft`` section below)."""
+    verl: dict[str, Any] = msgspec.field(default_factory=dict)
+    """With ``algorithm: verl``: a verl config dict, as agent-lightning's ``agl.VERL(config)`` takes it, run as `GRPO`
+    (``docs/algorithms.md``, "Migrating from verl / agent-lightning", has the mapping); the ``grpo`` section may add
+    settings verl has no key for."""
 
     @property
     def run_dir(self) -> Path:
@@ -212,6 +219,10 @@ def load_config(path: str | os.PathLike[str], overrides: list[str] | tuple[str, 
     """Read and check a YAML config; ``overrides`` are ``dotted.path=value`` strings applied first."""
     config = read_yaml_config(path, overrides, TrainConfig)
     check_store_field(path, config.store)
+    if config.algorithm == "verl":
+        config = _from_verl(config)
+    elif config.verl:
+        raise ConfigError(f"verl: a verl dict runs with algorithm: verl, not {config.algorithm!r}")
     if config.algorithm == "apo":
         _apo_kwargs(config)
     elif config.algorithm == "grpo":
@@ -225,8 +236,46 @@ def load_config(path: str | os.PathLike[str], overrides: list[str] | tuple[str, 
             f"algorithm: the one chain is {list(_CHAIN)} (GRPO from SFT's weights), got {config.algorithm}"
         )
     else:
-        raise ConfigError(f"algorithm: expected 'grpo', 'apo', 'sft' or {list(_CHAIN)}, got {config.algorithm!r}")
+        raise ConfigError(
+            f"algorithm: expected 'grpo', 'verl', 'apo', 'sft' or {list(_CHAIN)}, got {config.algorithm!r}"
+        )
     return config
+
+
+def _from_verl(config: TrainConfig) -> TrainConfig:
+    """``algorithm: verl``: the ``verl`` dict as the ``grpo`` section, ``model``, ``name`` and ``trainer.loggers``
+    (`lightrail.trainer.verl_compat`), the config then checked and run as ``algorithm: grpo``. A setting given both in
+    the verl dict and by its lightrail name is an error, not a silent choice."""
+    from lightrail.trainer.verl_compat import verl_settings
+
+    try:
+        settings = verl_settings(config.verl)
+    except ValueError as exc:
+        raise ConfigError(f"verl: {exc}") from None
+    twice = sorted(set(settings.grpo) & set(config.grpo))
+    if twice:
+        raise ConfigError(f"grpo: {', '.join(twice)} set by the verl section already; give each setting once")
+    defaults = TrainConfig(agent="", data="")
+    changes: dict[str, Any] = {"algorithm": "grpo", "grpo": {**config.grpo, **settings.grpo}}
+    for name, value, verl_key in (
+        ("model", settings.model, "actor_rollout_ref.model.path"),
+        ("name", settings.name, "trainer.experiment_name"),
+    ):
+        if value is None:
+            continue
+        if getattr(config, name) not in (getattr(defaults, name), value):
+            raise ConfigError(f"{name}: set by verl {verl_key} already ({value!r}); give it once")
+        changes[name] = value
+    trainer = config.trainer
+    if settings.loggers is not None:
+        if trainer.loggers != defaults.trainer.loggers:
+            raise ConfigError("trainer.loggers: set by verl trainer.logger already; give them once")
+        try:
+            loggers = msgspec.convert(settings.loggers, list[LoggerSettings])
+        except msgspec.ValidationError as exc:
+            raise ConfigError(f"verl: trainer.logger: {exc}") from None
+        trainer = msgspec.structs.replace(trainer, loggers=list(loggers))
+    return msgspec.structs.replace(config, trainer=trainer, **changes)
 
 
 def _readable(exc: msgspec.ValidationError) -> str:
@@ -285,12 +334,19 @@ def grpo_config(update: dict[str, Any], where: str) -> Any:
 
 def _grpo_kwargs(config: TrainConfig) -> dict[str, Any]:
     """The config's ``grpo`` section as `GRPO` keyword arguments (names checked against its signature)."""
+    base = {"seed": config.seed, "out_dir": config.run_dir, "gateway": config.gateway}
+    return {**base, **_grpo_options(config.grpo, "grpo")}
+
+
+def _grpo_options(section: dict[str, Any], where: str) -> dict[str, Any]:
+    """A ``grpo`` section as `GRPO` keyword arguments; errors name their field under ``where`` (``grpo.config.lr``).
+    Also reads the section `lightrail.trainer.verl_compat` makes of a verl dict."""
     from lightrail.adapters import AgentFilter, ToolRewardRule
     from lightrail.adapters.credit import credit_by_name
     from lightrail.algorithms.grpo import GRPO
 
-    options = dict(config.grpo)
-    kwargs: dict[str, Any] = {"seed": config.seed, "out_dir": config.run_dir, "gateway": config.gateway}
+    options = dict(section)
+    kwargs: dict[str, Any] = {}
     try:
         names, pattern = options.pop("agents", None), options.pop("agents_pattern", None)
         if names is not None or pattern is not None:
@@ -304,52 +360,54 @@ def _grpo_kwargs(config: TrainConfig) -> dict[str, Any]:
         if rule is True:
             kwargs["tool_rewards"] = ToolRewardRule()
         elif isinstance(rule, dict):
-            _no_unknown("grpo.tool_rewards", rule, ToolRewardRule, exclude={"is_error"})
+            _no_unknown(f"{where}.tool_rewards", rule, ToolRewardRule, exclude={"is_error"})
             values = {
-                k: _checked(f"grpo.tool_rewards.{k}", v, f.type)
+                k: _checked(f"{where}.tool_rewards.{k}", v, f.type)
                 for k, v in rule.items()
                 for f in [_field(ToolRewardRule, k)]
             }
             kwargs["tool_rewards"] = ToolRewardRule(**values)
         elif rule not in (None, False):
-            raise ConfigError(f"grpo.tool_rewards: expected true, false or a mapping, got {rule!r}")
-        kwargs["config"] = grpo_config(options.pop("config", None) or {}, "grpo.config")
+            raise ConfigError(f"{where}.tool_rewards: expected true, false or a mapping, got {rule!r}")
+        kwargs["config"] = grpo_config(options.pop("config", None) or {}, f"{where}.config")
     except (TypeError, ValueError) as exc:
         if isinstance(exc, ConfigError):
             raise
-        raise ConfigError(f"grpo: {exc}") from None
+        raise ConfigError(f"{where}: {exc}") from None
     parameters = inspect.signature(GRPO).parameters
     accepted = set(parameters) - {"model", "gateway"}  # the gateway has a section of its own
     unknown = sorted(set(options) - accepted)
     if unknown:
-        raise ConfigError(f"grpo: unknown setting(s) {unknown}; GRPO accepts {sorted(accepted)}")
+        raise ConfigError(f"{where}: unknown setting(s) {unknown}; GRPO accepts {sorted(accepted)}")
+    if "steps" in options and options.get("epochs") is not None:
+        raise ConfigError(f"{where}: give steps or epochs, not both (epochs sets the step count)")
     for key, value in options.items():
-        kwargs[key] = _checked(f"grpo.{key}", value, parameters[key].annotation)
+        kwargs[key] = _checked(f"{where}.{key}", value, parameters[key].annotation)
     from lightrail.algorithms.grpo import check_estimator_options
 
     try:  # advantage: grpo | rloo | reinforce_pp | reinforce_pp_baseline | dr_grpo; loss_agg: token_mean | ...
         check_estimator_options(kwargs.get("advantage", "grpo"), kwargs.get("loss_agg"), kwargs.get("config"))
     except ValueError as exc:
-        raise ConfigError(f"grpo.{exc}") from None
+        raise ConfigError(f"{where}.{exc}") from None
     from lightrail.algorithms.rollout_engines import ROLLOUT_ENGINES, check_vllm_options
 
     if kwargs.get("rollout_engine", ROLLOUT_ENGINES[0]) not in ROLLOUT_ENGINES:
         raise ConfigError(
-            f"grpo.rollout_engine: expected one of {list(ROLLOUT_ENGINES)}, got {kwargs['rollout_engine']!r}"
+            f"{where}.rollout_engine: expected one of {list(ROLLOUT_ENGINES)}, got {kwargs['rollout_engine']!r}"
         )
     try:
         check_vllm_options(kwargs.get("vllm"))
     except ValueError as exc:
-        raise ConfigError(f"grpo.vllm: {exc}") from None
+        raise ConfigError(f"{where}.vllm: {exc}") from None
     if kwargs.get("policies") is not None:  # {policy: [agent, ...]}: one trained policy per group of agents
         from lightrail.algorithms.policies import PolicyMap
 
         try:
             PolicyMap(kwargs["policies"])
         except ValueError as exc:
-            raise ConfigError(f"grpo.{exc}") from None
+            raise ConfigError(f"{where}.{exc}") from None
         if "agents" in kwargs:
-            raise ConfigError("grpo: give agents or policies, not both (the policies name the agents they train)")
+            raise ConfigError(f"{where}: give agents or policies, not both (the policies name the agents they train)")
     return kwargs
 
 

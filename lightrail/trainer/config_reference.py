@@ -85,12 +85,17 @@ _MEANINGS = {
     # GRPO's keyword arguments
     "GRPO.config": "Optimizer, loss and LoRA settings (the ``grpo.config`` section).",
     "GRPO.steps": "Training steps (collect rollouts, update, serve the new weights).",
+    "GRPO.epochs": "Count the run in passes over the training tasks instead of ``steps``: ``epochs`` times "
+    "``len(train_tasks) // tasks_per_step`` steps (at least one), fixed when the run starts (verl's "
+    "``total_epochs``); null: ``steps``.",
     "GRPO.tasks_per_step": "Training tasks sampled per step (a seeded shuffle, reshuffled each epoch).",
     "GRPO.n_samples": "Rollouts per task per step: one GRPO group.",
     "GRPO.sampling": "Sampling of training rollouts (OpenAI parameters handed to the agent through its `LLM` "
     "resource); null: ``{temperature: 1.0, max_tokens: 64}``, and given keys override those.",
     "GRPO.val_sampling": "Sampling of validation rollouts; null: greedy, ``{temperature: 0.0, max_tokens: 64}``.",
-    "GRPO.val_every": "Validate every N steps (also always before training and at the end); 0: only then.",
+    "GRPO.val_every": "Validate every N steps (also before training, unless ``validate_before`` is false, and at the "
+    "end); 0: only then.",
+    "GRPO.validate_before": "Validate before training (the report's ``val_before``); false skips it (null then).",
     "GRPO.advantage": "Outcome-advantage estimator: ``grpo``, ``rloo``, ``dr_grpo``, ``reinforce_pp``, "
     "``reinforce_pp_baseline``.",
     "GRPO.loss_agg": "Loss aggregation: ``token_mean``, ``seq_mean_token_mean``, ``seq_mean_token_sum_norm`` (or "

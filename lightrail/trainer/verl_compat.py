@@ -1,0 +1,414 @@
+"""Migrating from verl / agent-lightning: a verl config dict (what ``agl.VERL(config)`` takes) as `GRPO` settings.
+
+`VERL_KEYS` is the one table: every verl key lightrail accepts, the lightrail setting it sets (or, for a key that
+only tunes verl's GPU machinery, why it has no effect here), checked value by value. A key outside the table, or a
+value lightrail cannot honour (``rollout.name: sglang``), is a one-line `ValueError` naming the key: nothing is
+ignored silently. Keys the dict leaves out keep lightrail's defaults, not verl's.
+
+Two ways in, one mapping (`verl_settings`):
+
+* Python, as agent-lightning's seeds do: ``lightrail.VERL(config)`` returns the `GRPO` those settings describe;
+* a config file: ``algorithm: verl`` with the dict under ``verl:`` (`lightrail.trainer.config.load_config` turns it
+  into the ``grpo:`` section, the ``model``, the run's ``name`` and ``trainer.loggers``).
+
+``docs/algorithms.md`` shows the table as `markdown_table` renders it (a test keeps the two equal).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lightrail.algorithms.grpo import GRPO
+
+__all__ = ["VERL", "VERL_KEYS", "VerlKey", "VerlSettings", "markdown_table", "verl_settings"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class VerlSettings:
+    """What a verl dict says, in lightrail's terms."""
+
+    grpo: dict[str, Any] = field(default_factory=dict)
+    """The ``grpo:`` section of a config file (``config`` a mapping of `GRPOConfig` fields)."""
+    model: str | None = None
+    """``actor_rollout_ref.model.path``."""
+    name: str | None = None
+    """``trainer.experiment_name``: the run's name (its folder ``runs/<name>``)."""
+    loggers: list[dict[str, Any]] | None = None
+    """``trainer.logger`` (and ``project_name``) as ``trainer.loggers`` entries (`LoggerSettings` fields)."""
+
+    def set(self, dotted: str, value: Any) -> None:
+        """Set ``grpo.<dotted>`` (``config.lr``, ``sampling.max_tokens``...)."""
+        node = self.grpo
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+
+
+Apply = Callable[[Any, Mapping[str, Any], VerlSettings], None]
+"""``apply(value, whole, out)``: set ``out`` from one key's value (``whole``: every key of the dict, dotted, for the
+keys that depend on another); raise `_Refused` for a value lightrail cannot honour."""
+
+
+class _Refused(ValueError):
+    """A value lightrail cannot honour; `verl_settings` adds the key's path."""
+
+
+@dataclass(frozen=True)
+class VerlKey:
+    """One verl key lightrail accepts."""
+
+    path: str
+    """verl's dotted path (``actor_rollout_ref.rollout.n``)."""
+    sets: str
+    """The lightrail setting(s) it sets; empty when it has no effect here."""
+    how: str
+    """How the value maps, or why it has no effect."""
+    apply: Apply
+
+
+def _to(setting: str, convert: Callable[[Any], Any] = lambda v: v) -> Apply:
+    def apply(value: Any, whole: Mapping[str, Any], out: VerlSettings) -> None:
+        out.set(setting, convert(value))
+
+    return apply
+
+
+def _no_effect(allowed: Callable[[Any], bool] = lambda v: True, refusal: str = "") -> Apply:
+    def apply(value: Any, whole: Mapping[str, Any], out: VerlSettings) -> None:
+        if not allowed(value):
+            raise _Refused(refusal)
+
+    return apply
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _Refused(f"expected an integer, got {value!r}")
+    return value
+
+
+def _positive(value: Any) -> int:
+    if _int(value) < 1:
+        raise _Refused(f"expected an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def _every(value: Any) -> int:
+    return max(_int(value), 0)  # verl's -1 (never) is lightrail's 0 (only at the start/end)
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _Refused(f"expected a number, got {value!r}")
+    return float(value)
+
+
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _Refused(f"expected true or false, got {value!r}")
+    return value
+
+
+_ESTIMATORS = {
+    "grpo": "grpo",
+    "rloo": "rloo",
+    "reinforce_plus_plus": "reinforce_pp",
+    "reinforce_plus_plus_baseline": "reinforce_pp_baseline",
+}
+
+
+def _estimator(value: Any) -> str:
+    if value not in _ESTIMATORS:
+        raise _Refused(
+            f"lightrail's estimators are {', '.join(_ESTIMATORS)} (gae needs a critic, which lightrail does not train)"
+        )
+    return _ESTIMATORS[value]
+
+
+def _rollout_engine(value: Any, whole: Mapping[str, Any], out: VerlSettings) -> None:
+    engines = {"vllm": "vllm", "hf": "embedded"}
+    if value not in engines:
+        raise _Refused("lightrail samples with vllm or hf (its embedded transformers engine); SGLang is not supported")
+    out.set("rollout_engine", engines[value])
+
+
+def _uses_vllm(whole: Mapping[str, Any]) -> bool:
+    return whole.get("actor_rollout_ref.rollout.name") == "vllm"
+
+
+def _vllm_arg(flag: str, convert: Callable[[Any], Any], embedded: Callable[[Any], bool] = lambda v: True) -> Apply:
+    """A ``vllm serve`` argument with rollout.name vllm; with the embedded engine, a value ``embedded`` accepts
+    (the flag then has no effect) or a refusal."""
+
+    def apply(value: Any, whole: Mapping[str, Any], out: VerlSettings) -> None:
+        value = convert(value)
+        if _uses_vllm(whole):
+            out.grpo.setdefault("vllm", {}).setdefault("args", []).extend([flag, str(value)])
+        elif not embedded(value):
+            raise _Refused("the embedded engine (rollout.name hf) runs on one device; use rollout.name vllm")
+
+    return apply
+
+
+def _clip_both(value: Any, whole: Mapping[str, Any], out: VerlSettings) -> None:
+    out.set("config.clip_low", _number(value))
+    out.set("config.clip_high", _number(value))
+
+
+def _tool_format(value: Any) -> str:
+    from lightrail.engine.formats import TOOL_FORMATS
+
+    if value not in TOOL_FORMATS:
+        raise _Refused(f"lightrail's tool-call formats are {', '.join(TOOL_FORMATS)}")
+    return str(value)
+
+
+def _response_length(value: Any, whole: Mapping[str, Any], out: VerlSettings) -> None:
+    tokens = _positive(value)
+    out.set("sampling.max_tokens", tokens)
+    out.set("val_sampling.max_tokens", tokens)
+
+
+def _mini_batch(value: Any, whole: Mapping[str, Any], out: VerlSettings) -> None:
+    batch = whole.get("data.train_batch_size")
+    if _positive(value) != batch:
+        raise _Refused(
+            f"lightrail makes one optimizer step per training step, over all of its rollouts: set it to "
+            f"data.train_batch_size ({batch})"
+        )
+
+
+def _kl(value: Any, whole: Mapping[str, Any], out: VerlSettings) -> None:
+    use = _flag(whole.get("actor_rollout_ref.actor.use_kl_loss", False))
+    coef = _number(whole.get("actor_rollout_ref.actor.kl_loss_coef", 0.001))  # verl's default coefficient
+    out.set("config.kl_coef", coef if use else 0.0)
+
+
+def _gpus(value: Any, whole: Mapping[str, Any], out: VerlSettings) -> None:
+    out.set("config.ranks", _positive(value))
+    out.set("config.device", "auto")
+
+
+def _epochs(value: Any, whole: Mapping[str, Any], out: VerlSettings) -> None:
+    if whole.get("trainer.total_training_steps") is None:  # verl: total_training_steps wins when given
+        out.set("epochs", _positive(value))
+
+
+def _steps(value: Any, whole: Mapping[str, Any], out: VerlSettings) -> None:
+    if value is not None:
+        out.set("steps", _positive(value))
+
+
+_LOGGERS = ("tensorboard", "mlflow", "wandb")
+
+
+def _loggers(value: Any, whole: Mapping[str, Any], out: VerlSettings) -> None:
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise _Refused(f"expected a list of logger names, got {value!r}")
+    unknown = [n for n in names if n != "console" and n not in _LOGGERS]
+    if unknown:
+        raise _Refused(f"lightrail logs to console (always), {', '.join(_LOGGERS)}; not {', '.join(unknown)}")
+    project = whole.get("trainer.project_name")
+    out.loggers = [
+        {"kind": n, **({"experiment": str(project)} if project and n != "tensorboard" else {})}
+        for n in names
+        if n != "console"
+    ]
+
+
+def _set_model(value: Any, whole: Mapping[str, Any], out: VerlSettings) -> None:
+    if not isinstance(value, str) or not value:
+        raise _Refused(f"expected a model directory, got {value!r}")
+    out.model = value
+
+
+def _set_name(value: Any, whole: Mapping[str, Any], out: VerlSettings) -> None:
+    out.name = str(value)
+
+
+_ACTOR = "actor_rollout_ref.actor"
+_ROLLOUT = "actor_rollout_ref.rollout"
+_NO_OFFLOAD = "no effect: one process holds the whole model (no FSDP shards to offload)"
+
+VERL_KEYS: tuple[VerlKey, ...] = (
+    VerlKey("algorithm.adv_estimator", "grpo.advantage", "grpo, rloo, reinforce_plus_plus (reinforce_pp), "
+            "reinforce_plus_plus_baseline (reinforce_pp_baseline); others refused", _to("advantage", _estimator)),
+    VerlKey("algorithm.use_kl_in_reward", "", "false only: lightrail's KL term is in the loss (actor.use_kl_loss)",
+            _no_effect(lambda v: v is False, "lightrail puts the KL term in the loss (actor.use_kl_loss), not the "
+                       "reward")),
+    VerlKey("data.train_files", "", "no effect: the tasks are Trainer.fit's (or the config's data:); agent-lightning "
+            "does not read them either, its seed script loads them and passes the rows to fit", _no_effect()),
+    VerlKey("data.val_files", "", "no effect: as data.train_files", _no_effect()),
+    VerlKey("data.train_batch_size", "grpo.tasks_per_step", "tasks per step", _to("tasks_per_step", _positive)),
+    VerlKey("data.max_prompt_length", "", "no effect: verl pads every prompt to this length; lightrail pads a "
+            "micro-batch only to its longest row and never truncates a prompt", _no_effect(lambda v: isinstance(v, int) and v > 0,
+                                                            "expected an integer >= 1")),
+    VerlKey("data.max_response_length", "grpo.sampling.max_tokens, grpo.val_sampling.max_tokens",
+            "tokens per response, training and validation", _response_length),
+    VerlKey("data.truncation", "", "error only (no effect): lightrail never truncates a prompt",
+            _no_effect(lambda v: v == "error", "lightrail never truncates a prompt: only 'error' is accepted")),
+    VerlKey(f"{_ROLLOUT}.name", "grpo.rollout_engine", "vllm -> vllm, hf -> embedded; sglang refused",
+            _rollout_engine),
+    VerlKey(f"{_ROLLOUT}.n", "grpo.n_samples", "rollouts per task (one group)", _to("n_samples", _positive)),
+    VerlKey(f"{_ROLLOUT}.temperature", "grpo.sampling.temperature", "sampling temperature of training rollouts",
+            _to("sampling.temperature", _number)),
+    VerlKey(f"{_ROLLOUT}.multi_turn.format", "grpo.engine_options.tool_format",
+            "the tool-call format (hermes, llama3_json, mistral, pythonic)",
+            _to("engine_options.tool_format", _tool_format)),
+    VerlKey(f"{_ROLLOUT}.tensor_model_parallel_size", "grpo.vllm.args",
+            "--tensor-parallel-size with rollout.name vllm; 1 only with hf",
+            _vllm_arg("--tensor-parallel-size", _positive, lambda v: v == 1)),
+    VerlKey(f"{_ROLLOUT}.gpu_memory_utilization", "grpo.vllm.args",
+            "--gpu-memory-utilization with rollout.name vllm; no effect with hf (it allocates as it goes)",
+            _vllm_arg("--gpu-memory-utilization", _number)),
+    VerlKey(f"{_ROLLOUT}.log_prob_micro_batch_size_per_gpu", "", "no effect: lightrail takes the old logprobs "
+            "from the sampler (no recompute pass to batch)", _no_effect()),
+    VerlKey(f"{_ACTOR}.ppo_mini_batch_size", "", "data.train_batch_size only: one optimizer step per training step",
+            _mini_batch),
+    VerlKey(f"{_ACTOR}.ppo_micro_batch_size_per_gpu", "", "no effect: it only splits gradient accumulation; "
+            "lightrail sizes micro-batches in tokens (grpo.config.micro_batch_tokens)", _no_effect()),
+    VerlKey(f"{_ACTOR}.optim.lr", "grpo.config.lr", "learning rate (AdamW)", _to("config.lr", _number)),
+    VerlKey(f"{_ACTOR}.use_kl_loss", "grpo.config.kl_coef", "true: kl_coef = actor.kl_loss_coef (k3, verl's "
+            "low_var_kl); false: 0", _kl),
+    VerlKey(f"{_ACTOR}.kl_loss_coef", "grpo.config.kl_coef", "with actor.use_kl_loss true", _kl),
+    VerlKey(f"{_ACTOR}.entropy_coeff", "", "0 only: lightrail's loss has no entropy bonus",
+            _no_effect(lambda v: v == 0, "lightrail's loss has no entropy bonus: only 0 is accepted")),
+    VerlKey(f"{_ACTOR}.clip_ratio", "grpo.config.clip_low, grpo.config.clip_high", "both PPO clip ranges",
+            _clip_both),
+    VerlKey(f"{_ACTOR}.clip_ratio_low", "grpo.config.clip_low", "PPO clip below 1",
+            _to("config.clip_low", _number)),
+    VerlKey(f"{_ACTOR}.clip_ratio_high", "grpo.config.clip_high", "PPO clip above 1 (DAPO's clip-higher)",
+            _to("config.clip_high", _number)),
+    VerlKey(f"{_ACTOR}.fsdp_config.param_offload", "", _NO_OFFLOAD, _no_effect(lambda v: isinstance(v, bool))),
+    VerlKey(f"{_ACTOR}.fsdp_config.optimizer_offload", "", _NO_OFFLOAD, _no_effect(lambda v: isinstance(v, bool))),
+    VerlKey("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", "", "no effect: the reference model's "
+            "logprobs are computed in the update's micro-batches (only with kl_coef > 0)", _no_effect()),
+    VerlKey("actor_rollout_ref.ref.fsdp_config.param_offload", "", _NO_OFFLOAD,
+            _no_effect(lambda v: isinstance(v, bool))),
+    VerlKey("actor_rollout_ref.model.path", "model", "the model: a local Hugging Face directory (or smollm2)",
+            _set_model),
+    VerlKey("actor_rollout_ref.model.use_remove_padding", "", "no effect: a verl kernel option (packed sequences); "
+            "lightrail's micro-batches are sized in padded tokens", _no_effect(lambda v: isinstance(v, bool))),
+    VerlKey("actor_rollout_ref.model.enable_gradient_checkpointing", "", "no effect: lightrail keeps activations; "
+            "grpo.config.micro_batch_tokens bounds their memory", _no_effect(lambda v: isinstance(v, bool))),
+    VerlKey("trainer.n_gpus_per_node", "grpo.config.ranks, grpo.config.device", "ranks = GPUs (data-parallel "
+            "update ranks, each a full replica, not FSDP shards), device auto (CUDA when present, else CPU)", _gpus),
+    VerlKey("trainer.nnodes", "", "1 only: the update's ranks run on one machine (runners scale out over the store)",
+            _no_effect(lambda v: v == 1, "lightrail's update ranks run on one machine: only 1 is accepted")),
+    VerlKey("trainer.val_before_train", "grpo.validate_before", "validate before training",
+            _to("validate_before", _flag)),
+    VerlKey("trainer.test_freq", "grpo.val_every", "validate every N steps (and at the end); -1 -> 0",
+            _to("val_every", _every)),
+    VerlKey("trainer.save_freq", "grpo.checkpoint_every", "checkpoint every N steps (lightrail always saves at the "
+            "end); -1 -> 0", _to("checkpoint_every", _every)),
+    VerlKey("trainer.total_epochs", "grpo.epochs", "passes over the training tasks: epochs x (tasks // "
+            "train_batch_size) steps, unless total_training_steps", _epochs),
+    VerlKey("trainer.total_training_steps", "grpo.steps", "the step count (wins over total_epochs, as in verl)",
+            _steps),
+    VerlKey("trainer.critic_warmup", "", "0 only: GRPO has no critic",
+            _no_effect(lambda v: v == 0, "GRPO trains no critic: only 0 is accepted")),
+    VerlKey("trainer.logger", "trainer.loggers", "tensorboard, mlflow, wandb (offline unless configured); console: "
+            "lightrail always prints progress", _loggers),
+    VerlKey("trainer.project_name", "trainer.loggers[].experiment", "the MLflow experiment / W&B project",
+            _no_effect()),  # read by trainer.logger
+    VerlKey("trainer.experiment_name", "name", "the run's name (its folder under runs/)", _set_name),
+)  # fmt: skip
+
+_BY_PATH = {key.path: key for key in VERL_KEYS}
+
+
+def _flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """The dict's leaves by dotted path; a mapping is descended only where the table has keys below it."""
+    flat: dict[str, Any] = {}
+    for name, value in config.items():
+        path = f"{prefix}{name}"
+        section = any(p.startswith(f"{path}.") for p in _BY_PATH)
+        if section and value is None:  # YAML's empty section (`ref:` with nothing under it)
+            continue
+        if section and isinstance(value, Mapping):
+            flat.update(_flatten(value, f"{path}."))
+        elif path in _BY_PATH:
+            flat[path] = value
+        else:
+            raise ValueError(f"verl key {path} is not supported by lightrail ({_supported_near(path)})")
+    return flat
+
+
+def _supported_near(path: str) -> str:
+    """The supported keys of ``path``'s section, or the sections when its section is unknown."""
+    parent = path.rpartition(".")[0]
+    while parent and not any(p.startswith(f"{parent}.") for p in _BY_PATH):
+        parent = parent.rpartition(".")[0]
+    if not parent:
+        return f"supported sections: {', '.join(sorted({p.split('.')[0] for p in _BY_PATH}))}"
+    keys = sorted(p.removeprefix(f"{parent}.") for p in _BY_PATH if p.startswith(f"{parent}."))
+    return f"supported under {parent}: {', '.join(keys)}"
+
+
+def verl_settings(config: Mapping[str, Any]) -> VerlSettings:
+    """``config`` (a verl dict, nested as verl's YAML) in lightrail's terms; a key or value lightrail does not
+    support is a one-line ValueError naming the key."""
+    if not isinstance(config, Mapping):
+        raise ValueError(f"a verl config is a mapping, got {type(config).__name__}")
+    whole = _flatten(config)
+    out = VerlSettings()
+    for path, value in whole.items():
+        try:
+            _BY_PATH[path].apply(value, whole, out)
+        except _Refused as exc:
+            raise ValueError(f"verl key {path}: {value!r} is not supported by lightrail ({exc})") from None
+    return out
+
+
+def VERL(config: Mapping[str, Any], **grpo_options: Any) -> GRPO:  # noqa: N802 - named as agent-lightning's
+    """The `GRPO` a verl config dict describes (``agl.VERL(config)``'s counterpart; the mapping is `VERL_KEYS`).
+
+    ``grpo_options`` are further `GRPO` keyword arguments the dict cannot say (``out_dir``, ``credit``, ``vllm``...);
+    one the dict sets already is an error. ``actor_rollout_ref.model.path`` must name a local model directory.
+    ``trainer.logger``/``project_name``/``experiment_name`` are `Trainer` settings: a config file
+    (``algorithm: verl``) applies them; here they are logged as the ``Trainer(loggers=..., experiment=...)`` to pass.
+
+        >>> grpo = lightrail.VERL(config)                                                 # doctest: +SKIP
+        >>> lightrail.Trainer(n_runners=2, algorithm=grpo).fit(agent, train, val)          # doctest: +SKIP
+    """
+    from lightrail.algorithms.grpo import GRPO
+    from lightrail.trainer.config import ConfigError, _grpo_options
+
+    settings = verl_settings(config)
+    if settings.model is None:
+        raise ValueError("verl key actor_rollout_ref.model.path is required: the model to train")
+    twice = sorted(set(grpo_options) & set(settings.grpo))
+    if twice:
+        raise ValueError(f"{', '.join(twice)}: set by the verl config already; give each setting once")
+    try:
+        kwargs = _grpo_options(settings.grpo, where="verl")
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+    if settings.name is not None:
+        grpo_options.setdefault("out_dir", f"runs/{settings.name}")
+    if settings.loggers is not None or settings.name is not None:
+        from lightrail.tracking import LoggerSettings
+
+        loggers = [LoggerSettings(**entry) for entry in settings.loggers or ()]
+        log.warning(
+            "verl trainer.logger/experiment_name are Trainer settings: pass Trainer(loggers=%r, experiment=%r)",
+            loggers, settings.name,
+        )  # fmt: skip
+    return GRPO(settings.model, **kwargs, **grpo_options)
+
+
+def markdown_table() -> str:
+    """`VERL_KEYS` as the Markdown table of ``docs/algorithms.md``."""
+    lines = ["| verl key | lightrail setting | how |", "|---|---|---|"]
+    for key in VERL_KEYS:
+        sets = f"`{key.sets}`" if key.sets else "(accepted)"
+        lines.append(f"| `{key.path}` | {sets} | {key.how} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,208 @@
+"""A verl config dict (agent-lightning's ``agl.VERL(config)``) runs as lightrail's `GRPO`: every key of the seeds'
+SQL walkthrough dict maps onto a setting (or is accepted with its reason written down), an unknown key or a value
+lightrail cannot honour is a one-line error naming the key, and the walkthrough's config trains end to end."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+import lightrail
+from lightrail.trainer.config import ConfigError, load_config, train
+from lightrail.trainer.verl_compat import VERL_KEYS, markdown_table, verl_settings
+from tests._frameworks import needs_langgraph
+
+ROOT = Path(__file__).resolve().parents[2]
+VERL_CONFIG = ROOT / "examples" / "sql_agent" / "config.verl.yaml"
+
+# RL_TRAINING_CONFIG of microsoft/agent-lightning examples/spider/train_sql_agent.py (commit 1be4e8d2), the seeds'
+# SQL walkthrough, verbatim, plus the keys its `fast` variant sets (total_training_steps).
+SEED: dict = {
+    "algorithm": {"adv_estimator": "grpo", "use_kl_in_reward": False},
+    "data": {
+        "train_files": "data/train_spider.parquet",
+        "val_files": "data/test_dev_500.parquet",
+        "train_batch_size": 32,
+        "max_prompt_length": 4096,
+        "max_response_length": 2048,
+        "truncation": "error",
+    },
+    "actor_rollout_ref": {
+        "rollout": {
+            "tensor_model_parallel_size": 1,
+            "n": 4,
+            "log_prob_micro_batch_size_per_gpu": 4,
+            "multi_turn": {"format": "hermes"},
+            "name": "vllm",
+            "gpu_memory_utilization": 0.8,
+        },
+        "actor": {
+            "ppo_mini_batch_size": 32,
+            "ppo_micro_batch_size_per_gpu": 4,
+            "optim": {"lr": 1e-6},
+            "use_kl_loss": False,
+            "kl_loss_coef": 0.0,
+            "entropy_coeff": 0,
+            "clip_ratio_low": 0.2,
+            "clip_ratio_high": 0.3,
+            "fsdp_config": {"param_offload": True, "optimizer_offload": True},
+        },
+        "ref": {"log_prob_micro_batch_size_per_gpu": 8, "fsdp_config": {"param_offload": True}},
+        "model": {
+            "path": "Qwen/Qwen2.5-Coder-1.5B-Instruct",
+            "use_remove_padding": True,
+            "enable_gradient_checkpointing": True,
+        },
+    },
+    "trainer": {
+        "n_gpus_per_node": 1,
+        "val_before_train": True,
+        "critic_warmup": 0,
+        "logger": ["console", "wandb"],
+        "project_name": "AgentLightning",
+        "experiment_name": "spider",
+        "nnodes": 1,
+        "test_freq": 32,
+        "total_epochs": 2,
+    },
+}
+
+
+def _leaves(tree: dict, prefix: str = "") -> set[str]:
+    out: set[str] = set()
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        out |= _leaves(value, f"{path}.") if isinstance(value, dict) else {path}
+    return out
+
+
+def test_every_key_of_the_seed_dict_is_in_the_table_and_the_example_config_holds_the_seed():
+    assert _leaves(SEED) <= {key.path for key in VERL_KEYS}
+    assert all(key.how for key in VERL_KEYS)
+    example = load_config(VERL_CONFIG).verl  # the shipped walkthrough differs from the seed in two values only
+    differ = {p for p in _leaves(SEED) if _get(example, p) != _get(SEED, p)}
+    assert differ == {"actor_rollout_ref.rollout.name", "actor_rollout_ref.model.path"}
+    assert _leaves(example) == _leaves(SEED)
+
+
+def _get(tree: dict, dotted: str):
+    for key in dotted.split("."):
+        tree = tree[key]
+    return tree
+
+
+def test_the_seed_dict_becomes_these_grpo_settings(tmp_path):
+    grpo = lightrail.VERL(SEED, out_dir=tmp_path / "run")
+    assert isinstance(grpo, lightrail.GRPO)
+    assert str(grpo.model) == "Qwen/Qwen2.5-Coder-1.5B-Instruct"
+    assert grpo.advantage == "grpo"  # algorithm.adv_estimator
+    assert (grpo.tasks_per_step, grpo.n_samples) == (32, 4)  # data.train_batch_size, rollout.n
+    assert grpo.sampling["max_tokens"] == grpo.val_sampling["max_tokens"] == 2048  # data.max_response_length
+    assert grpo.rollout_engine == "vllm"  # rollout.name
+    assert grpo.vllm == {"args": ["--tensor-parallel-size", "1", "--gpu-memory-utilization", "0.8"]}
+    assert grpo.engine_options == {"tool_format": "hermes"}  # rollout.multi_turn.format
+    config = grpo.config
+    assert config is not None
+    assert (config.lr, config.kl_coef, config.clip_low, config.clip_high) == (1e-6, 0.0, 0.2, 0.3)
+    assert (config.ranks, config.device) == (1, "auto")  # trainer.n_gpus_per_node
+    assert grpo.validate_before is True and grpo.val_every == 32  # val_before_train, test_freq
+    assert grpo.epochs == 2  # total_epochs: steps = 2 x (train tasks // 32), counted when the run starts
+    settings = verl_settings(SEED)
+    assert settings.name == "spider" and settings.model == "Qwen/Qwen2.5-Coder-1.5B-Instruct"
+    assert settings.loggers == [{"kind": "wandb", "experiment": "AgentLightning"}]  # console: always printed
+
+    fast = copy.deepcopy(SEED)  # the seed's `fast` variant: a step count wins over epochs, as in verl
+    fast["trainer"].update(total_training_steps=1, save_freq=-1, val_before_train=False)
+    fast["actor_rollout_ref"]["actor"].update(use_kl_loss=True, kl_loss_coef=0.05)
+    fast["algorithm"]["adv_estimator"] = "reinforce_plus_plus"
+    grpo = lightrail.VERL(fast, out_dir=tmp_path / "fast")
+    assert (grpo.steps, grpo.epochs, grpo.checkpoint_every, grpo.validate_before) == (1, None, 0, False)
+    assert grpo.config is not None and grpo.config.kl_coef == 0.05 and grpo.advantage == "reinforce_pp"
+
+
+def _with(path: str, value) -> dict:
+    config = copy.deepcopy(SEED)
+    node = config
+    *parents, leaf = path.split(".")
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[leaf] = value
+    return config
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        ("actor_rollout_ref.actor.foo", 1, "verl key actor_rollout_ref.actor.foo is not supported by lightrail "
+         "(supported under actor_rollout_ref.actor: clip_ratio, "),
+        ("critic.optim.lr", 1e-5, "verl key critic is not supported by lightrail (supported sections: "),
+        ("actor_rollout_ref.rollout.name", "sglang", "verl key actor_rollout_ref.rollout.name: 'sglang' is not "
+         "supported by lightrail (lightrail samples with vllm or hf"),
+        ("algorithm.adv_estimator", "gae", "verl key algorithm.adv_estimator: 'gae' is not supported"),
+        ("actor_rollout_ref.actor.entropy_coeff", 0.01, "actor_rollout_ref.actor.entropy_coeff: 0.01 is not"),
+        ("actor_rollout_ref.actor.ppo_mini_batch_size", 8, "one optimizer step per training step"),
+        ("actor_rollout_ref.rollout.multi_turn.format", "qwen25", "tool-call formats are hermes, llama3_json"),
+        ("trainer.nnodes", 2, "verl key trainer.nnodes: 2 is not supported"),
+        ("trainer.logger", ["console", "swanlab"], "not swanlab"),
+    ],
+)  # fmt: skip
+def test_an_unsupported_key_or_value_is_one_line_naming_the_key(path, value, message):
+    with pytest.raises(ValueError) as caught:
+        lightrail.VERL(_with(path, value))
+    text = str(caught.value)
+    assert message in text and "\n" not in text
+
+
+def test_a_config_file_with_a_bad_verl_key_is_a_one_line_config_error(tmp_path):
+    with pytest.raises(ConfigError, match=r"^verl: verl key actor_rollout_ref\.rollout\.name: 'sglang'"):
+        load_config(VERL_CONFIG, ["verl.actor_rollout_ref.rollout.name=sglang"])
+    with pytest.raises(ConfigError, match="grpo: n_samples set by the verl section already"):
+        load_config(VERL_CONFIG, ["grpo.n_samples=2"])
+    with pytest.raises(ConfigError, match="runs with algorithm: verl"):
+        load_config(VERL_CONFIG, ["algorithm=grpo"])
+
+
+def test_the_config_file_maps_onto_the_grpo_section_model_name_and_loggers():
+    config = load_config(VERL_CONFIG)
+    assert config.algorithm == "grpo" and config.model == "smollm2" and config.name == "spider"
+    assert config.grpo["tasks_per_step"] == 32 and config.grpo["agents"] == ["write_query", "rewrite_query"]
+    assert config.grpo["rollout_engine"] == "embedded" and config.grpo["epochs"] == 2
+    assert [(x.kind, x.experiment) for x in config.trainer.loggers] == [("wandb", "AgentLightning")]
+
+
+def test_the_docs_show_the_table_the_code_uses():
+    docs = (ROOT / "docs" / "algorithms.md").read_text()
+    assert markdown_table() in docs
+
+
+@needs_langgraph
+@pytest.mark.timeout(1500)  # 13 minutes on 2 busy cores (a training run beside it); far less on a quiet machine
+async def test_the_seed_walkthrough_config_trains_with_a_small_model(tmp_path, monkeypatch):
+    """The shipped walkthrough (the seed dict) through `train`: the tiny model, 4 tasks x 2 samples a step, one epoch."""
+    monkeypatch.chdir(ROOT)
+    overrides = [
+        f"out_dir={tmp_path / 'run'}",
+        "name=spider",  # the seed's experiment_name: the same name twice is no conflict
+        "verl.actor_rollout_ref.model.path=tiny",
+        "verl.data.train_batch_size=4",
+        "verl.actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "verl.actor_rollout_ref.rollout.n=2",
+        "verl.data.max_response_length=16",
+        "verl.actor_rollout_ref.actor.optim.lr=1.0e-3",
+        "verl.trainer.total_epochs=1",
+        "verl.trainer.logger=[console]",
+        "data_args={seed: 0, n_train: 8, n_val: 2}",  # splits cached by other tests: no queries on a busy machine
+        "trainer.n_runners=1",
+        "trainer.concurrency=4",
+    ]
+    config = load_config(VERL_CONFIG, overrides)
+    result = await asyncio.to_thread(train, config)
+    assert result.report["steps"] == 2  # total_epochs 1: 8 tasks // 4 per step
+    assert result.report["val_before"] is not None  # val_before_train
+    with sqlite3.connect(result.store) as db:
+        modes = dict(db.execute("SELECT mode, count(*) FROM rollouts GROUP BY mode").fetchall())
+    assert modes == {"train": 16, "val": 4}  # 2 steps x 4 tasks x 2 samples; 2 held-out tasks before and after
