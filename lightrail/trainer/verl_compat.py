@@ -177,12 +177,10 @@ def _response_length(value: Any, whole: Mapping[str, Any], out: VerlSettings) ->
 
 
 def _mini_batch(value: Any, whole: Mapping[str, Any], out: VerlSettings) -> None:
-    batch = whole.get("data.train_batch_size")
-    if _positive(value) != batch:
-        raise _Refused(
-            f"lightrail makes one optimizer step per training step, over all of its rollouts: set it to "
-            f"data.train_batch_size ({batch})"
-        )
+    batch, mini = whole.get("data.train_batch_size"), _positive(value)
+    if not isinstance(batch, int) or batch % mini:
+        raise _Refused(f"it must divide data.train_batch_size ({batch}): each mini-batch holds whole task groups")
+    out.set("config.mini_batches", batch // mini)
 
 
 def _kl(value: Any, whole: Mapping[str, Any], out: VerlSettings) -> None:
@@ -271,8 +269,8 @@ VERL_KEYS: tuple[VerlKey, ...] = (
             _vllm_arg("--gpu-memory-utilization", _number)),
     VerlKey(f"{_ROLLOUT}.log_prob_micro_batch_size_per_gpu", "", "no effect: lightrail takes the old logprobs "
             "from the sampler (no recompute pass to batch)", _no_effect()),
-    VerlKey(f"{_ACTOR}.ppo_mini_batch_size", "", "data.train_batch_size only: one optimizer step per training step",
-            _mini_batch),
+    VerlKey(f"{_ACTOR}.ppo_mini_batch_size", "grpo.config.mini_batches", "data.train_batch_size / "
+            "ppo_mini_batch_size optimizer steps per training step, each on whole task groups", _mini_batch),
     VerlKey(f"{_ACTOR}.ppo_micro_batch_size_per_gpu", "", "no effect: it only splits gradient accumulation; "
             "lightrail sizes micro-batches in tokens (grpo.config.micro_batch_tokens)", _no_effect()),
     VerlKey(f"{_ACTOR}.optim.lr", "grpo.config.lr", "learning rate (AdamW)", _to("config.lr", _number)),

@@ -109,6 +109,7 @@ def test_the_seed_dict_becomes_these_grpo_settings(tmp_path):
     assert config is not None
     assert (config.lr, config.kl_coef, config.clip_low, config.clip_high) == (1e-6, 0.0, 0.2, 0.3)
     assert (config.ranks, config.device) == (1, "auto")  # trainer.n_gpus_per_node
+    assert config.mini_batches == 1  # train_batch_size 32 / ppo_mini_batch_size 32
     assert grpo.validate_before is True and grpo.val_every == 32  # val_before_train, test_freq
     assert grpo.epochs == 2  # total_epochs: steps = 2 x (train tasks // 32), counted when the run starts
     settings = verl_settings(SEED)
@@ -144,7 +145,7 @@ def _with(path: str, value) -> dict:
          "supported by lightrail (lightrail samples with vllm or hf"),
         ("algorithm.adv_estimator", "gae", "verl key algorithm.adv_estimator: 'gae' is not supported"),
         ("actor_rollout_ref.actor.entropy_coeff", 0.01, "actor_rollout_ref.actor.entropy_coeff: 0.01 is not"),
-        ("actor_rollout_ref.actor.ppo_mini_batch_size", 8, "one optimizer step per training step"),
+        ("actor_rollout_ref.actor.ppo_mini_batch_size", 5, "it must divide data.train_batch_size (32)"),
         ("actor_rollout_ref.rollout.multi_turn.format", "qwen25", "tool-call formats are hermes, llama3_json"),
         ("trainer.nnodes", 2, "verl key trainer.nnodes: 2 is not supported"),
         ("trainer.logger", ["console", "swanlab"], "not swanlab"),
