@@ -48,7 +48,7 @@ _EXPORTS: dict[str, str] = {
     "Algorithm": "lightrail.trainer",
     # algorithms (their heavy dependencies load when one runs, not on import)
     "GRPO": "lightrail.algorithms.grpo",
-    "VERL": "lightrail.trainer.verl_compat",
+    "VERL": "lightrail.trainer.config",
 }
 
 __all__ = [
@@ -106,7 +106,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from lightrail.store import MemoryStore, SQLiteStore, Store, StoreClient, open_store
     from lightrail.tracing import as_agent, emit_event, emit_exception, emit_message, emit_reward, span
     from lightrail.trainer import Algorithm, Trainer
-    from lightrail.trainer.verl_compat import VERL
+    from lightrail.trainer.config import VERL
     from lightrail.types import (
         LLM,
         Attempt,

@@ -48,12 +48,13 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
@@ -62,7 +63,12 @@ from lightrail.agent.ray import RaySettings
 from lightrail.gateway.server import GatewaySettings
 from lightrail.tracking import LoggerKind, LoggerSettings
 
-__all__ = ["ConfigError", "RunnerSettings", "TrainConfig", "TrainResult", "load_config", "train"]
+if TYPE_CHECKING:
+    from lightrail.algorithms.grpo import GRPO
+
+log = logging.getLogger(__name__)
+
+__all__ = ["VERL", "ConfigError", "RunnerSettings", "TrainConfig", "TrainResult", "load_config", "train"]
 
 
 class ConfigError(ValueError):
@@ -654,3 +660,40 @@ def train(config: TrainConfig) -> TrainResult:
     )
     trainer.fit(config.agent, train_tasks, val_tasks)  # by reference: spawned runners import it themselves
     return TrainResult(report=grpo.report, out_dir=config.run_dir, store=config.store_location)
+
+
+def VERL(config: Mapping[str, Any], **grpo_options: Any) -> GRPO:  # noqa: N802 - named as agent-lightning's
+    """The `GRPO` a verl config dict describes (``agl.VERL(config)``'s counterpart; the mapping is `VERL_KEYS`).
+
+    ``grpo_options`` are further `GRPO` keyword arguments the dict cannot say (``out_dir``, ``credit``, ``vllm``...);
+    one the dict sets already is an error. ``actor_rollout_ref.model.path`` must name a local model directory.
+    ``trainer.logger``/``project_name``/``experiment_name`` are `Trainer` settings: a config file
+    (``algorithm: verl``) applies them; here they are logged as the ``Trainer(loggers=..., experiment=...)`` to pass.
+
+        >>> grpo = lightrail.VERL(config)                                                 # doctest: +SKIP
+        >>> lightrail.Trainer(n_runners=2, algorithm=grpo).fit(agent, train, val)          # doctest: +SKIP
+    """
+    from lightrail.algorithms.grpo import GRPO
+    from lightrail.trainer.verl_compat import verl_settings
+
+    settings = verl_settings(config)
+    if settings.model is None:
+        raise ValueError("verl key actor_rollout_ref.model.path is required: the model to train")
+    twice = sorted(set(grpo_options) & set(settings.grpo))
+    if twice:
+        raise ValueError(f"{', '.join(twice)}: set by the verl config already; give each setting once")
+    try:
+        kwargs = _grpo_options(settings.grpo, where="verl")
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+    if settings.name is not None:
+        grpo_options.setdefault("out_dir", f"runs/{settings.name}")
+    if settings.loggers is not None or settings.name is not None:
+        from lightrail.tracking import LoggerSettings
+
+        loggers = [LoggerSettings(**entry) for entry in settings.loggers or ()]
+        log.warning(
+            "verl trainer.logger/experiment_name are Trainer settings: pass Trainer(loggers=%r, experiment=%r)",
+            loggers, settings.name,
+        )  # fmt: skip
+    return GRPO(settings.model, **kwargs, **grpo_options)

@@ -7,7 +7,8 @@ ignored silently. Keys the dict leaves out keep lightrail's defaults, not verl's
 
 Two ways in, one mapping (`verl_settings`):
 
-* Python, as agent-lightning's seeds do: ``lightrail.VERL(config)`` returns the `GRPO` those settings describe;
+* Python, as agent-lightning's seeds do: ``lightrail.VERL(config)`` (`lightrail.trainer.config.VERL`) returns the
+  `GRPO` those settings describe;
 * a config file: ``algorithm: verl`` with the dict under ``verl:`` (`lightrail.trainer.config.load_config` turns it
   into the ``grpo:`` section, the ``model``, the run's ``name`` and ``trainer.loggers``).
 
@@ -16,17 +17,11 @@ Two ways in, one mapping (`verl_settings`):
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from lightrail.algorithms.grpo import GRPO
-
-__all__ = ["VERL", "VERL_KEYS", "VerlKey", "VerlSettings", "markdown_table", "verl_settings"]
-
-log = logging.getLogger(__name__)
+__all__ = ["VERL_KEYS", "VerlKey", "VerlSettings", "markdown_table", "verl_settings"]
 
 
 @dataclass
@@ -364,43 +359,6 @@ def verl_settings(config: Mapping[str, Any]) -> VerlSettings:
         except _Refused as exc:
             raise ValueError(f"verl key {path}: {value!r} is not supported by lightrail ({exc})") from None
     return out
-
-
-def VERL(config: Mapping[str, Any], **grpo_options: Any) -> GRPO:  # noqa: N802 - named as agent-lightning's
-    """The `GRPO` a verl config dict describes (``agl.VERL(config)``'s counterpart; the mapping is `VERL_KEYS`).
-
-    ``grpo_options`` are further `GRPO` keyword arguments the dict cannot say (``out_dir``, ``credit``, ``vllm``...);
-    one the dict sets already is an error. ``actor_rollout_ref.model.path`` must name a local model directory.
-    ``trainer.logger``/``project_name``/``experiment_name`` are `Trainer` settings: a config file
-    (``algorithm: verl``) applies them; here they are logged as the ``Trainer(loggers=..., experiment=...)`` to pass.
-
-        >>> grpo = lightrail.VERL(config)                                                 # doctest: +SKIP
-        >>> lightrail.Trainer(n_runners=2, algorithm=grpo).fit(agent, train, val)          # doctest: +SKIP
-    """
-    from lightrail.algorithms.grpo import GRPO
-    from lightrail.trainer.config import ConfigError, _grpo_options
-
-    settings = verl_settings(config)
-    if settings.model is None:
-        raise ValueError("verl key actor_rollout_ref.model.path is required: the model to train")
-    twice = sorted(set(grpo_options) & set(settings.grpo))
-    if twice:
-        raise ValueError(f"{', '.join(twice)}: set by the verl config already; give each setting once")
-    try:
-        kwargs = _grpo_options(settings.grpo, where="verl")
-    except ConfigError as exc:
-        raise ValueError(str(exc)) from None
-    if settings.name is not None:
-        grpo_options.setdefault("out_dir", f"runs/{settings.name}")
-    if settings.loggers is not None or settings.name is not None:
-        from lightrail.tracking import LoggerSettings
-
-        loggers = [LoggerSettings(**entry) for entry in settings.loggers or ()]
-        log.warning(
-            "verl trainer.logger/experiment_name are Trainer settings: pass Trainer(loggers=%r, experiment=%r)",
-            loggers, settings.name,
-        )  # fmt: skip
-    return GRPO(settings.model, **kwargs, **grpo_options)
 
 
 def markdown_table() -> str:
