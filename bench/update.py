@@ -75,18 +75,17 @@ def build_rows(n: int, vocab: int, seed: int = 0, rows_per_rollout: int = 1) -> 
     for i in range(n):
         prompt, response = rng.randint(60, 120), rng.randint(20, 40)
         mask = [0] * prompt + [1] * response
-        adv = 1.0 if i % 2 else -1.0
-        rows.append(
-            TrainingRow(
-                input_ids=[rng.randrange(vocab) for _ in mask],
-                loss_mask=mask,
-                old_logprobs=[0.0] * len(mask),
-                advantages=[adv * m for m in mask],
-                rollout_id=f"ro-{i // rows_per_rollout}",
-                group_id=f"g-{i // 8}",
-            )
-        )
+        ids = [rng.randrange(vocab) for _ in mask]
+        rows.append(_row(ids, mask, 1.0 if i % 2 else -1.0, f"ro-{i // rows_per_rollout}", f"g-{i // 8}"))
     return rows
+
+
+def _row(ids: list[int], mask: list[int], advantage: float, rollout_id: str, group_id: str) -> TrainingRow:
+    """A row whose trained tokens all carry ``advantage``, old logprobs 0."""
+    return TrainingRow(
+        input_ids=ids, loss_mask=mask, old_logprobs=[0.0] * len(mask), advantages=[advantage * m for m in mask],
+        rollout_id=rollout_id, group_id=group_id,
+    )  # fmt: skip
 
 
 def build_agent_rows(vocab: int, *, tasks: int = 4, samples: int = 8, seed: int = 0) -> list[TrainingRow]:
@@ -102,17 +101,7 @@ def build_agent_rows(vocab: int, *, tasks: int = 4, samples: int = 8, seed: int 
             for n, trained in ((rng.randint(20, 60), 1), (rng.randint(10, 30), 0), (rng.randint(10, 40), 1)):
                 ids += [rng.randrange(vocab) for _ in range(n)]
                 mask += [trained] * n
-            adv = 1.0 if k % 2 else -1.0
-            rows.append(
-                TrainingRow(
-                    input_ids=ids,
-                    loss_mask=mask,
-                    old_logprobs=[0.0] * len(mask),
-                    advantages=[adv * m for m in mask],
-                    rollout_id=f"ro-{task}-{k}",
-                    group_id=f"g-{task}",
-                )
-            )
+            rows.append(_row(ids, mask, 1.0 if k % 2 else -1.0, f"ro-{task}-{k}", f"g-{task}"))
     return rows
 
 
