@@ -34,8 +34,10 @@ def test_click_through_runs_rollout_span_and_call(page, server, trained, screens
 
     run_row.get_by_role("link", name=str(trained)).click()
     charts = page.locator("svg[role=img]")
-    assert charts.count() == 4  # the store's reward per version, and three from the run's metrics.jsonl
+    # the store's reward per version, and four from the run's metrics.jsonl (the last: train-inference mismatch)
+    assert charts.count() == 5
     assert "val success" in charts.nth(1).get_attribute("aria-label")
+    assert "mismatch" in charts.nth(4).get_attribute("aria-label")
     page.screenshot(path=str(screenshots / "run.png"), full_page=True)
 
     page.get_by_role("link", name="Failed rollouts").click()
