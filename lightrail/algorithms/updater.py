@@ -58,6 +58,7 @@ from lightrail.algorithms._loss import (
 from lightrail.algorithms.checkpoint import atomic_directory, capture_rng_state, restore_rng_state
 from lightrail.algorithms.mismatch import RowMismatch
 from lightrail.engine import configure_threads
+from lightrail.engine.prefix_cache import common_length
 from lightrail.engine.prefix_cache import supported as full_attention_cache
 from lightrail.types import TrainingRow
 
@@ -309,7 +310,7 @@ def prefix_groups(
     for i in sorted(range(len(sequences)), key=lambda i: list(sequences[i])):
         if groups:
             length, members = groups[-1]
-            n = _common_length(sequences[members[0]], sequences[i], min(cap, limits[i]))
+            n = common_length(sequences[members[0]], sequences[i], min(cap, limits[i]))
             if n >= min_tokens and len(members) * n >= (len(members) - 1) * length:
                 groups[-1] = (n, [*members, i])
                 cap = n
@@ -317,14 +318,6 @@ def prefix_groups(
         groups.append((0, [i]))
         cap = limits[i]
     return [(length if len(members) > 1 else 0, members) for length, members in groups]
-
-
-def _common_length(a: Sequence[int], b: Sequence[int], limit: int) -> int:
-    n = min(len(a), len(b), limit)
-    for t in range(n):
-        if a[t] != b[t]:
-            return t
-    return n
 
 
 def row_loss_weights(

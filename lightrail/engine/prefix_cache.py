@@ -27,12 +27,13 @@ Threading: used only from the engine's worker thread, like the model.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-__all__ = ["PrefixCache", "PrefixEntry", "supported"]
+__all__ = ["PrefixCache", "PrefixEntry", "common_length", "supported"]
 
 
 @dataclass
@@ -74,7 +75,7 @@ class PrefixCache:
             return None
         best = 0
         for seen in self._recent:
-            best = max(best, _common(prompt, seen))
+            best = max(best, common_length(prompt, seen))
         self._recent.append(tuple(prompt))
         best = min(best, len(prompt) - 1)
         if best < self.min_tokens:
@@ -112,8 +113,9 @@ def _starts(prompt: list[int], prefix: tuple[int, ...]) -> bool:
     return tuple(prompt[: len(prefix)]) == prefix
 
 
-def _common(a: list[int], b: tuple[int, ...]) -> int:
-    n = min(len(a), len(b))
+def common_length(a: Sequence[int], b: Sequence[int], limit: int | None = None) -> int:
+    """How many leading tokens ``a`` and ``b`` share (at most ``limit``)."""
+    n = min(len(a), len(b)) if limit is None else min(len(a), len(b), limit)
     i = 0
     while i < n and a[i] == b[i]:
         i += 1
