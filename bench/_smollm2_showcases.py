@@ -15,7 +15,11 @@ from typing import Any
 
 from bench._util import REPO, log, spread
 
-RECIPES = {"sql_agent": "examples/sql_agent/config.smollm2.yaml", "rag_agent": "examples/rag_agent/config.smollm2.yaml"}
+RECIPES = {
+    "sql_agent": "examples/sql_agent/config.smollm2.yaml",
+    "rag_agent": "examples/rag_agent/config.smollm2.yaml",
+    "calc_agent": "examples/calc_agent/config.smollm2.yaml",
+}
 """Showcases with a SmolLM2 recipe, and its config."""
 MIN_GAIN_MEAN = 0.10
 MAX_MINUTES = 45
@@ -41,14 +45,14 @@ def train_seed(name: str, seed: int, out: Path, overrides: list[str]) -> dict[st
     }
 
 
-def measure(names: list[str], seeds: int, out: Path, overrides: list[str]) -> dict[str, Any]:
+def measure(names: list[str], seeds: range, out: Path, overrides: list[str]) -> dict[str, Any]:
     """``<name>_gain_mean/_min/_max``, ``<name>_minutes_max`` and each seed's figures per showcase, then
     ``smollm2_showcases`` (showcases measured), ``smollm2_gain_mean_min`` (the smallest showcase mean),
     ``smollm2_gain_seed_min`` (the smallest single-seed gain) and ``smollm2_minutes_max``."""
     figures: dict[str, Any] = {}
     for name in names:
         runs = []
-        for seed in range(seeds):
+        for seed in seeds:
             log(f"-- {name} (SmolLM2), seed {seed}: lightrail train {RECIPES[name]} --set seed={seed}")
             runs.append(train_seed(name, seed, out, overrides))
             log(f"   {name}, seed {seed}: {runs[-1]}")

@@ -127,6 +127,8 @@ async def main() -> None:
     parser.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
     parser.add_argument("--showcases", nargs="+", metavar="NAME", help="instead: train SmolLM2 on these showcases")
     parser.add_argument("--seeds", type=int, default=3, help="with --showcases: seeds 0..N-1 per showcase (default 3)")
+    parser.add_argument("--first-seed", type=int, default=0, metavar="K",
+                        help="with --showcases: seeds K..K+N-1 instead (a seed at a time across sittings)")  # fmt: skip
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
                         help="with --showcases: a config override for every run (as lightrail train --set)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / time.strftime("bench-smollm2-%Y%m%d-%H%M%S"))
@@ -140,7 +142,7 @@ async def main() -> None:
         facts = machine_facts()
         log(f"machine: {facts}")
         figures = await asyncio.to_thread(
-            measure, args.showcases, args.seeds, args.out, args.overrides
+            measure, args.showcases, range(args.first_seed, args.first_seed + args.seeds), args.out, args.overrides
         )  # trains in its own loop
         print(
             json.dumps({**figures, **facts, "overrides": args.overrides, "load_1m_after": machine_facts()["load_1m"]})
