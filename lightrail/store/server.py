@@ -601,8 +601,11 @@ def create_app(
     traces = _guarded(_authorized("otlp_traces", _otlp_traces(get_store, max_body_bytes)))
     routes.append(Route(OTLP_TRACES_PATH, traces, methods=["POST"], name="otlp_traces"))
     pages = ui(get_store, token_verifier(token, tokens.principal)) if ui is not None else []
-    routes += pages
     ui_prefixes = tuple(sorted({"/" + page.path.split("/")[1] for page in pages}))
+    clash = set(ui_prefixes) & {"/" + route.path.split("/")[1] for route in routes}
+    if clash:  # the bearer check skips pages' paths: a page under /v1 would open the API
+        raise ValueError(f"ui pages may not share the API's paths: {sorted(clash)}")
+    routes += pages
 
     async def http_error(request: Request, exc: Exception) -> Response:
         return _error_response(exc)  # unknown route (404) or method (405) as JSON, like every other error

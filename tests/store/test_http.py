@@ -79,6 +79,8 @@ async def test_pages_given_as_ui_sign_in_their_own_way_with_the_servers_tokens(t
     from starlette.responses import PlainTextResponse
     from starlette.routing import Route
 
+    from lightrail.store import MemoryStore
+    from lightrail.store.server import create_app
     from lightrail.store.tokens import mint
 
     def pages(get_store, verify):
@@ -87,6 +89,9 @@ async def test_pages_given_as_ui_sign_in_their_own_way_with_the_servers_tokens(t
             return PlainTextResponse(principal.role.value if principal else "nobody")
 
         return [Route("/pages", whoami), Route("/pages/who", whoami)]
+
+    async def whoami_page(request: Request) -> PlainTextResponse:
+        return PlainTextResponse("a page")
 
     handle = serve_in_thread(tmp_path / "store.db", token=TOKEN, ui=pages)
     try:
@@ -102,6 +107,8 @@ async def test_pages_given_as_ui_sign_in_their_own_way_with_the_servers_tokens(t
             assert (await http.get("/v1/counts")).status_code == 401
     finally:
         handle.stop()
+    with pytest.raises(ValueError, match=r"may not share the API's paths: \['/v1'\]"):
+        create_app(MemoryStore(), token=TOKEN, ui=lambda get_store, verify: [Route("/v1/page", whoami_page)])
     plain = serve_in_thread(tmp_path / "store.db", token=TOKEN)  # no pages: nothing skips the bearer check
     try:
         async with httpx.AsyncClient(base_url=plain.url) as http:
