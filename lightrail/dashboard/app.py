@@ -1,9 +1,10 @@
 """The dashboard's routes (under ``/ui``), its sign-in and its security headers.
 
 Pages are rendered on the server (Jinja2, autoescaped: text from agents is shown, never run) and ship one small
-script (``static/dashboard.js``) for live updates; no CDN, no build step. The store server mounts these routes next
-to its API (`lightrail.store.server.create_app`), and ``lightrail dashboard`` serves them alone in front of any
-store (`create_dashboard_app`).
+script (``static/dashboard.js``) for live updates; no CDN, no build step. ``lightrail store serve`` hands these routes
+to the store server, which serves them next to its API (`lightrail.cli.store_serve`, the ``ui`` of
+`lightrail.store.server.create_app`), and ``lightrail dashboard`` serves them alone in front of any store
+(`create_dashboard_app`).
 
 **Auth.** When the server has a token, a page needs a token that may read: the admin token or a ``read``-role token
 (`lightrail.store.tokens`), sent as ``Authorization: Bearer`` or, after the sign-in form, as an HttpOnly,
@@ -13,7 +14,6 @@ public. Every page is a GET that reads; the only writes are signing in and out.
 
 from __future__ import annotations
 
-import hmac
 import urllib.parse
 from collections.abc import Awaitable, Callable
 from importlib import resources as package_files
@@ -24,15 +24,12 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from lightrail.store.base import NotFoundError, Store
-from lightrail.store.tokens import ADMIN, DASHBOARD_ROLES, Principal
+from lightrail.store.tokens import ADMIN, DASHBOARD_ROLES, Principal, Verify, token_verifier
 
-__all__ = ["COOKIE", "PREFIX", "Verify", "create_dashboard_app", "dashboard_routes", "token_verifier"]
+__all__ = ["COOKIE", "PREFIX", "create_dashboard_app", "dashboard_routes"]
 
 PREFIX = "/ui"
 COOKIE = "lightrail_ui"
-
-Verify = Callable[[str], Awaitable[Principal | None]]
-"""Who a bearer token is (None: nobody). A server without a token passes no verifier: everyone reads."""
 
 _HEADERS = {
     # Scripts and styles only from this server: even text that slipped past escaping could not run a script.
@@ -43,20 +40,6 @@ _HEADERS = {
     "Cache-Control": "no-store",
 }
 _STATIC_TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8"}
-
-
-def token_verifier(admin_token: str | None, scoped: Verify | None = None) -> Verify | None:
-    """The admin token compared in constant time, then (if given) the store's scoped tokens."""
-    if admin_token is None:
-        return None
-    expected = admin_token.encode()
-
-    async def verify(token: str) -> Principal | None:
-        if hmac.compare_digest(token.encode(), expected):
-            return ADMIN
-        return await scoped(token) if scoped is not None else None
-
-    return verify
 
 
 def _environment() -> Any:
@@ -79,8 +62,10 @@ def _environment() -> Any:
 def dashboard_routes(
     get_store: Callable[[], Store], verify: Verify | None, *, secure_cookie: bool = False, tokenizer: str | None = None
 ) -> list[Route]:
-    """The dashboard's routes for an app whose store ``get_store`` returns. ``tokenizer`` (a model folder) shows
-    generated tokens as text with their logprobs, where the agent did not ask for logprobs itself."""
+    """The dashboard's routes for an app whose store ``get_store`` returns; ``verify`` says who a token is (None:
+    everyone reads). With ``secure_cookie`` bound, this is a store server's ``ui``
+    (`lightrail.store.server.UiRoutes`). ``tokenizer`` (a model folder) shows generated tokens as text with their
+    logprobs, where the agent did not ask for logprobs itself."""
     import functools
 
     from lightrail.dashboard import pages, views

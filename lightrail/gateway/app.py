@@ -193,13 +193,16 @@ class _Gateway:
 
     async def count_tokens(self, request: Request) -> Response:
         """``POST /v1/messages/count_tokens``: the tokens of the prompt the backend would render for a Messages
-        request (its chat template, tools and system prompt included), without generating or recording."""
+        request (its chat template, tools and system prompt included), without generating or recording. The
+        embedded engine counts itself; an upstream is asked (`OpenAIUpstream.count_tokens`: vLLM's ``/tokenize``);
+        a backend that cannot count answers a 404 that says so, never an estimate."""
         try:
             chat = parse_count_tokens(decode_json(await self.read_body(request)))
             counter = getattr(self.backend, "count_tokens", None)
             if counter is None:
                 raise InvalidRequest(
-                    "This gateway's backend cannot count tokens (an upstream server); the embedded engine can.",
+                    f"This gateway's backend ({type(self.backend).__name__}) cannot count tokens; the embedded engine "
+                    "and a vLLM upstream can.",
                     status=404,
                     type="not_found_error",
                 )
@@ -208,6 +211,9 @@ class _Gateway:
             return _refusal(exc, MESSAGES)
         except BackendError as exc:
             return _error(exc.status, exc.message, param=exc.param, code=exc.code, dialect=MESSAGES)
+        except UpstreamError as exc:
+            log.warning("upstream failed to count tokens: %s", exc)
+            return _error(UpstreamError.status, str(exc), type="server_error", code="upstream_error", dialect=MESSAGES)
 
     async def routed_count_tokens(self, request: Request) -> Response:
         params = request.path_params

@@ -143,8 +143,15 @@ class _TextCompletion(msgspec.Struct):
     logprobs_processed: list[str] | None = None
 
 
+class _Tokenized(msgspec.Struct):
+    """vLLM's ``POST /tokenize`` answer (``max_model_len`` and the ids themselves are not needed here)."""
+
+    count: int
+
+
 _chat_decoder = msgspec.json.Decoder(_ChatCompletion)
 _text_decoder = msgspec.json.Decoder(_TextCompletion)
+_tokenized_decoder = msgspec.json.Decoder(_Tokenized)
 
 
 class OpenAIUpstream:
@@ -156,6 +163,11 @@ class OpenAIUpstream:
     `Generation` with ``prompt_ids``/``token_ids`` None: the call is recorded with ``token_ids_available=False``
     and excluded from training, never re-tokenized. Against servers that reject unknown fields (OpenAI's
     own API) pass ``request_token_ids=False``.
+
+    `count_tokens` (the gateway's Anthropic ``/v1/messages/count_tokens``) asks the upstream's tokenizer endpoint,
+    vLLM's ``POST /tokenize`` at the server's root, which renders a chat as its ``/v1/chat/completions`` does (chat
+    template, tools, the assistant turn opened). The count is the upstream's own, never an estimate: an upstream
+    without that endpoint (OpenAI's API, another lightrail gateway, llama.cpp, SGLang) answers a 404 that says so.
 
     The sampling options an agent set are passed on (``response_format``, ``parallel_tool_calls``, penalties,
     ``logit_bias``, ``top_logprobs``): the upstream enforces them (vLLM does guided decoding itself) or refuses
@@ -187,11 +199,13 @@ class OpenAIUpstream:
     ) -> None:
         root = base_url.rstrip("/")
         self.base_url = root if root.endswith("/v1") else root + "/v1"
+        self.root = self.base_url[: -len("/v1")]
+        """The server's root: vLLM serves ``/tokenize`` there, next to ``/v1``."""
         self.model = model
         self.policy_version = policy_version
         self.request_token_ids = request_token_ids
         headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = HTTPPool(self.base_url, headers=headers, timeout_s=timeout_s, max_connections=max_connections)
+        self._http = HTTPPool(self.root, headers=headers, timeout_s=timeout_s, max_connections=max_connections)
         self._models: list[str] = [model] if model else []
 
     # -- Backend protocol -----------------------------------------------------------------------------------
@@ -220,7 +234,7 @@ class OpenAIUpstream:
         body["logprobs"] = True
         if request.sampling.top_logprobs:
             body["top_logprobs"] = request.sampling.top_logprobs
-        data: _ChatCompletion = await self._post("/chat/completions", body, _chat_decoder)
+        data: _ChatCompletion = await self._post("/v1/chat/completions", body, _chat_decoder)
         choices = []
         for c in data.choices:
             calls = [
@@ -242,7 +256,7 @@ class OpenAIUpstream:
         body: dict[str, Any] = {"model": model, "prompt": request.prompt}
         self._sampling(body, request.sampling)
         body["logprobs"] = max(1, request.sampling.top_logprobs)
-        data: _TextCompletion = await self._post("/completions", body, _text_decoder)
+        data: _TextCompletion = await self._post("/v1/completions", body, _text_decoder)
         choices, prompt_ids = [], None
         for c in data.choices:
             logprobs = c.logprobs.token_logprobs if c.logprobs is not None else None
@@ -258,12 +272,34 @@ class OpenAIUpstream:
             prompt_ids = prompt_ids or c.prompt_token_ids
         return self._generation(data.model, prompt_ids, choices, data.logprobs_processed)
 
+    async def count_tokens(self, request: ChatRequest) -> int:
+        """Tokens of the prompt the upstream renders for ``request``, counted by its ``POST /tokenize`` (vLLM's).
+        An upstream without that endpoint is a `BackendError` 404 naming it (the caller sees why, not a guess); its
+        other 4xx reach the caller as they are; an answer without a count is an `UpstreamError`."""
+        body: dict[str, Any] = {"model": self.model or request.model, "messages": request.messages,
+                                "add_generation_prompt": True}  # fmt: skip
+        if request.tools:
+            body["tools"] = request.tools
+        try:
+            counted: _Tokenized = await self._post("/tokenize", body, _tokenized_decoder)
+        except BackendError as exc:
+            if exc.status not in (404, 405):
+                raise
+            raise BackendError(
+                f"The upstream at {self.root} cannot count tokens: POST /tokenize answered {exc.status} "
+                f"({exc.message}). Counting needs vLLM's tokenizer endpoint there (or the embedded engine); "
+                "lightrail does not estimate a count.",
+                status=404,
+                code="count_tokens_unsupported",
+            ) from None
+        return counted.count
+
     # -- helpers --------------------------------------------------------------------------------------------
 
     async def refresh_models(self) -> list[str]:
         """Ask the upstream for its models (``GET /v1/models``) unless a ``model`` override is set."""
         if not self.model:
-            status, content = await self._http.request("GET", "/models")
+            status, content = await self._http.request("GET", "/v1/models")
             if status == 200:
                 self._models = [m["id"] for m in msgspec.json.decode(content).get("data", [])]
         return self.model_names()
@@ -308,7 +344,7 @@ class OpenAIUpstream:
             try:
                 return decoder.decode(content)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                raise UpstreamError(f"upstream {self.base_url}{path} sent an unreadable answer: {exc}") from None
+                raise UpstreamError(f"upstream {self.root}{path} sent an unreadable answer: {exc}") from None
         try:
             data = msgspec.json.decode(content)
         except msgspec.DecodeError:
@@ -325,7 +361,7 @@ class OpenAIUpstream:
                 )
             message = data.get("message") if isinstance(data, dict) else None  # vLLM's older flat ErrorResponse
             raise BackendError(str(message or text or f"upstream returned {status}"), status=status)
-        raise UpstreamError(f"upstream {self.base_url}{path} returned {status}: {text}")
+        raise UpstreamError(f"upstream {self.root}{path} returned {status}: {text}")
 
     def _generation(
         self, model: str, prompt_ids: list[int] | None, choices: list[Choice], processed: list[str] | None

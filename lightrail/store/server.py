@@ -79,9 +79,11 @@ from lightrail.store.tokens import (
     Role,
     TokenRecord,
     TokenVerifier,
+    Verify,
     owns_attempt,
     parse_token,
     runner_attempt_id,
+    token_verifier,
 )
 from lightrail.types import LLM, IllegalTransitionError, Resources
 
@@ -90,6 +92,7 @@ __all__ = [
     "MAX_WAIT_S",
     "OTLP_TRACES_PATH",
     "ServerHandle",
+    "UiRoutes",
     "create_app",
     "open_server_store",
     "serve",
@@ -104,6 +107,13 @@ log = logging.getLogger("lightrail.store.server")
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 OTLP_TRACES_PATH = "/v1/traces"
 """OTLP/HTTP's default traces path: point an exporter's endpoint at ``<store url>/v1/traces``."""
+
+UiRoutes = Callable[[Callable[[], Store], Verify | None], list[Route]]
+"""Web pages an app serves next to the store's API, built from the app's store and who a bearer token is (None: a
+server without a token, everyone is admin). ``lightrail store serve`` passes the dashboard's
+(`lightrail.dashboard.app.dashboard_routes`); the store itself knows no pages. They sign in their own way (a page
+answers with a sign-in form, not a 401), so the API's bearer check leaves their paths alone: every path under the
+first segment of one of their routes (``/ui`` for the dashboard)."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -447,23 +457,24 @@ def _guarded(endpoint: Callable[[Request], Any]) -> Callable[[Request], Any]:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-_UI = "/ui"
-_UI_PAGES = "/ui/"
-
-
 class _Guard:
     """Who a request acts as, and the request-body limit, without wrapping the response path.
 
     The admin token (``--token``) is compared in constant time; any other bearer is looked up as a scoped token
-    (`TokenVerifier`); the `Principal` goes into the scope for the routes' role checks. ``/health`` stays open, the
-    dashboard (``/ui``) checks the same tokens itself (it also reads them from its cookie and answers a page), and
-    a server without a token serves everyone as admin (loopback only: the serve command refuses otherwise)."""
+    (`TokenVerifier`); the `Principal` goes into the scope for the routes' role checks. ``/health`` stays open, pages
+    (`UiRoutes`, under ``ui_prefixes``) check the same tokens themselves (the dashboard also reads them from its
+    cookie and answers a page), and a server without a token serves everyone as admin (loopback only: the serve
+    command refuses otherwise)."""
 
-    def __init__(self, app: Any, *, token: str | None, max_body_bytes: int, tokens: TokenVerifier):
+    def __init__(
+        self, app: Any, *, token: str | None, max_body_bytes: int, tokens: TokenVerifier, ui_prefixes: tuple[str, ...]
+    ):
         self.app = app
         self.expected = f"Bearer {token}".encode() if token else None
         self.max_body_bytes = max_body_bytes
         self.tokens = tokens
+        self.ui = frozenset(ui_prefixes)
+        self.ui_pages = tuple(f"{prefix}/" for prefix in ui_prefixes)
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
@@ -479,7 +490,7 @@ class _Guard:
         expected = self.expected
         # The route path without the mount prefix, so /health stays open when this app is mounted elsewhere.
         path = scope["path"][len(scope.get("root_path", "")) :] if scope.get("root_path") else scope["path"]
-        public = path == "/health" or path == _UI or path.startswith(_UI_PAGES)  # the dashboard signs in its own way
+        public = path == "/health" or path in self.ui or path.startswith(self.ui_pages)  # pages sign in their own way
         if expected is not None and not public and not hmac.compare_digest(authorization, expected):
             principal = None
             if authorization.startswith(b"Bearer "):
@@ -568,16 +579,16 @@ def create_app(
     *,
     token: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    dashboard: bool = True,
-    secure_cookie: bool = False,
+    ui: UiRoutes | None = None,
 ) -> Any:
-    """The store's ASGI app, with the dashboard under ``/ui`` (`lightrail.dashboard`) unless ``dashboard`` is False.
+    """The store's ASGI app: its API, and the pages ``ui`` builds next to it (`UiRoutes`; ``lightrail store serve``
+    mounts the dashboard under ``/ui`` this way).
 
     ``store`` is a `Store`, or a zero-argument factory called at startup inside the server's event loop (the
     app then owns the store and closes it at shutdown; a passed-in store is left open for its owner).
     With a ``token``, every route except ``GET /health`` needs ``Authorization: Bearer <token>`` (the admin role)
-    or a scoped token the store holds, within its role (`lightrail.store.tokens`); the dashboard takes the same tokens
-    (admin or read) and keeps one in a cookie after its sign-in form (``secure_cookie``: HTTPS only).
+    or a scoped token the store holds, within its role (`lightrail.store.tokens`); ``ui`` is given the same check
+    (the admin token, then the scoped tokens) for its own sign-in.
     """
     get_store, lifespan = store_lifespan(store)
     tokens = TokenVerifier(get_store)
@@ -589,16 +600,18 @@ def create_app(
     ]  # fmt: skip
     traces = _guarded(_authorized("otlp_traces", _otlp_traces(get_store, max_body_bytes)))
     routes.append(Route(OTLP_TRACES_PATH, traces, methods=["POST"], name="otlp_traces"))
-    if dashboard:
-        from lightrail.dashboard.app import dashboard_routes, token_verifier
-
-        routes += dashboard_routes(get_store, token_verifier(token, tokens.principal), secure_cookie=secure_cookie)
+    pages = ui(get_store, token_verifier(token, tokens.principal)) if ui is not None else []
+    ui_prefixes = tuple(sorted({"/" + page.path.split("/")[1] for page in pages}))
+    clash = set(ui_prefixes) & {"/" + route.path.split("/")[1] for route in routes}
+    if clash:  # the bearer check skips pages' paths: a page under /v1 would open the API
+        raise ValueError(f"ui pages may not share the API's paths: {sorted(clash)}")
+    routes += pages
 
     async def http_error(request: Request, exc: Exception) -> Response:
         return _error_response(exc)  # unknown route (404) or method (405) as JSON, like every other error
 
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
-    app.add_middleware(_Guard, token=token, max_body_bytes=max_body_bytes, tokens=tokens)
+    app.add_middleware(_Guard, token=token, max_body_bytes=max_body_bytes, tokens=tokens, ui_prefixes=ui_prefixes)
     return app
 
 
@@ -689,21 +702,20 @@ def serve(
     tls_cert: str | os.PathLike[str] | None = None,
     tls_key: str | os.PathLike[str] | None = None,
     log_level: str = "warning",
+    ui: UiRoutes | None = None,
+    then: str = "",
 ) -> None:
-    """Serve a store until interrupted (blocking).
+    """Serve a store until interrupted (blocking), with the pages of ``ui`` next to its API (`create_app`).
 
     A URL or path (anything `open_server_store` takes) opens its store inside the server's loop; a `Store` object
     is served as is. Either way the store is closed when the server stops. The bound URL is printed to stdout
     (port 0 picks a free port) once the store is open and the server accepts connections, so a parent process can
-    read it and connect at once; a store that cannot be opened raises here, before anything is printed. ``tls_cert`` and ``tls_key`` (PEM files)
-    serve HTTPS.
+    read it and connect at once, then the line ``then`` (``{url}`` filled in) if given; a store that cannot be
+    opened raises here, before anything is printed. ``tls_cert`` and ``tls_key`` (PEM files) serve HTTPS.
     """
     tls = tls_options(tls_cert, tls_key)
-    app = create_app(
-        _store_factory(store_path_or_store), token=token, max_body_bytes=max_body_bytes, secure_cookie=bool(tls)
-    )
-    serve_app(app, "lightrail store", host=host, port=port, tls=tls, then="dashboard: {url}/ui/ (same tokens)",
-              log_level=log_level)  # fmt: skip
+    app = create_app(_store_factory(store_path_or_store), token=token, max_body_bytes=max_body_bytes, ui=ui)
+    serve_app(app, "lightrail store", host=host, port=port, tls=tls, then=then, log_level=log_level)
 
 
 class ServerHandle:
@@ -736,8 +748,10 @@ def serve_in_thread(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     tls_cert: str | os.PathLike[str] | None = None,
     tls_key: str | os.PathLike[str] | None = None,
+    ui: UiRoutes | None = None,
 ) -> ServerHandle:
-    """Start a store server on its own thread and event loop and return once it answers.
+    """Start a store server on its own thread and event loop and return once it answers, with the pages of ``ui``
+    next to its API (`create_app`).
 
     The store at ``path`` (anything `open_server_store` takes) is created inside the server's loop; a `Store` object is
     served as is (and closed at stop). ``port`` 0 picks a free one; passing a previous server's port restarts
@@ -746,7 +760,7 @@ def serve_in_thread(
     import uvicorn
 
     tls = tls_options(tls_cert, tls_key)
-    app = create_app(_store_factory(path), token=token, max_body_bytes=max_body_bytes, secure_cookie=bool(tls))
+    app = create_app(_store_factory(path), token=token, max_body_bytes=max_body_bytes, ui=ui)
     sock = _bind(host, port)
     url = _url(host, sock, bool(tls))
     config = _uvicorn_config(app, host, sock.getsockname()[1], timeout_graceful_shutdown=1, **tls)

@@ -25,7 +25,7 @@ import hmac
 import re
 import secrets
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import msgspec
@@ -37,11 +37,13 @@ __all__ = [
     "Role",
     "TokenRecord",
     "TokenVerifier",
+    "Verify",
     "mint",
     "owns_attempt",
     "parse_duration",
     "parse_token",
     "runner_attempt_id",
+    "token_verifier",
 ]
 
 
@@ -217,3 +219,22 @@ class TokenVerifier:
 
     def forget(self, token_id: str) -> None:
         self._cache.pop(token_id, None)
+
+
+Verify = Callable[[str], Awaitable[Principal | None]]
+"""Who a bearer token is (None: nobody). A server without a token passes no verifier: everyone is admin."""
+
+
+def token_verifier(admin_token: str | None, scoped: Verify | None = None) -> Verify | None:
+    """The admin token compared in constant time, then (if given) the store's scoped tokens
+    (`TokenVerifier.principal`). None without an admin token."""
+    if admin_token is None:
+        return None
+    expected = admin_token.encode()
+
+    async def verify(token: str) -> Principal | None:
+        if hmac.compare_digest(token.encode(), expected):
+            return ADMIN
+        return await scoped(token) if scoped is not None else None
+
+    return verify

@@ -41,13 +41,14 @@ def trained(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def server(trained):
-    """A store server on the trained run's store, with an admin token; ``server.read_token`` may only read and
-    ``server.runner_token`` may not read at all."""
+    """A store server on the trained run's store with the dashboard under /ui (as ``lightrail store serve`` serves
+    it), with an admin token; ``server.read_token`` may only read and ``server.runner_token`` may not read at all."""
+    from lightrail.dashboard.app import dashboard_routes
     from lightrail.store.client import SyncStoreClient
     from lightrail.store.server import serve_in_thread
     from lightrail.store.tokens import mint
 
-    handle = serve_in_thread(trained / "store.db", token=ADMIN_TOKEN)
+    handle = serve_in_thread(trained / "store.db", token=ADMIN_TOKEN, ui=dashboard_routes)
     with SyncStoreClient(handle.url, token=ADMIN_TOKEN) as admin:
         handle.read_token, record = mint("read")
         admin.put_token(record)

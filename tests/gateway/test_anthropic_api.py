@@ -6,17 +6,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 
 import anthropic
 import httpx
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
 from lightrail.adapters import spans_to_messages
 from lightrail.adapters.episode import build_episode
 from lightrail.adapters.rewards import ToolRewardRule
 from lightrail.gateway import OpenAIUpstream, ScriptedBackend
 from lightrail.gateway.fake import ScriptedReply
-from lightrail.types import Attr
+from lightrail.types import Attr, ChatRequest
 
 TOKEN = "secret-token"
 MODEL = "scripted-fake"
@@ -551,6 +556,92 @@ def test_count_tokens_refusals(make_gateway):
         )
     with pytest.raises(anthropic.BadRequestError, match="messages"):
         client.messages.count_tokens(model=MODEL, messages=[])
-    upstream = make_gateway(OpenAIUpstream(server.url), token=TOKEN)  # an upstream server has no tokenizer here
-    with pytest.raises(anthropic.NotFoundError, match="cannot count tokens"):
-        client_for(upstream).messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": "Hi"}])
+
+
+def vllm_tokenizer(count: Callable[[dict], Awaitable[Response]]) -> Starlette:
+    """An upstream with vLLM's ``POST /tokenize`` (at the server's root, next to ``/v1``), answered by ``count``.
+    vLLM does not run on this machine; its request and answer shapes are vLLM's ``TokenizeChatRequest`` and
+    ``TokenizeResponse``."""
+
+    async def tokenize(request: Request) -> Response:
+        return await count(json.loads(await request.body()))
+
+    return Starlette(routes=[Route("/tokenize", tokenize, methods=["POST"])])
+
+
+def test_count_tokens_through_an_upstream_is_the_upstreams_own_count(make_gateway, serve_asgi):
+    """With an upstream (``gateway serve --upstream``), ``count_tokens`` is what the upstream's tokenizer counts for
+    the chat it would render: the Messages request converted as for a call (system first, tools as functions), the
+    served model name, the assistant turn opened. Here the upstream counts with the scripted backend's tokenizer, so
+    the answer must equal a gateway counting with that backend itself."""
+    seen: list[dict] = []
+    counter = ScriptedBackend()
+
+    async def count(body: dict) -> Response:
+        seen.append(body)
+        chat = ChatRequest(model=body["model"], messages=body["messages"], tools=body.get("tools"))
+        n = await counter.count_tokens(chat)
+        return JSONResponse({"count": n, "max_model_len": 4096, "tokens": list(range(n)), "token_strs": None})
+
+    upstream = serve_asgi(vllm_tokenizer(count))
+    gateway = make_gateway(OpenAIUpstream(f"{upstream.url}/v1", model="served-model"), token=TOKEN)
+    direct = make_gateway(ScriptedBackend(), token=TOKEN)
+    lease = gateway.lease()
+    params = {
+        "model": MODEL,
+        "system": "Use the tool.",
+        "messages": [{"role": "user", "content": "Weather in Rome?"}],
+        "tools": [WEATHER_TOOL],
+    }
+    expected = client_for(direct).messages.count_tokens(**params).input_tokens
+    assert expected > len("Weather in Rome?")
+    for client in (client_for(gateway), client_for(gateway, lease)):
+        assert client.messages.count_tokens(**params).input_tokens == expected
+    body = seen[-1]
+    assert body["model"] == "served-model" and body["add_generation_prompt"] is True
+    assert body["messages"] == [{"role": "system", "content": "Use the tool."},
+                                {"role": "user", "content": "Weather in Rome?"}]  # fmt: skip
+    assert body["tools"][0]["function"]["name"] == "get_weather"
+    hi = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]}
+    assert client_for(gateway).messages.count_tokens(**hi).input_tokens == (
+        client_for(direct).messages.count_tokens(**hi).input_tokens
+    )
+    assert "tools" not in seen[-1]
+    assert gateway.spans(lease) == []  # counting is not a call
+
+
+def test_count_tokens_through_an_upstream_that_cannot_count_says_so(make_gateway, serve_asgi):
+    """Never a guessed count: an upstream without a tokenizer endpoint (here another lightrail gateway) is a 404
+    naming it; one answering without a count (llama.cpp's ``/tokenize`` reads ``content`` and answers
+    ``{"tokens": []}`` for a chat) is a 502; the upstream's own 4xx reaches the caller."""
+    hi = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]}
+    no_tokenizer = make_gateway(ScriptedBackend())
+    gateway = make_gateway(OpenAIUpstream(no_tokenizer.url), token=TOKEN)
+    with pytest.raises(anthropic.NotFoundError, match=r"cannot count tokens: POST /tokenize answered 404") as caught:
+        client_for(gateway).messages.count_tokens(**hi)
+    assert no_tokenizer.url in str(caught.value) and "does not estimate" in str(caught.value)
+
+    async def llama_cpp(body: dict) -> Response:
+        return JSONResponse({"tokens": []})
+
+    gateway = make_gateway(OpenAIUpstream(serve_asgi(vllm_tokenizer(llama_cpp)).url), token=TOKEN)
+    with pytest.raises(anthropic.InternalServerError, match="/tokenize sent an unreadable answer") as failed:
+        client_for(gateway).messages.count_tokens(**hi)
+    assert failed.value.status_code == 502
+
+    async def refuses(body: dict) -> Response:
+        return JSONResponse({"error": {"message": "This model's maximum context length is 8 tokens"}}, 400)
+
+    gateway = make_gateway(OpenAIUpstream(serve_asgi(vllm_tokenizer(refuses)).url), token=TOKEN)
+    with pytest.raises(anthropic.BadRequestError, match="maximum context length is 8 tokens"):
+        client_for(gateway).messages.count_tokens(**hi)
+
+
+def test_count_tokens_with_a_backend_that_cannot_count_is_a_404_naming_it(make_gateway):
+    class Generates(ScriptedBackend):
+        count_tokens = None  # a `Backend` need not count
+
+    with pytest.raises(anthropic.NotFoundError, match=r"backend \(Generates\) cannot count tokens"):
+        client_for(make_gateway(Generates(), token=TOKEN)).messages.count_tokens(
+            model=MODEL, messages=[{"role": "user", "content": "Hi"}]
+        )

@@ -72,6 +72,52 @@ async def test_token_required_except_for_health(http):
     assert (await http.get("/v1/counts", headers=AUTH)).status_code == 200
 
 
+async def test_pages_given_as_ui_sign_in_their_own_way_with_the_servers_tokens(tmp_path):
+    """`create_app`'s ``ui`` (how ``lightrail store serve`` mounts the dashboard): its routes are served under their
+    own prefix without the API's bearer check, and get the server's check of a token (admin, then scoped) for it."""
+    from starlette.requests import Request
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    from lightrail.store import MemoryStore
+    from lightrail.store.server import create_app
+    from lightrail.store.tokens import mint
+
+    def pages(get_store, verify):
+        async def whoami(request: Request) -> PlainTextResponse:
+            principal = await verify(request.query_params.get("token", ""))
+            return PlainTextResponse(principal.role.value if principal else "nobody")
+
+        return [Route("/pages", whoami), Route("/pages/who", whoami)]
+
+    async def whoami_page(request: Request) -> PlainTextResponse:
+        return PlainTextResponse("a page")
+
+    handle = serve_in_thread(tmp_path / "store.db", token=TOKEN, ui=pages)
+    try:
+        with SyncStoreClient(handle.url, token=TOKEN) as admin:
+            read_token, record = mint("read")
+            admin.put_token(record)
+        async with httpx.AsyncClient(base_url=handle.url) as http:
+            assert (await http.get("/pages/who", params={"token": TOKEN})).text == "admin"
+            assert (await http.get("/pages", params={"token": read_token})).text == "read"
+            assert (await http.get("/pages/who", params={"token": "nope"})).text == "nobody"
+            assert (await http.get("/pages/elsewhere")).status_code == 404  # under the prefix: the page's own 404
+            assert (await http.get("/pagesx")).status_code == 401  # not under it: the API's bearer check
+            assert (await http.get("/v1/counts")).status_code == 401
+    finally:
+        handle.stop()
+    with pytest.raises(ValueError, match=r"may not share the API's paths: \['/v1'\]"):
+        create_app(MemoryStore(), token=TOKEN, ui=lambda get_store, verify: [Route("/v1/page", whoami_page)])
+    plain = serve_in_thread(tmp_path / "store.db", token=TOKEN)  # no pages: nothing skips the bearer check
+    try:
+        async with httpx.AsyncClient(base_url=plain.url) as http:
+            assert (await http.get("/ui/")).status_code == 401
+            assert (await http.get("/pages/who")).status_code == 401
+    finally:
+        plain.stop()
+
+
 async def test_client_with_wrong_token_raises_instead_of_returning_nothing(server):
     client = StoreClient(server.url, token="wrong")
     try:

@@ -1,11 +1,11 @@
-"""The ``lightrail`` command. Each component registers its own subcommands; heavy imports happen only inside
-the handler of the command that runs."""
+"""The ``lightrail`` command. Each component registers its own subcommands; a command that composes components
+(``store serve``: the store server with the dashboard's pages) lives here, above them. Heavy imports happen only
+inside the handler of the command that runs."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import sys
 from typing import NoReturn
 
 # module providing `add_parser(subparsers)`, in --help order
@@ -16,7 +16,7 @@ _COMMANDS = [
     "lightrail.inspection.cli",  # runs, rollouts, show, failures
     "lightrail.dashboard.cli",  # dashboard
     "lightrail.agent.cli",  # runner
-    "lightrail.store.cli",  # store serve
+    "lightrail.cli.store_serve",  # store serve
     "lightrail.store.token_cli",  # token create|list|revoke
     "lightrail.gateway.cli",  # gateway serve
     "lightrail.engine.cli",  # models list|prepare
@@ -60,7 +60,3 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     return int(args.handler(args) or 0)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,11 @@
-"""``lightrail store serve``: run the store's HTTP server on a SQLite file or a PostgreSQL database.
+"""``lightrail store serve``: run the store's HTTP server on a SQLite file or a PostgreSQL database, with the
+dashboard's pages under ``/ui`` (same tokens).
+
+The one place the two are put together: the store server knows no pages (`lightrail.store.server.create_app` takes
+them as ``ui``) and the dashboard knows no server, so neither package imports the other.
 
 Only argparse at import time: the main CLI imports this module to build ``--help``; the server stack (Starlette,
-uvicorn, SQLite, asyncpg) loads inside the handler.
+uvicorn, SQLite, asyncpg, Jinja2) loads inside the handler.
 """
 
 from __future__ import annotations
@@ -101,9 +105,11 @@ def _serve(args: argparse.Namespace) -> int:
         if problem is not None:
             print(f"lightrail store serve: {problem}", file=sys.stderr)
             return 1
+    import functools
     import sqlite3
 
     from lightrail._errors import one_line
+    from lightrail.dashboard.app import dashboard_routes
     from lightrail.store.base import StoreError
     from lightrail.store.server import serve
 
@@ -122,6 +128,8 @@ def _serve(args: argparse.Namespace) -> int:
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
             log_level=args.log_level,
+            ui=functools.partial(dashboard_routes, secure_cookie=bool(args.tls_cert)),  # its cookie: HTTPS only
+            then="dashboard: {url}/ui/ (same tokens)",
         )
     except KeyboardInterrupt:
         pass
