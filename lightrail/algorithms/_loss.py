@@ -31,6 +31,19 @@ of a step is a plain *sum* over its micro-batches, so gradient accumulation is e
 
 ``eps_high > eps_low`` is "clip-higher" (DAPO): it lets low-probability tokens with positive advantage grow faster
 and keeps entropy from collapsing.
+
+PPO with a critic (``advantage="gae"``, `lightrail.algorithms.ppo`) replaces the adapter's advantages by GAE over each
+call's response tokens, from a value head's ``V_t`` (values of the states before tokens 0..n-1 of the call) and the
+call's return R (the credit assignment's, on the last token: ``r_t = 0`` for t < n-1, ``r_{n-1} = R``)::
+
+    delta_t = r_t + gamma * V_{t+1} - V_t          (V_n = 0: the call ends its episode)
+    A_t     = delta_t + gamma * lam * A_{t+1}      (A_n = 0)          `gae`
+    G_t     = A_t + V_t                             the value target
+
+and adds ``value_coef * sum_t w_t * v_t`` with the clipped value loss (`value_loss`; V_old = the values before the
+step's first optimizer step, ``eps_v`` = ``value_clip``)::
+
+    v_t = 1/2 * max((V_t - G_t)^2, (V_old,t + clip(V_t - V_old,t, -eps_v, eps_v) - G_t)^2)
 """
 
 from __future__ import annotations
@@ -43,11 +56,14 @@ __all__ = [
     "LOSS_AGG",
     "LOSS_NORMS",
     "LossNorm",
+    "gae",
     "loss_weights",
     "mismatch_kl",
     "policy_loss",
     "resolve_loss_norm",
     "token_entropy",
+    "value_loss",
+    "whiten",
 ]
 
 LossNorm = Literal["token", "sequence", "rollout", "sequence_sum_norm"]
@@ -206,3 +222,80 @@ def token_entropy(logits: torch.Tensor, lse: torch.Tensor | None = None) -> torc
         if lse is None:
             lse = torch.logsumexp(logits, dim=-1)
         return lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+
+
+def gae(rewards: torch.Tensor, values: torch.Tensor, *, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over one episode of n steps that ends after its last one (Schulman et al.
+    2016, arXiv:1506.02438): ``(advantages, returns)``, both [n], ``returns = advantages + values`` (module
+    docstring). ``rewards`` and ``values`` are [n]; no gradient flows through them.
+
+        >>> adv, ret = gae(torch.tensor([0.0, 1.0]), torch.tensor([0.5, 0.25]), gamma=1.0, lam=0.5)
+        >>> adv.tolist(), ret.tolist()   # delta = [0.25 - 0.5, 1 - 0.25]; A_0 = -0.25 + 0.5 * 0.75
+        ([0.125, 0.75], [0.625, 1.0])
+    """
+    if rewards.shape != values.shape or rewards.ndim != 1:
+        raise ValueError(f"rewards and values must be 1-D of one length, got {rewards.shape} and {values.shape}")
+    with torch.no_grad():
+        values = values.detach()
+        nxt = torch.cat([values[1:], values.new_zeros(1)])
+        delta = rewards.to(values.dtype) + gamma * nxt - values
+        adv = torch.empty_like(delta)
+        running = 0.0
+        for t in range(delta.numel() - 1, -1, -1):  # calls are short (tokens of one answer): a loop is cheap
+            running = float(delta[t]) + gamma * lam * running
+            adv[t] = running
+        return adv, adv + values
+
+
+def whiten(x: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """``(x - mean) / sqrt(var + eps)`` with the sample variance (verl's ``masked_whiten``); fewer than two entries
+    give zeros (no spread to scale by)."""
+    if x.numel() < 2:
+        return torch.zeros_like(x)
+    return (x - x.mean()) * torch.rsqrt(x.var() + eps)
+
+
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    *,
+    weights: torch.Tensor | None = None,
+    clip: float | None = 0.2,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO's clipped value loss ``sum_t w_t * 1/2 * max((V - G)^2, (V_old + clip(V - V_old, +-clip) - G)^2)``
+    (``clip=None``: the plain squared error); ``weights`` default to token-mean.
+
+    Returns ``(loss, stats)``: ``value_loss`` (unweighted token mean of the per-token term), ``value_clip_frac``
+    (tokens where the clipped term is the larger one, so the value gets no gradient), ``value_mean``, ``tokens``.
+
+        >>> loss, stats = value_loss(torch.tensor([1.0]), torch.tensor([0.0]), torch.tensor([2.0]), clip=0.5)
+        >>> float(loss)   # max((1 - 2)^2, (0 + 0.5 - 2)^2) / 2
+        1.125
+    """
+    old_values = old_values.to(values.dtype)
+    returns = returns.to(values.dtype)
+    n = values.numel()
+    if weights is None:
+        weights = loss_weights(None, n)
+    weights = weights.to(device=values.device, dtype=values.dtype)
+    unclipped = (values - returns) ** 2
+    if clip is None:
+        per_token = unclipped
+        clipped_more = torch.zeros_like(unclipped, dtype=torch.bool)
+    else:
+        moved = old_values + torch.clamp(values - old_values, -clip, clip)
+        clipped = (moved - returns) ** 2
+        per_token = torch.maximum(unclipped, clipped)
+        clipped_more = clipped > unclipped
+    per_token = 0.5 * per_token
+    loss = (weights * per_token).sum()
+    with torch.no_grad():
+        denom = max(n, 1)
+        stats = {
+            "value_loss": per_token.detach().sum() / denom,
+            "value_clip_frac": clipped_more.sum().to(values.dtype) / denom,
+            "value_mean": values.detach().sum() / denom,
+            "tokens": torch.tensor(n),
+        }
+    return loss, stats

@@ -207,8 +207,8 @@ def _read_tensors(checkpoint: Path) -> dict[str, Any]:
     path = checkpoint / "trainable.safetensors"
     if not path.is_file():
         raise ExportError(f"corrupt checkpoint {checkpoint}: trainable.safetensors is missing")
-    try:
-        return load_file(path)
+    try:  # a PPO critic's value head (`lightrail.algorithms.ppo`) is not part of the policy
+        return {k: v for k, v in load_file(path).items() if not k.startswith("value_head.")}
     except (SafetensorError, OSError, ValueError) as exc:
         raise ExportError(
             f"corrupt checkpoint {checkpoint}: trainable.safetensors is truncated or unreadable ({exc})"

@@ -88,7 +88,10 @@ class GRPO:
 
     ``advantage`` picks the outcome-advantage estimator (`lightrail.adapters.advantages.ESTIMATORS`: ``grpo``
     (default), ``rloo``, ``dr_grpo``, ``reinforce_pp``, ``reinforce_pp_baseline``; formulas and sources in that
-    module) and ``loss_agg`` the loss aggregation (``token_mean``, ``seq_mean_token_mean``,
+    module), or ``gae``: PPO with a critic (`lightrail.algorithms.ppo`: a value head on the policy, GAE over each
+    call's tokens from the call's return, a clipped value loss; ``config.gamma``, ``lam``, ``value_coef``,
+    ``value_clip``, ``whiten_advantages``; one policy, one update process, calls not merged) and ``loss_agg`` the
+    loss aggregation (``token_mean``, ``seq_mean_token_mean``,
     ``seq_mean_token_sum_norm``, or a `LossNorm` name such as ``rollout``). ``loss_agg=None`` means: a
     ``config.loss_norm`` other than the default ``token`` if one was set, else the estimator's natural aggregation
     (``seq_mean_token_sum_norm`` for ``dr_grpo``, with L = the sampling ``max_tokens`` unless
@@ -170,6 +173,10 @@ class GRPO:
         if rollout_engine not in ROLLOUT_ENGINES:
             raise ValueError(f"rollout_engine must be one of {ROLLOUT_ENGINES}, not {rollout_engine!r}")
         self.advantage, self.loss_agg = check_estimator_options(advantage, loss_agg, config)
+        if advantage == "gae":
+            check_gae_options(
+                merge_calls=merge_calls, filter_groups=filter_groups, policies=policies is not None, config=config
+            )
         if config is not None and (mismatch := config.schedule_mismatch(steps * config.mini_batches)):
             log.warning("GRPO: %s", mismatch)
         self.policies = PolicyMap(policies) if policies is not None else None
@@ -254,7 +261,9 @@ class GRPO:
             )  # fmt: skip
             await self._rollouts.start()
             updater: type[PolicyUpdater] = PolicyUpdater
-            if config.ranks > 1:  # data-parallel update: this process is rank 0, the other ranks are worker processes
+            if self.advantage == "gae":  # PPO: the policy with a value head, GAE advantages
+                from lightrail.algorithms.ppo import PPOUpdater as updater
+            elif config.ranks > 1:  # data-parallel update: this process is rank 0, the other ranks are worker processes
                 from lightrail.algorithms.distributed import DistributedPolicyUpdater as updater
             self._updater = await asyncio.to_thread(updater, str(self.model), config)
             self._slots = [_Slot("", self._rollouts, self._updater)]
@@ -383,7 +392,8 @@ class GRPO:
                 ((r, episodes[r.rollout_id]) for r in trainable),
                 self.credit,
                 agents=self.agents,
-                estimator=self.advantage,
+                # gae: the group advantages are only reported (adv_* metrics, the dashboard); the update uses returns
+                estimator="grpo" if self.advantage == "gae" else self.advantage,
             )
             if not self.filter_groups:
                 break
@@ -441,7 +451,12 @@ class GRPO:
     async def _update(self, slot: _Slot, transitions: list[Transition]) -> tuple[dict[str, Any], list[Transition]]:
         """One update of ``slot``'s policy on ``transitions``, its new weights served; its metrics and the
         transitions it trained on (none when the update was skipped)."""
-        rows, drift = to_rows(transitions, merge=self.merge_calls)
+        from lightrail.algorithms.ppo import VALUE_METRICS, returns_as_rows  # (the updater has loaded torch by now)
+
+        if self.advantage == "gae":  # each call's return goes to the update, which turns it into GAE advantages
+            rows, drift = to_rows(returns_as_rows(transitions), merge=False)
+        else:
+            rows, drift = to_rows(transitions, merge=self.merge_calls)
         update = await asyncio.to_thread(slot.updater.step, rows, current_version=slot.rollouts.policy_version)
         measured = slot.updater.last_mismatch
         mismatch = summarize(measured, self.mismatch_flag)
@@ -461,6 +476,7 @@ class GRPO:
             "update_tokens_per_s": update["tokens_per_s"],
             "dropped_stale": update["rows_stale_dropped"],
             "skipped": bool(update["skipped"]),
+            **{key: update[key] for key in VALUE_METRICS if key in update},  # advantage gae: the critic's
             **mismatch,
         }
         return metrics, [] if update["skipped"] else transitions
@@ -549,12 +565,28 @@ def check_estimator_options(
 ) -> tuple[str, str | None]:
     """Check `GRPO`'s ``advantage`` and ``loss_agg`` (and that ``loss_agg`` agrees with ``config.loss_norm``);
     returns them. ValueError names the offending argument (``advantage: expected one of [...]``)."""
-    from lightrail.adapters.advantages import check_estimator
+    from lightrail.adapters.advantages import ESTIMATORS, check_estimator
 
-    check_estimator(advantage)
+    if advantage != "gae":
+        try:
+            check_estimator(advantage)
+        except ValueError:
+            raise ValueError(f"advantage: expected one of {[*ESTIMATORS, 'gae']}, got {advantage!r}") from None
     if loss_agg is not None:
         resolve_loss_agg(advantage, loss_agg, config)
     return advantage, loss_agg
+
+
+def check_gae_options(*, merge_calls: bool, filter_groups: bool, policies: bool, config: GRPOConfig | None) -> None:
+    """What ``advantage="gae"`` (PPO with a critic) does not combine with; ValueError naming the setting."""
+    if merge_calls:
+        raise ValueError("merge_calls: advantage 'gae' needs one call per row (its return on the row's last token)")
+    if filter_groups:
+        raise ValueError("filter_groups: advantage 'gae' has no group advantages to filter on")
+    if policies:
+        raise ValueError("policies: advantage 'gae' trains one policy with its value head")
+    if config is not None and config.ranks > 1:
+        raise ValueError(f"config.ranks: advantage 'gae' trains its value head in one process, not {config.ranks}")
 
 
 def resolve_loss_agg(advantage: str, loss_agg: str | None, config: GRPOConfig | None = None) -> LossNorm:

@@ -165,6 +165,18 @@ class GRPOConfig:
     ranks: int = 1
     """Data-parallel ranks of the update (`lightrail.algorithms.distributed.DistributedPolicyUpdater`): the trainer
     process is rank 0 and starts ``ranks - 1`` worker processes; each runs the step on its share of the rows."""
+    gamma: float = 1.0
+    """PPO with a critic (`GRPO` ``advantage="gae"``, `lightrail.algorithms.ppo`) only: GAE's discount between the
+    tokens of one call (1: the call's return counts fully on each of its tokens)."""
+    lam: float = 0.95
+    """``advantage="gae"`` only: GAE's lambda (0: one-step TD advantages from the value head; 1: return minus value)."""
+    value_coef: float = 0.5
+    """``advantage="gae"`` only: weight of the value head's loss next to the policy loss (they share the decoder)."""
+    value_clip: float | None = 0.2
+    """``advantage="gae"`` only: PPO's value clip, how far a value may move from the step's start in the loss (null:
+    the plain squared error)."""
+    whiten_advantages: bool = True
+    """``advantage="gae"`` only: whiten the GAE advantages over the step's response tokens (mean 0, std 1)."""
 
     def __post_init__(self) -> None:
         if self.ranks < 1:
@@ -191,6 +203,12 @@ class GRPOConfig:
             raise ValueError(f"decay_steps ({self.decay_steps}) must come after warmup_steps ({self.warmup_steps})")
         if self.decay_start and self.decay_steps <= self.decay_start:
             raise ValueError(f"decay_start ({self.decay_start}) needs a later decay_steps, not {self.decay_steps}")
+        if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):
+            raise ValueError(f"gamma and lam must be in [0, 1], not {self.gamma} and {self.lam}")
+        if self.value_coef < 0 or (self.value_clip is not None and self.value_clip <= 0):
+            raise ValueError(
+                f"need value_coef >= 0 and value_clip > 0 (or null), not {self.value_coef}, {self.value_clip}"
+            )
 
     def schedule_mismatch(self, steps: int) -> str | None:
         """Why a run of ``steps`` optimizer steps would not end where the ``decay_steps`` schedule does (None when it
@@ -786,6 +804,7 @@ class PolicyUpdater:
                     ref_logp=ref,
                     kl_coef=cfg.kl_coef,
                 )
+                loss = loss + self._critic_loss(mb)
                 # The weights have not moved yet this step, so for on-policy rows this is the train–inference gap.
                 kl = mismatch_kl(logp, mb.old_logp)
                 sums["mismatch_kl"] += float(kl.sum())
@@ -837,6 +856,10 @@ class PolicyUpdater:
             rows_run=float(rows_run),
         )
         return metrics
+
+    def _critic_loss(self, mb: _MicroBatch) -> torch.Tensor | float:
+        """The loss of a critic trained with the policy, for the micro-batch just run (`PPOUpdater`); none here."""
+        return 0.0
 
     def _reduce_step(
         self, params: list[torch.Tensor], stats: torch.Tensor, ratio_max: float

@@ -1,0 +1,194 @@
+"""PPO with a critic: `PPOUpdater`, a `PolicyUpdater` with a value head and GAE advantages (`GRPO`'s
+``advantage="gae"``).
+
+Data flow of one `PPOUpdater.step`::
+
+    rows (each response token's advantage slot holds its call's return R: `returns_as_rows`)
+      ──no-grad forward──► V_t = value_head(h_{t-1})  on every response token (the state before the token)
+      ──`gae` per row (r = R on the row's last response token)──► A_t, G_t = A_t + V_t; A whitened over the step
+      ──the GRPO step (`PolicyUpdater.step`: clipped policy loss on A, mini-batches)
+        + value_coef x clipped value loss (`value_loss`: V from the same forward pass as the logprobs, V_old, G)
+
+The value head is one linear layer (hidden size -> 1, float32, zero-initialised so V starts at 0 and the first
+advantages are the whitened returns) on the decoder's last hidden state; its gradient reaches the decoder (or the
+LoRA adapters) that the policy shares. It is a trainable tensor of the updater like the adapter: saved in the
+checkpoint's ``trainable.safetensors`` as ``value_head.weight`` / ``value_head.bias``, restored by `load`, left out
+of the served weights (`state_dict_for_serving` reads the model only) and of an export.
+
+Why a separate no-grad pass for V_old: with ``mini_batches > 1`` the later mini-batches run on weights that moved,
+and PPO's targets and value clip are anchored at the values before the step's first optimizer step (verl computes
+them the same way, in a pass of their own); the pass costs a forward without backward (about a third of a step).
+
+A row is one call here (``merge_calls`` off): its return sits on its last response token. Concurrency model: that of
+`PolicyUpdater` (one caller, not thread-safe).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import msgspec
+import torch
+
+from lightrail.algorithms._loss import gae, value_loss, whiten
+from lightrail.algorithms.updater import GRPOConfig, PolicyUpdater, _MicroBatch, lr_factor
+from lightrail.types import TrainingRow, Transition
+
+__all__ = ["VALUE_HEAD", "VALUE_METRICS", "PPOUpdater", "returns_as_rows"]
+
+VALUE_HEAD = "value_head"
+"""Prefix of the value head's tensors in a checkpoint's ``trainable.safetensors``."""
+
+VALUE_METRICS = ("value_loss", "value_clip_frac", "value_mean", "return_mean", "gae_adv_std")
+"""What `PPOUpdater.step` adds to `PolicyUpdater.step`'s metrics (token means over the step's response tokens;
+``gae_adv_std`` before whitening)."""
+
+
+def returns_as_rows(transitions: Sequence[Transition]) -> list[Transition]:
+    """``transitions`` with each one's advantage set to its return (`Transition.reward`, the credit assignment's
+    per-call return; None counts 0): what `lightrail.adapters.to_rows` turns into the rows `PPOUpdater` takes."""
+    return [msgspec.structs.replace(t, advantage=t.reward if t.reward is not None else 0.0) for t in transitions]
+
+
+class PPOUpdater(PolicyUpdater):
+    """A `PolicyUpdater` that trains a value head with the policy and replaces the rows' advantages by GAE.
+
+    ``step(rows)`` takes rows whose response tokens carry their call's return in ``advantages`` (every response
+    token of a row the same value; `returns_as_rows`), one call per row. ``config.gamma``, ``lam``, ``value_coef``,
+    ``value_clip`` and ``whiten_advantages`` set GAE and the value loss. One process only (``config.ranks == 1``).
+
+        >>> upd = PPOUpdater("path/to/model", GRPOConfig(lora=LoraSettings(r=8)))   # doctest: +SKIP
+        >>> upd.step(rows)["value_loss"]                                           # doctest: +SKIP
+    """
+
+    def __init__(self, model: Any, config: GRPOConfig | None = None) -> None:
+        if config is not None and config.ranks > 1:
+            raise ValueError(
+                f"advantage 'gae' trains its value head in one process: config.ranks must be 1, not {config.ranks}"
+            )
+        super().__init__(model, config)
+        width = self.model.get_output_embeddings().weight.shape[1]
+        self.value_head = torch.nn.Linear(width, 1, device=self.device, dtype=torch.float32)
+        with torch.no_grad():  # V = 0 at the start: the first advantages are the (whitened) returns
+            self.value_head.weight.zero_()
+            self.value_head.bias.zero_()
+        self._trainable[f"{VALUE_HEAD}.weight"] = self.value_head.weight
+        self._trainable[f"{VALUE_HEAD}.bias"] = self.value_head.bias
+        self.optimizer.add_param_group({"params": [self.value_head.weight], "weight_decay": self.config.weight_decay})
+        self.optimizer.add_param_group({"params": [self.value_head.bias], "weight_decay": 0.0})
+        # The scheduler keeps one rate function per parameter group: rebuilt now that the head's groups exist (no
+        # step has been taken, so nothing is lost).
+        cfg = self.config
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: lr_factor(s, cfg.warmup_steps, cfg.decay_steps, cfg.decay_start)
+        )
+        self._rows: Sequence[TrainingRow] = []
+        self._hidden: torch.Tensor | None = None
+        self._value_sums: dict[str, float] = {}
+
+    # -- values ---------------------------------------------------------------------------------------------------
+
+    def _values_of(self, hidden: torch.Tensor, mb: _MicroBatch) -> torch.Tensor:
+        """V of the micro-batch's response tokens (float32, [N]) from its decoder output ``hidden`` [B, T, H]."""
+        selected = hidden.reshape(-1, hidden.shape[-1]).index_select(0, mb.source)
+        return self.value_head(selected.to(torch.float32)).squeeze(-1)
+
+    def values(self, rows: Sequence[TrainingRow]) -> list[list[float]]:
+        """The value head's V of every response token of each row (``loss_mask`` order), no gradient."""
+        batches = self._prepare(rows, skip_zero_advantage=False)
+        out: list[list[float]] = [[] for _ in rows]
+        with torch.no_grad():
+            for mb in batches:
+                with self._autocast():
+                    hidden = PolicyUpdater._hidden_states(self.model, mb)
+                flat = self._values_of(hidden, mb).tolist()
+                k = 0
+                for i in mb.rows:
+                    n = sum(1 for m in rows[i].loss_mask if m)
+                    out[i] = flat[k : k + n]
+                    k += n
+        return out
+
+    def _hidden_states(self, model: Any, mb: _MicroBatch) -> torch.Tensor:  # type: ignore[override]
+        hidden = PolicyUpdater._hidden_states(model, mb)
+        if model is self.model and torch.is_grad_enabled():  # the training forward: `_critic_loss` reads it
+            self._hidden = hidden
+        return hidden
+
+    # -- the update -----------------------------------------------------------------------------------------------
+
+    def step(
+        self,
+        rows: Sequence[TrainingRow],
+        *,
+        current_version: int | None = None,
+        objective: Literal["grpo", "sft"] = "grpo",
+    ) -> dict[str, float]:
+        """GAE advantages from the value head, then `PolicyUpdater.step` with the value loss added; metrics as there
+        plus `VALUE_METRICS`. ``objective="sft"`` is `PolicyUpdater.step`'s (the value head does not train)."""
+        if objective == "sft":
+            return super().step(rows, current_version=current_version, objective=objective)
+        rows = self.gae_rows(rows)
+        self._value_sums = {"value_loss": 0.0, "value_clip_frac": 0.0, "value_mean": 0.0, "tokens": 0.0}
+        metrics = super().step(rows, current_version=current_version, objective=objective)
+        n = max(self._value_sums.pop("tokens"), 1.0)
+        metrics.update({k: v / n for k, v in self._value_sums.items()})
+        returns = [g for r in rows for g in r.metadata["returns"]]
+        metrics["return_mean"] = sum(returns) / len(returns) if returns else 0.0
+        metrics["gae_adv_std"] = float(rows[0].metadata["gae_adv_std"]) if rows else 0.0
+        return metrics
+
+    def gae_rows(self, rows: Sequence[TrainingRow]) -> list[TrainingRow]:
+        """``rows`` with GAE advantages (whitened over all their response tokens with ``whiten_advantages``) and,
+        in ``metadata``, their response tokens' ``values`` (V_old) and ``returns`` (G), in ``loss_mask`` order."""
+        cfg = self.config
+        computed = []
+        for row, v in zip(rows, self.values(rows), strict=True):
+            positions = [t for t, m in enumerate(row.loss_mask) if m]
+            rewards = torch.zeros(len(positions), dtype=torch.float64)
+            if positions:
+                rewards[-1] = row.advantages[positions[-1]]
+            adv, ret = gae(rewards, torch.tensor(v, dtype=torch.float64), gamma=cfg.gamma, lam=cfg.lam)
+            computed.append((positions, adv, ret, v))
+        flat = torch.cat([c[1] for c in computed]) if computed else torch.zeros(0, dtype=torch.float64)
+        spread = float(flat.std()) if flat.numel() > 1 else 0.0
+        if cfg.whiten_advantages:
+            flat = whiten(flat)
+        out, k = [], 0
+        for row, (positions, _, ret, v) in zip(rows, computed, strict=True):
+            advantages = [0.0] * len(row.input_ids)
+            for t, a in zip(positions, flat[k : k + len(positions)].tolist(), strict=True):
+                advantages[t] = a
+            k += len(positions)
+            metadata = {**row.metadata, "values": v, "returns": ret.tolist(), "gae_adv_std": spread}
+            out.append(msgspec.structs.replace(row, advantages=advantages, metadata=metadata))
+        return out
+
+    def _step_on(
+        self,
+        rows: Sequence[TrainingRow],
+        *,
+        objective: Literal["grpo", "sft"],
+        weights: Sequence[torch.Tensor] | None = None,
+    ) -> dict[str, float]:
+        self._rows = rows  # the micro-batches' row indices point into these
+        try:
+            return super()._step_on(rows, objective=objective, weights=weights)
+        finally:
+            self._rows, self._hidden = [], None
+
+    def _critic_loss(self, mb: _MicroBatch) -> torch.Tensor | float:
+        hidden, self._hidden = self._hidden, None
+        if hidden is None or not self._rows:
+            return 0.0
+        values = self._values_of(hidden, mb)
+        meta = [self._rows[i].metadata for i in mb.rows]
+        old = torch.tensor([x for m in meta for x in m["values"]], dtype=torch.float32, device=self.device)
+        ret = torch.tensor([x for m in meta for x in m["returns"]], dtype=torch.float32, device=self.device)
+        loss, stats = value_loss(values, old, ret, weights=mb.weights, clip=self.config.value_clip)
+        n = float(stats["tokens"])
+        for key in ("value_loss", "value_clip_frac", "value_mean"):
+            self._value_sums[key] = self._value_sums.get(key, 0.0) + float(stats[key]) * n
+        self._value_sums["tokens"] = self._value_sums.get("tokens", 0.0) + n
+        return self.config.value_coef * loss
