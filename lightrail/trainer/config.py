@@ -17,7 +17,7 @@ A config names the agent and its data by import reference, the model, how runner
       agents: [write_query, rewrite_query]         # train only these agents' calls (agents_pattern: a regex)
       # policies: {write: [write_query], rewrite: [rewrite_query]}   # or one policy per group of agents
       credit: per_turn                             # identical | per_turn | discounted (credit_args: {gamma: 0.9})
-      advantage: grpo                              # grpo | rloo | dr_grpo | reinforce_pp | reinforce_pp_baseline
+      advantage: grpo                              # grpo | rloo | dr_grpo | reinforce_pp | reinforce_pp_baseline | gae
       # loss_agg: token_mean                       # | seq_mean_token_mean | seq_mean_token_sum_norm (dr_grpo's)
       tool_rewards: true                           # or ToolRewardRule fields: {success: 0.1, error: -0.1}
       config: {lr: 1.0e-4, kl_coef: 0.05, lora: {r: 8}}   # GRPOConfig fields
@@ -391,7 +391,7 @@ def _grpo_options(section: dict[str, Any], where: str) -> dict[str, Any]:
         kwargs[key] = _checked(f"{where}.{key}", value, parameters[key].annotation)
     from lightrail.algorithms.grpo import check_estimator_options
 
-    try:  # advantage: grpo | rloo | reinforce_pp | reinforce_pp_baseline | dr_grpo; loss_agg: token_mean | ...
+    try:  # advantage: grpo | rloo | reinforce_pp | reinforce_pp_baseline | dr_grpo | gae; loss_agg: token_mean | ...
         check_estimator_options(kwargs.get("advantage", "grpo"), kwargs.get("loss_agg"), kwargs.get("config"))
     except ValueError as exc:
         raise ConfigError(f"{where}.{exc}") from None

@@ -97,7 +97,8 @@ _MEANINGS = {
     "end); 0: only then.",
     "GRPO.validate_before": "Validate before training (the report's ``val_before``); false skips it (null then).",
     "GRPO.advantage": "Outcome-advantage estimator: ``grpo``, ``rloo``, ``dr_grpo``, ``reinforce_pp``, "
-    "``reinforce_pp_baseline``.",
+    "``reinforce_pp_baseline``; or ``gae``: PPO with a critic (a value head on the policy, GAE over each call's "
+    "tokens, clipped value loss; settings ``config.gamma``, ``lam``, ``value_coef``, ``value_clip``).",
     "GRPO.loss_agg": "Loss aggregation: ``token_mean``, ``seq_mean_token_mean``, ``seq_mean_token_sum_norm`` (or "
     "a ``loss_norm`` name); null: the estimator's own (``seq_mean_token_sum_norm`` for ``dr_grpo``, else "
     "``token_mean``).",
