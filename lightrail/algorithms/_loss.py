@@ -44,6 +44,21 @@ and adds ``value_coef * sum_t w_t * v_t`` with the clipped value loss (`value_lo
 step's first optimizer step, ``eps_v`` = ``value_clip``)::
 
     v_t = 1/2 * max((V_t - G_t)^2, (V_old,t + clip(V_t - V_old,t, -eps_v, eps_v) - G_t)^2)
+
+Stale tokens (asynchronous GRPO, ``GRPO(mode="async")``): a token sampled by an older policy version than the one
+being trained is corrected by truncated importance sampling (TIS; Yao et al. 2025, "Your Efficient RL Framework
+Secretly Brings You Off-Policy RL Training", fengyao.notion.site/off-policy-rl). With ``is_cap = C``::
+
+    prox_t = log pi_old_trainer(a_t | s_t) = logp_t, detached    (the trainer's weights before this optimizer step)
+    w_t    = min(exp(prox_t - old_t), C)                          (no gradient)
+    r_t    = exp(logp_t - prox_t)
+    pg_t   = -w_t * min(r_t * A_t, clip(r_t, 1 - eps_low, 1 + eps_high) * A_t)
+
+so the trust region is measured from the trainer's current weights and the gap to the sampler (staleness plus
+numerics) is a capped per-token weight instead of a ratio the clip would zero. One optimizer step per update
+(``mini_batches == 1``, which async mode requires) makes ``prox`` exactly the trainer's pre-step logprob, at no
+extra forward pass; then ``r_t = 1`` in value, and the gradient is ``-w_t * A_t * grad logp_t``: TIS's policy
+gradient. An on-policy token (same weights, float32 both sides) has ``w_t = 1`` up to numerics.
 """
 
 from __future__ import annotations
@@ -61,6 +76,7 @@ __all__ = [
     "mismatch_kl",
     "policy_loss",
     "resolve_loss_norm",
+    "tis_weights",
     "token_entropy",
     "value_loss",
     "whiten",
@@ -139,8 +155,13 @@ def policy_loss(
     clip_high: float = 0.2,
     ref_logp: torch.Tensor | None = None,
     kl_coef: float = 0.0,
+    is_cap: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO-clipped policy-gradient loss with an optional k3 KL penalty; see the module docstring for the formula.
+
+    ``is_cap = C`` corrects stale tokens by truncated importance sampling (module docstring, "Stale tokens"): the
+    ratio is taken against ``logp`` detached and each token weighted by `tis_weights`; stats then add
+    ``is_weight_mean`` and ``is_clipped_frac`` (tokens whose weight was capped). None: the plain loss, both stats 0.
 
     ``logp`` (with grad), ``old_logp``, ``advantages`` and optionally ``ref_logp`` have one entry per token. With
     ``mask`` (same shape, 1 = response token) only masked tokens count; without it every entry is a response token.
@@ -168,11 +189,19 @@ def policy_loss(
     old_logp = old_logp.to(logp.dtype)
     advantages = advantages.to(logp.dtype)
 
-    log_ratio = logp - old_logp
+    is_weight = is_capped = logp.new_zeros(0)
+    if is_cap is not None:
+        prox = logp.detach()
+        is_weight, is_capped = tis_weights(prox, old_logp, is_cap)
+        log_ratio = logp - prox
+    else:
+        log_ratio = logp - old_logp
     ratio = torch.exp(log_ratio)
     unclipped = ratio * advantages
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
     pg = -torch.minimum(unclipped, clipped)
+    if is_cap is not None:
+        pg = is_weight * pg
     per_token = pg
     kl_ref = None
     if ref_logp is not None and kl_coef != 0.0:
@@ -193,9 +222,27 @@ def policy_loss(
             "approx_kl": ((ratio - 1.0) - log_ratio).sum() / denom,
             "ratio_mean": ratio.sum() / denom,
             "ratio_max": ratio.max() if n else logp.new_zeros(()),
+            "is_weight_mean": is_weight.sum() / denom,
+            "is_clipped_frac": is_capped.sum().to(logp.dtype) / denom,
             "tokens": torch.tensor(n),
         }
     return loss, {k: v.detach() for k, v in stats.items()}
+
+
+def tis_weights(prox_logp: torch.Tensor, old_logp: torch.Tensor, cap: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Truncated importance weights ``w_t = min(exp(prox_t - old_t), cap)`` (no gradient) of tokens sampled with
+    logprobs ``old_logp`` and trained from weights whose logprobs are ``prox_logp``; returns the weights and a mask of
+    the capped ones (Yao et al. 2025; see the module docstring).
+
+        >>> w, capped = tis_weights(torch.tensor([-1.0, -1.0, 0.0]), torch.tensor([-1.0, -0.5, -5.0]), cap=2.0)
+        >>> [round(x, 4) for x in w.tolist()], capped.tolist()     # 1, e^-0.5, min(e^5, 2)
+        ([1.0, 0.6065, 2.0], [False, False, True])
+    """
+    if not cap > 0:
+        raise ValueError(f"is_cap must be positive, not {cap!r}")
+    with torch.no_grad():
+        raw = torch.exp(prox_logp.detach() - old_logp.detach().to(prox_logp.dtype))
+        return torch.clamp(raw, max=cap), raw > cap
 
 
 def mismatch_kl(logp: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:

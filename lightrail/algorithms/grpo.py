@@ -11,9 +11,27 @@ One step::
 The rollout engine (`lightrail.algorithms.rollout_engines`) is the embedded `Engine` in this process (default) or a
 ``vllm serve`` process (``rollout_engine="vllm"``, LoRA or full weights synced after each update); the gateway runs
 inside the trainer process and records, on every call, the policy version that answered it. Runners are separate
-processes that reach the gateway over HTTP, exactly as a user's agent on another machine would. Steps are
-synchronous (collect, then update), so every sample is on-policy; rows older than ``max_staleness`` versions would
-be dropped and counted.
+processes that reach the gateway over HTTP, exactly as a user's agent on another machine would.
+
+Two modes. ``mode="sync"`` (the default): collect, then update, so every sample is on-policy. ``mode="async"``: a
+pipeline of ``ahead`` steps' rollouts keeps the runners sampling on the current weights while a step waits for its
+slowest rollouts and while the update runs::
+
+    step s:  enqueue step s+ahead's tasks (served version s-1) ──wait for step s's rollouts (all of them)──►
+             update on them (trainer version s-1) ──sync──► version s        [steps s+1..s+ahead keep sampling]
+
+* Staleness is per call: the gateway records, on every call, the version that answered it, so a rollout that spans a
+  weight sync has early calls of the old version and later ones of the new (its earlier calls are kept, never
+  re-sampled). A call's staleness is the trainer's version at its update minus that recorded version; the pipeline
+  bounds it by ``ahead`` (a batch enqueued at step s is trained at step s+ahead), and calls older than
+  ``max_staleness`` are dropped before the update and counted (``dropped_stale``).
+* Stale tokens are corrected by truncated importance sampling against the logprobs recorded at sampling (TIS, Yao et
+  al. 2025; formula in `lightrail.algorithms._loss`, cap ``is_cap``).
+* Admission does not favour short rollouts: steps take their batches in the order they were enqueued, and a step
+  trains only when every rollout of its batch is terminal; a group is never replaced by one that finished sooner.
+* A checkpoint records the task indices of the batches in flight; a resumed run enqueues those again first (fresh
+  samples of the same tasks, the earlier session's rollouts being cancelled), so the task order is the uninterrupted
+  run's.
 
 Concurrency model: coroutines on the trainer's event loop; the engine's forward passes and the policy update each
 run in their own worker thread, so the loop keeps serving HTTP while either computes.
@@ -120,6 +138,12 @@ class GRPO:
     does not serve the version it was just synced to; the cause is also the step's ``kind: stop`` line in
     ``metrics.jsonl``.
 
+    ``mode="async"`` keeps ``ahead`` steps of rollouts sampling on the current weights while a step waits and updates
+    (module docstring): calls more than ``max_staleness`` versions older than the trainer's are dropped, stale tokens
+    are weighted by truncated importance sampling capped at ``is_cap``; metrics ``staleness_mean``,
+    ``staleness_max``, ``is_weight_mean``, ``is_clipped_frac``. Defaults: 1, ``max_staleness``, 2.0; these three
+    settings are errors in the default ``mode="sync"``.
+
         >>> grpo = GRPO("runs/warm", config=GRPOConfig(lr=5e-4), steps=60)                # doctest: +SKIP
         >>> Trainer(n_runners=2, concurrency=8, algorithm=grpo).fit(agent, train, val)  # doctest: +SKIP
         >>> grpo.report["val_after"]                                                      # doctest: +SKIP
@@ -160,6 +184,10 @@ class GRPO:
         vllm: dict[str, Any] | None = None,
         mismatch_flag: float = 1e-3,
         mismatch_stop: float | None = 0.02,
+        mode: str = "sync",
+        max_staleness: int | None = None,
+        ahead: int | None = None,
+        is_cap: float | None = None,
     ) -> None:
         from lightrail.algorithms.rollout_engines import ROLLOUT_ENGINES
 
@@ -223,6 +251,15 @@ class GRPO:
             raise ValueError("mismatch_flag and mismatch_stop must be >= 0")
         self.mismatch_flag = mismatch_flag
         self.mismatch_stop = mismatch_stop
+        self.mode, self.max_staleness, self.ahead, self.is_cap = check_async_options(
+            mode, max_staleness, ahead, is_cap, config=config, filter_groups=filter_groups, policies=policies
+        )
+        if self.mode == "async" and self.advantage == "gae":  # not measured together yet
+            raise ValueError("mode async: not with advantage gae (PPO's critic trains on-policy rows only)")
+        self._pipeline: list[_Batch] = []
+        """Async mode: the batches enqueued for the next steps, oldest first."""
+        self._pending: list[list[int]] = []
+        """Async mode, resumed run: task indices of the batches the checkpoint had in flight, enqueued first."""
         self.report: dict[str, Any] = {}
         self.val_before: float | None = None
         """Held-out success already measured on ``model`` (same val tasks, ``val_sampling``, ``success_threshold``,
@@ -254,6 +291,8 @@ class GRPO:
             # The engine reports logprobs of the temperature-scaled distribution; the ratio must use the same one.
             config = dataclasses.replace(config, temperature=float(self.sampling["temperature"]))
         config = self._loss_config(config)
+        if self.mode == "async":
+            config = dataclasses.replace(config, is_cap=self.is_cap)
         if self.policies is None:
             self._rollouts = make_rollout_engine(
                 self.rollout_engine, self.model, served_name=self.served_name, out_dir=self.out_dir,
@@ -271,6 +310,7 @@ class GRPO:
         else:
             backend = await self._start_policies(config)
         checkpoint, state = self.folder.start(resume=self.resume, track=ctx.track)
+        self._pending = [list(b) for b in state.get("pending", [])] if self.mode == "async" else []
         if checkpoint is not None:
             versions = state.get("policy_versions") or {"": state["policy_version"]}
             for slot in self._slots:
@@ -374,16 +414,19 @@ class GRPO:
     async def _train_step(self, ctx: TrainerContext) -> str:
         """One GRPO step (rollouts, advantages, update, new weights served); its status for the step bar."""
         t0 = time.monotonic()
-        version = await ctx.publish({"llm": self.llm})
+        version = None if self.mode == "async" else await ctx.publish({"llm": self.llm})
         rollouts: list[Rollout] = []
         episodes: dict[str, Any] = {}
         n_tasks, rounds, filtered = self.tasks_per_step, 0, 0
         while True:  # one round without filter_groups; with it, until enough groups carry a learning signal
             rounds += 1
-            batch = await ctx.run_rollouts(
-                self._next_tasks(ctx.train_tasks, n_tasks), mode="train", n_samples=self.n_samples,
-                resources_version=version.version, metadata={"step": self.step + 1},
-            )  # fmt: skip
+            if version is None:  # async: this step's batch from the pipeline, the later steps' still sampling
+                batch = await self._next_batch(ctx)
+            else:
+                batch = await ctx.run_rollouts(
+                    self._next_tasks(ctx.train_tasks, n_tasks), mode="train", n_samples=self.n_samples,
+                    resources_version=version.version, metadata={"step": self.step + 1},
+                )  # fmt: skip
             rollouts += batch
             for r, s in zip(batch, await last_attempt_spans(ctx.store, batch), strict=True):
                 episodes[r.rollout_id] = build_episode(s, tool_rewards_rule=self.tool_rewards)
@@ -448,17 +491,53 @@ class GRPO:
             raise MismatchError(causes[0])
         return f"reward {metrics['reward_mean']:.3f}  success {metrics['success_rate']:.0%}"
 
+    async def _next_batch(self, ctx: TrainerContext) -> list[Rollout]:
+        """Async mode: top the pipeline up to step ``step + 1 + ahead`` (not past the run's last step), then wait
+        until every rollout of the oldest batch (this step's) is terminal and return them, in enqueue order."""
+        assert self.ahead is not None
+        while (nxt := (self._pipeline[-1].step if self._pipeline else self.step) + 1) <= min(
+            self.step + 1 + self.ahead, self.steps
+        ):
+            if self._pending:
+                indices = self._pending.pop(0)
+            else:
+                indices = self.folder.next_indices(self.tasks_per_step, len(ctx.train_tasks))
+            version = await ctx.publish({"llm": self.llm})
+            ids = await ctx.enqueue_rollouts(
+                [ctx.train_tasks[i] for i in indices], mode="train", n_samples=self.n_samples,
+                resources_version=version.version, metadata={"step": nxt},
+            )  # fmt: skip
+            self._pipeline.append(_Batch(nxt, indices, ids))
+        batch = self._pipeline.pop(0)
+        assert batch.step == self.step + 1, (batch.step, self.step)
+        return await ctx.wait_for(batch.rollout_ids)
+
     async def _update(self, slot: _Slot, transitions: list[Transition]) -> tuple[dict[str, Any], list[Transition]]:
         """One update of ``slot``'s policy on ``transitions``, its new weights served; its metrics and the
-        transitions it trained on (none when the update was skipped)."""
+        transitions it trained on (none when the update was skipped). Async mode first drops the calls more than
+        ``max_staleness`` versions older than the trainer's and measures the mismatch on the on-policy rows only (a
+        stale row's gap to the trainer is the updates since it was sampled, not a fault)."""
         from lightrail.algorithms.ppo import VALUE_METRICS, returns_as_rows  # (the updater has loaded torch by now)
 
+        current = slot.rollouts.policy_version
+        staleness = call_staleness(transitions, current)
+        n_stale = 0
+        if self.mode == "async":
+            assert self.max_staleness is not None
+            kept = [
+                t for t, age in zip(transitions, staleness, strict=True) if age is None or age <= self.max_staleness
+            ]
+            staleness = [age for age in staleness if age is None or age <= self.max_staleness]
+            n_stale, transitions = len(transitions) - len(kept), kept
+        ages = [age for age in staleness if age is not None]
         if self.advantage == "gae":  # each call's return goes to the update, which turns it into GAE advantages
             rows, drift = to_rows(returns_as_rows(transitions), merge=False)
         else:
             rows, drift = to_rows(transitions, merge=self.merge_calls)
-        update = await asyncio.to_thread(slot.updater.step, rows, current_version=slot.rollouts.policy_version)
+        update = await asyncio.to_thread(slot.updater.step, rows, current_version=current)
         measured = slot.updater.last_mismatch
+        if self.mode == "async":
+            measured = [m for m in measured if m.row.policy_version in (None, current)]
         mismatch = summarize(measured, self.mismatch_flag)
         slot.stop = stop_cause(measured, self.mismatch_stop, synced=slot.synced)
         if not update["skipped"] and slot.stop is None:  # a run that stops serves nothing more
@@ -474,7 +553,14 @@ class GRPO:
             "clip_frac": update["clip_frac"],
             "grad_norm": update["grad_norm"],
             "update_tokens_per_s": update["tokens_per_s"],
-            "dropped_stale": update["rows_stale_dropped"],
+            "dropped_stale": n_stale + update["rows_stale_dropped"],
+            "staleness_mean": statistics.fmean(ages) if ages else 0.0,
+            "staleness_max": max(ages, default=0),
+            **(
+                {"is_weight_mean": update["is_weight_mean"], "is_clipped_frac": update["is_clipped_frac"]}
+                if self.mode == "async"
+                else {}
+            ),  # fmt: skip
             "skipped": bool(update["skipped"]),
             **{key: update[key] for key in VALUE_METRICS if key in update},  # advantage gae: the critic's
             **mismatch,
@@ -530,6 +616,8 @@ class GRPO:
 
     async def _checkpoint(self) -> Path:
         state: dict[str, Any] = {"policy_version": self._policy_version()}
+        if self.mode == "async":  # the batches in flight, enqueued again first by a resumed run
+            state["pending"] = [b.indices for b in self._pipeline] + self._pending
         if self.policies is not None:
             state["policy_versions"] = {slot.name: slot.rollouts.policy_version for slot in self._slots}
 
@@ -558,6 +646,71 @@ class _Slot:
     """The version this run last synced the engine to (None before its first update)."""
     stop: str | None = None
     """Why the run must stop after this step (`lightrail.algorithms.mismatch`), or None."""
+
+
+@dataclasses.dataclass
+class _Batch:
+    """Async mode: the rollouts enqueued for one training step, and the task indices they sample."""
+
+    step: int
+    indices: list[int]
+    rollout_ids: list[str]
+
+
+def call_staleness(transitions: Sequence[Transition], current_version: int) -> list[int | None]:
+    """Each transition's (call's) staleness: ``current_version`` minus the policy version the gateway recorded on
+    the call (None when the backend reported none).
+
+        >>> from lightrail.types import Transition
+        >>> calls = [Transition(rollout_id="r", attempt_id="a", prompt_ids=[1], response_ids=[2], policy_version=v)
+        ...          for v in (3, 4)]
+        >>> call_staleness(calls, 4)
+        [1, 0]
+    """
+    return [None if t.policy_version is None else current_version - t.policy_version for t in transitions]
+
+
+MODES = ("sync", "async")
+
+
+def check_async_options(
+    mode: str,
+    max_staleness: int | None,
+    ahead: int | None,
+    is_cap: float | None,
+    *,
+    config: GRPOConfig | None = None,
+    filter_groups: bool = False,
+    policies: Mapping[str, Sequence[str]] | None = None,
+) -> tuple[str, int | None, int | None, float | None]:
+    """Check `GRPO`'s ``mode`` and its async settings; returns ``(mode, max_staleness, ahead, is_cap)`` with the
+    async defaults filled in (``max_staleness`` 1, ``ahead`` = ``max_staleness`` or 1, ``is_cap`` 2.0, verl's TIS
+    cap). ValueError names the offending setting in one line."""
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {list(MODES)}, got {mode!r}")
+    if mode == "sync":
+        given = [
+            n for n, v in (("max_staleness", max_staleness), ("ahead", ahead), ("is_cap", is_cap)) if v is not None
+        ]
+        if given:
+            raise ValueError(f"{', '.join(given)}: only with mode async (sync steps are on-policy)")
+        return mode, None, None, None
+    max_staleness = 1 if max_staleness is None else max_staleness
+    if max_staleness < 0:
+        raise ValueError(f"max_staleness must be >= 0, not {max_staleness}")
+    ahead = max(max_staleness, 1) if ahead is None else ahead
+    if ahead < 1:
+        raise ValueError(f"ahead must be >= 1 (steps of rollouts sampling while a step trains), not {ahead}")
+    is_cap = 2.0 if is_cap is None else float(is_cap)
+    if not is_cap > 0:
+        raise ValueError(f"is_cap must be positive, not {is_cap}")
+    if filter_groups:
+        raise ValueError("filter_groups samples more rounds within a step: not with mode async")
+    if policies is not None:
+        raise ValueError("policies: mode async trains one shared policy")
+    if config is not None and config.mini_batches != 1:
+        raise ValueError("mode async weighs stale tokens against the pre-update weights: needs config.mini_batches 1")
+    return mode, max_staleness, ahead, is_cap
 
 
 def check_estimator_options(

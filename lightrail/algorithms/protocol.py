@@ -75,6 +75,22 @@ class TrainerContext:
         returns them in enqueue order (samples of a task adjacent: a GRPO group). Waiting is event-driven
         (`Store.wait`); rollouts whose runner died are retried by the store, never waited on forever. Each rollout
         carries ``metadata`` (e.g. the training step, which the dashboard shows) and the run tag."""
+        ids = await self.enqueue_rollouts(
+            tasks, mode=mode, n_samples=n_samples, resources_version=resources_version, metadata=metadata
+        )
+        return await self.wait_for(ids, timeout_s=timeout_s)
+
+    async def enqueue_rollouts(
+        self,
+        tasks: Iterable[Task],
+        *,
+        mode: Mode = "train",
+        n_samples: int = 1,
+        resources_version: int | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> list[str]:
+        """`run_rollouts` without the wait: enqueue, return the rollout ids (for `wait_for` later, as asynchronous
+        GRPO does to keep runners sampling while it updates)."""
         metadata = {**(metadata or {}), **({"run": self.run} if self.run is not None else {})}
         specs = [
             RolloutSpec(
@@ -88,7 +104,7 @@ class TrainerContext:
             for task in tasks
             for i in range(n_samples)
         ]
-        return await self.wait_for([r.rollout_id for r in await self.store.enqueue(specs)], timeout_s=timeout_s)
+        return [r.rollout_id for r in await self.store.enqueue(specs)]
 
     async def wait_for(self, rollout_ids: Sequence[str], *, timeout_s: float | None = None) -> list[Rollout]:
         """Wait until the rollouts are terminal (or ``timeout_s`` passes), reporting progress; returns them all

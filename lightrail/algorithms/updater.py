@@ -81,6 +81,9 @@ CHECKPOINT_FORMAT = 1
 #: costs more than the tokens it saves.
 MIN_SHARED_PREFIX = 32
 
+#: Token means of the truncated importance weights (``config.is_cap``): 0 without it.
+IS_STATS = ("is_weight_mean", "is_clipped_frac")
+
 
 @dataclass(frozen=True)
 class LoraSettings:
@@ -139,6 +142,10 @@ class GRPOConfig:
     same rollout cost. Learning-rate schedules count optimizer steps. SFT steps are not split."""
     max_staleness: int | None = None
     """With ``step(rows, current_version=v)``: drop rows sampled by a policy older than ``v - max_staleness``."""
+    is_cap: float | None = None
+    """Truncated importance sampling of stale tokens (`lightrail.algorithms._loss`, TIS): the PPO ratio is taken
+    against the trainer's own pre-step logprobs and each token weighted by ``min(pi_trainer / pi_sampler, is_cap)``.
+    `GRPO` sets it in ``mode: async``; None keeps the ratio against the sampler's logprobs. Needs ``mini_batches: 1``."""
     skip_zero_advantage_rows: bool = True
     share_prefixes: bool = True
     """Run a token prefix shared by several rows (the samples of one task share their prompt) once per micro-batch
@@ -183,6 +190,10 @@ class GRPOConfig:
             raise ValueError(f"ranks must be >= 1, not {self.ranks}")
         if self.mini_batches < 1:
             raise ValueError(f"mini_batches must be >= 1, not {self.mini_batches}")
+        if self.is_cap is not None and not self.is_cap > 0:
+            raise ValueError(f"is_cap must be positive (or None: off), not {self.is_cap}")
+        if self.is_cap is not None and self.mini_batches != 1:
+            raise ValueError("is_cap weighs against the weights before the optimizer step: needs mini_batches 1")
         if not 0 <= self.clip_low < 1 or self.clip_high < 0:
             raise ValueError("need 0 <= clip_low < 1 and clip_high >= 0")
         try:
@@ -273,7 +284,7 @@ def _combine(steps: Sequence[dict[str, float]]) -> dict[str, float]:
     n = [s["response_tokens"] for s in steps]
     total = sum(n) or 1.0
     combined = {k: sum(s[k] * w for s, w in zip(steps, n, strict=True)) / total
-                for k in ("pg_loss", "kl_ref", "clip_frac", "approx_kl", "ratio_mean", "entropy")}  # fmt: skip
+                for k in ("pg_loss", "kl_ref", "clip_frac", "approx_kl", "ratio_mean", "entropy", *IS_STATS)}  # fmt: skip
     combined.update(
         {k: sum(s[k] for s in steps) for k in ("loss", "tokens", "response_tokens", "micro_batches", "rows_run")}
     )
@@ -730,6 +741,7 @@ class PolicyUpdater:
 
         With ``current_version`` and ``config.max_staleness`` set, stale rows are dropped first (`drop_stale_rows`).
         Metrics: ``loss``, ``pg_loss``, ``kl_ref``, ``clip_frac``, ``approx_kl``, ``entropy``, ``ratio_mean``,
+        ``is_weight_mean``, ``is_clipped_frac`` (with ``config.is_cap``; else 0),
         ``ratio_max`` (token means over the response tokens that were run), ``grad_norm`` (before clipping), ``lr``,
         ``tokens`` (input tokens run through the model, padding excluded), ``response_tokens``, ``tokens_per_s``,
         ``rows``, ``rows_stale_dropped``, ``rows_zero_adv_skipped``, ``micro_batches``, ``seconds``, ``step``
@@ -786,6 +798,7 @@ class PolicyUpdater:
         self.optimizer.zero_grad(set_to_none=True)
         sums = {"loss": 0.0, "pg_loss": 0.0, "kl_ref": 0.0, "clip_frac": 0.0, "approx_kl": 0.0, "ratio_mean": 0.0}
         sums["mismatch_kl"] = 0.0
+        sums.update(dict.fromkeys(IS_STATS, 0.0))
         ent_sum, n_tok, ratio_max, tokens = 0.0, 0, 0.0, 0
         measured: list[RowMismatch] = []
         for mb in batches:
@@ -803,6 +816,7 @@ class PolicyUpdater:
                     clip_high=cfg.clip_high,
                     ref_logp=ref,
                     kl_coef=cfg.kl_coef,
+                    is_cap=cfg.is_cap,
                 )
                 loss = loss + self._critic_loss(mb)
                 # The weights have not moved yet this step, so for on-policy rows this is the train–inference gap.
@@ -812,8 +826,8 @@ class PolicyUpdater:
             loss.backward()
             n = int(stats["tokens"])
             sums["loss"] += float(loss.detach())
-            for k in ("pg_loss", "kl_ref", "clip_frac", "approx_kl", "ratio_mean"):
-                sums[k] += float(stats[k]) * n
+            for k in ("pg_loss", "kl_ref", "clip_frac", "approx_kl", "ratio_mean", *IS_STATS):
+                sums[k] += float(stats.get(k, 0.0)) * n
             ratio_max = max(ratio_max, float(stats["ratio_max"]))
             if ent is not None:
                 ent_sum += float(ent.sum())

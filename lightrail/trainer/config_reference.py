@@ -129,6 +129,15 @@ _MEANINGS = {
     "GRPO.mismatch_stop": "Stop the run (`MismatchError`, one-line cause) when the rows of a policy version exceed "
     "this mean k3 KL: a weight sync that did not take shows as the size of the missed update; null: never stop on "
     "it (an engine that does not serve the synced version still stops the run).",
+    "GRPO.mode": "``sync`` (collect, then update: on-policy) or ``async`` (rollouts of the next ``ahead`` steps keep "
+    "sampling on the current weights while a step waits for its slowest rollouts and updates; stale tokens corrected "
+    "by truncated importance sampling; see docs/algorithms.md).",
+    "GRPO.max_staleness": "With ``mode: async``: calls answered by a policy more than this many versions older than "
+    "the one being trained are dropped before the update (``dropped_stale``); null: 1.",
+    "GRPO.ahead": "With ``mode: async``: steps of rollouts enqueued beyond the one being trained (each call's "
+    "staleness is at most this); null: ``max_staleness`` (at least 1).",
+    "GRPO.is_cap": "With ``mode: async``: the cap C of the truncated importance weight ``min(pi_trainer / "
+    "pi_sampler, C)`` of each token; null: 2.0.",
     # APO's keyword arguments
     "APO.prompts": "Resource name -> initial template of each prompt to optimize (required).",
     "APO.llm": "A policy already served by a lightrail gateway (`LLM` fields) instead of the config's ``model``.",

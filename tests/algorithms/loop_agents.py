@@ -25,3 +25,26 @@ def half_constant_agent(task, llm):
         model=llm.model, messages=[{"role": "user", "content": task["question"]}], **llm.sampling
     )
     return float(len(reply.choices[0].message.content or "") % 2) if task["answer"] % 2 else 1.0
+
+
+@rollout
+def two_call_agent(task, llm, rollout):
+    """Two LLM calls, rewarded by the parity of the sample index (every group of two carries a signal). With
+    ``LIGHTRAIL_TEST_MARKERS`` naming a folder, a rollout of step 2 or later touches ``first-<rollout id>`` there after
+    its first call and makes its second only once ``synced`` exists (the test's GRPO writes it after its first weight
+    sync): its two calls then straddle that sync."""
+    import os
+    import time
+    from pathlib import Path
+
+    client = OpenAI(base_url=llm.endpoint, api_key=llm.api_key or "none", max_retries=0)
+    messages = [{"role": "user", "content": task["question"]}]
+    client.chat.completions.create(model=llm.model, messages=messages, **llm.sampling)
+    markers = os.environ.get("LIGHTRAIL_TEST_MARKERS")
+    if markers and int(rollout.metadata.get("step", 1)) >= 2:
+        Path(markers, f"first-{rollout.rollout_id}").touch()
+        deadline = time.monotonic() + 60
+        while not Path(markers, "synced").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    client.chat.completions.create(model=llm.model, messages=messages, **llm.sampling)
+    return float(rollout.sample_index % 2)
