@@ -1,0 +1,204 @@
+"""Asynchronous against synchronous GRPO on the calculator demo whose tool calls take a heavy-tailed delay.
+
+    python bench/async_rl.py            # small Llama, SFT warm start, 2 x 24 GRPO steps
+    python bench/async_rl.py --quick    # tiny Llama, short warm start, 2 x 8 steps (what a busy machine allows)
+
+One warm start (the demo's model and SFT pass), then two GRPO runs from it in the same process, same seed, same task
+order and the same sample budget (steps x tasks x samples): ``mode="sync"`` and ``mode="async"``. Every calculator
+call of a training rollout sleeps ``min(scale * Pareto(alpha), cap)`` seconds, keyed by (question, sample, call) so
+a rollout waits the same in both arms (`bench/_async_agent.py`); validation is not delayed. Held-out success is
+measured greedily every ``val_every`` steps; times are training time (validation excluded).
+
+The last stdout line is one JSON object:
+
+* ``async_speedup``: training time for sync to reach its final held-out success ÷ time for async to first reach it
+  (None when async never does); ``train_time_ratio``: sync's whole training time ÷ async's (same budget);
+* ``async_final_gap_pts``: (sync final − async final) held-out success, in points;
+* ``staleness_max``: the largest staleness of any trained call in the async arm (``max_staleness`` bounds it), and
+  ``rows_stale_dropped`` (calls dropped for it);
+* ``long_rollout_share_ratio``: the share of trained calls that belong to the slowest decile of the arm's rollouts
+  (by wall time), async ÷ sync (1: async trains long rollouts as much as sync does);
+* ``is_weight_mean``, ``is_clipped_frac`` (async, mean over steps), each arm's curve, and the machine's facts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench._util import log, machine_facts  # noqa: E402
+
+AGENT = "bench._async_agent:delayed_calculator_agent"
+
+
+def _timed_grpo_class() -> type:
+    from lightrail.algorithms.grpo import GRPO
+
+    class TimedGRPO(GRPO):
+        """`GRPO` that notes the training time (validation excluded) at each validation and the calls each rollout
+        had trained: what the bench's figures are computed from."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.started = 0.0
+            self.val_seconds = 0.0
+            self.curve: list[tuple[float, float | None]] = []
+            self.trained_calls: Counter[str] = Counter()
+
+        async def run(self, ctx: Any) -> None:
+            self.started = time.monotonic()
+            await super().run(ctx)
+
+        def train_seconds(self) -> float:
+            return time.monotonic() - self.started - self.val_seconds
+
+        async def _validate(self, ctx: Any) -> float | None:
+            at = self.train_seconds()
+            t0 = time.monotonic()
+            success = await super()._validate(ctx)
+            self.val_seconds += time.monotonic() - t0
+            self.curve.append((at, success))
+            return success
+
+        async def _update(self, slot: Any, transitions: Any) -> Any:
+            metrics, trained = await super()._update(slot, transitions)
+            self.trained_calls.update(t.rollout_id for t in trained)
+            return metrics, trained
+
+    return TimedGRPO
+
+
+def run_arm(mode: str, model: Path, args: argparse.Namespace, train: list, val: list, out: Path) -> dict[str, Any]:
+    from rich.console import Console
+
+    from lightrail import Trainer
+    from lightrail.adapters import ToolRewardRule
+    from lightrail.algorithms import GRPOConfig
+    from lightrail.types import RetryPolicy
+
+    durations = out / f"{mode}-durations.jsonl"
+    durations.unlink(missing_ok=True)
+    os.environ["LIGHTRAIL_BENCH_DURATIONS"] = str(durations)
+    grpo = _timed_grpo_class()(
+        model,
+        config=GRPOConfig(lr=args.lr, warmup_steps=2, kl_coef=0.05, seed=args.seed),
+        steps=args.steps,
+        tasks_per_step=args.tasks_per_step,
+        n_samples=args.n_samples,
+        sampling={"temperature": 1.0, "max_tokens": 48},
+        val_sampling={"temperature": 0.0, "max_tokens": 48},
+        val_every=args.val_every,
+        tool_rewards=ToolRewardRule(success=0.1, error=-0.1),
+        merge_calls=True,
+        checkpoint_every=0,
+        out_dir=out / mode,
+        seed=args.seed,
+        mode=mode,
+        **({"max_staleness": args.max_staleness} if mode == "async" else {}),
+    )
+    trainer = Trainer(
+        n_runners=1,
+        concurrency=args.concurrency,
+        store=str(out / f"{mode}-store.db"),
+        algorithm=grpo,
+        retry=RetryPolicy(lease_s=120, max_attempts=3),
+        console=Console(stderr=True),
+    )
+    trainer.fit(AGENT, train, val)
+    lines = [json.loads(x) for x in (out / mode / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in lines if m["kind"] == "train"]
+    seconds = {}
+    for line in durations.read_text().splitlines():
+        d = json.loads(line)
+        seconds[d["rollout_id"]] = d["seconds"]  # (a retried rollout: its last attempt)
+    slowest = sorted(seconds, key=seconds.get, reverse=True)[: max(1, len(seconds) // 10)]
+    trained = sum(grpo.trained_calls.values())
+    return {
+        "curve": [(round(t, 1), s) for t, s in grpo.curve],
+        "final": grpo.curve[-1][1],
+        "train_s": grpo.train_seconds(),
+        "rollouts": len(seconds),
+        "slowest_decile_s": min(seconds[r] for r in slowest) if seconds else None,
+        "long_share": sum(grpo.trained_calls[r] for r in slowest) / trained if trained else 0.0,
+        "staleness_max": max((m.get("staleness_max", 0) for m in steps), default=0),
+        "rows_stale_dropped": sum(m.get("dropped_stale", 0) for m in steps),
+        "is_weight_mean": statistics.fmean(m["is_weight_mean"] for m in steps) if mode == "async" else None,
+        "is_clipped_frac": statistics.fmean(m["is_clipped_frac"] for m in steps) if mode == "async" else None,
+        "rollout_s": sum(m["rollout_s"] for m in steps),
+        "update_s": sum(m["update_s"] for m in steps),
+    }
+
+
+def time_to_reach(curve: list[tuple[float, float | None]], target: float) -> float | None:
+    """The training time of the first validation at or above ``target`` (None: never)."""
+    return next((t for t, s in curve if s is not None and s >= target - 1e-9), None)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--delay", default="0.1,1.0,6.0", help="scale,alpha,cap of the tool delay (seconds)")
+    parser.add_argument("--max-staleness", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=Path("runs") / time.strftime("async-rl-%Y%m%d-%H%M%S"))
+    args = parser.parse_args()
+    quick = dict(model="tiny", n_train=400, n_val=60, sft_steps=60, steps=8, tasks_per_step=4, n_samples=4,
+                 val_every=2, concurrency=32, lr=1e-4)  # fmt: skip
+    full = dict(model="small", n_train=2000, n_val=200, sft_steps=300, steps=24, tasks_per_step=8, n_samples=8,
+                val_every=4, concurrency=64, lr=1e-4)  # fmt: skip
+    for key, value in (quick if args.quick else full).items():
+        setattr(args, key, value)
+    os.environ["LIGHTRAIL_BENCH_DELAY"] = args.delay
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    from rich.console import Console
+
+    from lightrail.demos.calculator.data import make_splits
+    from lightrail.demos.calculator.demo import DemoSettings, build_model, warm_start
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    settings = DemoSettings(model=args.model, n_train=args.n_train, n_val=args.n_val, sft_steps=args.sft_steps,
+                            seed=args.seed, out=args.out)  # fmt: skip
+    console = Console(stderr=True)
+    train, val = make_splits(settings.n_train, settings.n_val, seed=args.seed)
+    started = time.monotonic()
+    model = warm_start(settings, build_model(settings, train, console), train, console)
+    log(f"warm start done in {time.monotonic() - started:.0f} s")
+    arms = {}
+    for mode in ("sync", "async"):
+        arms[mode] = run_arm(mode, model, args, train, val, args.out)
+        log(mode, json.dumps(arms[mode]))
+    sync, asyn = arms["sync"], arms["async"]
+    t_sync = time_to_reach(sync["curve"], sync["final"])
+    t_async = time_to_reach(asyn["curve"], sync["final"])
+    result = {
+        # None also when sync's final success was already reached before training (nothing to time)
+        "async_speedup": round(t_sync / t_async, 2) if t_sync and t_async and t_sync > 1 and t_async > 1 else None,
+        "train_time_ratio": round(sync["train_s"] / asyn["train_s"], 2),
+        "async_final_gap_pts": round((sync["final"] - asyn["final"]) * 100, 1),
+        "staleness_max": asyn["staleness_max"],
+        "max_staleness": args.max_staleness,
+        "rows_stale_dropped": asyn["rows_stale_dropped"],
+        "long_rollout_share_ratio": round(asyn["long_share"] / sync["long_share"], 3) if sync["long_share"] else None,
+        "is_weight_mean": asyn["is_weight_mean"],
+        "is_clipped_frac": asyn["is_clipped_frac"],
+        "sync": sync,
+        "async": asyn,
+        "settings": {k: getattr(args, k) for k in (*quick, "delay", "seed")},
+        "wall_minutes": round((time.monotonic() - started) / 60, 1),
+        **machine_facts(),
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
