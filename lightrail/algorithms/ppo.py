@@ -32,7 +32,7 @@ import msgspec
 import torch
 
 from lightrail.algorithms._loss import gae, value_loss, whiten
-from lightrail.algorithms.updater import GRPOConfig, PolicyUpdater, _MicroBatch, lr_factor
+from lightrail.algorithms.updater import GRPOConfig, PolicyUpdater, _MicroBatch, lr_factor, per_row
 from lightrail.types import TrainingRow, Transition
 
 __all__ = ["VALUE_HEAD", "VALUE_METRICS", "PPOUpdater", "returns_as_rows"]
@@ -97,18 +97,14 @@ class PPOUpdater(PolicyUpdater):
     def values(self, rows: Sequence[TrainingRow]) -> list[list[float]]:
         """The value head's V of every response token of each row (``loss_mask`` order), no gradient."""
         batches = self._prepare(rows, skip_zero_advantage=False)
-        out: list[list[float]] = [[] for _ in rows]
+
+        def flat_of(mb: _MicroBatch) -> list[float]:
+            with self._autocast():
+                hidden = PolicyUpdater._hidden_states(self.model, mb)
+            return self._values_of(hidden, mb).tolist()
+
         with torch.no_grad():
-            for mb in batches:
-                with self._autocast():
-                    hidden = PolicyUpdater._hidden_states(self.model, mb)
-                flat = self._values_of(hidden, mb).tolist()
-                k = 0
-                for i in mb.rows:
-                    n = sum(1 for m in rows[i].loss_mask if m)
-                    out[i] = flat[k : k + n]
-                    k += n
-        return out
+            return per_row(rows, batches, flat_of)
 
     def _hidden_states(self, model: Any, mb: _MicroBatch) -> torch.Tensor:  # type: ignore[override]
         hidden = PolicyUpdater._hidden_states(model, mb)

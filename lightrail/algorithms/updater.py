@@ -39,7 +39,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -713,16 +713,8 @@ class PolicyUpdater:
         """
         _validate(rows)
         batches = self._prepare(rows, skip_zero_advantage=False)
-        out: list[list[float]] = [[] for _ in rows]
         with torch.no_grad():
-            for mb in batches:
-                logp = self._token_logp(self.model, mb)[0].tolist()
-                k = 0
-                for i in mb.rows:
-                    n = sum(1 for m in rows[i].loss_mask if m)
-                    out[i] = logp[k : k + n]
-                    k += n
-        return out
+            return per_row(rows, batches, lambda mb: self._token_logp(self.model, mb)[0].tolist())
 
     # -- the update -----------------------------------------------------------------------------------------------
 
@@ -1009,3 +1001,18 @@ class PolicyUpdater:
         with torch.no_grad():
             for name, value in tensors.items():
                 params[name].copy_(value)
+
+
+def per_row(
+    rows: Sequence[TrainingRow], batches: Sequence[_MicroBatch], flat_of: Callable[[_MicroBatch], list[float]]
+) -> list[list[float]]:
+    """Each row's per-token figures in ``loss_mask`` order, from ``flat_of(mb)``: one flat list per micro-batch
+    holding its rows' response tokens one row after the other (as `_MicroBatch.source` selects them)."""
+    out: list[list[float]] = [[] for _ in rows]
+    for mb in batches:
+        flat, k = flat_of(mb), 0
+        for i in mb.rows:
+            n = sum(1 for m in rows[i].loss_mask if m)
+            out[i] = flat[k : k + n]
+            k += n
+    return out
