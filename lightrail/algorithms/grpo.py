@@ -252,10 +252,9 @@ class GRPO:
         self.mismatch_flag = mismatch_flag
         self.mismatch_stop = mismatch_stop
         self.mode, self.max_staleness, self.ahead, self.is_cap = check_async_options(
-            mode, max_staleness, ahead, is_cap, config=config, filter_groups=filter_groups, policies=policies
-        )
-        if self.mode == "async" and self.advantage == "gae":  # not measured together yet
-            raise ValueError("mode async: not with advantage gae (PPO's critic trains on-policy rows only)")
+            mode, max_staleness, ahead, is_cap, config=config, filter_groups=filter_groups, policies=policies,
+            advantage=self.advantage,
+        )  # fmt: skip
         self._pipeline: list[_Batch] = []
         """Async mode: the batches enqueued for the next steps, oldest first."""
         self._pending: list[list[int]] = []
@@ -682,6 +681,7 @@ def check_async_options(
     config: GRPOConfig | None = None,
     filter_groups: bool = False,
     policies: Mapping[str, Sequence[str]] | None = None,
+    advantage: str = "grpo",
 ) -> tuple[str, int | None, int | None, float | None]:
     """Check `GRPO`'s ``mode`` and its async settings; returns ``(mode, max_staleness, ahead, is_cap)`` with the
     async defaults filled in (``max_staleness`` 1, ``ahead`` = ``max_staleness`` or 1, ``is_cap`` 2.0, verl's TIS
@@ -708,6 +708,8 @@ def check_async_options(
         raise ValueError("filter_groups samples more rounds within a step: not with mode async")
     if policies is not None:
         raise ValueError("policies: mode async trains one shared policy")
+    if advantage == "gae":
+        raise ValueError("advantage gae: not with mode async yet (the critic is trained on on-policy rows only)")
     if config is not None and config.mini_batches != 1:
         raise ValueError("mode async weighs stale tokens against the pre-update weights: needs config.mini_batches 1")
     return mode, max_staleness, ahead, is_cap

@@ -61,6 +61,7 @@ def test_async_settings_are_checked_in_one_line():
         (("async", 1, 1, 0.0), {}, "is_cap must be positive"),
         (("async", 1, 1, None), {"filter_groups": True}, "filter_groups"),
         (("async", 1, 1, None), {"config": GRPOConfig(mini_batches=2)}, "needs config.mini_batches 1"),
+        (("async", 1, 1, None), {"advantage": "gae"}, "advantage gae: not with mode async"),
     ]
     for args, kwargs, message in cases:
         with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")) as err:
