@@ -517,18 +517,14 @@ class GRPO:
         ``max_staleness`` versions older than the trainer's and measures the mismatch on the on-policy rows only (a
         stale row's gap to the trainer is the updates since it was sampled, not a fault)."""
         from lightrail.algorithms.ppo import VALUE_METRICS, returns_as_rows  # (the updater has loaded torch by now)
+        from lightrail.algorithms.updater import drop_stale_rows
 
         current = slot.rollouts.policy_version
-        staleness = call_staleness(transitions, current)
         n_stale = 0
         if self.mode == "async":
             assert self.max_staleness is not None
-            kept = [
-                t for t, age in zip(transitions, staleness, strict=True) if age is None or age <= self.max_staleness
-            ]
-            staleness = [age for age in staleness if age is None or age <= self.max_staleness]
-            n_stale, transitions = len(transitions) - len(kept), kept
-        ages = [age for age in staleness if age is not None]
+            transitions, n_stale = drop_stale_rows(transitions, current, self.max_staleness)
+        ages = [age for age in call_staleness(transitions, current) if age is not None]
         if self.advantage == "gae":  # each call's return goes to the update, which turns it into GAE advantages
             rows, drift = to_rows(returns_as_rows(transitions), merge=False)
         else:

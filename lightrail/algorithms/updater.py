@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -60,7 +60,7 @@ from lightrail.algorithms.mismatch import RowMismatch
 from lightrail.engine import configure_threads
 from lightrail.engine.prefix_cache import common_length
 from lightrail.engine.prefix_cache import supported as full_attention_cache
-from lightrail.types import TrainingRow
+from lightrail.types import TrainingRow, Transition
 
 __all__ = [
     "GRPOConfig",
@@ -248,10 +248,14 @@ class GRPOConfig:
         return cls(**data)
 
 
+_Versioned = TypeVar("_Versioned", TrainingRow, Transition)
+
+
 def drop_stale_rows(
-    rows: Sequence[TrainingRow], current_version: int, max_staleness: int
-) -> tuple[list[TrainingRow], int]:
-    """Keep rows with ``policy_version >= current_version - max_staleness``; returns ``(kept, n_dropped)``.
+    rows: Sequence[_Versioned], current_version: int, max_staleness: int
+) -> tuple[list[_Versioned], int]:
+    """Keep rows (or calls: `Transition`) with ``policy_version >= current_version - max_staleness``; returns
+    ``(kept, n_dropped)``.
 
     A row whose ``policy_version`` is None (the backend did not report one) is kept: its age is unknown, not old.
     ``max_staleness = 0`` is strictly on-policy.
