@@ -128,8 +128,10 @@ class GRPO:
     ``policies={"write": ["write_query"], "rewrite": ["rewrite_query"]}`` trains one policy per group of agents
     instead of one shared policy (`lightrail.algorithms.policies`): a model copy (with LoRA: an adapter) each, its own
     optimizer, updates from its own agents' calls only; the gateway routes each call by the agent the runner names,
-    and calls of agents in no policy are served by the start model, unchanged. Needs the embedded engine and OTel on in
-    the runners. Metrics of an update are then per policy (``write/loss``...), checkpoints hold one folder per policy.
+    and calls of agents in no policy are served by the start model, unchanged (the gateway warns at the first call of
+    each, and at the first call naming no agent). Needs the embedded engine and OTel on in the runners. Metrics of an
+    update are then per policy (``write/loss``...) plus ``misrouted`` (a policy agent's calls another engine served:
+    not trained, the first warned about with its cause); checkpoints hold one folder per policy.
 
     Every update measures the train–inference mismatch (`lightrail.algorithms.mismatch`): the k3 KL between the
     logprobs the sampler recorded and the trainer's own for the same tokens, before the optimizer step. Metrics
@@ -584,7 +586,8 @@ class GRPO:
         for slot in self._slots:
             assert slot.agents is not None
             mine = [t for t in transitions if slot.agents(t.agent_name)]
-            routed, misrouted = [], []
+            routed: list[Transition] = []
+            misrouted: list[Transition] = []
             for t in mine:
                 span = calls.get(t.metadata.get("response_id"))
                 served = span.attributes.get(Attr.RESPONSE_MODEL) if span is not None else None

@@ -319,6 +319,8 @@ def test_train_with_the_config(tmp_path, tools):
     assert step["transitions"] == solver_calls_trained and step["excluded"] == 0
 
 
+@pytest.mark.slow  # 6-8 minutes on a loaded 2-core machine: not shown to fit 60 s
+@pytest.mark.timeout(1800)
 def test_per_agent_policies_serve_and_train_the_solver_and_the_checker_apart(tmp_path):
     """``grpo.policies`` on the AutoGen team: the solver and the checker, one policy each (one LoRA adapter each);
     every call is served by its agent's policy (AutoGen's agent span names it on the request), each policy trains on

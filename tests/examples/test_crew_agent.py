@@ -260,6 +260,8 @@ async def test_train_config_links_every_call_to_its_crew_agent_and_trains_only_t
         await store.close()
 
 
+@pytest.mark.slow  # 6-8 minutes on a loaded 2-core machine: not shown to fit 60 s
+@pytest.mark.timeout(1800)
 @needs_crewai_env
 async def test_per_agent_policies_serve_and_train_the_researcher_and_the_writer_apart(tmp_path, monkeypatch):
     """``grpo.policies`` on the crew: the researcher and the writer, one policy each (one LoRA adapter each); every

@@ -424,6 +424,8 @@ def _agent_by_instructions(call) -> str:
     return next(name for name, yes in sent.items() if yes)
 
 
+@pytest.mark.slow  # 6-8 minutes on a loaded 2-core machine: not shown to fit 60 s
+@pytest.mark.timeout(1800)
 @needs_agents_sdk
 async def test_per_agent_policies_serve_and_train_the_researcher_and_the_editor_apart(tmp_path, monkeypatch):
     """``grpo.policies`` on the Agents SDK workflow: the researcher and the editor, one policy each (one LoRA adapter
