@@ -117,13 +117,14 @@ def spans_to_transitions(
 
 def training_spans(transitions: Sequence[Transition], *, step: int, algorithm: str) -> list[Span]:
     """One `Attr.SPAN_TRAINING` span per attempt of ``transitions``: what an update trained on (each choice's
-    response id, turn, agent, return, advantage and length), stored next to the calls so that a rollout can be
-    read back with the credit it received (``lightrail dashboard``)."""
+    response id, turn, agent, return, advantage and length; with `GRPO`'s ``policies``, the policy that trained it),
+    stored next to the calls so that a rollout can be read back with the credit it received (``lightrail dashboard``)."""
     by_attempt: dict[tuple[str, str], list[dict]] = {}
     for t in transitions:
         by_attempt.setdefault((t.rollout_id, t.attempt_id), []).append({
             "response_id": t.metadata.get("response_id"), "choice": t.metadata.get("choice"), "turn": t.turn,
             "agent": t.agent_name, "return": t.reward, "advantage": t.advantage, "tokens": len(t.response_ids),
+            **({"policy": t.metadata["policy"]} if "policy" in t.metadata else {}),
         })  # fmt: skip
     return [
         Span(

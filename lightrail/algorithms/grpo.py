@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import math
 import statistics
@@ -72,7 +73,7 @@ from lightrail.algorithms.policies import PolicyMap, PolicyRouter
 from lightrail.algorithms.run.folder import RunFolder
 from lightrail.algorithms.run.loop import run_steps
 from lightrail.algorithms.run.policy import ServedPolicy, last_attempt_spans, success_rate, validate
-from lightrail.types import LLM, Attr, Rollout, Task, Transition
+from lightrail.types import AGENT_HEADER, LLM, Attr, Rollout, Span, Task, Transition
 
 log = logging.getLogger(__name__)
 
@@ -127,8 +128,10 @@ class GRPO:
     ``policies={"write": ["write_query"], "rewrite": ["rewrite_query"]}`` trains one policy per group of agents
     instead of one shared policy (`lightrail.algorithms.policies`): a model copy (with LoRA: an adapter) each, its own
     optimizer, updates from its own agents' calls only; the gateway routes each call by the agent the runner names,
-    and calls of agents in no policy are served by the start model, unchanged. Needs the embedded engine and OTel on in
-    the runners. Metrics of an update are then per policy (``write/loss``...), checkpoints hold one folder per policy.
+    and calls of agents in no policy are served by the start model, unchanged (the gateway warns at the first call of
+    each, and at the first call naming no agent). Needs the embedded engine and OTel on in the runners. Metrics of an
+    update are then per policy (``write/loss``...) plus ``misrouted`` (a policy agent's calls another engine served:
+    not trained, the first warned about with its cause); checkpoints hold one folder per policy.
 
     Every update measures the train–inference mismatch (`lightrail.algorithms.mismatch`): the k3 KL between the
     logprobs the sampler recorded and the trainer's own for the same tokens, before the optimizer step. Metrics
@@ -268,6 +271,8 @@ class GRPO:
         self._updater: Any = None
         """The shared policy's updater (None with several policies)."""
         self._slots: list[_Slot] = []
+        self._warned_misrouted = False
+        """With several policies: whether the run's first misrouted call was warned about."""
         self._served: ServedPolicy | None = None
         self._llm: LLM | None = None
 
@@ -573,18 +578,30 @@ class GRPO:
     ) -> tuple[dict[str, Any], list[Transition]]:
         """`_update` per policy, each on the calls of its agents that its engine served (the response model on the
         call's span); metrics prefixed with the policy's name, plus ``misrouted``: calls of a policy's agent another
-        engine served (the runner could not name the agent), left out."""
-        served = {c.response_id: c.span.attributes.get(Attr.RESPONSE_MODEL) for e in episodes.values() for c in e.calls}
+        engine served (the runner could not name the agent), left out, with a warning at the run's first. Each
+        trained transition carries its policy's name (``metadata["policy"]``, on the step's training spans)."""
+        calls = {c.response_id: c.span for e in episodes.values() for c in e.calls}
         metrics: dict[str, Any] = {"transitions": 0, "misrouted": 0}
         trained: list[Transition] = []
         for slot in self._slots:
             assert slot.agents is not None
             mine = [t for t in transitions if slot.agents(t.agent_name)]
-            routed = [t for t in mine if served.get(t.metadata.get("response_id")) == slot.served]
+            routed: list[Transition] = []
+            misrouted: list[Transition] = []
+            for t in mine:
+                span = calls.get(t.metadata.get("response_id"))
+                served = span.attributes.get(Attr.RESPONSE_MODEL) if span is not None else None
+                (routed if served == slot.served else misrouted).append(t)
+            if misrouted and not self._warned_misrouted:
+                self._warned_misrouted = True
+                first = misrouted[0]
+                log.warning("GRPO: %s", misrouted_cause(first, calls.get(first.metadata.get("response_id")), slot))
+            for t in routed:
+                t.metadata["policy"] = slot.name
             update, done = await self._update(slot, routed)
             metrics.update({f"{slot.name}/{key}": value for key, value in update.items()})
             metrics["transitions"] += len(routed)
-            metrics["misrouted"] += len(mine) - len(routed)
+            metrics["misrouted"] += len(misrouted)
             trained += done
         return metrics, trained
 
@@ -650,6 +667,28 @@ class _Batch:
     step: int
     indices: list[int]
     rollout_ids: list[str]
+
+
+def misrouted_cause(transition: Transition, span: Span | None, slot: _Slot) -> str:
+    """Why a call of ``slot``'s agent was served by another engine (and so is not trained), from its call span."""
+    agent = transition.agent_name
+    head = f"a call of agent {agent!r} (policy {slot.name!r}, served as {slot.served!r})"
+    if span is None:
+        return f"{head} has no call span: it is not trained (misrouted)"
+    served = span.attributes.get(Attr.RESPONSE_MODEL)
+    named = span.attributes.get(Attr.CALLER_AGENT)
+    request = span.attributes.get(Attr.REQUEST)
+    asked = (json.loads(request) if isinstance(request, str) else request or {}).get("model")
+    if named is None:
+        why = (
+            "the request named no agent when it was made (the runner named it afterwards, from the framework's "
+            f"spans): name the agent before its LLM call ({AGENT_HEADER}, lightrail.as_agent)"
+        )
+    elif named != agent:
+        why = f"the request named agent {named!r}"
+    else:
+        why = f"the request asked for model {asked!r} by name"
+    return f"{head} was served by {served!r}: {why}. Such calls are counted as misrouted and not trained; warned once"
 
 
 def call_staleness(transitions: Sequence[Transition], current_version: int) -> list[int | None]:

@@ -6,23 +6,31 @@ from its agents' calls. The agent stays unmodified and keeps calling one model n
 makes it (`lightrail.types.AGENT_HEADER`: set by `lightrail.as_agent`, or by a runner with OpenTelemetry on from the
 LangGraph node or the agent's span; or the ``/agents/<name>`` route of `lightrail.types.LLM.endpoint_for`), and the
 gateway's backend, a `PolicyRouter`, sends the call to that agent's policy. Calls of agents in no policy (a fixed
-checker, an unnamed call) are served by the model the run started from, which never changes.
+checker, an unnamed call) are served by the model the run started from, which never changes; the router warns at
+the first such call of each agent (and at the first unnamed call) with its cause, since a policy whose agent's
+name never arrives is never trained.
 
 Each policy's engine answers to its own model name, ``<served_name>-<policy>``, recorded on every call's span as the
 response model; a transition is trained only by the policy that served it (a call whose agent the runner could not
-name was served by the start model and is counted as ``misrouted``, not trained).
+name was served by the start model and is counted as ``misrouted``, not trained; `GRPO` warns at the first one).
+
+Concurrency model: `PolicyRouter` runs on the gateway's event loop; its set of agents already warned about is only
+touched there.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lightrail.adapters.selection import AgentFilter
-from lightrail.types import ChatRequest, CompletionRequest, Generation, check_agent_name
+from lightrail.types import AGENT_HEADER, ChatRequest, CompletionRequest, Generation, check_agent_name
 
 __all__ = ["PolicyMap", "PolicyRouter"]
+
+log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
@@ -68,20 +76,44 @@ class PolicyMap:
 class PolicyRouter:
     """A gateway backend over one engine per policy and the start model: a request goes to the engine its ``model``
     names (``<served>-<policy>``, for a user who asks one policy directly), else to the policy of its ``agent``
-    (`ChatRequest.agent`), else to ``base``."""
+    (`ChatRequest.agent`), else to ``base``, with a warning at the first such call of each agent (and at the first
+    call that names none) saying why no policy serves it."""
 
     def __init__(self, engines: Mapping[str, Any], by_agent: Mapping[str, str], base: Any) -> None:
         self.engines = dict(engines)
         self.by_agent = dict(by_agent)
         self.base = base
         self._by_model = {model: engine for engine in (base, *self.engines.values()) for model in engine.model_names()}
+        self._warned: set[str | None] = set()
+        """Agents (None: unnamed calls) whose first call to the start model was warned about."""
 
     def pick(self, request: ChatRequest | CompletionRequest) -> Any:
         engine = self._by_model.get(request.model)
         if engine is not None:
             return engine
         policy = self.by_agent.get(request.agent) if request.agent is not None else None
-        return self.engines[policy] if policy is not None else self.base
+        if policy is not None:
+            return self.engines[policy]
+        if request.agent not in self._warned:
+            self._warned.add(request.agent)
+            log.warning("%s", self.unrouted_cause(request.agent))
+        return self.base
+
+    def unrouted_cause(self, agent: str | None) -> str:
+        """Why a call of ``agent`` (None: a call naming no agent) goes to the start model, for the first warning."""
+        base = self.base.model_names()[0]
+        if agent is None:
+            return (
+                f"policies: a call named no agent (no {AGENT_HEADER} header, no /agents/<name> route): the start "
+                f"model {base!r} serves it and no policy trains it. Turn OpenTelemetry on in the runners "
+                "(trainer.otel) or name the caller (lightrail.as_agent, LLM.endpoint_for); warned once"
+            )
+        known = ", ".join(repr(a) for a in self.by_agent)
+        return (
+            f"policies: agent {agent!r} is in no policy (their agents: {known}): the start model {base!r} serves its "
+            "calls and no policy trains them (meant for a fixed agent, e.g. a checker; else fix the name); warned "
+            "once per agent"
+        )
 
     async def chat(self, request: ChatRequest) -> Generation:
         generation: Generation = await self.pick(request).chat(request)

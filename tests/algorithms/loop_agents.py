@@ -48,3 +48,26 @@ def two_call_agent(task, llm, rollout):
             time.sleep(0.05)
     client.chat.completions.create(model=llm.model, messages=messages, **llm.sampling)
     return float(rollout.sample_index % 2)
+
+
+@rollout
+def unroutable_calls_agent(task, llm):
+    """Four calls with ``policies={"write": ["writer"]}`` in mind: one the writer's policy serves, and three it cannot:
+    the writer asking for the start model by name (misrouted), a call naming no agent, and one of an agent in no
+    policy (a misspelt ``writer``). Rewarded by the parity of the first answer's length."""
+    from lightrail import as_agent
+
+    client = OpenAI(base_url=llm.endpoint, api_key=llm.api_key or "none", max_retries=0)
+    messages = [{"role": "user", "content": task["question"]}]
+
+    def ask(model: str = llm.model) -> str:
+        reply = client.chat.completions.create(model=model, messages=messages, **llm.sampling)
+        return reply.choices[0].message.content or ""
+
+    with as_agent("writer"):
+        first = ask()
+        ask(f"{llm.model}-base")
+    ask()
+    with as_agent("writre"):
+        ask()
+    return float(len(first) % 2)

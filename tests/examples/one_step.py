@@ -90,3 +90,64 @@ def assert_sft_trained_every_teacher_call(report: dict[str, Any], run_dir, *, ro
     with open(f"{run_dir}/sft/metrics.jsonl", encoding="utf-8") as f:
         (data,) = [m for m in map(json.loads, f) if m["kind"] == "data"]
     assert (data["calls_trained"], data["calls_other_agents"]) == (calls, 0)
+
+
+def policy_overrides(policies: dict[str, list[str]], agent: str) -> list[str]:
+    """`lightrail train` overrides for one tiny GRPO step with ``grpo.policies`` (one LoRA adapter per policy) on
+    ``agent``, a showcase wrapped to be scored by its sample's parity (``showcase_by_sample.py``: every group of two
+    samples carries an advantage, so every policy updates)."""
+    mapping = ", ".join(f"{name}: [{', '.join(agents)}]" for name, agents in policies.items())
+    return [
+        *ONE_TINY_STEP,
+        "algorithm=grpo",
+        f"agent={agent}",
+        "grpo.agents=null",
+        f"grpo.policies={{{mapping}}}",
+        "grpo.config={lr: 1.0e-2, lora: {r: 4}}",
+    ]
+
+
+async def assert_each_call_served_and_trained_by_its_agents_policy(
+    report: dict[str, Any], store_path, policies: dict[str, list[str]], agent_of
+) -> dict[str, Any]:
+    """One GRPO step with ``policies`` (``{policy: [agent, ...]}``) ran through a showcase's framework: no call was
+    misrouted; every call was made by the agent ``agent_of(call)`` reads off its prompt (independent of the
+    OpenTelemetry path), which the runner named on the request; every answered call was served by that agent's policy
+    (the response model ``policy-<policy>``) at version 0, or 1 for the held-out calls after the step; every policy
+    updated once, on exactly the answered calls of its agents in the step's rollouts, and the training spans name,
+    for every call trained, its agent's policy. Returns the step's metrics."""
+    from lightrail.adapters import build_episode
+    from lightrail.store.sqlite import SQLiteStore
+    from lightrail.types import Attr
+
+    policy_of = {agent: name for name, agents in policies.items() for agent in agents}
+    step = train_step_metrics(report)
+    assert (step["misrouted"], step["excluded"]) == (0, 0), step
+    in_step: dict[str, set[str]] = {name: set() for name in policies}
+    trained = []
+    store = SQLiteStore(str(store_path))
+    try:
+        for rollout in await store.query_rollouts():
+            spans = await store.query_spans(rollout.rollout_id)
+            for call in build_episode(spans).calls:
+                a = call.span.attributes
+                agent = agent_of(call)
+                assert (a[Attr.CALLER_AGENT], call.agent_name) == (agent, agent)
+                if call.prompt_ids is None:
+                    continue  # refused (a prompt past the tiny model's context): nothing was served
+                policy = policy_of[agent]
+                after = rollout.mode == "val" and rollout.metadata.get("step") == 1
+                served = (a[Attr.RESPONSE_MODEL], a[Attr.POLICY_VERSION])
+                assert served == (f"policy-{policy}", int(after)), (agent, rollout.mode, served)
+                if rollout.mode == "train":
+                    in_step[policy].add(call.response_id)
+            trained += [c for s in spans if s.name == Attr.SPAN_TRAINING for c in s.attributes[Attr.TRAINING_CALLS]]
+    finally:
+        await store.close()
+    for name in policies:
+        assert step[f"{name}/transitions"] == len(in_step[name]) > 0, (name, step)
+        assert (step[f"{name}/policy_version"], step[f"{name}/skipped"]) == (1, False), (name, step)
+        assert {c["response_id"] for c in trained if c["policy"] == name} == in_step[name]
+    assert all(c["policy"] == policy_of[c["agent"]] for c in trained)
+    assert step["transitions"] == sum(len(ids) for ids in in_step.values()) == len(trained)
+    return step

@@ -28,7 +28,14 @@ pytest.importorskip("autogen_agentchat", reason="the AutoGen showcase needs: pip
 from autogen_agentchat.messages import TextMessage
 from autogen_core import CancellationToken
 from autogen_core.tools import StaticWorkbench
-from one_step import ONE_TINY_STEP, SHORT_RECIPE, assert_the_recipe_learns, train_step_metrics
+from one_step import (
+    ONE_TINY_STEP,
+    SHORT_RECIPE,
+    assert_each_call_served_and_trained_by_its_agents_policy,
+    assert_the_recipe_learns,
+    policy_overrides,
+    train_step_metrics,
+)
 
 from examples.calc_agent.agent import (
     CHECKER,
@@ -310,6 +317,38 @@ def test_train_with_the_config(tmp_path, tools):
     step = train_step_metrics(result.report)
     # exactly the solver's calls became transitions; the checker's were recorded but not trained
     assert step["transitions"] == solver_calls_trained and step["excluded"] == 0
+
+
+@pytest.mark.slow  # 6-8 minutes on a loaded 2-core machine: not shown to fit 60 s
+@pytest.mark.timeout(1800)
+def test_per_agent_policies_serve_and_train_the_solver_and_the_checker_apart(tmp_path):
+    """``grpo.policies`` on the AutoGen team: the solver and the checker, one policy each (one LoRA adapter each);
+    every call is served by its agent's policy (AutoGen's agent span names it on the request), each policy trains on
+    its agent's calls only, none misrouted. (Scored by the sample's parity: the tiny model never answers right.)"""
+    from lightrail.trainer.config import load_config, train
+
+    policies = {"solve": [SOLVER], "check": [CHECKER]}
+    config = load_config(
+        CONFIG,
+        overrides=[
+            *policy_overrides(policies, "showcase_by_sample:calc_agent_by_sample"),
+            f"out_dir={tmp_path / 'run'}",
+            "trainer.n_runners=1",
+            "trainer.concurrency=4",
+            "data_args.n_train=4",
+            "data_args.n_val=2",
+            "grpo.sampling={temperature: 1.0, max_tokens: 16}",
+            "grpo.val_sampling={temperature: 0.0, max_tokens: 16}",
+        ],
+    )
+    assert config.trainer.otel and config.grpo["policies"] == policies
+    result = train(config)
+    step = asyncio.run(
+        assert_each_call_served_and_trained_by_its_agents_policy(
+            result.report, result.store, policies, lambda call: _expected_agent(call.span)
+        )
+    )
+    assert step["solve/transitions"] >= 4 and step["check/transitions"] >= 4  # max_turns=2: both speak every run
 
 
 def test_the_configs_recipe_sft_from_the_teacher_program_then_grpo_on_the_solver(tmp_path):
