@@ -15,10 +15,11 @@ OpenAI-compatible server (`OpenAIChatCompletion` on an `openai.AsyncOpenAI` clie
     python -m examples.sk_agent.agent --base-url http://127.0.0.1:8000/v1 --model tiny \\
         "Tom has 12 apples and gets 30 more. How many apples does Tom have now?"
 
-Semantic Kernel's own telemetry: the agent's ``invoke_agent solver`` span (OpenTelemetry's GenAI conventions) is
-always made, on the global tracer provider; ``SEMANTICKERNEL_EXPERIMENTAL_GENAI_ENABLE_OTEL_DIAGNOSTICS`` (and its
-``..._SENSITIVE`` twin, which adds prompts and completions) add a ``chat.completions <model>`` span per model call
-and an ``execute_tool`` span per function call. Both are read once, when Semantic Kernel is first imported.
+Semantic Kernel's own telemetry, on the global OpenTelemetry tracer provider, only while its diagnostics switch is
+on (``SEMANTICKERNEL_EXPERIMENTAL_GENAI_ENABLE_OTEL_DIAGNOSTICS=true``, or ``..._SENSITIVE`` which adds prompts and
+completions; read once, when Semantic Kernel is first imported; off by default): the agent's ``invoke_agent solver``
+span (OpenTelemetry's GenAI conventions), a ``chat.completions <model>`` span per model call and an ``execute_tool``
+span per function call. Off, only the ``execute_tool`` spans are made (they name no agent).
 """
 
 from __future__ import annotations
@@ -33,7 +34,15 @@ from semantic_kernel.connectors.ai.open_ai import OpenAIChatCompletion, OpenAICh
 from semantic_kernel.functions import KernelArguments, kernel_function
 
 from examples.calculator.agent import calculate, parse_answer
-from examples.sk_agent.prompts import EVALUATE_DESCRIPTION, EXPRESSION_DESCRIPTION, FUNCTION, PLUGIN, SOLVER, SOLVER_SYSTEM, TOOL
+from examples.sk_agent.prompts import (
+    EVALUATE_DESCRIPTION,
+    EXPRESSION_DESCRIPTION,
+    FUNCTION,
+    PLUGIN,
+    SOLVER,
+    SOLVER_SYSTEM,
+    TOOL,
+)
 
 
 class CalculatorPlugin:

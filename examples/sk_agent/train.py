@@ -5,16 +5,16 @@ Semantic Kernel is imported inside the rollout, in the runner processes (its own
 
 Reward: 1 for the exact final answer (the last ``Answer: <number>`` of the agent's reply), 0 otherwise. Tool
 outcomes become intermediate rewards without any code here: with ``grpo.tool_rewards`` on, lightrail reads each
-calculator result (Semantic Kernel's ``execute_tool`` span when its diagnostics are on, else the tool message in
-the next request) and rewards the LLM call that asked for it.
+calculator result (the tool message in the next request) and rewards the LLM call that asked for it.
 
 Which agent made each call: Semantic Kernel's own telemetry, when its diagnostics are on. They are off by default
-and, in Semantic Kernel 1.45, off means no span at all (not even ``invoke_agent``), so this module turns them on
-unless the environment says otherwise (``SEMANTICKERNEL_EXPERIMENTAL_GENAI_ENABLE_OTEL_DIAGNOSTICS``; Semantic Kernel
-reads it once, when it is first imported). With the runners' OpenTelemetry on (``trainer.otel``), the agent's
-``invoke_agent solver`` span then names every call it makes. When its spans cannot reach lightrail (diagnostics
-switched off by the user: Semantic Kernel makes none; the runners' OpenTelemetry off: they go to no provider), the
-rollout names the solver's calls itself: it hands the agent ``llm.endpoint_for("solver")``.
+and, in Semantic Kernel 1.45, off means no agent span (no ``invoke_agent``; only its kernel functions'
+``execute_tool``, which name no agent), so this module turns them on unless the environment says otherwise
+(``SEMANTICKERNEL_EXPERIMENTAL_GENAI_ENABLE_OTEL_DIAGNOSTICS``; Semantic Kernel reads it once, when it is first
+imported). With the runners' OpenTelemetry on (``trainer.otel``), the agent's ``invoke_agent solver`` span then
+names every call it makes. When its spans cannot reach lightrail (the switch set off by the user; the runners'
+OpenTelemetry off: no provider), the rollout names the solver's calls itself: it hands the agent
+``llm.endpoint_for("solver")``.
 """
 
 from __future__ import annotations
