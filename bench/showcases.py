@@ -23,7 +23,7 @@ task order, sampling; the held-out tasks stay the same) and reports ``NAME_gain_
 under ``NAME_seeds``; the targets then hold for the mean, and the smallest gain must be above 0.
 
 Target per showcase: ``val_after - val_before >= 0.10`` with ``NAME_minutes <= 30`` (the SQL showcase: 0.15).
-Every showcase's config is a CPU recipe (``RECIPES``: calc_agent, crew_agent, rag_agent, sql_agent). Progress on
+Every showcase's config is a CPU recipe (``RECIPES``: calc_agent, crew_agent, rag_agent, sk_agent, sql_agent). Progress on
 stderr; the last stdout line is one JSON object with the machine's facts next to the figures.
 """
 
@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/ and be
 
 from bench._util import REPO, log, machine_facts, spread  # noqa: E402
 
-RECIPES = {"calc_agent": 0.10, "crew_agent": 0.10, "rag_agent": 0.10, "sql_agent": 0.15}
+RECIPES = {"calc_agent": 0.10, "crew_agent": 0.10, "rag_agent": 0.10, "sk_agent": 0.10, "sql_agent": 0.15}
 """Showcases with a CPU recipe in their config.yaml, and the gain each must reach."""
 MAX_GRPO_MINUTES = 30
 TWO_POLICIES = {"sql_agent": "{write: [write_query], rewrite: [rewrite_query]}"}

@@ -5,8 +5,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${LIGHTRAIL_VENV:-$ROOT/.venv}"
 PY="${PYTHON:-python3}"
 STAMP="$VENV/.lightrail-installed"
-WANT="$(cat "$ROOT/pyproject.toml" "$ROOT/constraints.txt" "$ROOT/constraints-crewai.txt" | sha256sum | cut -c1-16)"
+WANT="$(cat "$ROOT/pyproject.toml" "$ROOT/constraints.txt" "$ROOT/constraints-crewai.txt" "$ROOT/constraints-sk.txt" | sha256sum | cut -c1-16)"
 CREW_VENV="${LIGHTRAIL_CREWAI_VENV:-$VENV-crewai}"
+SK_VENV="${LIGHTRAIL_SK_VENV:-$VENV-sk}"
 
 if [ ! -x "$VENV/bin/python" ]; then
   echo "[lightrail] creating $VENV" >&2
@@ -28,7 +29,12 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
   [ -x "$CREW_VENV/bin/python" ] || "$PY" -m venv "$CREW_VENV"
   "$CREW_VENV/bin/python" -m pip install -q --upgrade pip
   "$CREW_VENV/bin/python" -m pip install -q -c "$ROOT/constraints-crewai.txt" -e "$ROOT[openai,otel,crewai]"
+  # Semantic Kernel pins an older pydantic and mcp than the main environment: its runners get their own too.
+  [ -x "$SK_VENV/bin/python" ] || "$PY" -m venv "$SK_VENV"
+  "$SK_VENV/bin/python" -m pip install -q --upgrade pip
+  "$SK_VENV/bin/python" -m pip install -q -c "$ROOT/constraints-sk.txt" -e "$ROOT[openai,otel,semantic-kernel]"
   echo "$WANT" > "$STAMP"
 fi
 export PATH="$VENV/bin:$PATH"
 export LIGHTRAIL_CREWAI_PYTHON="$CREW_VENV/bin/python"
+export LIGHTRAIL_SK_PYTHON="$SK_VENV/bin/python"

@@ -9,10 +9,19 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["CREWAI_PYTHON", "needs_agents_sdk", "needs_autogen", "needs_crewai_env", "needs_langgraph"]
+__all__ = [
+    "CREWAI_PYTHON",
+    "SK_PYTHON",
+    "needs_agents_sdk",
+    "needs_autogen",
+    "needs_crewai_env",
+    "needs_langgraph",
+    "needs_sk_env",
+]
 
 ROOT = Path(__file__).resolve().parents[1]
 CREWAI_PYTHON = os.environ.get("LIGHTRAIL_CREWAI_PYTHON", str(ROOT / ".venv-crewai" / "bin" / "python"))
+SK_PYTHON = os.environ.get("LIGHTRAIL_SK_PYTHON", str(ROOT / ".venv-sk" / "bin" / "python"))
 
 
 def _needs(module: str, extra: str) -> pytest.MarkDecorator:
@@ -26,4 +35,8 @@ needs_autogen = _needs("autogen_agentchat", "autogen")
 needs_crewai_env = pytest.mark.skipif(
     not Path(CREWAI_PYTHON).exists(),
     reason=f"needs CrewAI's own environment at {CREWAI_PYTHON} (scripts/_env.sh builds it; or set LIGHTRAIL_CREWAI_PYTHON)",
+)
+needs_sk_env = pytest.mark.skipif(
+    not Path(SK_PYTHON).exists(),
+    reason=f"needs Semantic Kernel's own environment at {SK_PYTHON} (scripts/_env.sh builds it; or set LIGHTRAIL_SK_PYTHON)",
 )

@@ -22,7 +22,11 @@ def _environments() -> list[tuple[str, list[str]]]:
     found = [
         (m["constraints"], m["extras"].split(",")) for m in _INSTALL.finditer((ROOT / "scripts/_env.sh").read_text())
     ]
-    assert {constraints for constraints, _ in found} == {"constraints.txt", "constraints-crewai.txt"}, found
+    assert {constraints for constraints, _ in found} == {
+        "constraints.txt",
+        "constraints-crewai.txt",
+        "constraints-sk.txt",
+    }, found
     return found
 
 

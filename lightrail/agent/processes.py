@@ -108,7 +108,9 @@ def otel_option(otel: bool | str, *, check_installed: bool = True) -> bool | str
 def _runner_from_stdin() -> None:
     """Entry point of a runner under another interpreter: `_runner_main`'s arguments arrive pickled on stdin."""
     extra_path, args = pickle.loads(sys.stdin.buffer.read())
-    sys.path[:0] = [p for p in extra_path if p not in sys.path]
+    # the parent's project paths first, in its order, even those this interpreter has too (a worktree whose other
+    # checkout is also on the path: the parent's order decides which ``examples`` is imported)
+    sys.path[:] = list(dict.fromkeys([*extra_path, *sys.path]))
     _runner_main(*args)
 
 
