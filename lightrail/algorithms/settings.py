@@ -41,54 +41,38 @@ def unknown_keys(where: str, given: Iterable[str], valid: Iterable[str]) -> str 
     return f"{where}: unknown setting(s) {unknown}; {hint}"
 
 
-def _fields(tp: Any) -> list[str] | None:
-    if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
-        return list(tp.__struct_fields__)
-    if dataclasses.is_dataclass(tp):
-        return [f.name for f in dataclasses.fields(tp)]
+def _fields(tp: Any) -> dict[str, Any] | None:
+    """The fields of a struct or dataclass with their types (None for any other type)."""
+    if (isinstance(tp, type) and issubclass(tp, msgspec.Struct)) or dataclasses.is_dataclass(tp):
+        return typing.get_type_hints(tp)
     return None
 
 
-def _hints(tp: Any) -> dict[str, Any]:
-    try:
-        return typing.get_type_hints(tp)
-    except (NameError, TypeError):
-        return {}
-
-
 def _at(tp: Any, path: list[str]) -> list[Any]:
-    """The struct and dataclass types a value at ``path`` (field names, ``[n]`` for list items) may have."""
-    origin = typing.get_origin(tp)
+    """The struct and dataclass types a value at ``path`` (field names, ``[n]`` for items) may have."""
+    origin, args = typing.get_origin(tp), [a for a in typing.get_args(tp) if a is not Ellipsis]
     if origin in (typing.Union, types.UnionType):
-        return [t for arg in typing.get_args(tp) for t in _at(arg, path)]
-    if typing.get_origin(tp) is typing.Annotated:
-        return _at(typing.get_args(tp)[0], path)
+        return [t for arg in args for t in _at(arg, path)]
     if not path:
         return [tp] if _fields(tp) is not None else []
-    head, rest = path[0], path[1:]
-    if head.startswith("["):
-        if origin in (list, tuple):
-            return [t for arg in typing.get_args(tp) if arg is not Ellipsis for t in _at(arg, rest)]
-        if origin is dict:
-            return _at(typing.get_args(tp)[1], rest)
-        return []
-    field = _hints(tp).get(head) if _fields(tp) is not None else None
-    return [] if field is None else _at(field, rest)
+    if path[0].startswith("["):
+        return [t for arg in args[-1:] if origin in (list, tuple, dict) for t in _at(arg, path[1:])]
+    field = (_fields(tp) or {}).get(path[0])
+    return [] if field is None else _at(field, path[1:])
 
 
 def _readable(exc: msgspec.ValidationError, schema: Any, where: str) -> str:
     """msgspec says ``... - at `$.grpo.steps```; users wrote ``grpo.steps`` (under ``where``), and for an unknown
     field they get the closest valid one."""
     head, sep, at = str(exc).rpartition(" - at `$")
-    path = re.findall(r"\.(\w+)|(\[\d+\])", at.rstrip("`")) if sep else []
-    names = [name or index for name, index in path]
+    head = head if sep else str(exc)
+    names = [name or index for name, index in re.findall(r"\.(\w+)|(\[\d+\])", at.rstrip("`") if sep else "")]
     dotted = ".".join(filter(None, [where, *names])).replace(".[", "[")
-    unknown = re.fullmatch(r"Object contains unknown field `(.+)`", head if sep else str(exc))
-    if unknown:
-        valid = {name for tp in _at(schema, names) for name in _fields(tp) or ()}
-        if valid:
-            return unknown_keys(dotted, [unknown.group(1)], valid) or dotted
-    return f"{dotted}: {head}" if sep and dotted else (f"{dotted}: {exc}" if dotted else str(exc))
+    unknown = re.fullmatch(r"Object contains unknown field `(.+)`", head)
+    valid = {name for tp in _at(schema, names) for name in _fields(tp) or ()} if unknown else set()
+    if unknown and valid:
+        return unknown_keys(dotted, [unknown.group(1)], valid) or dotted
+    return f"{dotted}: {head}" if dotted else head
 
 
 def convert(data: Any, schema: type[T], where: str = "", *, strict: bool = True) -> T:
