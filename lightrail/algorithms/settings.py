@@ -1,15 +1,10 @@
-"""The ``grpo:``, ``sft:`` and ``apo:`` sections of a ``lightrail train`` config as typed structs, and `convert`, the
-one check every config section goes through.
-
-Each struct lists every key its section may hold, with the type a config writes (a mapping where Python takes an
-object), its default and its meaning (the string under the field). `lightrail.trainer.config` converts a section with
-`convert` and hands the keys the user gave to the algorithm's constructor; `lightrail.trainer.config_reference`
-renders ``docs/config.md`` and ``--print-config`` from these fields; ``tests/trainer/test_config_reference.py`` checks
-that every constructor parameter is a field here with the same default.
-
-`convert` reports a wrong type with the field's path (``grpo.steps: Expected `int`, got `str```) and an unknown key
-with the closest valid one (``grpo: unknown setting(s) ['epoch']; did you mean 'epochs'?``), for these structs and any
-msgspec struct or dataclass nested in a schema. No torch here: a config is checked before anything heavy is imported.
+"""The ``grpo:``, ``sft:`` and ``apo:`` sections of a ``lightrail train`` config as typed structs (each key with the
+type a config writes, its default and, under it, its meaning), and `convert`, the one check every config section goes
+through: a wrong type names the field's path (``grpo.steps: Expected `int`, got `str```), an unknown key the closest
+valid one (``grpo: unknown setting(s) ['epoch']; did you mean 'epochs'?``). `lightrail.trainer.config` hands the keys a
+config gives to the algorithm's constructor; `lightrail.trainer.config_reference` renders ``docs/config.md`` and
+``--print-config`` from these structs; ``tests/trainer/test_config_reference.py`` checks that every constructor
+parameter is a field here with the same default. No torch here: a config is checked before anything heavy loads.
 """
 
 from __future__ import annotations
@@ -78,11 +73,10 @@ def _readable(exc: msgspec.ValidationError, schema: Any, where: str) -> str:
 def convert(data: Any, schema: type[T], where: str = "", *, strict: bool = True) -> T:
     """``data`` (plain YAML data) as ``schema``; a `ValueError` whose one line names the field's path under ``where``
     (unknown keys with the closest valid one). Dataclasses get the unknown-key check msgspec only gives structs."""
-    fields = _fields(schema)
-    if dataclasses.is_dataclass(schema) and fields is not None:
+    if dataclasses.is_dataclass(schema):
         if not isinstance(data, dict):
             raise ValueError(f"{where}: expected a mapping, got {data!r}")
-        if error := unknown_keys(where, data, fields):
+        if error := unknown_keys(where, data, _fields(schema) or ()):
             raise ValueError(error)
     try:
         return msgspec.convert(data, schema, strict=strict)
@@ -90,11 +84,7 @@ def convert(data: Any, schema: type[T], where: str = "", *, strict: bool = True)
         raise ValueError(_readable(exc, schema, where)) from None
 
 
-class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    pass
-
-
-class GRPOSection(_Section):
+class GRPOSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Keyword arguments of `lightrail.algorithms.GRPO` (reinforcement learning), used when ``algorithm`` is ``grpo``
     or ``[sft, grpo]``."""
 
@@ -196,7 +186,7 @@ class GRPOSection(_Section):
     each token; null: 2.0."""
 
 
-class SFTSection(_Section):
+class SFTSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Keyword arguments of `lightrail.algorithms.SFT` (supervised fine-tuning on the best traces), used when
     ``algorithm`` is ``sft`` or ``[sft, grpo]``."""
 
@@ -263,7 +253,7 @@ class SFTSection(_Section):
     """With ``backend: llamafactory``: its environment and arguments (the ``sft.llamafactory`` fields)."""
 
 
-class APOSection(_Section):
+class APOSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Keyword arguments of `lightrail.algorithms.APO` (prompt optimization), used when ``algorithm: apo``."""
 
     prompts: dict[str, str]

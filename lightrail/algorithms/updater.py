@@ -39,6 +39,7 @@ import json
 import math
 import os
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -258,13 +259,11 @@ class UpdateConfig:
         return cls(**data)
 
 
-def __getattr__(name: str) -> Any:
-    if name == "GRPOConfig":  # its name until it configured SFT and continuous learning too
-        import warnings
-
-        warnings.warn("GRPOConfig is deprecated: use UpdateConfig", DeprecationWarning, stacklevel=2)
-        return UpdateConfig
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def __getattr__(name: str) -> Any:  # GRPOConfig: UpdateConfig's name until it configured SFT and learning too
+    if name != "GRPOConfig":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn("GRPOConfig is deprecated: use UpdateConfig", DeprecationWarning, stacklevel=2)
+    return UpdateConfig
 
 
 _Versioned = TypeVar("_Versioned", TrainingRow, Transition)

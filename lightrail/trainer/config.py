@@ -408,10 +408,8 @@ _CHAIN = ("sft", "grpo")
 
 
 def _sft_kwargs(config: TrainConfig, train_tasks: list[dict] | None = None) -> dict[str, Any]:
-    """The config's ``sft`` section as `SFT` keyword arguments: ``teacher`` (`LLM` fields, ``api_key_env`` names the
-    variable holding its key; or ``{script: module:function}``, a program: ``function(train_tasks, seed=...)``
-    returns a gateway `Backend`, built once ``train_tasks`` are given), ``traces`` (`TraceFilter` fields),
-    ``agents``/``agents_pattern``, ``config`` (`UpdateConfig` fields), the rest as `SFTSection` types them."""
+    """The config's ``sft`` section (`SFTSection`) as `SFT` keyword arguments: ``teacher`` as `_sft_teacher` builds
+    it (a script's backend once ``train_tasks`` are given), ``traces``, ``agents`` and ``config`` as objects."""
     from lightrail.adapters import AgentFilter
     from lightrail.algorithms.rejection import TraceFilter
 

@@ -272,54 +272,28 @@ def _render_sections(chosen: list[Section], prefix: str) -> list[str]:
 
 def resolved_config(config: Any) -> dict[str, Any]:
     """``config`` (a checked `TrainConfig`) as plain data with every default filled in: the output folder and store
-    resolved, and the sections of the algorithms it runs completed from their signatures (sections it does not
-    run are left out)."""
+    resolved, and the sections of the algorithms it runs completed from their structs (sections it does not run are
+    left out)."""
     from lightrail.adapters import ToolRewardRule
-    from lightrail.algorithms.updater import LoraSettings, UpdateConfig
+    from lightrail.algorithms.settings import APOSection, GRPOSection, SFTSection, convert
+    from lightrail.trainer.config import grpo_config
 
     data = msgspec.to_builtins(config, enc_hook=str)
     data["out_dir"] = str(config.run_dir)
     data["store"] = config.store_location
-    by_path = {s.path: s for s in sections()}
     algorithms = config.algorithm if isinstance(config.algorithm, list) else [config.algorithm]
-    for name in ("grpo", "apo", "sft"):
+    for name, schema in (("grpo", GRPOSection), ("apo", APOSection), ("sft", SFTSection)):
         if name not in algorithms:
             if not data[name]:
                 del data[name]
             continue
-        given = dict(data[name])
-        filled: dict[str, Any] = {}
-        for f in by_path[name].fields:
-            if f.name in given:
-                filled[f.name] = given.pop(f.name)
-            elif f.default == "the top-level seed":
-                filled[f.name] = config.seed
-            elif f.default == "the top-level out_dir":
-                filled[f.name] = str(config.run_dir)
-            elif f.default != _REQUIRED:
-                filled[f.name] = _parse_default(f.default)
-        filled.update(given)
-        if name in ("grpo", "sft") and isinstance(filled.get("config"), dict):
-            update = dict(filled["config"])
-            lora = update.pop("lora", None)
-            settings = msgspec.to_builtins(dataclasses.asdict(msgspec.convert(update, UpdateConfig)), enc_hook=str)
-            if lora:
-                base = dataclasses.asdict(LoraSettings())
-                settings["lora"] = msgspec.to_builtins({**base, **(lora if isinstance(lora, dict) else {})})
-            filled["config"] = settings
-        if name == "grpo" and filled.get("tool_rewards"):
-            rule = filled["tool_rewards"]
-            base = {
-                f.name: getattr(ToolRewardRule(), f.name)
-                for f in _struct_fields(ToolRewardRule, exclude=frozenset({"is_error"}))
-            }
-            filled["tool_rewards"] = {**base, **(rule if isinstance(rule, dict) else {})}
+        top = {key: value for key, value in data.items() if key in _FROM_TOP and key in schema.__struct_fields__}
+        filled = msgspec.to_builtins(convert({**top, **data[name]}, schema, name, strict=False))
+        if name in ("grpo", "sft"):
+            filled["config"] = dataclasses.asdict(grpo_config(filled["config"], f"{name}.config"))
+        if name == "grpo" and filled["tool_rewards"]:
+            rule = filled["tool_rewards"] if isinstance(filled["tool_rewards"], dict) else {}
+            base = {f.name: f.default for f in _struct_fields(ToolRewardRule, exclude=frozenset({"is_error"}))}
+            filled["tool_rewards"] = {**{k: json.loads(v) for k, v in base.items()}, **rule}
         data[name] = filled
     return msgspec.json.decode(msgspec.json.encode(data, enc_hook=str))  # plain YAML-able data: tuples as lists
-
-
-def _parse_default(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text

@@ -529,7 +529,7 @@ def test_lightrail_train_distils_from_a_teacher_program_and_says_where_the_model
         ("sft.config={kl_coef: 0.1}", "sft.config.kl_coef: SFT has no KL term"),
         ("sft.config={autocast: float16}", "sft.config.autocast: Invalid enum value 'float16'"),
         ("sft.config={autocast: bfloat16, dtype: float64}", "autocast keeps float32 master weights"),
-        ("sft.batch=3", "sft: unknown setting(s) ['batch']"),
+        ("sft.batch=3", "sft: unknown setting(s) ['batch']; did you mean 'batch_size'?"),
     ],
 )
 def test_config_sft_section_errors_name_the_field(tmp_path, override, message):
