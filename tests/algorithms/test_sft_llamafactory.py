@@ -153,7 +153,10 @@ def test_a_missing_llamafactory_environment_is_one_clear_line(tiny_model, tmp_pa
     ("override", "message"),
     [
         ("sft={backend: llamafactory, llamafactory: {python: /nowhere/python}}", "/nowhere/python"),
-        ("sft={backend: llamafactory, llamafactory: {pyton: x}}", "sft.llamafactory: unknown setting(s) ['pyton']; did you mean 'python'?"),
+        (
+            "sft={backend: llamafactory, llamafactory: {pyton: x}}",
+            "sft.llamafactory: unknown setting(s) ['pyton']; did you mean 'python'?",
+        ),
         ("sft={backend: llamafactory, llamafactory: {args: 3}}", "sft.llamafactory.args: Expected `object`"),
     ],
 )
