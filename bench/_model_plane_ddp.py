@@ -33,7 +33,7 @@ def measure(quick: bool) -> dict:
     import torch
     from transformers import AutoConfig
 
-    from lightrail.algorithms import GRPOConfig, PolicyUpdater
+    from lightrail.algorithms import PolicyUpdater, UpdateConfig
     from lightrail.algorithms.distributed import DistributedPolicyUpdater
     from lightrail.engine.models import build_tiny_model, prepare_model
 
@@ -47,7 +47,7 @@ def measure(quick: bool) -> dict:
         n_rows, lr = 17, 1e-5
     vocab = AutoConfig.from_pretrained(model).vocab_size
     rows = build_rows(n_rows, vocab, rows_per_rollout=2)  # rollouts of 2 rows: the loss norm spans ranks
-    config = GRPOConfig(lr=lr, micro_batch_tokens=2048, compute_entropy=False)
+    config = UpdateConfig(lr=lr, micro_batch_tokens=2048, compute_entropy=False)
     cores = os.cpu_count() or 1
     threads_before = torch.get_num_threads()
 
@@ -62,7 +62,7 @@ def measure(quick: bool) -> dict:
     log(f"2 ranks, {max(1, cores // 2)} threads each")
     torch.set_num_threads(max(1, cores // 2))
     t0 = time.perf_counter()
-    with DistributedPolicyUpdater(str(model), GRPOConfig(**{**vars(config), "ranks": 2})) as two:
+    with DistributedPolicyUpdater(str(model), UpdateConfig(**{**vars(config), "ranks": 2})) as two:
         start_s = time.perf_counter() - t0
         two.step(rows)
         double = two.step(rows)

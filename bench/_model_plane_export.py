@@ -135,7 +135,7 @@ def _gateway_answers(out: Path, questions: list[str], tmp: Path) -> list[tuple]:
 def measure(quick: bool) -> dict:
     from transformers import AutoTokenizer
 
-    from lightrail.algorithms import GRPOConfig, LoraSettings, PolicyUpdater
+    from lightrail.algorithms import LoraSettings, PolicyUpdater, UpdateConfig
     from lightrail.algorithms.export import export_checkpoint
     from lightrail.engine.models import build_tiny_model, prepare_model
 
@@ -146,7 +146,7 @@ def measure(quick: bool) -> dict:
         tmp = Path(tmp_name)
         base = build_tiny_model(tmp / "tiny") if quick else prepare_model("smollm2")
         log(f"model {base.name}: {steps} LoRA SFT steps on {len(train)} training problems")
-        updater = PolicyUpdater(str(base), GRPOConfig(lr=2e-3, lora=LoraSettings(r=16, alpha=32)))
+        updater = PolicyUpdater(str(base), UpdateConfig(lr=2e-3, lora=LoraSettings(r=16, alpha=32)))
         rows = _rows(AutoTokenizer.from_pretrained(base), train)
         for _ in range(steps):
             updater.step(rows, objective="sft")

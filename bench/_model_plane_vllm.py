@@ -61,7 +61,7 @@ async def _sync_bench(model: str, workdir: Path, *, lora: bool, n_syncs: int) ->
     """Start vLLM, sync ``n_syncs`` times with requests in flight; timings, sampled calls and adapter states."""
     import openai
 
-    from lightrail.algorithms import GRPOConfig, LoraSettings, PolicyUpdater
+    from lightrail.algorithms import LoraSettings, PolicyUpdater, UpdateConfig
     from lightrail.algorithms.vllm_rollouts import VLLMRollouts
     from lightrail.gateway.server import GatewayServer
     from lightrail.store import MemoryStore
@@ -72,7 +72,7 @@ async def _sync_bench(model: str, workdir: Path, *, lora: bool, n_syncs: int) ->
         model, served_name="policy", workdir=workdir, lora_rank=16 if lora else None,
         python=VLLM_PYTHON, args=VLLM_ARGS, env=VLLM_ENV,
     )  # fmt: skip
-    updater = await asyncio.to_thread(PolicyUpdater, model, GRPOConfig(lora=settings, temperature=TEMPERATURE))
+    updater = await asyncio.to_thread(PolicyUpdater, model, UpdateConfig(lora=settings, temperature=TEMPERATURE))
     t0 = time.monotonic()
     await rollouts.start()
     log(f"vLLM ({'LoRA' if lora else 'full weights'}) serving after {time.monotonic() - t0:.0f} s")
@@ -169,12 +169,12 @@ def _grpo_steps_per_min(model: str, out: Path, *, engine: str, steps: int, quick
     from examples.calculator.demo import AGENT_ONE_SHOT
     from lightrail import Trainer
     from lightrail.adapters import ToolRewardRule
-    from lightrail.algorithms import GRPO, GRPOConfig, LoraSettings
+    from lightrail.algorithms import GRPO, LoraSettings, UpdateConfig
 
     train, val = make_splits(40, 2, seed=0)
     grpo = GRPO(
         model,
-        config=GRPOConfig(lr=2e-4, lora=LoraSettings(r=16, alpha=32)),
+        config=UpdateConfig(lr=2e-4, lora=LoraSettings(r=16, alpha=32)),
         steps=steps,
         tasks_per_step=2 if quick else 4,
         n_samples=4 if quick else 8,

@@ -106,7 +106,7 @@ def python_loop_ms() -> float:
 
 
 def cpu_amx() -> bool:
-    """Whether the CPU has AMX bfloat16 tiles (Xeon Sapphire Rapids and later), where `GRPOConfig.autocast`
+    """Whether the CPU has AMX bfloat16 tiles (Xeon Sapphire Rapids and later), where `UpdateConfig.autocast`
     pays: `bench/update.py` measured the update 1.5x faster there."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:

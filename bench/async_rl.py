@@ -83,7 +83,7 @@ def run_arm(mode: str, model: Path, args: argparse.Namespace, train: list, val: 
 
     from lightrail import Trainer
     from lightrail.adapters import ToolRewardRule
-    from lightrail.algorithms import GRPOConfig
+    from lightrail.algorithms import UpdateConfig
     from lightrail.types import RetryPolicy
 
     durations = out / f"{mode}-durations.jsonl"
@@ -91,7 +91,7 @@ def run_arm(mode: str, model: Path, args: argparse.Namespace, train: list, val: 
     os.environ["LIGHTRAIL_BENCH_DURATIONS"] = str(durations)
     grpo = _timed_grpo_class()(
         model,
-        config=GRPOConfig(lr=args.lr, warmup_steps=2, kl_coef=0.05, seed=args.seed),
+        config=UpdateConfig(lr=args.lr, warmup_steps=2, kl_coef=0.05, seed=args.seed),
         steps=args.steps,
         tasks_per_step=args.tasks_per_step,
         n_samples=args.n_samples,

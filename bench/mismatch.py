@@ -41,13 +41,13 @@ def run(model: Path, out: Path, steps: int) -> tuple[list[dict], str | None]:
     """One GRPO run; its metrics.jsonl records and the cause it stopped with (None when it ran to the end)."""
     from examples.calculator.data import make_splits
     from lightrail import MemoryStore, Trainer
-    from lightrail.algorithms import GRPOConfig
+    from lightrail.algorithms import UpdateConfig
     from lightrail.algorithms.grpo import GRPO
     from lightrail.algorithms.mismatch import MismatchError
 
     train, val = make_splits(16, 2, seed=1)
     grpo = GRPO(
-        model, config=GRPOConfig(lr=1e-2), steps=steps, tasks_per_step=2, n_samples=4,
+        model, config=UpdateConfig(lr=1e-2), steps=steps, tasks_per_step=2, n_samples=4,
         sampling={"temperature": 1.0, "max_tokens": 8}, val_sampling={"temperature": 0.0, "max_tokens": 8},
         val_every=0, checkpoint_every=0, out_dir=out,
     )  # fmt: skip

@@ -124,7 +124,7 @@ def main() -> None:
         "--sft-autocast",
         choices=["auto", "bfloat16", "none"],
         default="auto",
-        help="the SFT stage's mixed precision (GRPOConfig.autocast); auto: bfloat16 on a CPU with AMX (1.4x faster "
+        help="the SFT stage's mixed precision (UpdateConfig.autocast); auto: bfloat16 on a CPU with AMX (1.4x faster "
         "steps there), else none (float32)",
     )
     parser.add_argument(

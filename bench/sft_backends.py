@@ -71,7 +71,7 @@ def main() -> None:
     from examples.calculator.demo import DemoSettings, build_model
     from examples.calculator.teacher_server import TeacherServer
     from lightrail import Trainer
-    from lightrail.algorithms import SFT, GRPOConfig
+    from lightrail.algorithms import SFT, UpdateConfig
     from lightrail.algorithms.llamafactory import LlamaFactorySettings
     from lightrail.store.sqlite import SQLiteStore
 
@@ -81,7 +81,7 @@ def main() -> None:
     store_path = args.out / "store.db"
     settings = dict(
         n_samples=1, min_reward=1.0, steps=steps, batch_size=args.batch, max_len=500,
-        config=GRPOConfig(lr=args.lr, warmup_steps=10, seed=args.seed), val_sampling={"temperature": 0.0,
+        config=UpdateConfig(lr=args.lr, warmup_steps=10, seed=args.seed), val_sampling={"temperature": 0.0,
         "max_tokens": 48}, checkpoint_every=0, seed=args.seed,
     )  # fmt: skip
     reports = {}

@@ -13,11 +13,11 @@ Four passes per repetition, interleaved A/B/C/D/A/B/C/D so background load on th
   (full ``[B, T, V]`` logits, cross-entropy on the response tokens), backward, gradient clipping, AdamW.
 * ``fwd_bwd_sliced``: the same plain step but with the LM head applied only at response positions (the trick the
   update uses); the update's ratio to it is the pure cost of the GRPO bookkeeping.
-* ``update_bf16``: `PolicyUpdater.step` with ``GRPOConfig(autocast="bfloat16")`` (mixed precision over float32
+* ``update_bf16``: `PolicyUpdater.step` with ``UpdateConfig(autocast="bfloat16")`` (mixed precision over float32
   weights); ``update_bf16_over_update`` is its speed-up, which needs bfloat16 matrix units (``cpu_capability``
   ``AVX512`` with AMX on Sapphire Rapids; a CPU without them is slower in bfloat16).
 
-Shared prefixes (``GRPOConfig.share_prefixes``), on rows shaped like a multi-turn agent's: 4 tasks x 8 samples, each
+Shared prefixes (``UpdateConfig.share_prefixes``), on rows shaped like a multi-turn agent's: 4 tasks x 8 samples, each
 task's prompt 250-350 tokens (system prompt, worked example, question) shared by its samples, then two turns of a
 response (20-60 and 10-40 tokens, trained) around a tool result (10-30 tokens, not trained). ``update_shared`` and
 ``update_unshared`` (the same step with ``share_prefixes=False``, the baseline) are interleaved in the same run;
@@ -47,7 +47,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ when run from a checkout
 
 from bench._util import cpu_amx, log, machine_facts  # noqa: E402
-from lightrail.algorithms import GRPOConfig, PolicyUpdater, pack_micro_batches  # noqa: E402
+from lightrail.algorithms import PolicyUpdater, UpdateConfig, pack_micro_batches  # noqa: E402
 from lightrail.engine import configure_threads  # noqa: E402
 from lightrail.types import TrainingRow  # noqa: E402
 
@@ -112,7 +112,7 @@ def on_policy(updater: PolicyUpdater, rows: list[TrainingRow]) -> None:
         r.old_logprobs = [next(it) if m else 0.0 for m in r.loss_mask]
 
 
-def shared_prefix_grad_diff(base: LlamaForCausalLM, config: GRPOConfig, rows: list[TrainingRow]) -> float:
+def shared_prefix_grad_diff(base: LlamaForCausalLM, config: UpdateConfig, rows: list[TrainingRow]) -> float:
     """Largest absolute difference between one step's gradients with and without shared prefixes."""
     grads = []
     for share in (True, False):
@@ -126,7 +126,7 @@ class PlainStep:
     """A plain training step over the same micro-batches: forward, cross-entropy on response tokens, backward,
     gradient clipping, AdamW. ``sliced`` applies the LM head only where a response token is predicted."""
 
-    def __init__(self, model: LlamaForCausalLM, config: GRPOConfig, *, sliced: bool) -> None:
+    def __init__(self, model: LlamaForCausalLM, config: UpdateConfig, *, sliced: bool) -> None:
         self.model, self.config, self.sliced = model, config, sliced
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=config.betas)
 
@@ -174,7 +174,7 @@ def main() -> None:
     n_rows = args.rows or (16 if args.quick else 64)
 
     threads = configure_threads()
-    config = GRPOConfig(lr=1e-5, micro_batch_tokens=args.budget)
+    config = UpdateConfig(lr=1e-5, micro_batch_tokens=args.budget)
     base = build_model(args.vocab)
     params = sum(p.numel() for p in base.parameters())
     rows = build_rows(n_rows, args.vocab)

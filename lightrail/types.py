@@ -334,10 +334,13 @@ class LLM(msgspec.Struct, kw_only=True, tag="llm"):
     """An OpenAI-compatible endpoint and how to sample from it."""
 
     endpoint: str
+    """Base URL of an OpenAI-compatible server (``http://host:8000/v1``)."""
     model: str
+    """The model name sent with each request."""
     sampling: dict[str, JSON] = msgspec.field(default_factory=dict)
     """Default sampling parameters, e.g. ``{"temperature": 1.0, "max_tokens": 256}``."""
     api_key: str | None = None
+    """Its API key (for ``sft.teacher`` prefer ``api_key_env``: keys stay out of config files)."""
     routed: bool = True
     """True for an endpoint served by the lightrail gateway: agents get it routed to their attempt so every call
     is recorded. False for any other OpenAI-compatible server (an external judge, say): handed over unchanged."""

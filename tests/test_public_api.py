@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 import lightrail
 
 PUBLIC = [
@@ -119,3 +121,13 @@ def test_algorithms_exports_load_on_first_use():
     assert sorted(algorithms._EXPORTS) == sorted(algorithms.__all__)
     for name in algorithms.__all__:
         assert getattr(algorithms, name).__name__ == name or name == "LossNorm"
+
+
+def test_grpo_config_is_a_deprecated_name_of_update_config():
+    import lightrail.algorithms as algorithms
+    from lightrail.algorithms import updater
+
+    for module in (algorithms, updater):
+        with pytest.warns(DeprecationWarning, match="GRPOConfig is deprecated: use UpdateConfig"):
+            assert module.GRPOConfig is updater.UpdateConfig
+    assert "GRPOConfig" not in algorithms.__all__

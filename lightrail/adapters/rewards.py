@@ -60,11 +60,16 @@ class ToolRewardRule:
     """
 
     success: float = 0.1
+    """Intermediate reward after a tool call that succeeded."""
     error: float = -0.1
+    """Intermediate reward after a tool call whose result looks like an error."""
     unanswered: float | None = None
+    """Reward for a tool call no tool message answered (null: none, only counted)."""
     is_error: Callable[[str], bool] = looks_like_error
     from_messages: bool = True
+    """Read tool outcomes from the tool messages of later requests."""
     from_spans: bool = True
+    """Read tool outcomes from the framework's tool spans (needs ``otel``)."""
 
 
 def is_tool_span(span: Span) -> bool:

@@ -24,13 +24,13 @@ _EXPORTS: dict[str, str] = {
     "APO": "lightrail.algorithms.apo",
     "Chain": "lightrail.algorithms.chain",
     "GRPO": "lightrail.algorithms.grpo",
-    "GRPOConfig": "lightrail.algorithms.updater",
     "LlamaFactorySettings": "lightrail.algorithms.llamafactory",
     "LoraSettings": "lightrail.algorithms.updater",
     "LossNorm": "lightrail.algorithms._loss",
     "PolicyUpdater": "lightrail.algorithms.updater",
     "SFT": "lightrail.algorithms.sft",
     "TraceFilter": "lightrail.algorithms.rejection",
+    "UpdateConfig": "lightrail.algorithms.updater",
     "drop_stale_rows": "lightrail.algorithms.updater",
     "loss_weights": "lightrail.algorithms._loss",
     "pack_micro_batches": "lightrail.algorithms.updater",
@@ -42,13 +42,13 @@ __all__ = [
     "APO",
     "Chain",
     "GRPO",
-    "GRPOConfig",
     "LlamaFactorySettings",
     "LoraSettings",
     "LossNorm",
     "PolicyUpdater",
     "SFT",
     "TraceFilter",
+    "UpdateConfig",
     "drop_stale_rows",
     "loss_weights",
     "pack_micro_batches",
@@ -58,6 +58,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    if name == "GRPOConfig":  # UpdateConfig's deprecated name: the updater warns on each use
+        return importlib.import_module("lightrail.algorithms.updater").GRPOConfig
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'lightrail.algorithms' has no attribute {name!r}")
@@ -79,9 +81,9 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from lightrail.algorithms.rejection import TraceFilter
     from lightrail.algorithms.sft import SFT
     from lightrail.algorithms.updater import (
-        GRPOConfig,
         LoraSettings,
         PolicyUpdater,
+        UpdateConfig,
         drop_stale_rows,
         pack_micro_batches,
     )

@@ -86,7 +86,7 @@ LossNorm = Literal["token", "sequence", "rollout", "sequence_sum_norm"]
 """How the step's loss is normalised: ``token`` = mean over all masked tokens of the step; ``sequence`` = mean over
 tokens within each row, then mean over rows; ``rollout`` = the same with all rows of one rollout pooled, so every
 rollout weighs the same however many rows (LLM calls) it produced; ``sequence_sum_norm`` = each row's token sum
-divided by a constant L (``GRPOConfig.loss_norm_tokens``), then mean over rows (Dr. GRPO)."""
+divided by a constant L (``UpdateConfig.loss_norm_tokens``), then mean over rows (Dr. GRPO)."""
 
 LOSS_NORMS: tuple[LossNorm, ...] = ("token", "sequence", "rollout", "sequence_sum_norm")
 

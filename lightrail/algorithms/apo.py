@@ -898,44 +898,22 @@ def _index(cid: str) -> int:
 
 
 def kwargs_from_config(section: dict[str, Any], where: str = "apo") -> dict[str, Any]:
-    """A config's ``apo:`` section as `APO` keyword arguments, every value checked against the signature; errors
-    are ValueErrors that start with the field's path (``apo.rounds: Expected `int`, got `str```)."""
-    import inspect
+    """A config's ``apo:`` section (`lightrail.algorithms.settings.APOSection`) as `APO` keyword arguments, only the
+    keys it gives; errors are ValueErrors that start with the field's path (``apo.rounds: Expected `int`, got
+    `str```)."""
+    from lightrail.algorithms.settings import APOSection, convert
 
-    options = dict(section)
-    kwargs: dict[str, Any] = {}
+    settings = convert(section, APOSection, where, strict=False)
+    kwargs = {key: getattr(settings, key) for key in section}
     for name, routed in (("optimizer", False), ("llm", True)):
-        value = options.pop(name, None)
-        if value is None or (name == "optimizer" and value == "self"):
-            if value is not None:
-                kwargs[name] = value
-            continue
-        if not isinstance(value, dict):
-            raise ValueError(f"{where}.{name}: expected {'self or ' if routed is False else ''}a mapping of LLM fields")
-        try:
-            kwargs[name] = msgspec.convert({"routed": routed, **value}, LLM)
-        except msgspec.ValidationError as exc:
-            raise ValueError(f"{where}.{name}: {exc}") from None
-    parameters = inspect.signature(APO).parameters
-    accepted = set(parameters) - {"model", "gateway", "optimizer", "llm"}
-    unknown = sorted(set(options) - accepted)
-    if unknown:
-        raise ValueError(
-            f"{where}: unknown setting(s) {unknown}; APO accepts {sorted(accepted | {'optimizer', 'llm'})}"
-        )
-    if "prompts" not in options:
-        raise ValueError(f"{where}.prompts: required (resource name -> initial template)")
-    for key, value in options.items():
-        annotation = eval(
-            parameters[key].annotation, {"Path": Path, "Any": Any, "LLM": LLM, "TraceFilter": TraceFilter}
-        )  # noqa: S307 - our own signature
-        try:
-            kwargs[key] = msgspec.convert(value, annotation, strict=False)
-        except msgspec.ValidationError as exc:
-            raise ValueError(f"{where}.{key}: {exc}") from None
-        except TypeError:  # ``str | Path``: msgspec cannot check a union with Path; a config writes paths as strings
-            optional = "None" in str(parameters[key].annotation)
-            if not (isinstance(value, str) or (value is None and optional)):
-                raise ValueError(f"{where}.{key}: expected a path, got {type(value).__name__}") from None
-            kwargs[key] = value if value is None else Path(value)
+        value = kwargs.get(name)
+        if isinstance(value, dict):
+            kwargs[name] = convert({"routed": routed, **value}, LLM, f"{where}.{name}")
+        elif value is not None and (routed or value != "self"):
+            raise ValueError(f"{where}.{name}: expected {'' if routed else 'self or '}a mapping of LLM fields")
+    if kwargs.get("demo_traces") is not None:
+        kwargs["demo_traces"] = convert(kwargs["demo_traces"], TraceFilter, f"{where}.demo_traces")
+    for name in ("prompts_dir", "out_dir"):
+        if kwargs.get(name) is not None:
+            kwargs[name] = Path(kwargs[name])
     return kwargs

@@ -2,7 +2,7 @@
 
 `DistributedPolicyUpdater` is a `PolicyUpdater` (same ``step``, ``token_logprobs``, ``state_dict_for_serving``,
 ``save``, ``load``) whose step spans ``N`` processes joined by ``torch.distributed``: gloo on CPU, NCCL on CUDA (the
-backend follows ``GRPOConfig.device``). Every rank holds a full replica of the policy and of AdamW's state.
+backend follows ``UpdateConfig.device``). Every rank holds a full replica of the policy and of AdamW's state.
 
 How a step is computed, and why it equals the one-process step:
 
@@ -35,7 +35,7 @@ machines) and then checks that the replicas agree (`replica_fingerprints`).
 
 Two ways to run it:
 
-* **Ranks started by the trainer** (``GRPOConfig(ranks=N)``; ``grpo.config.ranks: N`` in a ``lightrail train``
+* **Ranks started by the trainer** (``UpdateConfig(ranks=N)``; ``grpo.config.ranks: N`` in a ``lightrail train``
   config). The constructing process is rank 0; it spawns ``N - 1`` worker processes (``multiprocessing`` spawn,
   gloo/NCCL over 127.0.0.1 with a free port) that build the same model and wait for commands. `GRPO` uses it with no
   other change. Workers stop with the trainer (`lightrail._lifeline`; a closed connection to rank 0 also ends
@@ -43,7 +43,7 @@ Two ways to run it:
 * **torchrun** (``torchrun --nproc-per-node N train.py``): every rank constructs the updater (the process group is
   set up from torchrun's environment); rank 0 drives, the others call `serve`::
 
-      upd = DistributedPolicyUpdater(model_dir, GRPOConfig(lora=LoraSettings(r=16)))
+      upd = DistributedPolicyUpdater(model_dir, UpdateConfig(lora=LoraSettings(r=16)))
       if upd.rank == 0:
           for rows in batches:
               upd.step(rows)
@@ -93,7 +93,7 @@ import torch
 import torch.distributed as dist
 
 from lightrail._lifeline import exit_with_parent
-from lightrail.algorithms.updater import GRPOConfig, PolicyUpdater
+from lightrail.algorithms.updater import PolicyUpdater, UpdateConfig
 from lightrail.engine.engine import THREADS_ENV
 from lightrail.types import TrainingRow
 
@@ -159,7 +159,7 @@ class _Worker:
 class DistributedPolicyUpdater(PolicyUpdater):
     """A `PolicyUpdater` whose step runs on ``config.ranks`` data-parallel ranks (see the module docstring).
 
-        >>> upd = DistributedPolicyUpdater("path/to/model", GRPOConfig(ranks=2))   # doctest: +SKIP
+        >>> upd = DistributedPolicyUpdater("path/to/model", UpdateConfig(ranks=2))   # doctest: +SKIP
         >>> upd.step(rows)["loss"]     # rows sharded over 2 processes    # doctest: +SKIP
         >>> weights = upd.state_dict_for_serving()                         # doctest: +SKIP
         >>> upd.close()                # stops the worker rank            # doctest: +SKIP
@@ -173,9 +173,9 @@ class DistributedPolicyUpdater(PolicyUpdater):
     data_parallel = True
 
     def __init__(
-        self, model: Any, config: GRPOConfig | None = None, *, timeout_s: float = 600.0, bucket_mb: float = 64.0
+        self, model: Any, config: UpdateConfig | None = None, *, timeout_s: float = 600.0, bucket_mb: float = 64.0
     ) -> None:
-        config = config or GRPOConfig()
+        config = config or UpdateConfig()
         device = PolicyUpdater._resolve_device(config.device)
         backend = "nccl" if device.type == "cuda" else "gloo"
         self.timeout_s = timeout_s
@@ -189,13 +189,13 @@ class DistributedPolicyUpdater(PolicyUpdater):
                 if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun (or any env:// launcher)
                     world = int(os.environ["WORLD_SIZE"])
                     if config.ranks not in (1, world):
-                        raise ValueError(f"GRPOConfig(ranks={config.ranks}) but the launcher started {world} ranks")
+                        raise ValueError(f"UpdateConfig(ranks={config.ranks}) but the launcher started {world} ranks")
                     if device.type == "cuda":
                         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
                     dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
                 else:
                     if config.ranks < 2:
-                        raise ValueError("a DistributedPolicyUpdater outside torchrun needs GRPOConfig(ranks >= 2)")
+                        raise ValueError("a DistributedPolicyUpdater outside torchrun needs UpdateConfig(ranks >= 2)")
                     self._start_workers(model, config, backend)
                 self._owns_group = True
             self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
@@ -221,7 +221,7 @@ class DistributedPolicyUpdater(PolicyUpdater):
 
     # -- starting workers -----------------------------------------------------------------------------------------
 
-    def _start_workers(self, model: Any, config: GRPOConfig, backend: str) -> None:
+    def _start_workers(self, model: Any, config: UpdateConfig, backend: str) -> None:
         world = config.ranks
         # The rendezvous store listens on a socket bound here to 127.0.0.1 (TCPStore alone listens on every
         # interface) at a port the OS picks (no race with other processes); the workers are told which.
@@ -523,7 +523,7 @@ def _worker_main(
     port: int,
     backend: str,
     model: str | bytes,
-    config: GRPOConfig,
+    config: UpdateConfig,
     timeout_s: float,
     bucket_bytes: int,
     errors: Any,

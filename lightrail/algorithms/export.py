@@ -192,10 +192,10 @@ def _read_meta(checkpoint: Path) -> dict[str, Any]:
 
 
 def _read_config(checkpoint: Path, meta: dict[str, Any]) -> Any:
-    from lightrail.algorithms.updater import GRPOConfig
+    from lightrail.algorithms.updater import UpdateConfig
 
     try:
-        return GRPOConfig.from_json(meta["config"])
+        return UpdateConfig.from_json(meta["config"])
     except (KeyError, TypeError, ValueError) as exc:
         raise ExportError(f"corrupt checkpoint {checkpoint}: updater.json has no valid config ({exc!r})") from None
 

@@ -80,7 +80,7 @@ log = logging.getLogger(__name__)
 if TYPE_CHECKING:
     from lightrail.algorithms._loss import LossNorm
     from lightrail.algorithms.protocol import TrainerContext
-    from lightrail.algorithms.updater import GRPOConfig
+    from lightrail.algorithms.updater import UpdateConfig
     from lightrail.gateway.server import GatewaySettings
 
 __all__ = ["GRPO"]
@@ -147,7 +147,7 @@ class GRPO:
     ``staleness_max``, ``is_weight_mean``, ``is_clipped_frac``. Defaults: 1, ``max_staleness``, 2.0; these three
     settings are errors in the default ``mode="sync"``.
 
-        >>> grpo = GRPO("runs/warm", config=GRPOConfig(lr=5e-4), steps=60)                # doctest: +SKIP
+        >>> grpo = GRPO("runs/warm", config=UpdateConfig(lr=5e-4), steps=60)                # doctest: +SKIP
         >>> Trainer(n_runners=2, concurrency=8, algorithm=grpo).fit(agent, train, val)  # doctest: +SKIP
         >>> grpo.report["val_after"]                                                      # doctest: +SKIP
     """
@@ -156,7 +156,7 @@ class GRPO:
         self,
         model: str | Path,
         *,
-        config: GRPOConfig | None = None,
+        config: UpdateConfig | None = None,
         steps: int = 50,
         epochs: int | None = None,
         tasks_per_step: int = 8,
@@ -287,10 +287,10 @@ class GRPO:
         """Start the rollout engine and load the updater, resume from the newest checkpoint if asked, start the
         gateway and publish the policy's endpoint."""
         from lightrail.algorithms.rollout_engines import make_rollout_engine
-        from lightrail.algorithms.updater import GRPOConfig, PolicyUpdater
+        from lightrail.algorithms.updater import PolicyUpdater, UpdateConfig
 
         self.out_dir.mkdir(parents=True, exist_ok=True)  # (before the engine: vLLM's files go in it)
-        config = self.config or GRPOConfig()
+        config = self.config or UpdateConfig()
         if "temperature" in self.sampling and self.sampling["temperature"] > 0:
             # The engine reports logprobs of the temperature-scaled distribution; the ratio must use the same one.
             config = dataclasses.replace(config, temperature=float(self.sampling["temperature"]))
@@ -326,7 +326,7 @@ class GRPO:
         self._served = await ServedPolicy.start(backend, ctx.store, self.gateway, name=self.served_name)
         self._llm = self._served.llm(self.sampling)
 
-    async def _start_policies(self, config: GRPOConfig) -> PolicyRouter:
+    async def _start_policies(self, config: UpdateConfig) -> PolicyRouter:
         """An engine and an updater per policy, the start model's engine for every other call, and the router."""
         from lightrail.algorithms.rollout_engines import EmbeddedRollouts
         from lightrail.algorithms.updater import PolicyUpdater
@@ -350,7 +350,7 @@ class GRPO:
             raise RuntimeError("GRPO.llm is known once the run has started its gateway")
         return self._llm
 
-    def _loss_config(self, config: GRPOConfig) -> GRPOConfig:
+    def _loss_config(self, config: UpdateConfig) -> UpdateConfig:
         """``config`` with the loss aggregation `GRPO`'s ``advantage``/``loss_agg`` resolve to (class docstring)."""
         norm = resolve_loss_agg(self.advantage, self.loss_agg, config)
         tokens = config.loss_norm_tokens
@@ -713,7 +713,7 @@ def check_async_options(
     ahead: int | None,
     is_cap: float | None,
     *,
-    config: GRPOConfig | None = None,
+    config: UpdateConfig | None = None,
     filter_groups: bool = False,
     policies: Mapping[str, Sequence[str]] | None = None,
     advantage: str = "grpo",
@@ -751,7 +751,7 @@ def check_async_options(
 
 
 def check_estimator_options(
-    advantage: str, loss_agg: str | None, config: GRPOConfig | None = None
+    advantage: str, loss_agg: str | None, config: UpdateConfig | None = None
 ) -> tuple[str, str | None]:
     """Check `GRPO`'s ``advantage`` and ``loss_agg`` (and that ``loss_agg`` agrees with ``config.loss_norm``);
     returns them. ValueError names the offending argument (``advantage: expected one of [...]``)."""
@@ -767,7 +767,7 @@ def check_estimator_options(
     return advantage, loss_agg
 
 
-def check_gae_options(*, merge_calls: bool, filter_groups: bool, policies: bool, config: GRPOConfig | None) -> None:
+def check_gae_options(*, merge_calls: bool, filter_groups: bool, policies: bool, config: UpdateConfig | None) -> None:
     """What ``advantage="gae"`` (PPO with a critic) does not combine with; ValueError naming the setting."""
     if merge_calls:
         raise ValueError("merge_calls: advantage 'gae' needs one call per row (its return on the row's last token)")
@@ -779,7 +779,7 @@ def check_gae_options(*, merge_calls: bool, filter_groups: bool, policies: bool,
         raise ValueError(f"config.ranks: advantage 'gae' trains its value head in one process, not {config.ranks}")
 
 
-def resolve_loss_agg(advantage: str, loss_agg: str | None, config: GRPOConfig | None = None) -> LossNorm:
+def resolve_loss_agg(advantage: str, loss_agg: str | None, config: UpdateConfig | None = None) -> LossNorm:
     """The `LossNorm` a run uses: ``loss_agg`` if given, else a non-default ``config.loss_norm``, else the
     estimator's natural one (``sequence_sum_norm`` for ``dr_grpo``, ``token`` otherwise)."""
     from lightrail.algorithms._loss import resolve_loss_norm

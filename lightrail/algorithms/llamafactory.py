@@ -194,7 +194,7 @@ def train_arguments(
 ) -> dict[str, Any]:
     """LLaMA-Factory's arguments for a full fine-tune of ``model`` on the rows in ``folder``: ``steps`` optimizer
     steps of ``batch_size`` rows, with the learning rate, warm-up, linear decay (when ``config.decay_steps``),
-    betas, weight decay, gradient clipping, bfloat16 autocast and seed of ``config`` (a `GRPOConfig`)."""
+    betas, weight decay, gradient clipping, bfloat16 autocast and seed of ``config`` (a `UpdateConfig`)."""
     args: dict[str, Any] = {
         "model_name_or_path": str(model),
         "stage": "sft",

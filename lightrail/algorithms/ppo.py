@@ -32,7 +32,7 @@ import msgspec
 import torch
 
 from lightrail.algorithms._loss import gae, value_loss, whiten
-from lightrail.algorithms.updater import GRPOConfig, PolicyUpdater, _MicroBatch, lr_factor, per_row
+from lightrail.algorithms.updater import PolicyUpdater, UpdateConfig, _MicroBatch, lr_factor, per_row
 from lightrail.types import TrainingRow, Transition
 
 __all__ = ["VALUE_HEAD", "VALUE_METRICS", "PPOUpdater", "returns_as_rows"]
@@ -58,11 +58,11 @@ class PPOUpdater(PolicyUpdater):
     token of a row the same value; `returns_as_rows`), one call per row. ``config.gamma``, ``lam``, ``value_coef``,
     ``value_clip`` and ``whiten_advantages`` set GAE and the value loss. One process only (``config.ranks == 1``).
 
-        >>> upd = PPOUpdater("path/to/model", GRPOConfig(lora=LoraSettings(r=8)))   # doctest: +SKIP
+        >>> upd = PPOUpdater("path/to/model", UpdateConfig(lora=LoraSettings(r=8)))   # doctest: +SKIP
         >>> upd.step(rows)["value_loss"]                                           # doctest: +SKIP
     """
 
-    def __init__(self, model: Any, config: GRPOConfig | None = None) -> None:
+    def __init__(self, model: Any, config: UpdateConfig | None = None) -> None:
         if config is not None and config.ranks > 1:
             raise ValueError(
                 f"advantage 'gae' trains its value head in one process: config.ranks must be 1, not {config.ranks}"

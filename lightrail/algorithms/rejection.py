@@ -40,10 +40,16 @@ class TraceFilter(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     """
 
     store: str | None = None
+    """Read the rollouts of another run's store (SQLite path, ``postgresql://`` or ``http://`` URL; token in
+    $LIGHTRAIL_TOKEN); null: the trainer's own store."""
     since: float | None = None
+    """Only rollouts created at or after this Unix time."""
     until: float | None = None
+    """Only rollouts created before this Unix time."""
     task_metadata: dict[str, JSON] = msgspec.field(default_factory=dict)
+    """Only rollouts whose task metadata has these keys with these values."""
     modes: tuple[str, ...] = ("train",)
+    """Rollout modes taken (``train``, ``val``)."""
 
     def apply(self, rollouts: Iterable[Rollout]) -> tuple[list[Rollout], Exclusions]:
         """The candidates among ``rollouts`` (order kept) and the others counted by reason: ``not_finished``,

@@ -68,7 +68,7 @@ log = logging.getLogger(__name__)
 if TYPE_CHECKING:
     from lightrail.algorithms.llamafactory import LlamaFactorySettings
     from lightrail.algorithms.protocol import TrainerContext
-    from lightrail.algorithms.updater import GRPOConfig
+    from lightrail.algorithms.updater import UpdateConfig
     from lightrail.gateway.backends import Backend
     from lightrail.gateway.server import GatewaySettings
 
@@ -230,7 +230,7 @@ class SFT:
         min_reward: float | None = 1.0,
         best_of: int | None = None,
         agents: AgentFilter | None = None,
-        config: GRPOConfig | None = None,
+        config: UpdateConfig | None = None,
         steps: int = 100,
         batch_size: int = 32,
         max_len: int | None = None,
@@ -338,9 +338,9 @@ class SFT:
         store, and start the recording gateway in front of the teacher."""
         from transformers import AutoTokenizer
 
-        from lightrail.algorithms.updater import GRPOConfig, PolicyUpdater
+        from lightrail.algorithms.updater import PolicyUpdater, UpdateConfig
 
-        config = self.config or GRPOConfig()
+        config = self.config or UpdateConfig()
         self._tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(self.model))
         self._updater = await asyncio.to_thread(PolicyUpdater, str(self.model), config)
         checkpoint, _ = self.folder.start(resume=self.resume, track=ctx.track)
@@ -583,13 +583,13 @@ class SFT:
         if self.step >= self.steps:
             return
         from lightrail.algorithms import llamafactory as lf
-        from lightrail.algorithms.updater import GRPOConfig
+        from lightrail.algorithms.updater import UpdateConfig
 
         assert self.llamafactory is not None
         folder = self.out_dir / "llamafactory"
         await asyncio.to_thread(lf.write_dataset, folder, self._samples, self._rows)
         arguments = lf.train_arguments(
-            folder, self.model, steps=self.steps, batch_size=self.batch_size, config=self.config or GRPOConfig(),
+            folder, self.model, steps=self.steps, batch_size=self.batch_size, config=self.config or UpdateConfig(),
             max_len=max(len(r.input_ids) for r in self._rows), settings=self.llamafactory,
         )  # fmt: skip
         with StepBar("SFT (LLaMA-Factory)", total=self.steps, completed=self.step) as bar:

@@ -39,6 +39,7 @@ import json
 import math
 import os
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,7 +64,7 @@ from lightrail.engine.prefix_cache import supported as full_attention_cache
 from lightrail.types import TrainingRow, Transition
 
 __all__ = [
-    "GRPOConfig",
+    "UpdateConfig",
     "LoraSettings",
     "PolicyUpdater",
     "drop_stale_rows",
@@ -90,23 +91,30 @@ class LoraSettings:
     """LoRA adapter shape (passed to ``peft.LoraConfig``). ``W' = W + (alpha / r) * B @ A``, B initialised to 0."""
 
     r: int = 16
+    """Rank of the adapter matrices."""
     alpha: int = 32
+    """Scale numerator: the update is ``(alpha / r) * B @ A``."""
     dropout: float = 0.0
     """Dropout on the adapter input; > 0 makes the PPO ratio noisy (the sampler ran without it)."""
     target_modules: tuple[str, ...] = LLAMA_LINEAR_PROJECTIONS
+    """Names of the linear layers that get adapters (Llama's attention and MLP projections by default)."""
 
 
 @dataclass(frozen=True)
-class GRPOConfig:
-    """Hyper-parameters of the policy update. Defaults suit the tiny CPU models (lr from models-data.md: 5e-4
+class UpdateConfig:
+    """Hyper-parameters of the policy update (GRPO's, SFT's and continuous learning's; ``GRPOConfig`` is its former,
+    deprecated name). Defaults suit the tiny CPU models (lr from models-data.md: 5e-4
     trained a 6 M-parameter Llama, 2e-3 collapsed it); use ~1e-6 for full fine-tuning of billion-parameter models.
     """
 
     lr: float = 5e-4
+    """Learning rate (AdamW)."""
     betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW's beta1, beta2."""
     weight_decay: float = 0.0
     """Decoupled (AdamW) decay, applied to matrices only -- never to norms' gains or biases."""
     max_grad_norm: float | None = 1.0
+    """Clip the gradient's global norm to this (null: no clipping)."""
     warmup_steps: int = 0
     """Linear learning-rate warm-up over this many optimizer steps, constant afterwards (unless ``decay_steps``)."""
     decay_steps: int = 0
@@ -118,6 +126,7 @@ class GRPOConfig:
     """With ``decay_steps``: the rate holds at ``lr`` until this optimizer step and only then falls to 0 at
     ``decay_steps`` (warm-up, stable, decay); 0, or any step inside the warm-up, starts the fall at the warm-up's end."""
     clip_low: float = 0.2
+    """PPO ratio clip below 1: the ratio is kept above ``1 - clip_low``."""
     clip_high: float = 0.2
     """``clip_high > clip_low`` is DAPO's "clip-higher"."""
     kl_coef: float = 0.0
@@ -147,6 +156,7 @@ class GRPOConfig:
     against the trainer's own pre-step logprobs and each token weighted by ``min(pi_trainer / pi_sampler, is_cap)``.
     `GRPO` sets it in ``mode: async``; None keeps the ratio against the sampler's logprobs. Needs ``mini_batches: 1``."""
     skip_zero_advantage_rows: bool = True
+    """Leave rows whose advantages are all zero out of the update (they carry no gradient but the KL term)."""
     share_prefixes: bool = True
     """Run a token prefix shared by several rows (the samples of one task share their prompt) once per micro-batch
     instead of once per row; the gradients are the same. Off, or unused, for models whose cache is not plain full
@@ -156,6 +166,7 @@ class GRPOConfig:
     lora: LoraSettings | None = None
     """None = full fine-tuning."""
     device: Literal["cpu", "cuda", "auto"] = "cpu"
+    """Where the update runs: ``cpu``, ``cuda`` or ``auto`` (CUDA when available)."""
     dtype: Literal["float32", "bfloat16", "float16", "float64"] | None = None
     """Weights' dtype; None = float32 on CPU, bfloat16 on CUDA. LoRA adapters stay float32 (peft's default); full
     fine-tuning in bfloat16 keeps no float32 master copy, so prefer LoRA or float32 for small learning rates."""
@@ -238,7 +249,7 @@ class GRPOConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> GRPOConfig:
+    def from_json(cls, data: dict[str, Any]) -> UpdateConfig:
         data = dict(data)
         data["betas"] = tuple(data["betas"])
         if data.get("lora") is not None:
@@ -246,6 +257,13 @@ class GRPOConfig:
             lora["target_modules"] = tuple(lora["target_modules"])
             data["lora"] = LoraSettings(**lora)
         return cls(**data)
+
+
+def __getattr__(name: str) -> Any:  # GRPOConfig: UpdateConfig's name until it configured SFT and learning too
+    if name != "GRPOConfig":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn("GRPOConfig is deprecated: use UpdateConfig", DeprecationWarning, stacklevel=2)
+    return UpdateConfig
 
 
 _Versioned = TypeVar("_Versioned", TrainingRow, Transition)
@@ -452,7 +470,7 @@ def lr_factor(step: int, warmup_steps: int, decay_steps: int, decay_start: int =
 class PolicyUpdater:
     """Owns the trainable policy (full model or LoRA adapter), its AdamW optimizer and the GRPO step.
 
-        >>> upd = PolicyUpdater("path/to/model", GRPOConfig(lora=LoraSettings(r=8)))   # doctest: +SKIP
+        >>> upd = PolicyUpdater("path/to/model", UpdateConfig(lora=LoraSettings(r=8)))   # doctest: +SKIP
         >>> metrics = upd.step(rows)                     # one optimizer step over every row   # doctest: +SKIP
         >>> await engine.update_weights(upd.state_dict_for_serving(), version=upd.steps + 1)   # doctest: +SKIP
         >>> upd.save("runs/ckpt")                         # ... later: upd.load("runs/ckpt")   # doctest: +SKIP
@@ -464,13 +482,13 @@ class PolicyUpdater:
     data_parallel = False
     """True for updaters whose step spans several ranks (`DistributedPolicyUpdater`)."""
 
-    def __init__(self, model: Any, config: GRPOConfig | None = None) -> None:
+    def __init__(self, model: Any, config: UpdateConfig | None = None) -> None:
         from transformers import AutoModelForCausalLM
 
-        self.config = config = config or GRPOConfig()
+        self.config = config = config or UpdateConfig()
         if config.ranks > 1 and not self.data_parallel:
             raise ValueError(
-                f"GRPOConfig(ranks={config.ranks}) needs lightrail.algorithms.distributed.DistributedPolicyUpdater"
+                f"UpdateConfig(ranks={config.ranks}) needs lightrail.algorithms.distributed.DistributedPolicyUpdater"
             )
         configure_threads()
         self.device = self._resolve_device(config.device)
@@ -973,7 +991,7 @@ class PolicyUpdater:
         meta = json.loads((path / "updater.json").read_text())
         if meta.get("format") != CHECKPOINT_FORMAT:
             raise ValueError(f"{path}: unknown checkpoint format {meta.get('format')!r}")
-        saved = GRPOConfig.from_json(meta["config"])
+        saved = UpdateConfig.from_json(meta["config"])
         if saved.lora != self.config.lora:
             raise ValueError(
                 f"{path}: checkpoint was trained with lora={saved.lora}, this updater has {self.config.lora}"

@@ -23,7 +23,7 @@ example learn.yaml:
   data_args: {n_train: 0, n_val: 64}
   min_sessions: 32                     # a round waits for this many newly rewarded sessions
   method: ppo                          # or sft (on sessions rewarded at least sft_min_reward)
-  config: {lr: 1.0e-4}                 # GRPOConfig fields (lora, clip_low/high, kl_coef, ...)
+  config: {lr: 1.0e-4}                 # UpdateConfig fields (lora, clip_low/high, kl_coef, ...)
   gate: {tolerance: 0.0}               # promote when candidate >= current - tolerance on the held-out set
 
 a round: rewarded served sessions since the last round -> rows (reward - running mean baseline, the recorded

@@ -20,7 +20,7 @@ rewards give tiny deviations early and huge advantages with them).
 
 **Off-policy.** Sessions were sampled by the policy that served them, which may be older than the one being
 updated: every row carries its recorded logprobs and policy version, the loss is the PPO-clipped importance ratio
-against them (`GRPOConfig.clip_low`/``clip_high``), and rows more than ``max_staleness`` versions behind are
+against them (`UpdateConfig.clip_low`/``clip_high``), and rows more than ``max_staleness`` versions behind are
 dropped (counted). Calls sampled at another temperature than ``temperature`` (greedy calls among them) have logprobs
 of another distribution and are left out (counted).
 

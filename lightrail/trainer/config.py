@@ -20,7 +20,7 @@ A config names the agent and its data by import reference, the model, how runner
       advantage: grpo                              # grpo | rloo | dr_grpo | reinforce_pp | reinforce_pp_baseline | gae
       # loss_agg: token_mean                       # | seq_mean_token_mean | seq_mean_token_sum_norm (dr_grpo's)
       tool_rewards: true                           # or ToolRewardRule fields: {success: 0.1, error: -0.1}
-      config: {lr: 1.0e-4, kl_coef: 0.05, lora: {r: 8}}   # GRPOConfig fields
+      config: {lr: 1.0e-4, kl_coef: 0.05, lora: {r: 8}}   # UpdateConfig fields
     # algorithm: verl                              # or a verl dict, as agent-lightning's agl.VERL(config) takes it:
     # verl: {data: {train_batch_size: 32}, actor_rollout_ref: {rollout: {n: 4}, model: {path: ...}}, ...}
     # algorithm: apo                               # prompt optimization instead: the apo: section, APO's arguments
@@ -34,7 +34,7 @@ A config names the agent and its data by import reference, the model, how runner
     #   min_reward: 1.0                            # keep rollouts rewarded at least this; best_of: 1 per task
     #   steps: 300
     #   batch_size: 32
-    #   config: {lr: 1.0e-3, lora: {r: 8}}         # GRPOConfig fields (optimizer, LoRA)
+    #   config: {lr: 1.0e-3, lora: {r: 8}}         # UpdateConfig fields (optimizer, LoRA)
 
 Every field is checked before anything starts: a wrong type or an unknown key is reported with its path
 (``grpo.config.lr: Expected `float`, got `str```). ``overrides`` (``--set grpo.steps=1``) change any field by its
@@ -50,8 +50,8 @@ import importlib
 import inspect
 import logging
 import os
+import typing
 from collections.abc import Mapping, Sequence
-from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -60,6 +60,7 @@ import msgspec
 
 from lightrail.agent.cli import DEFAULT_CONCURRENCY
 from lightrail.agent.ray import RaySettings
+from lightrail.algorithms.settings import GRPOSection, SFTSection, convert, unknown_keys
 from lightrail.gateway.server import GatewaySettings
 from lightrail.tracking import LoggerKind, LoggerSettings
 
@@ -205,9 +206,9 @@ def read_yaml_config(path: str | os.PathLike[str], overrides: Sequence[str], sch
             raise ConfigError(f"--set {item!r}: expected dotted.path=value")
         _set_path(data, key.strip(), yaml.safe_load(raw))
     try:
-        return msgspec.convert(data, schema)
-    except msgspec.ValidationError as exc:
-        raise ConfigError(f"{path}: {_readable(exc)}") from None
+        return convert(data, schema)
+    except ValueError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
 
 
 def check_store_field(path: str | os.PathLike[str], store: str | None) -> None:
@@ -284,13 +285,6 @@ def _from_verl(config: TrainConfig) -> TrainConfig:
     return msgspec.structs.replace(config, trainer=trainer, **changes)
 
 
-def _readable(exc: msgspec.ValidationError) -> str:
-    """msgspec says ``... - at `$.grpo.steps```; users wrote ``grpo.steps``."""
-    message = str(exc)
-    head, sep, where = message.rpartition(" - at `$.")
-    return f"{where.rstrip('`')}: {head}" if sep else message
-
-
 def _yaml_where(exc: Exception) -> str:
     """``:LINE:COLUMN`` of a YAML error (1-based), or nothing when PyYAML does not know."""
     mark = getattr(exc, "problem_mark", None)
@@ -313,28 +307,18 @@ def _resolve(reference: str, what: str) -> Any:
 
 
 def grpo_config(update: dict[str, Any], where: str) -> Any:
-    """A `GRPOConfig` from a config section (``lora: true`` or a mapping of `LoraSettings`); errors name ``where``."""
-    from lightrail.algorithms.updater import GRPOConfig, LoraSettings
+    """An `UpdateConfig` from a config section (``lora: true`` or a mapping of `LoraSettings`); errors name ``where``."""
+    from lightrail.algorithms.updater import LoraSettings, UpdateConfig
 
     update = dict(update)
     lora = update.pop("lora", None)
-    _no_unknown(where, update, GRPOConfig)
     try:
-        settings = msgspec.convert(update, GRPOConfig)
-    except msgspec.ValidationError as exc:
-        raise ConfigError(f"{where}.{_readable(exc)}") from None
+        settings = convert(update, UpdateConfig, where)
+        if lora:
+            lora = LoraSettings() if lora is True else convert(lora, LoraSettings, f"{where}.lora")
+            settings = dataclasses.replace(settings, lora=lora)
     except ValueError as exc:
-        raise ConfigError(f"{where}: {exc}") from None
-    if lora:
-        if lora is not True:
-            _no_unknown(f"{where}.lora", lora, LoraSettings)
-        try:
-            lora = LoraSettings() if lora is True else msgspec.convert(lora, LoraSettings)
-        except msgspec.ValidationError as exc:
-            raise ConfigError(f"{where}.lora.{_readable(exc)}") from None
-        except ValueError as exc:
-            raise ConfigError(f"{where}.lora: {exc}") from None
-        settings = dataclasses.replace(settings, lora=lora)
+        raise ConfigError(str(exc)) from None
     return settings
 
 
@@ -344,65 +328,57 @@ def _grpo_kwargs(config: TrainConfig) -> dict[str, Any]:
     return {**base, **_grpo_options(config.grpo, "grpo")}
 
 
+def _section(data: Any, schema: type[T], where: str) -> T:
+    try:
+        return convert(data, schema, where, strict=False)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def _grpo_options(section: dict[str, Any], where: str) -> dict[str, Any]:
-    """A ``grpo`` section as `GRPO` keyword arguments; errors name their field under ``where`` (``grpo.config.lr``).
-    Also reads the section `lightrail.trainer.verl_compat` makes of a verl dict."""
+    """A ``grpo`` section (`GRPOSection`) as `GRPO` keyword arguments, only the keys it gives; errors name their field
+    under ``where`` (``grpo.config.lr``). Also reads the section `lightrail.trainer.verl_compat` makes of a verl dict."""
     from lightrail.adapters import AgentFilter, ToolRewardRule
     from lightrail.adapters.credit import credit_by_name
-    from lightrail.algorithms.grpo import GRPO
-
-    options = dict(section)
-    kwargs: dict[str, Any] = {}
-    try:
-        names, pattern = options.pop("agents", None), options.pop("agents_pattern", None)
-        if names is not None or pattern is not None:
-            if isinstance(names, str):
-                names = [names]
-            kwargs["agents"] = AgentFilter(names or (), pattern)
-        credit, credit_args = options.pop("credit", None), options.pop("credit_args", None) or {}
-        if credit is not None:
-            kwargs["credit"] = credit_by_name(str(credit), **credit_args)
-        rule = options.pop("tool_rewards", None)
-        if rule is True:
-            kwargs["tool_rewards"] = ToolRewardRule()
-        elif isinstance(rule, dict):
-            _no_unknown(f"{where}.tool_rewards", rule, ToolRewardRule, exclude={"is_error"})
-            values = {
-                k: _checked(f"{where}.tool_rewards.{k}", v, f.type)
-                for k, v in rule.items()
-                for f in [_field(ToolRewardRule, k)]
-            }
-            kwargs["tool_rewards"] = ToolRewardRule(**values)
-        elif rule not in (None, False):
-            raise ConfigError(f"{where}.tool_rewards: expected true, false or a mapping, got {rule!r}")
-        kwargs["config"] = grpo_config(options.pop("config", None) or {}, f"{where}.config")
-    except (TypeError, ValueError) as exc:
-        if isinstance(exc, ConfigError):
-            raise
-        raise ConfigError(f"{where}: {exc}") from None
-    parameters = inspect.signature(GRPO).parameters
-    accepted = set(parameters) - {"model", "gateway"}  # the gateway has a section of its own
-    unknown = sorted(set(options) - accepted)
-    if unknown:
-        raise ConfigError(f"{where}: unknown setting(s) {unknown}; GRPO accepts {sorted(accepted)}")
-    if "steps" in options and options.get("epochs") is not None:
-        raise ConfigError(f"{where}: give steps or epochs, not both (epochs sets the step count)")
-    for key, value in options.items():
-        kwargs[key] = _checked(f"{where}.{key}", value, parameters[key].annotation)
     from lightrail.algorithms.grpo import check_estimator_options
-
-    try:  # advantage: grpo | rloo | reinforce_pp | reinforce_pp_baseline | dr_grpo | gae; loss_agg: token_mean | ...
-        check_estimator_options(kwargs.get("advantage", "grpo"), kwargs.get("loss_agg"), kwargs.get("config"))
-    except ValueError as exc:
-        raise ConfigError(f"{where}.{exc}") from None
     from lightrail.algorithms.rollout_engines import ROLLOUT_ENGINES, check_vllm_options
 
-    if kwargs.get("rollout_engine", ROLLOUT_ENGINES[0]) not in ROLLOUT_ENGINES:
+    settings = _section(section, GRPOSection, where)
+    kwargs = {key: getattr(settings, key) for key in section}
+    if "steps" in kwargs and kwargs.get("epochs") is not None:
+        raise ConfigError(f"{where}: give steps or epochs, not both (epochs sets the step count)")
+    try:
+        names, pattern = kwargs.pop("agents", None), kwargs.pop("agents_pattern", None)
+        if names is not None or pattern is not None:
+            kwargs["agents"] = AgentFilter([names] if isinstance(names, str) else names or (), pattern)
+        credit_args = kwargs.pop("credit_args", {})
+        if "credit" in kwargs:
+            kwargs["credit"] = credit_by_name(settings.credit, **credit_args)
+        rule = kwargs.pop("tool_rewards", None)
+        if isinstance(rule, dict):
+            fields = typing.get_type_hints(ToolRewardRule)
+            if error := unknown_keys(f"{where}.tool_rewards", rule, set(fields) - {"is_error"}):
+                raise ConfigError(error)
+            kwargs["tool_rewards"] = ToolRewardRule(
+                **{k: convert(v, fields[k], f"{where}.tool_rewards.{k}", strict=False) for k, v in rule.items()}
+            )
+        elif rule:
+            kwargs["tool_rewards"] = ToolRewardRule()
+        kwargs["config"] = grpo_config(settings.config, f"{where}.config")
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    try:  # advantage: grpo | rloo | reinforce_pp | reinforce_pp_baseline | dr_grpo | gae; loss_agg: token_mean | ...
+        check_estimator_options(settings.advantage, settings.loss_agg, kwargs["config"])
+    except ValueError as exc:
+        raise ConfigError(f"{where}.{exc}") from None
+    if settings.rollout_engine not in ROLLOUT_ENGINES:
         raise ConfigError(
-            f"{where}.rollout_engine: expected one of {list(ROLLOUT_ENGINES)}, got {kwargs['rollout_engine']!r}"
+            f"{where}.rollout_engine: expected one of {list(ROLLOUT_ENGINES)}, got {settings.rollout_engine!r}"
         )
     try:
-        check_vllm_options(kwargs.get("vllm"))
+        check_vllm_options(settings.vllm)
     except ValueError as exc:
         raise ConfigError(f"{where}.vllm: {exc}") from None
     if kwargs.get("policies") is not None:  # {policy: [agent, ...]}: one trained policy per group of agents
@@ -432,15 +408,13 @@ _CHAIN = ("sft", "grpo")
 
 
 def _sft_kwargs(config: TrainConfig, train_tasks: list[dict] | None = None) -> dict[str, Any]:
-    """The config's ``sft`` section as `SFT` keyword arguments: ``teacher`` (`LLM` fields, ``api_key_env`` names the
-    variable holding its key; or ``{script: module:function}``, a program: ``function(train_tasks, seed=...)``
-    returns a gateway `Backend`, built once ``train_tasks`` are given), ``traces`` (`TraceFilter` fields),
-    ``agents``/``agents_pattern``, ``config`` (`GRPOConfig` fields), the rest checked against `SFT`'s signature."""
+    """The config's ``sft`` section (`SFTSection`) as `SFT` keyword arguments: ``teacher`` as `_sft_teacher` builds
+    it (a script's backend once ``train_tasks`` are given), ``traces``, ``agents`` and ``config`` as objects."""
     from lightrail.adapters import AgentFilter
     from lightrail.algorithms.rejection import TraceFilter
-    from lightrail.algorithms.sft import SFT
 
-    options = dict(config.sft)
+    settings = _section(config.sft, SFTSection, "sft")
+    options = {key: getattr(settings, key) for key in config.sft}
     out_dir = config.run_dir / "sft" if isinstance(config.algorithm, list) else config.run_dir
     kwargs: dict[str, Any] = {"seed": config.seed, "out_dir": out_dir, "gateway": config.gateway}
     teacher = options.pop("teacher", None)
@@ -450,43 +424,26 @@ def _sft_kwargs(config: TrainConfig, train_tasks: list[dict] | None = None) -> d
     if traces is not None:
         if teacher is not None:
             raise ConfigError("sft: give teacher (distillation) or traces (rejection sampling), not both")
-        try:
-            kwargs["traces"] = msgspec.convert(traces, TraceFilter)
-        except msgspec.ValidationError as exc:
-            raise ConfigError(f"sft.traces.{_readable(exc)}") from None
+        kwargs["traces"] = _section(traces, TraceFilter, "sft.traces")
     names, pattern = options.pop("agents", None), options.pop("agents_pattern", None)
     if names is not None or pattern is not None:
         kwargs["agents"] = AgentFilter([names] if isinstance(names, str) else names or (), pattern)
     update = options.pop("config", None)
     if update is not None:
-        settings = grpo_config(update, "sft.config")
-        if settings.kl_coef:
+        kwargs["config"] = grpo_config(update, "sft.config")
+        if kwargs["config"].kl_coef:
             raise ConfigError("sft.config.kl_coef: SFT has no KL term (leave it at 0)")
-        kwargs["config"] = settings
     llamafactory = options.pop("llamafactory", None)
-    if llamafactory is not None or options.get("backend") == "llamafactory":
+    if llamafactory is not None or settings.backend == "llamafactory":
         from lightrail.algorithms.llamafactory import LlamaFactorySettings
 
-        try:
-            kwargs["llamafactory"] = settings = msgspec.convert(llamafactory or {}, LlamaFactorySettings)
-        except msgspec.ValidationError as exc:
-            at = "." if "`$." in str(exc) else ": "  # a field's error, or the section's (an unknown field)
-            raise ConfigError(f"sft.llamafactory{at}{_readable(exc)}") from None
-        if options.get("backend") == "llamafactory":
+        kwargs["llamafactory"] = factory = _section(llamafactory or {}, LlamaFactorySettings, "sft.llamafactory")
+        if settings.backend == "llamafactory":
             try:
-                settings.interpreter()
+                factory.interpreter()
             except FileNotFoundError as exc:
                 raise ConfigError(str(exc)) from None
-    parameters = inspect.signature(SFT).parameters
-    sections = {"teacher", "traces", "agents", "config", "llamafactory"}
-    accepted = set(parameters) - {"model", "gateway", "out_dir"} - sections
-    unknown = sorted(set(options) - accepted)
-    if unknown:
-        extra = {"teacher", "traces", "agents", "agents_pattern", "config", "llamafactory"}
-        raise ConfigError(f"sft: unknown setting(s) {unknown}; SFT accepts {sorted(accepted | extra)}")
-    for key, value in options.items():
-        kwargs[key] = _checked(f"sft.{key}", value, parameters[key].annotation)
-    return kwargs
+    return {**kwargs, **options}
 
 
 def _sft_teacher(section: Any, seed: int, train_tasks: list[dict] | None) -> Any:
@@ -512,17 +469,13 @@ def _sft_teacher(section: Any, seed: int, train_tasks: list[dict] | None) -> Any
         return None if train_tasks is None else _teacher_program(make, teacher["script"], train_tasks, seed)
     key_env = teacher.pop("api_key_env", None)
     fields = set(LLM.__struct_fields__) - {"routed", "agent"}  # a teacher is no gateway: no route, no agent
-    unknown = sorted(set(teacher) - fields)
-    if unknown:
-        raise ConfigError(f"sft.teacher: unknown setting(s) {unknown}; accepted: {sorted(fields | {'api_key_env'})}")
+    if error := unknown_keys("sft.teacher", teacher, fields | {"api_key_env"}):
+        raise ConfigError(error)
     if key_env is not None:
         if not isinstance(key_env, str) or key_env not in os.environ:
             raise ConfigError(f"sft.teacher.api_key_env: ${key_env} is not set")
         teacher["api_key"] = os.environ[key_env]
-    try:
-        return msgspec.convert({**teacher, "routed": False}, LLM)
-    except msgspec.ValidationError as exc:
-        raise ConfigError(f"sft.teacher.{_readable(exc)}") from None
+    return _section({**teacher, "routed": False}, LLM, "sft.teacher")
 
 
 def _teacher_program(make: Any, reference: str, train_tasks: list[dict], seed: int) -> Any:
@@ -548,37 +501,6 @@ def _teacher_program(make: Any, reference: str, train_tasks: list[dict], seed: i
             "(model_names() is empty): the agent needs one to call"
         )
     return backend
-
-
-def _field(cls: type, name: str) -> dataclasses.Field:
-    return {f.name: f for f in dataclasses.fields(cls)}[name]
-
-
-def _no_unknown(where: str, given: Any, cls: type, exclude: AbstractSet[str] = frozenset()) -> None:
-    """A mapping's keys must be fields of the dataclass ``cls`` (msgspec ignores extra keys of dataclasses: a typo
-    like ``kl_coeff`` would silently train without the setting)."""
-    if not isinstance(given, dict):
-        raise ConfigError(f"{where}: expected a mapping, got {given!r}")
-    fields = {f.name for f in dataclasses.fields(cls)} - exclude
-    unknown = sorted(set(given) - fields)
-    if unknown:
-        raise ConfigError(f"{where}: unknown setting(s) {unknown}; accepted: {sorted(fields)}")
-
-
-def _checked(where: str, value: Any, annotation: Any) -> Any:
-    """``value`` converted to a plain annotation (``int``, ``dict[str, Any] | None``, ``str | Path``...); values
-    of richer types (objects built above) pass unchecked."""
-    if isinstance(annotation, str):
-        try:
-            annotation = eval(annotation, {"Path": Path, "Any": Any})  # noqa: S307 - our own signature's text
-        except NameError:
-            return value
-    try:
-        return msgspec.convert(value, annotation, strict=False)
-    except msgspec.ValidationError as exc:
-        raise ConfigError(f"{where}: {exc}") from None
-    except TypeError:  # a type msgspec cannot check
-        return value
 
 
 def _build_model(config: TrainConfig, data_module: str) -> Path:

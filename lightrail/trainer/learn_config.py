@@ -66,7 +66,7 @@ class LearnConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     agents: list[str] | None = None
     """Train only these agents' calls (None: every call)."""
     config: dict[str, Any] = msgspec.field(default_factory=dict)
-    """`GRPOConfig` fields (lr, clip_low/high, kl_coef, lora, ...)."""
+    """`UpdateConfig` fields (lr, clip_low/high, kl_coef, lora, ...)."""
     gate: GateSettings = msgspec.field(default_factory=GateSettings)
     """How a candidate is judged before it is promoted (the ``gate`` section)."""
     every_s: float = 300.0

@@ -29,7 +29,7 @@ class VerlSettings:
     """What a verl dict says, in lightrail's terms."""
 
     grpo: dict[str, Any] = field(default_factory=dict)
-    """The ``grpo:`` section of a config file (``config`` a mapping of `GRPOConfig` fields)."""
+    """The ``grpo:`` section of a config file (``config`` a mapping of `UpdateConfig` fields)."""
     model: str | None = None
     """``actor_rollout_ref.model.path``."""
     name: str | None = None

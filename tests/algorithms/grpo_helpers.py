@@ -61,11 +61,11 @@ def make_rows(n: int = 8, seed: int = 0, *, zero_adv_rows: int = 0, rollouts: in
 def tiny_grpo(model, out_dir, **overrides):
     """A `GRPO` of one short step for loop tests: 2 tasks x 4 samples, 8 new tokens, no checkpoints or mid-run
     validations; ``overrides`` are `GRPO` keyword arguments (``config`` defaults to lr 1e-3)."""
-    from lightrail.algorithms import GRPOConfig
+    from lightrail.algorithms import UpdateConfig
     from lightrail.algorithms.grpo import GRPO
 
     options = dict(
-        config=GRPOConfig(lr=1e-3), steps=1, tasks_per_step=2, n_samples=4,
+        config=UpdateConfig(lr=1e-3), steps=1, tasks_per_step=2, n_samples=4,
         sampling={"temperature": 1.0, "max_tokens": 8}, val_sampling={"temperature": 0.0, "max_tokens": 8},
         val_every=0, checkpoint_every=0, out_dir=out_dir,
     )  # fmt: skip

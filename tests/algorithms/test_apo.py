@@ -264,7 +264,7 @@ def test_config_section(tmp_path):
     assert paths["prompts_dir"] == Path("my_prompts") and paths["out_dir"] == Path("runs/x")  # strings in YAML
     assert kwargs_from_config({"prompts": {"p": "hi"}, "prompts_dir": None})["prompts_dir"] is None
     for bad in ({"prompts_dir": 3}, {"out_dir": None}):
-        with pytest.raises(ValueError, match=f"apo.{next(iter(bad))}: expected a path"):
+        with pytest.raises(ValueError, match=f"apo.{next(iter(bad))}: Expected `str"):
             kwargs_from_config({"prompts": {"p": "hi"}, **bad})
     traces = kwargs_from_config({"prompts": {"p": "hi"}, "demo_traces": {"store": "old.db", "modes": ["val"]}})
     assert traces["demo_traces"] == TraceFilter(store="old.db", modes=("val",))

@@ -15,7 +15,7 @@ import pytest
 import torch
 from grpo_helpers import make_rows, tiny_grpo
 
-from lightrail.algorithms import GRPOConfig, LoraSettings, PolicyUpdater
+from lightrail.algorithms import LoraSettings, PolicyUpdater, UpdateConfig
 from lightrail.algorithms.distributed import DistributedPolicyUpdater, RankFailedError, shard_by_tokens
 from lightrail.engine.models import build_tiny_model
 
@@ -56,8 +56,8 @@ def test_shard_by_tokens_balances_deterministically():
 @pytest.mark.parametrize(
     "config",
     [
-        GRPOConfig(lr=1e-3, micro_batch_tokens=40, loss_norm="rollout", kl_coef=0.05),
-        GRPOConfig(lr=1e-3, micro_batch_tokens=40, loss_norm="token", lora=LoraSettings(r=4, alpha=8)),
+        UpdateConfig(lr=1e-3, micro_batch_tokens=40, loss_norm="rollout", kl_coef=0.05),
+        UpdateConfig(lr=1e-3, micro_batch_tokens=40, loss_norm="token", lora=LoraSettings(r=4, alpha=8)),
     ],
     ids=["full", "lora"],
 )
@@ -65,7 +65,7 @@ def test_two_ranks_update_the_policy_like_one(model_dir, config):
     rows = _rows()
     one = PolicyUpdater(str(model_dir), config)
     expected = [one.step(rows), one.step(rows)]
-    with DistributedPolicyUpdater(str(model_dir), GRPOConfig(**{**vars(config), "ranks": 2})) as two:
+    with DistributedPolicyUpdater(str(model_dir), UpdateConfig(**{**vars(config), "ranks": 2})) as two:
         got = [two.step(rows), two.step(rows)]
         fingerprints = two.replica_fingerprints()
     for want, have in zip(expected, got, strict=True):
@@ -83,7 +83,7 @@ def test_two_ranks_update_the_policy_like_one(model_dir, config):
 
 def test_checkpoint_save_and_load_with_ranks(model_dir, tmp_path):
     rows, later = _rows(), make_rows(7, seed=5)
-    config = GRPOConfig(lr=1e-3, micro_batch_tokens=40, lora=LoraSettings(r=4, alpha=8), ranks=2)
+    config = UpdateConfig(lr=1e-3, micro_batch_tokens=40, lora=LoraSettings(r=4, alpha=8), ranks=2)
     with DistributedPolicyUpdater(str(model_dir), config) as first:
         first.step(rows)
         first.save(tmp_path / "ckpt")
@@ -101,7 +101,7 @@ def test_checkpoint_save_and_load_with_ranks(model_dir, tmp_path):
 
 
 def test_a_worker_that_dies_fails_the_step_with_its_rank(model_dir):
-    upd = DistributedPolicyUpdater(str(model_dir), GRPOConfig(ranks=2), timeout_s=60)
+    upd = DistributedPolicyUpdater(str(model_dir), UpdateConfig(ranks=2), timeout_s=60)
     try:
         (pid,) = upd.worker_pids
         os.kill(pid, signal.SIGKILL)
@@ -116,7 +116,7 @@ def test_a_worker_that_dies_fails_the_step_with_its_rank(model_dir):
 
 
 def test_a_hung_worker_times_out_instead_of_hanging(model_dir):
-    upd = DistributedPolicyUpdater(str(model_dir), GRPOConfig(ranks=2), timeout_s=5)
+    upd = DistributedPolicyUpdater(str(model_dir), UpdateConfig(ranks=2), timeout_s=5)
     try:
         (pid,) = upd.worker_pids
         os.kill(pid, signal.SIGSTOP)
@@ -129,10 +129,10 @@ def test_a_hung_worker_times_out_instead_of_hanging(model_dir):
 
 _TRAINER = """
 import sys, time
-from lightrail.algorithms import GRPOConfig
+from lightrail.algorithms import UpdateConfig
 from lightrail.algorithms.distributed import DistributedPolicyUpdater
 if __name__ == "__main__":
-    upd = DistributedPolicyUpdater(sys.argv[1], GRPOConfig(ranks=2))
+    upd = DistributedPolicyUpdater(sys.argv[1], UpdateConfig(ranks=2))
     print(upd.worker_pids[0], flush=True)
     time.sleep(600)
 """
@@ -166,11 +166,11 @@ def test_workers_die_with_a_killed_trainer(model_dir, tmp_path):
 _TORCHRUN = """
 import sys
 from grpo_helpers import make_rows
-from lightrail.algorithms import GRPOConfig
+from lightrail.algorithms import UpdateConfig
 from lightrail.algorithms.distributed import DistributedPolicyUpdater
 from safetensors.torch import save_file
 
-upd = DistributedPolicyUpdater(sys.argv[1], GRPOConfig(lr=1e-3, micro_batch_tokens=40))
+upd = DistributedPolicyUpdater(sys.argv[1], UpdateConfig(lr=1e-3, micro_batch_tokens=40))
 if upd.rank == 0:
     upd.step(make_rows(9, seed=1, zero_adv_rows=2))
     save_file({k: v.clone() for k, v in upd.state_dict_for_serving().items()}, sys.argv[2])  # tied: copies
@@ -190,7 +190,7 @@ def test_torchrun_ranks_update_like_one(model_dir, tmp_path):
     subprocess.run(cmd, env=env, check=True, timeout=300, capture_output=True)
     from safetensors.torch import load_file
 
-    one = PolicyUpdater(str(model_dir), GRPOConfig(lr=1e-3, micro_batch_tokens=40))
+    one = PolicyUpdater(str(model_dir), UpdateConfig(lr=1e-3, micro_batch_tokens=40))
     one.step(_rows())
     served = load_file(out)
     for name, value in one.state_dict_for_serving().items():
@@ -204,7 +204,7 @@ def test_grpo_trains_on_two_ranks(model_dir, tmp_path):
     train, val = make_splits(4, 2, seed=1)
     # Four groups of 4 (not tiny_grpo's two): a step is skipped when every group's rewards are equal (the parity of
     # a sampled length: at least 1 in 8 per group), which two groups did at least 1 run in 64, four 1 in 4,096.
-    grpo = tiny_grpo(model_dir, tmp_path / "run", tasks_per_step=4, config=GRPOConfig(lr=1e-3, ranks=2))
+    grpo = tiny_grpo(model_dir, tmp_path / "run", tasks_per_step=4, config=UpdateConfig(lr=1e-3, ranks=2))
     Trainer(n_runners=1, concurrency=4, store=MemoryStore(), algorithm=grpo).fit("loop_agents:parity_agent", train, val)
     updater = grpo._updater
     assert isinstance(updater, DistributedPolicyUpdater) and updater.world_size == 2

@@ -18,7 +18,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from lightrail.algorithms import GRPOConfig, LoraSettings, PolicyUpdater
+from lightrail.algorithms import LoraSettings, PolicyUpdater, UpdateConfig
 from lightrail.algorithms.export import EXPORT_INFO, ExportError, export_checkpoint
 from lightrail.cli import main as lightrail_main
 from lightrail.engine import Engine, build_tiny_model
@@ -63,7 +63,7 @@ class Trained:
 
     def __init__(self, base: Path, run: Path, lora: LoraSettings | None) -> None:
         self.base, self.run, self.lora = base, run, lora
-        updater = PolicyUpdater(str(base), GRPOConfig(lr=1e-3 if lora is None else 2e-3, lora=lora))
+        updater = PolicyUpdater(str(base), UpdateConfig(lr=1e-3 if lora is None else 2e-3, lora=lora))
         rows = _sft_rows(AutoTokenizer.from_pretrained(base))
         self.served: dict[int, dict[str, torch.Tensor]] = {}
         for step in range(1, STEPS + 1):

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from lightrail import MemoryStore, Trainer
-from lightrail.algorithms import GRPOConfig
+from lightrail.algorithms import UpdateConfig
 from lightrail.algorithms._loss import policy_loss, tis_weights
 from lightrail.algorithms.grpo import GRPO, check_async_options
 from lightrail.engine.models import build_tiny_model
@@ -60,7 +60,7 @@ def test_async_settings_are_checked_in_one_line():
         (("async", 0, 0, None), {}, "ahead must be >= 1"),
         (("async", 1, 1, 0.0), {}, "is_cap must be positive"),
         (("async", 1, 1, None), {"filter_groups": True}, "filter_groups"),
-        (("async", 1, 1, None), {"config": GRPOConfig(mini_batches=2)}, "needs config.mini_batches 1"),
+        (("async", 1, 1, None), {"config": UpdateConfig(mini_batches=2)}, "needs config.mini_batches 1"),
         (("async", 1, 1, None), {"advantage": "gae"}, "advantage gae: not with mode async"),
     ]
     for args, kwargs, message in cases:
@@ -97,7 +97,7 @@ class _ObservedGRPO(GRPO):
 
 def _settings(tmp_path, **kwargs):
     return dict(
-        config=GRPOConfig(lr=1e-3),
+        config=UpdateConfig(lr=1e-3),
         tasks_per_step=1,
         n_samples=2,
         sampling={"temperature": 1.0, "max_tokens": 6},

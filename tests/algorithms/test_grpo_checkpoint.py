@@ -9,15 +9,15 @@ import pytest
 import torch
 from grpo_helpers import make_rows, tiny_llama
 
-from lightrail.algorithms import GRPOConfig, LoraSettings, PolicyUpdater
+from lightrail.algorithms import LoraSettings, PolicyUpdater, UpdateConfig
 from lightrail.algorithms.checkpoint import atomic_directory
 
 CASES = {
     # Full fine-tuning with a KL term: the frozen reference must come back too (the fresh updater's own copy is of a
     # differently initialised model).
-    "full+kl": (GRPOConfig(lr=3e-3, kl_coef=0.1, warmup_steps=3, weight_decay=0.01, micro_batch_tokens=60), 0, 1),
+    "full+kl": (UpdateConfig(lr=3e-3, kl_coef=0.1, warmup_steps=3, weight_decay=0.01, micro_batch_tokens=60), 0, 1),
     # LoRA with dropout: the RNG state decides the dropout masks of step 3, so it has to be restored.
-    "lora+dropout": (GRPOConfig(lr=1e-2, lora=LoraSettings(r=4, dropout=0.1), micro_batch_tokens=60), 0, 0),
+    "lora+dropout": (UpdateConfig(lr=1e-2, lora=LoraSettings(r=4, dropout=0.1), micro_batch_tokens=60), 0, 0),
 }
 
 
@@ -50,7 +50,7 @@ def test_resume_gives_identical_next_steps(case, tmp_path):
 
 
 def test_checkpoint_contents_and_overwrite(tmp_path):
-    upd = PolicyUpdater(tiny_llama(), GRPOConfig(lora=LoraSettings(r=2)))
+    upd = PolicyUpdater(tiny_llama(), UpdateConfig(lora=LoraSettings(r=2)))
     upd.step(make_rows(4))
     dest = tmp_path / "ckpt"
     upd.save(dest)
@@ -61,7 +61,7 @@ def test_checkpoint_contents_and_overwrite(tmp_path):
     meta = json.loads((dest / "updater.json").read_text())
     assert meta["steps"] == 2 and meta["config"]["lora"]["r"] == 2
 
-    other = PolicyUpdater(tiny_llama(), GRPOConfig(lora=LoraSettings(r=8)))
+    other = PolicyUpdater(tiny_llama(), UpdateConfig(lora=LoraSettings(r=8)))
     with pytest.raises(ValueError, match="lora"):
         other.load(dest)
 
@@ -79,11 +79,11 @@ def test_failed_save_leaves_the_previous_checkpoint(tmp_path):
 
 def test_a_resumed_run_trains_with_the_rate_and_schedule_of_its_own_config(tmp_path):
     rows = [make_rows(4, seed=s) for s in range(4)]
-    upd = PolicyUpdater(tiny_llama(), GRPOConfig(lr=1e-3, micro_batch_tokens=60))
+    upd = PolicyUpdater(tiny_llama(), UpdateConfig(lr=1e-3, micro_batch_tokens=60))
     assert [upd.step(r)["lr"] for r in rows[:2]] == [1e-3, 1e-3]
     upd.save(tmp_path / "ckpt")
     # resumed at step 2 with twice the rate, decaying to 0 at step 4 (say, to settle a run that was meant to stop)
-    resumed = PolicyUpdater(tiny_llama(), GRPOConfig(lr=2e-3, decay_start=1, decay_steps=4, micro_batch_tokens=60))
+    resumed = PolicyUpdater(tiny_llama(), UpdateConfig(lr=2e-3, decay_start=1, decay_steps=4, micro_batch_tokens=60))
     resumed.load(tmp_path / "ckpt")
     assert [resumed.step(r)["lr"] for r in rows[2:]] == pytest.approx([2e-3 * 2 / 3, 2e-3 * 1 / 3])
     assert [g["lr"] for g in resumed.optimizer.param_groups] == [0.0, 0.0]
@@ -100,19 +100,19 @@ def test_learning_rate_warms_up_then_decays_linearly_to_zero():
     # warm-up, stable, decay: the full rate holds until decay_start, then falls to 0 at decay_steps
     assert [lr_factor(s, 2, 8, decay_start=4) for s in range(9)] == [0.5, 1.0, 1.0, 1.0, 1.0, 0.75, 0.5, 0.25, 0.0]
     assert [lr_factor(s, 2, 6, decay_start=1) for s in range(7)] == [lr_factor(s, 2, 6) for s in range(7)]
-    upd = PolicyUpdater(tiny_llama(), GRPOConfig(lr=1e-3, warmup_steps=2, decay_steps=4, micro_batch_tokens=60))
+    upd = PolicyUpdater(tiny_llama(), UpdateConfig(lr=1e-3, warmup_steps=2, decay_steps=4, micro_batch_tokens=60))
     lrs = [upd.step(make_rows(4, seed=s))["lr"] for s in range(5)]
     assert lrs == pytest.approx([5e-4, 1e-3, 1e-3, 5e-4, 0.0])  # the rate each step trained with
-    config = GRPOConfig(lr=1e-3, warmup_steps=1, decay_start=3, decay_steps=5, micro_batch_tokens=60)
+    config = UpdateConfig(lr=1e-3, warmup_steps=1, decay_start=3, decay_steps=5, micro_batch_tokens=60)
     upd = PolicyUpdater(tiny_llama(), config)
     lrs = [upd.step(make_rows(4, seed=s))["lr"] for s in range(6)]
     assert lrs == pytest.approx([1e-3, 1e-3, 1e-3, 1e-3, 5e-4, 0.0])
     with pytest.raises(ValueError, match="decay_steps and decay_start must be >= 0"):
-        GRPOConfig(decay_steps=-1)
+        UpdateConfig(decay_steps=-1)
     with pytest.raises(ValueError, match=r"decay_steps \(3\) must come after warmup_steps \(3\)"):
-        GRPOConfig(warmup_steps=3, decay_steps=3)
+        UpdateConfig(warmup_steps=3, decay_steps=3)
     with pytest.raises(ValueError, match=r"decay_start \(600\) needs a later decay_steps, not 0"):
-        GRPOConfig(decay_start=600)  # a hold with no fall after it is a mistake, not a constant rate
+        UpdateConfig(decay_start=600)  # a hold with no fall after it is a mistake, not a constant rate
 
 
 def test_a_stage_whose_steps_miss_its_decay_schedule_says_so(caplog):
@@ -120,12 +120,12 @@ def test_a_stage_whose_steps_miss_its_decay_schedule_says_so(caplog):
     at half the rate: both stages say so when built, before any work; steps equal to decay_steps say nothing."""
     from lightrail.algorithms import GRPO, SFT
 
-    config = GRPOConfig(lr=1e-3, warmup_steps=10, decay_start=400, decay_steps=800)
+    config = UpdateConfig(lr=1e-3, warmup_steps=10, decay_start=400, decay_steps=800)
     with caplog.at_level("WARNING", logger="lightrail.algorithms"):
         SFT("unused", config=config, steps=1200)
         GRPO("unused", config=config, steps=600)
         SFT("unused", config=config, steps=800)
-        SFT("unused", config=GRPOConfig(lr=1e-3, warmup_steps=10), steps=1200)  # a constant rate has no end to miss
+        SFT("unused", config=UpdateConfig(lr=1e-3, warmup_steps=10), steps=1200)  # a constant rate has no end to miss
     assert [r.getMessage() for r in caplog.records] == [
         "SFT: steps (1200) run past config.decay_steps (800): the last 400 train at rate 0",
         "GRPO: steps (600) stop short of config.decay_steps (800): the rate ends at 50% of lr",

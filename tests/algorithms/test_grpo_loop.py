@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from lightrail import MemoryStore, Trainer
-from lightrail.algorithms import GRPOConfig
+from lightrail.algorithms import UpdateConfig
 from lightrail.algorithms.grpo import GRPO
 from lightrail.algorithms.run.folder import latest_checkpoint
 from lightrail.engine.models import build_tiny_model
@@ -30,7 +30,7 @@ def test_grpo_loop_trains_serves_and_resumes(tmp_path):
     model = build_tiny_model(tmp_path / "model", size="tiny", seed=0)
     train, val = _problems(8)
     settings = dict(
-        config=GRPOConfig(lr=1e-3),
+        config=UpdateConfig(lr=1e-3),
         tasks_per_step=2,
         n_samples=4,  # a group of 4 whose rewards all agree (no update) has odds 1/8
         sampling={"temperature": 1.0, "max_tokens": 8},  # parity of the sampled length: a reward that varies

@@ -9,7 +9,7 @@ import torch
 from grpo_helpers import make_rows, tiny_llama
 
 import lightrail.algorithms as algorithms
-from lightrail.algorithms import GRPOConfig, LoraSettings, PolicyUpdater, drop_stale_rows, pack_micro_batches
+from lightrail.algorithms import LoraSettings, PolicyUpdater, UpdateConfig, drop_stale_rows, pack_micro_batches
 from lightrail.types import TrainingRow
 
 
@@ -18,13 +18,13 @@ def test_public_surface_is_pinned():
         "APO",
         "Chain",
         "GRPO",
-        "GRPOConfig",
         "LlamaFactorySettings",
         "LoraSettings",
         "LossNorm",
         "PolicyUpdater",
         "SFT",
         "TraceFilter",
+        "UpdateConfig",
         "drop_stale_rows",
         "loss_weights",
         "pack_micro_batches",
@@ -61,7 +61,7 @@ def test_micro_batching_gives_the_same_step(loss_norm, kl_coef, dtype, tol):
     dtype_name = str(dtype).removeprefix("torch.")
     results, metrics = [], []
     for budget in (10_000, 40):  # one micro-batch vs several
-        cfg = GRPOConfig(lr=1e-3, loss_norm=loss_norm, kl_coef=kl_coef, micro_batch_tokens=budget, dtype=dtype_name)
+        cfg = UpdateConfig(lr=1e-3, loss_norm=loss_norm, kl_coef=kl_coef, micro_batch_tokens=budget, dtype=dtype_name)
         upd = PolicyUpdater(copy.deepcopy(base), cfg)
         metrics.append(upd.step(rows))
         results.append(_grads_and_weights(upd))
@@ -80,7 +80,7 @@ def test_skipping_zero_advantage_rows_does_not_change_the_gradient():
     base = tiny_llama(seed=4, dtype=torch.float64)
     out = []
     for skip in (True, False):
-        upd = PolicyUpdater(copy.deepcopy(base), GRPOConfig(dtype="float64", skip_zero_advantage_rows=skip))
+        upd = PolicyUpdater(copy.deepcopy(base), UpdateConfig(dtype="float64", skip_zero_advantage_rows=skip))
         m = upd.step(rows)
         out.append((m, _grads_and_weights(upd)))
     (m_skip, g_skip), (m_all, g_all) = out
@@ -93,7 +93,7 @@ def test_skipping_zero_advantage_rows_does_not_change_the_gradient():
 
 def test_metrics_of_an_on_policy_step():
     rows = make_rows(6, seed=5)
-    upd = PolicyUpdater(tiny_llama(seed=5), GRPOConfig(micro_batch_tokens=50))
+    upd = PolicyUpdater(tiny_llama(seed=5), UpdateConfig(micro_batch_tokens=50))
     rows = _on_policy(upd, rows)
     m = upd.step(rows)
     assert m["ratio_mean"] == pytest.approx(1.0, abs=1e-5) and m["clip_frac"] == 0.0
@@ -106,7 +106,7 @@ def test_metrics_of_an_on_policy_step():
 
 
 def test_empty_step_and_bad_rows():
-    upd = PolicyUpdater(tiny_llama(), GRPOConfig())
+    upd = PolicyUpdater(tiny_llama(), UpdateConfig())
     m = upd.step([])
     assert m["rows"] == 0 and m["skipped"] == 1 and m["step"] == 0 and upd.steps == 0
     bad = TrainingRow(input_ids=[1, 2, 3], loss_mask=[0, 1], old_logprobs=[0.0] * 3, advantages=[0.0] * 3)
@@ -123,7 +123,7 @@ def test_stale_rows_are_dropped_and_counted():
     assert dropped == 6 and all(r.policy_version == 2 for r in kept)
     unknown = TrainingRow(input_ids=[1, 2], loss_mask=[0, 1], old_logprobs=[0.0, -1.0], advantages=[0.0, 1.0])
     assert drop_stale_rows([unknown], 10, 0) == ([unknown], 0)
-    upd = PolicyUpdater(tiny_llama(), GRPOConfig(max_staleness=1))
+    upd = PolicyUpdater(tiny_llama(), UpdateConfig(max_staleness=1))
     m = upd.step(rows, current_version=3)
     assert m["rows_stale_dropped"] == 6 and m["rows"] == 3
 
@@ -131,7 +131,7 @@ def test_stale_rows_are_dropped_and_counted():
 def test_lora_trains_the_adapter_only_and_serves_merged_weights():
     model = tiny_llama(seed=7)
     base_state = {k: v.clone() for k, v in model.state_dict().items()}
-    upd = PolicyUpdater(model, GRPOConfig(lr=1e-2, kl_coef=0.05, lora=LoraSettings(r=4, alpha=8)))
+    upd = PolicyUpdater(model, UpdateConfig(lr=1e-2, kl_coef=0.05, lora=LoraSettings(r=4, alpha=8)))
     assert all(".lora_" in n for n in upd._trainable)
     served0 = upd.state_dict_for_serving()
     assert served0.keys() == base_state.keys()
@@ -165,7 +165,7 @@ def test_lora_trains_the_adapter_only_and_serves_merged_weights():
 
 def test_full_fine_tuning_serving_state_loads_into_the_engine_model_shape():
     model = tiny_llama(seed=1)
-    upd = PolicyUpdater(model, GRPOConfig(lr=1e-2))
+    upd = PolicyUpdater(model, UpdateConfig(lr=1e-2))
     upd.step(make_rows(4))
     plain = tiny_llama(seed=2)
     plain.load_state_dict(upd.state_dict_for_serving())
@@ -195,7 +195,7 @@ def test_positive_advantage_raises_the_likelihood_of_the_rewarded_sequence(lora)
         old_logprobs=[0.0] * (len(prompt) + len(response)),
         advantages=[0.0] * len(prompt) + [1.0] * len(response),
     )
-    upd = PolicyUpdater(tiny_llama(seed=11, hidden=64), GRPOConfig(lr=1e-2 if lora else 3e-3, lora=lora))
+    upd = PolicyUpdater(tiny_llama(seed=11, hidden=64), UpdateConfig(lr=1e-2 if lora else 3e-3, lora=lora))
     before = sum(upd.token_logprobs([row])[0])
     history = []
     for _ in range(15):
@@ -218,7 +218,7 @@ def test_sft_objective_is_the_masked_token_nll_and_learns():
             mask = torch.tensor(r.loss_mask[1:], dtype=torch.bool)
             expected += float(-logp[mask].sum())
             n_tok += int(mask.sum())
-    upd = PolicyUpdater(model, GRPOConfig(lr=1e-2, loss_norm="token", compute_entropy=False))
+    upd = PolicyUpdater(model, UpdateConfig(lr=1e-2, loss_norm="token", compute_entropy=False))
     first = upd.step(rows, objective="sft")
     assert first["loss"] == pytest.approx(expected / n_tok, rel=1e-4)
     for _ in range(10):
@@ -256,7 +256,7 @@ def test_merged_calls_give_the_same_token_mean_step_as_one_row_per_call(kl_coef)
     for merge in (False, True):
         rows, drift = to_rows(transitions, merge=merge)
         assert len(rows) == (4 if merge else 8) and sum(d.merged for d in drift) == (4 if merge else 0)
-        upd = PolicyUpdater(copy.deepcopy(base), GRPOConfig(lr=1e-3, kl_coef=kl_coef, dtype="float64"))
+        upd = PolicyUpdater(copy.deepcopy(base), UpdateConfig(lr=1e-3, kl_coef=kl_coef, dtype="float64"))
         out.append((upd.step(rows), _grads_and_weights(upd)))
     (m_calls, g_calls), (m_merged, g_merged) = out
     assert m_merged["tokens"] < m_calls["tokens"]  # fewer tokens through the model
@@ -274,7 +274,7 @@ def test_autocast_trains_in_bfloat16_and_keeps_float32_weights():
     rows = make_rows(6, seed=7)
     base = tiny_llama(seed=7)
     full, mixed = (
-        PolicyUpdater(copy.deepcopy(base), GRPOConfig(lr=1e-3, autocast=autocast)) for autocast in (None, "bfloat16")
+        PolicyUpdater(copy.deepcopy(base), UpdateConfig(lr=1e-3, autocast=autocast)) for autocast in (None, "bfloat16")
     )
     exact, approx = full.token_logprobs(rows), mixed.token_logprobs(rows)
     diffs = [abs(a - b) for x, y in zip(exact, approx, strict=True) for a, b in zip(x, y, strict=True)]
@@ -294,7 +294,7 @@ def test_autocast_keeps_the_lm_head_in_float32(lora):
     for the KL reference (full and LoRA): bfloat16 logits (2-3 significant digits) cost the distilled calculator
     student 0.555 -> 0.45 held out, float32 ones gave 0.68."""
     rows = make_rows(4, seed=9)
-    upd = PolicyUpdater(tiny_llama(seed=9), GRPOConfig(autocast="bfloat16", kl_coef=0.05, lora=lora))
+    upd = PolicyUpdater(tiny_llama(seed=9), UpdateConfig(autocast="bfloat16", kl_coef=0.05, lora=lora))
     heads = [upd.model.get_output_embeddings()]  # with LoRA the reference is the same model, adapters disabled
     if upd.reference is not None:
         heads.append(upd.reference.get_output_embeddings())
@@ -314,16 +314,16 @@ def test_autocast_keeps_the_lm_head_in_float32(lora):
 def test_autocast_sft_step_learns():
     """SFT in mixed precision: repeated steps on the same rows lower their negative log-likelihood."""
     rows = make_rows(6, seed=8)
-    upd = PolicyUpdater(tiny_llama(seed=8), GRPOConfig(lr=1e-2, autocast="bfloat16"))
+    upd = PolicyUpdater(tiny_llama(seed=8), UpdateConfig(lr=1e-2, autocast="bfloat16"))
     losses = [upd.step(rows, objective="sft")["pg_loss"] for _ in range(8)]
     assert losses[-1] < 0.8 * losses[0]
 
 
 def test_autocast_is_validated():
     with pytest.raises(ValueError, match="autocast must be bfloat16"):
-        GRPOConfig(autocast="float16")  # type: ignore[arg-type]
+        UpdateConfig(autocast="float16")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="float32 master weights"):
-        GRPOConfig(autocast="bfloat16", dtype="float64")
+        UpdateConfig(autocast="bfloat16", dtype="float64")
 
 
 def test_split_groups_keeps_groups_whole_and_in_order():
@@ -348,9 +348,9 @@ def test_mini_batches_take_one_optimizer_step_per_mini_batch_in_order():
     for i, r in enumerate(rows):
         r.group_id = f"g-{i // 4}"
     base = tiny_llama(seed=8, dtype=torch.float64)
-    first = PolicyUpdater(copy.deepcopy(base), GRPOConfig(dtype="float64", lr=1e-2))
+    first = PolicyUpdater(copy.deepcopy(base), UpdateConfig(dtype="float64", lr=1e-2))
     rows = _on_policy(first, rows)
-    split = PolicyUpdater(copy.deepcopy(base), GRPOConfig(dtype="float64", lr=1e-2, mini_batches=2))
+    split = PolicyUpdater(copy.deepcopy(base), UpdateConfig(dtype="float64", lr=1e-2, mini_batches=2))
     m = split.step(rows)
     one_by_one = [first.step(rows[:4]), first.step(rows[4:])]
     assert m["step"] == 2 == first.steps and m["optimizer_steps"] == 2 and m["skipped"] == 0
@@ -362,4 +362,4 @@ def test_mini_batches_take_one_optimizer_step_per_mini_batch_in_order():
     for name, p in split._trainable.items():
         torch.testing.assert_close(p.detach(), first._trainable[name].detach(), atol=1e-12, rtol=0)
     with pytest.raises(ValueError, match="mini_batches"):
-        GRPOConfig(mini_batches=0)
+        UpdateConfig(mini_batches=0)

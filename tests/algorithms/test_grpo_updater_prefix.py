@@ -1,4 +1,4 @@
-"""`PolicyUpdater` with shared prefixes (``GRPOConfig.share_prefixes``): rows that start alike run their common
+"""`PolicyUpdater` with shared prefixes (``UpdateConfig.share_prefixes``): rows that start alike run their common
 prefix once, and the logprobs, gradients and updated weights are those of running every row whole."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 from grpo_helpers import VOCAB, tiny_llama
 
-from lightrail.algorithms import GRPOConfig, LoraSettings, PolicyUpdater
+from lightrail.algorithms import LoraSettings, PolicyUpdater, UpdateConfig
 from lightrail.algorithms.updater import prefix_groups
 from lightrail.types import TrainingRow
 
@@ -73,7 +73,7 @@ def test_shared_prefixes_give_the_same_logprobs_and_gradients(lora, kl_coef):
     base = tiny_llama(seed=5)
     logps, grads, losses = [], [], []
     for share in (False, True):
-        cfg = GRPOConfig(
+        cfg = UpdateConfig(
             lr=1e-3,
             kl_coef=kl_coef,
             share_prefixes=share,
@@ -112,7 +112,7 @@ def test_a_step_with_shared_prefixes_gives_the_same_weights():
     base = tiny_llama(seed=6, dtype=torch.float64)
     weights = []
     for share in (False, True):
-        upd = PolicyUpdater(copy.deepcopy(base), GRPOConfig(lr=1e-3, dtype="float64", share_prefixes=share))
+        upd = PolicyUpdater(copy.deepcopy(base), UpdateConfig(lr=1e-3, dtype="float64", share_prefixes=share))
         metrics = upd.step(rows)
         assert metrics["tokens"] == sum(len(r.input_ids) for r in rows)
         weights.append({n: p.detach().clone() for n, p in upd._trainable.items()})
@@ -127,7 +127,7 @@ def test_the_micro_batch_budget_counts_a_shared_prefix_once():
     prompt = list(range(40))
     rows = [_row(prompt + [k, k + 1, k + 2], [0] * 40 + [1] * 3, random.Random(k), f"ro-{k}") for k in range(4)]
     # 4 rows x 43 tokens would overflow 100 tokens; the prefix (39) + 4 x 4 remainders does not.
-    upd = PolicyUpdater(tiny_llama(seed=1), GRPOConfig(micro_batch_tokens=100))
+    upd = PolicyUpdater(tiny_llama(seed=1), UpdateConfig(micro_batch_tokens=100))
     batches = upd._prepare(rows, skip_zero_advantage=False)
     assert len(batches) == 1 and batches[0].prefix is not None and batches[0].prefix.shape[1] == 39
     assert batches[0].input_ids.shape == (4, 4)
@@ -137,5 +137,5 @@ def test_gradient_checkpointing_runs_rows_whole():
     # Checkpointed layers drop the cache in training, so the remainders could not attend to the prefix.
     model = tiny_llama(seed=1)
     model.gradient_checkpointing_enable()
-    upd = PolicyUpdater(model, GRPOConfig())
+    upd = PolicyUpdater(model, UpdateConfig())
     assert _shared_batches(upd, agent_rows()) == []

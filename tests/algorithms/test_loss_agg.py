@@ -18,7 +18,7 @@ import pytest
 import torch
 from grpo_helpers import make_rows, tiny_llama
 
-from lightrail.algorithms import GRPO, GRPOConfig, PolicyUpdater, loss_weights, policy_loss
+from lightrail.algorithms import GRPO, PolicyUpdater, UpdateConfig, loss_weights, policy_loss
 from lightrail.algorithms._loss import resolve_loss_norm
 from lightrail.algorithms.grpo import resolve_loss_agg
 from lightrail.algorithms.updater import row_loss_weights
@@ -70,12 +70,12 @@ def test_bad_names_and_missing_length_are_errors():
     with pytest.raises(ValueError, match=r"loss_agg: expected one of .*got 'token_avg'"):
         resolve_loss_norm("token_avg")
     with pytest.raises(ValueError, match="loss_norm: expected"):
-        GRPOConfig(loss_norm="tokens")
+        UpdateConfig(loss_norm="tokens")
     with pytest.raises(ValueError, match="needs loss_norm_tokens"):
         row_loss_weights(ROWS, "sequence_sum_norm")
     with pytest.raises(ValueError, match="sum_norm must be positive"):
         loss_weights(torch.tensor([0]), sum_norm=0)
-    assert GRPOConfig(loss_norm="seq_mean_token_mean").loss_norm == "sequence"  # verl names are stored as LossNorm
+    assert UpdateConfig(loss_norm="seq_mean_token_mean").loss_norm == "sequence"  # verl names are stored as LossNorm
 
 
 def test_each_estimator_has_its_natural_aggregation_and_explicit_choices_win():
@@ -85,9 +85,9 @@ def test_each_estimator_has_its_natural_aggregation_and_explicit_choices_win():
     assert resolve_loss_agg("dr_grpo", None) == "sequence_sum_norm"
     assert resolve_loss_agg("dr_grpo", "token_mean") == "token"
     assert resolve_loss_agg("grpo", "seq_mean_token_sum_norm") == "sequence_sum_norm"
-    assert resolve_loss_agg("dr_grpo", None, GRPOConfig(loss_norm="rollout")) == "rollout"
+    assert resolve_loss_agg("dr_grpo", None, UpdateConfig(loss_norm="rollout")) == "rollout"
     with pytest.raises(ValueError, match="contradicts config.loss_norm='rollout'"):
-        resolve_loss_agg("grpo", "seq_mean_token_mean", GRPOConfig(loss_norm="rollout"))
+        resolve_loss_agg("grpo", "seq_mean_token_mean", UpdateConfig(loss_norm="rollout"))
 
 
 def test_grpo_checks_its_options_and_resolves_the_update_config(tmp_path):
@@ -96,12 +96,12 @@ def test_grpo_checks_its_options_and_resolves_the_update_config(tmp_path):
     with pytest.raises(ValueError, match="loss_agg: expected one of"):
         GRPO(tmp_path, loss_agg="mean")
     dr = GRPO(tmp_path, advantage="dr_grpo", sampling={"max_tokens": 48})
-    cfg = dr._loss_config(GRPOConfig())
+    cfg = dr._loss_config(UpdateConfig())
     assert (cfg.loss_norm, cfg.loss_norm_tokens) == ("sequence_sum_norm", 48)  # L = the generation budget
-    assert dr._loss_config(GRPOConfig(loss_norm_tokens=100)).loss_norm_tokens == 100
+    assert dr._loss_config(UpdateConfig(loss_norm_tokens=100)).loss_norm_tokens == 100
     plain = GRPO(tmp_path)
-    assert plain._loss_config(GRPOConfig()) == GRPOConfig()  # grpo: nothing changes
-    assert GRPO(tmp_path, advantage="rloo", loss_agg="seq_mean_token_mean")._loss_config(GRPOConfig()).loss_norm == (
+    assert plain._loss_config(UpdateConfig()) == UpdateConfig()  # grpo: nothing changes
+    assert GRPO(tmp_path, advantage="rloo", loss_agg="seq_mean_token_mean")._loss_config(UpdateConfig()).loss_norm == (
         "sequence"
     )
 
@@ -111,7 +111,7 @@ def test_sum_norm_step_is_the_same_with_any_micro_batching():
     base = tiny_llama(seed=3, dtype=torch.float64)
     results = []
     for budget in (10_000, 40):
-        cfg = GRPOConfig(lr=1e-3, loss_norm="sequence_sum_norm", loss_norm_tokens=16, micro_batch_tokens=budget,
+        cfg = UpdateConfig(lr=1e-3, loss_norm="sequence_sum_norm", loss_norm_tokens=16, micro_batch_tokens=budget,
                          dtype="float64")  # fmt: skip
         upd = PolicyUpdater(copy.deepcopy(base), cfg)
         m = upd.step(rows)
@@ -123,6 +123,6 @@ def test_sum_norm_step_is_the_same_with_any_micro_batching():
         torch.testing.assert_close(g1[name], g2[name], atol=1e-10, rtol=0)
     # And it is the token sum over L * rows: the same step with token-mean differs by N / (S * L).
     n_tokens, n_rows = sum(sum(r.loss_mask) for r in rows), len(rows)
-    upd = PolicyUpdater(copy.deepcopy(base), GRPOConfig(lr=1e-3, dtype="float64"))
+    upd = PolicyUpdater(copy.deepcopy(base), UpdateConfig(lr=1e-3, dtype="float64"))
     m_token = upd.step(rows)
     assert m1["loss"] == pytest.approx(m_token["loss"] * n_tokens / (n_rows * 16), rel=1e-9)

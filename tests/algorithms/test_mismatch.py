@@ -13,7 +13,7 @@ from grpo_helpers import make_rows, tiny_grpo, tiny_llama
 from transformers import AutoTokenizer
 
 from lightrail import MemoryStore, Trainer
-from lightrail.algorithms import GRPOConfig, PolicyUpdater
+from lightrail.algorithms import PolicyUpdater, UpdateConfig
 from lightrail.algorithms._loss import mismatch_kl
 from lightrail.algorithms.mismatch import MismatchError, RowMismatch, stop_cause, summarize, unserved_cause
 from lightrail.algorithms.rollout_engines import EmbeddedRollouts
@@ -63,7 +63,7 @@ def test_rows_are_summarized_per_version_and_agent_and_flagged():
 
 
 def test_the_update_measures_the_mismatch_before_its_optimizer_step():
-    updater = PolicyUpdater(tiny_llama(), GRPOConfig(lr=1e-2))
+    updater = PolicyUpdater(tiny_llama(), UpdateConfig(lr=1e-2))
     rows = make_rows(6, seed=3)
     own = updater.token_logprobs(rows)
     for row, lps in zip(rows, own, strict=True):  # the sampler recorded exactly the trainer's logprobs
@@ -110,10 +110,10 @@ async def test_a_prompt_rendered_by_a_changed_chat_template_is_flagged(tmp_path)
                 )  # fmt: skip
     finally:
         await engine.close()
-    updater = PolicyUpdater(str(model), GRPOConfig(lr=1e-3))
+    updater = PolicyUpdater(str(model), UpdateConfig(lr=1e-3))
     updater.step(seen)
     healthy = summarize(updater.last_mismatch, flag=1e-3)
-    updater = PolicyUpdater(str(model), GRPOConfig(lr=1e-3))
+    updater = PolicyUpdater(str(model), UpdateConfig(lr=1e-3))
     updater.step(rerendered)
     drifted = summarize(updater.last_mismatch, flag=1e-3)
     assert healthy["mismatch_kl_max"] < 1e-9 and healthy["mismatch_rows_flagged"] == 0
@@ -155,7 +155,7 @@ def test_a_broken_sync_stops_the_run_within_one_step(tmp_path, monkeypatch, faul
         fault(monkeypatch)
     model = build_tiny_model(tmp_path / "model", size="tiny", seed=0)
     train, val = make_splits(8, 2, seed=1)
-    grpo = tiny_grpo(model, tmp_path / "run", config=GRPOConfig(lr=1e-2), steps=3, mismatch_stop=0.02)
+    grpo = tiny_grpo(model, tmp_path / "run", config=UpdateConfig(lr=1e-2), steps=3, mismatch_stop=0.02)
     trainer = Trainer(n_runners=1, concurrency=4, store=MemoryStore(), algorithm=grpo)
     lines = tmp_path / "run" / "metrics.jsonl"
     if fault is None:

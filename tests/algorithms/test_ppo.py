@@ -12,7 +12,7 @@ from grpo_helpers import make_rows, tiny_grpo, tiny_llama
 from safetensors.torch import load_file
 
 from lightrail import MemoryStore, Trainer
-from lightrail.algorithms import GRPOConfig, LoraSettings, PolicyUpdater
+from lightrail.algorithms import LoraSettings, PolicyUpdater, UpdateConfig
 from lightrail.algorithms._loss import gae, value_loss, whiten
 from lightrail.algorithms.export import export_checkpoint
 from lightrail.algorithms.grpo import GRPO, check_estimator_options
@@ -93,21 +93,21 @@ def _rows(n=8, seed=0):
 
 
 def test_first_gae_advantages_are_the_returns_with_a_fresh_value_head():
-    upd = PPOUpdater(tiny_llama(), GRPOConfig(whiten_advantages=False, gamma=1.0, lam=1.0))
+    upd = PPOUpdater(tiny_llama(), UpdateConfig(whiten_advantages=False, gamma=1.0, lam=1.0))
     rows = _rows()
     for row, out in zip(rows, upd.gae_rows(rows), strict=True):
         n = sum(row.loss_mask)
         assert out.metadata["values"] == [0.0] * n  # zero-initialised head
         assert out.metadata["returns"] == [row.advantages[row.loss_mask.index(1)]] * n
         assert out.advantages == row.advantages
-    whitened = PPOUpdater(tiny_llama(), GRPOConfig()).gae_rows(rows)
+    whitened = PPOUpdater(tiny_llama(), UpdateConfig()).gae_rows(rows)
     flat = torch.tensor([a for r in whitened for a, m in zip(r.advantages, r.loss_mask, strict=True) if m])
     assert float(flat.mean()) == pytest.approx(0.0, abs=1e-6)
 
 
 @pytest.mark.parametrize("lora", [None, LoraSettings(r=4, alpha=8)], ids=["full", "lora"])
 def test_the_value_loss_falls_as_the_head_learns_the_returns(lora):
-    upd = PPOUpdater(tiny_llama(), GRPOConfig(lr=1e-2, lora=lora, value_coef=1.0))
+    upd = PPOUpdater(tiny_llama(), UpdateConfig(lr=1e-2, lora=lora, value_coef=1.0))
     rows = _rows()
     metrics = [upd.step(rows) for _ in range(12)]
     first, last = metrics[0], metrics[-1]
@@ -119,7 +119,7 @@ def test_the_value_loss_falls_as_the_head_learns_the_returns(lora):
 
 
 def test_checkpoint_round_trip_and_resume_are_exact(tmp_path):
-    cfg = GRPOConfig(lr=1e-2, mini_batches=2)
+    cfg = UpdateConfig(lr=1e-2, mini_batches=2)
     rows = _rows()
     for i, r in enumerate(rows):
         r.group_id = f"g-{i % 4}"
@@ -145,7 +145,7 @@ def test_checkpoint_round_trip_and_resume_are_exact(tmp_path):
 
 def test_export_drops_the_value_head(tmp_path):
     model = build_tiny_model(tmp_path / "model", size="tiny", seed=0)
-    upd = PPOUpdater(str(model), GRPOConfig(lr=1e-2))
+    upd = PPOUpdater(str(model), UpdateConfig(lr=1e-2))
     upd.step(_rows())
     out = export_checkpoint(upd.save(tmp_path / "ckpt"), tmp_path / "export")
     from transformers import AutoModelForCausalLM
@@ -163,13 +163,13 @@ def test_settings_are_checked_with_one_line_errors(tmp_path):
     with pytest.raises(ValueError, match=r"advantage: expected one of \[.*'gae'\]"):
         check_estimator_options("ppo", None)
     with pytest.raises(ValueError, match="gamma and lam must be in"):
-        GRPOConfig(lam=1.5)
+        UpdateConfig(lam=1.5)
     with pytest.raises(ValueError, match="value_clip > 0"):
-        GRPOConfig(value_clip=0.0)
+        UpdateConfig(value_clip=0.0)
     with pytest.raises(ValueError, match="^merge_calls: advantage 'gae'"):
         GRPO("m", advantage="gae", merge_calls=True, out_dir=tmp_path)
     with pytest.raises(ValueError, match="^config.ranks: advantage 'gae'"):
-        GRPO("m", advantage="gae", config=GRPOConfig(ranks=2), out_dir=tmp_path)
+        GRPO("m", advantage="gae", config=UpdateConfig(ranks=2), out_dir=tmp_path)
 
 
 def test_gae_runs_through_the_loop_checkpoints_and_resumes(tmp_path):

@@ -15,7 +15,7 @@ import torch
 from grpo_helpers import tiny_llama
 from safetensors.torch import load_file
 
-from lightrail.algorithms import GRPO, GRPOConfig, LoraSettings, PolicyUpdater
+from lightrail.algorithms import GRPO, LoraSettings, PolicyUpdater, UpdateConfig
 from lightrail.algorithms.rollout_engines import EmbeddedRollouts, make_rollout_engine
 from lightrail.algorithms.vllm_rollouts import VLLMRollouts, write_lora_adapter, write_serving_weights
 from lightrail.gateway import ScriptedBackend
@@ -50,7 +50,7 @@ def test_attaching_to_a_server_without_the_served_name_fails_clearly(tmp_path):
 
 
 def _lora_updater() -> PolicyUpdater:
-    updater = PolicyUpdater(tiny_llama(seed=0), GRPOConfig(lora=LORA, seed=0))
+    updater = PolicyUpdater(tiny_llama(seed=0), UpdateConfig(lora=LORA, seed=0))
     with torch.no_grad():
         for name, p in updater.model.named_parameters():
             if "lora_B" in name:

@@ -17,7 +17,7 @@ import pytest
 from bench.sft_backends import llamafactory_python as bench_llamafactory_python
 from lightrail import MemoryStore, Trainer
 from lightrail.adapters import ChatSample
-from lightrail.algorithms import SFT, GRPOConfig, LoraSettings
+from lightrail.algorithms import SFT, LoraSettings, UpdateConfig
 from lightrail.algorithms.llamafactory import LlamaFactorySettings, sharegpt_sample, write_dataset
 from lightrail.types import TrainingRow
 
@@ -146,14 +146,17 @@ def test_a_missing_llamafactory_environment_is_one_clear_line(tiny_model, tmp_pa
     with pytest.raises(FileNotFoundError, match="does not exist"):
         SFT(tiny_model, backend="llamafactory", llamafactory=LlamaFactorySettings(python=str(tmp_path / "nope")))
     with pytest.raises(ValueError, match="lora"):
-        SFT(tiny_model, backend="llamafactory", config=GRPOConfig(lora=LoraSettings()))
+        SFT(tiny_model, backend="llamafactory", config=UpdateConfig(lora=LoraSettings()))
 
 
 @pytest.mark.parametrize(
     ("override", "message"),
     [
         ("sft={backend: llamafactory, llamafactory: {python: /nowhere/python}}", "/nowhere/python"),
-        ("sft={backend: llamafactory, llamafactory: {pyton: x}}", "sft.llamafactory: Object contains unknown field"),
+        (
+            "sft={backend: llamafactory, llamafactory: {pyton: x}}",
+            "sft.llamafactory: unknown setting(s) ['pyton']; did you mean 'python'?",
+        ),
         ("sft={backend: llamafactory, llamafactory: {args: 3}}", "sft.llamafactory.args: Expected `object`"),
     ],
 )
@@ -189,7 +192,13 @@ def test_llamafactory_training_ends_with_the_process_that_started_it(llamafactor
     row = TrainingRow(input_ids=[5, 6, 7, 8], loss_mask=[0, 0, 1, 1], old_logprobs=[0.0] * 4, advantages=[1.0] * 4)
     write_dataset(folder, [], [row])
     arguments = lf.train_arguments(
-        folder, tiny_model, steps=100_000, batch_size=1, config=GRPOConfig(), max_len=8, settings=LlamaFactorySettings()
+        folder,
+        tiny_model,
+        steps=100_000,
+        batch_size=1,
+        config=UpdateConfig(),
+        max_len=8,
+        settings=LlamaFactorySettings(),
     )
     (folder / "train.yaml").write_text(json.dumps(arguments))
     parent = subprocess.Popen(
@@ -231,7 +240,7 @@ def test_distillation_through_llamafactory_gives_a_lightrail_model(llamafactory_
     train = train[:3]
     with TeacherServer(train + val) as teacher:
         sft = SFT(
-            tiny_model, teacher=teacher.llm(), n_samples=3, steps=40, batch_size=8, config=GRPOConfig(lr=5e-3),
+            tiny_model, teacher=teacher.llm(), n_samples=3, steps=40, batch_size=8, config=UpdateConfig(lr=5e-3),
             val_sampling={"max_tokens": 48}, out_dir=tmp_path / "sft", checkpoint_every=0, backend="llamafactory",
             llamafactory=LlamaFactorySettings(python=llamafactory_python),
         )  # fmt: skip

@@ -15,7 +15,7 @@ import pytest
 
 from lightrail import MemoryStore, Trainer
 from lightrail.adapters import AgentFilter
-from lightrail.algorithms import SFT, GRPOConfig, TraceFilter
+from lightrail.algorithms import SFT, TraceFilter, UpdateConfig
 from lightrail.algorithms.protocol import TrainerContext
 from lightrail.algorithms.sft import call_rows, conversation_rows
 from lightrail.engine.chat import ChatFormat, parse_tool_calls
@@ -203,7 +203,7 @@ def test_distillation_trains_the_student_to_reproduce_the_teacher(tiny_model, tm
     train = train[:3]  # few enough to memorise in a few dozen steps
     with TeacherServer(train + val) as teacher:
         settings = dict(
-            teacher=teacher.llm(), n_samples=3, steps=4, batch_size=8, config=GRPOConfig(lr=5e-3),
+            teacher=teacher.llm(), n_samples=3, steps=4, batch_size=8, config=UpdateConfig(lr=5e-3),
             val_sampling={"max_tokens": 48}, out_dir=tmp_path / "sft", checkpoint_every=2,
         )  # fmt: skip
         store = MemoryStore()
@@ -529,7 +529,7 @@ def test_lightrail_train_distils_from_a_teacher_program_and_says_where_the_model
         ("sft.config={kl_coef: 0.1}", "sft.config.kl_coef: SFT has no KL term"),
         ("sft.config={autocast: float16}", "sft.config.autocast: Invalid enum value 'float16'"),
         ("sft.config={autocast: bfloat16, dtype: float64}", "autocast keeps float32 master weights"),
-        ("sft.batch=3", "sft: unknown setting(s) ['batch']"),
+        ("sft.batch=3", "sft: unknown setting(s) ['batch']; did you mean 'batch_size'?"),
     ],
 )
 def test_config_sft_section_errors_name_the_field(tmp_path, override, message):
@@ -595,7 +595,7 @@ def test_lora_sft_exports_the_merged_policy_it_trained(tiny_model, tmp_path):
 
     store, _ = asyncio.run(_hand_built_store(tmp_path / "store.db"))
     sft = SFT(
-        tiny_model, steps=3, batch_size=4, config=GRPOConfig(lr=1e-2, lora=LoraSettings(r=4)),
+        tiny_model, steps=3, batch_size=4, config=UpdateConfig(lr=1e-2, lora=LoraSettings(r=4)),
         out_dir=tmp_path / "sft", checkpoint_every=0, min_reward=0.5,
     )  # fmt: skip
 

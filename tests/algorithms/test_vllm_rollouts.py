@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from lightrail import MemoryStore, Trainer
-from lightrail.algorithms import GRPO, GRPOConfig, LoraSettings, PolicyUpdater
+from lightrail.algorithms import GRPO, LoraSettings, PolicyUpdater, UpdateConfig
 from lightrail.algorithms.vllm_rollouts import VLLMRollouts
 from lightrail.gateway.server import GatewayServer
 from lightrail.store import SQLiteStore
@@ -89,7 +89,7 @@ def test_grpo_with_vllm_lora_records_the_version_that_answered(model_dir, tmp_pa
     from examples.calculator.data import make_splits
 
     train, val = make_splits(6, 2, seed=1)
-    config = GRPOConfig(lr=2e-3, lora=LORA, seed=0)
+    config = UpdateConfig(lr=2e-3, lora=LORA, seed=0)
     grpo = GRPO(
         model_dir,
         config=config,
@@ -137,7 +137,7 @@ def test_grpo_with_vllm_lora_records_the_version_that_answered(model_dir, tmp_pa
         assert all(c[Attr.TOKEN_IDS_AVAILABLE] for c in calls)
 
     # re-score a sample of each step's calls with every version's weights
-    scorer = PolicyUpdater(model_dir, GRPOConfig(lora=LORA, seed=0, temperature=TEMPERATURE))
+    scorer = PolicyUpdater(model_dir, UpdateConfig(lora=LORA, seed=0, temperature=TEMPERATURE))
     weights = {0: {n: p.detach().clone() for n, p in scorer.model.named_parameters() if "lora_" in n}}
     for checkpoint in sorted((tmp_path / "run" / "checkpoints").glob("step-*")):
         version = json.loads((checkpoint / "loop_state.json").read_text())["policy_version"]
@@ -173,7 +173,7 @@ def test_inflight_requests_survive_lora_syncs_and_old_adapters_unload_after_them
         rollouts = VLLMRollouts(
             model_dir, served_name="policy", workdir=tmp_path / "vllm", lora_rank=LORA.r, **VLLM_OPTIONS
         )
-        updater = await asyncio.to_thread(PolicyUpdater, model_dir, GRPOConfig(lora=LORA, seed=0))
+        updater = await asyncio.to_thread(PolicyUpdater, model_dir, UpdateConfig(lora=LORA, seed=0))
         await rollouts.start()
         store = MemoryStore()
         try:
@@ -239,7 +239,7 @@ def test_full_weight_sync_reloads_vllm_and_inflight_requests_finish(model_dir, t
 
     async def go():
         rollouts = VLLMRollouts(model_dir, served_name="policy", workdir=tmp_path / "vllm", **VLLM_OPTIONS)
-        updater = await asyncio.to_thread(PolicyUpdater, model_dir, GRPOConfig(seed=0))
+        updater = await asyncio.to_thread(PolicyUpdater, model_dir, UpdateConfig(seed=0))
         await rollouts.start()
         upstream = rollouts.backend
         try:

@@ -14,7 +14,7 @@ def yes_model(tmp_path_factory) -> Path:
     """The tiny Llama after a short supervised pass on 70% "yes" / 30% "no" answers."""
     from transformers import AutoTokenizer
 
-    from lightrail.algorithms import GRPOConfig, PolicyUpdater
+    from lightrail.algorithms import PolicyUpdater, UpdateConfig
     from lightrail.algorithms.sft import conversation_rows
     from lightrail.engine.models import build_tiny_model
 
@@ -27,7 +27,7 @@ def yes_model(tmp_path_factory) -> Path:
         for q in QUESTIONS * 8
     ]
     rows = conversation_rows(tokenizer, conversations)
-    updater = PolicyUpdater(str(base), GRPOConfig(lr=3e-3, seed=0))
+    updater = PolicyUpdater(str(base), UpdateConfig(lr=3e-3, seed=0))
     for _ in range(40):
         updater.step(rng.sample(rows, 16), objective="sft")
     updater.model.save_pretrained(root / "warm")

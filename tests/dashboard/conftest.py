@@ -21,14 +21,14 @@ def trained(tmp_path_factory) -> Path:
     """The run folder of one GRPO step with validation before and after (2 of 4 val tasks raise; one asks a
     question holding HTML): store.db, metrics.jsonl, the run tag being the folder."""
     from lightrail import Trainer
-    from lightrail.algorithms import GRPOConfig
+    from lightrail.algorithms import UpdateConfig
     from lightrail.algorithms.grpo import GRPO
     from lightrail.engine.models import build_tiny_model
 
     root = tmp_path_factory.mktemp("dashboard")
     model = build_tiny_model(root / "model", size="tiny", seed=0)
     grpo = GRPO(
-        model, steps=1, tasks_per_step=2, n_samples=2, val_every=0, checkpoint_every=0, config=GRPOConfig(lr=1e-3),
+        model, steps=1, tasks_per_step=2, n_samples=2, val_every=0, checkpoint_every=0, config=UpdateConfig(lr=1e-3),
         sampling={"temperature": 1.0, "max_tokens": 6}, val_sampling={"temperature": 0.0, "max_tokens": 6},
         out_dir=root / "run",
     )  # fmt: skip

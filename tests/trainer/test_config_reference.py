@@ -8,12 +8,14 @@ import inspect
 import textwrap
 from pathlib import Path
 
+import msgspec
 import yaml
 
 from lightrail.algorithms.apo import APO
 from lightrail.algorithms.grpo import GRPO
+from lightrail.algorithms.settings import APOSection, GRPOSection, SFTSection
 from lightrail.algorithms.sft import SFT
-from lightrail.algorithms.updater import GRPOConfig
+from lightrail.algorithms.updater import UpdateConfig
 from lightrail.cli import main
 from lightrail.trainer.config import TrainConfig, load_config
 from lightrail.trainer.config_reference import render_markdown, resolved_config, sections
@@ -49,18 +51,30 @@ def test_every_field_of_every_section_is_documented():
         assert all(f.type and f.default for f in section.fields)
     names = {path: {f.name for f in s.fields} for path, s in by_path.items()}
     assert names[""] == set(TrainConfig.__struct_fields__)
-    assert names["grpo.config"] == {f.name for f in dataclasses.fields(GRPOConfig)}
-    for path, cls, excluded in [("grpo", GRPO, {"model", "gateway"}), ("apo", APO, {"model", "gateway", "out_dir"}),
+    assert names["grpo.config"] == {f.name for f in dataclasses.fields(UpdateConfig)}
+    for path, cls, excluded in [("grpo", GRPO, {"model", "gateway"}), ("apo", APO, {"model", "gateway"}),
                                 ("sft", SFT, {"model", "gateway", "out_dir"})]:  # fmt: skip
         assert set(inspect.signature(cls).parameters) - excluded <= names[path], path
     assert {"agents_pattern", "credit_args"} <= names["grpo"] and {"agents_pattern"} <= names["sft"]
     assert "api_key_env" in names["sft.teacher"]
     # types and defaults as a config writes them
     fields = {f.name: f for f in by_path["grpo.config"].fields}
-    assert (fields["lr"].type, fields["lr"].default) == ("float", str(GRPOConfig.lr))
+    assert (fields["lr"].type, fields["lr"].default) == ("float", str(UpdateConfig.lr))
     assert fields["device"].type == "cpu | cuda | auto" and fields["lora"].type == "mapping | null"
     top = {f.name: f for f in by_path[""].fields}
     assert top["agent"].default == "required" and top["model"].default == "tiny"
+
+
+def test_every_section_default_is_the_constructors_own():
+    """A section key left out of a config gets the constructor's default: the reference must show that one (keys a
+    config writes as a name or mapping where Python takes an object have their own config default)."""
+    objects = {"config", "credit", "tool_rewards", "agents", "teacher", "traces", "llm", "optimizer", "llamafactory"}
+    for section, cls in [(GRPOSection, GRPO), (APOSection, APO), (SFTSection, SFT)]:
+        defaults = {f.name: f.default for f in msgspec.structs.fields(section)}
+        for name, parameter in inspect.signature(cls).parameters.items():
+            given = parameter.default
+            if name in defaults and name not in objects and (given is None or isinstance(given, int | float | str)):
+                assert defaults[name] == given, f"{section.__name__}.{name}: {defaults[name]!r} != {given!r}"
 
 
 def test_every_field_of_the_learn_config_is_documented():
@@ -99,7 +113,7 @@ def test_print_config_fills_every_default_and_runs_as_printed(tmp_path, capsys):
     assert (grpo["steps"], grpo["n_samples"], grpo["tasks_per_step"], grpo["val_every"]) == (1, 2, 8, 10)
     assert grpo["credit"] == "discounted" and grpo["credit_args"] == {"gamma": 0.5}
     assert grpo["tool_rewards"]["success"] == 0.1 and grpo["seed"] == 0
-    assert grpo["config"]["lr"] == 1e-3 and grpo["config"]["clip_high"] == GRPOConfig.clip_high
+    assert grpo["config"]["lr"] == 1e-3 and grpo["config"]["clip_high"] == UpdateConfig.clip_high
     assert grpo["config"]["lora"]["r"] == 8 and grpo["config"]["lora"]["alpha"] == 32
     assert "apo" not in printed and "sft" not in printed
     # the printed config is a config: it loads, and prints the same again

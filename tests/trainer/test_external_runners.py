@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from lightrail import Trainer
-from lightrail.algorithms import GRPOConfig
+from lightrail.algorithms import UpdateConfig
 from lightrail.algorithms.grpo import GRPO
 from lightrail.engine.models import build_tiny_model
 from lightrail.gateway import GatewaySettings
@@ -83,7 +83,7 @@ def test_training_run_with_external_runners_only(tmp_path, monkeypatch):
     port = free_port()
     advertised = f"http://localhost:{port}/v1"  # not the address the gateway binds: runners must use this one
     grpo = GRPO(
-        model, steps=3, tasks_per_step=2, n_samples=4, config=GRPOConfig(lr=1e-3), val_every=0,
+        model, steps=3, tasks_per_step=2, n_samples=4, config=UpdateConfig(lr=1e-3), val_every=0,
         sampling={"temperature": 1.0, "max_tokens": 8}, val_sampling={"temperature": 0.0, "max_tokens": 8},
         out_dir=tmp_path / "run", checkpoint_every=0,
         gateway=GatewaySettings(host="127.0.0.1", port=port, advertise_url=advertised),
@@ -190,7 +190,7 @@ def test_a_runner_on_another_host_trains_through_the_advertised_urls(tmp_path, m
     assert unreachable.returncode != 0  # the trainer's loopback is not the other host's: a loopback URL would fail
     port = free_port()
     grpo = GRPO(
-        model, steps=1, tasks_per_step=2, n_samples=2, config=GRPOConfig(lr=1e-3), val_every=0,
+        model, steps=1, tasks_per_step=2, n_samples=2, config=UpdateConfig(lr=1e-3), val_every=0,
         sampling={"temperature": 1.0, "max_tokens": 8}, val_sampling={"temperature": 0.0, "max_tokens": 8},
         out_dir=tmp_path / "run", checkpoint_every=0,
         gateway=GatewaySettings(host=address, port=port, advertise_url=f"http://{address}:{port}/v1"),

@@ -27,14 +27,14 @@ def run(tmp_path_factory):
     """One GRPO step with validation before and after (2 of 4 val tasks raise), then two rollouts tagged with a
     run id enqueued by hand (nobody runs them). Yields the store path and what GRPO printed."""
     from lightrail import Trainer
-    from lightrail.algorithms import GRPOConfig
+    from lightrail.algorithms import UpdateConfig
     from lightrail.algorithms.grpo import GRPO
     from lightrail.engine.models import build_tiny_model
 
     root = tmp_path_factory.mktemp("inspect")
     model = build_tiny_model(root / "model", size="tiny", seed=0)
     grpo = GRPO(
-        model, steps=1, tasks_per_step=2, n_samples=2, val_every=0, checkpoint_every=0, config=GRPOConfig(lr=1e-3),
+        model, steps=1, tasks_per_step=2, n_samples=2, val_every=0, checkpoint_every=0, config=UpdateConfig(lr=1e-3),
         sampling={"temperature": 1.0, "max_tokens": 6}, val_sampling={"temperature": 0.0, "max_tokens": 6},
         out_dir=root / "run",
     )  # fmt: skip

@@ -119,13 +119,13 @@ def warm_start(settings: DemoSettings, base: Path, train: list[dict], console: A
     """Supervised pass on the imperfect teacher's demonstrations; returns the warm model's directory."""
     from transformers import AutoTokenizer
 
-    from lightrail.algorithms import GRPOConfig, PolicyUpdater
+    from lightrail.algorithms import PolicyUpdater, UpdateConfig
     from lightrail.algorithms.run.progress import StepBar
     from lightrail.algorithms.sft import conversation_rows
 
     tokenizer = AutoTokenizer.from_pretrained(base)
     rows = conversation_rows(tokenizer, demonstrations(train, seed=settings.seed), tools=[CALCULATOR], max_len=500)
-    updater = PolicyUpdater(str(base), GRPOConfig(lr=settings.sft_lr, warmup_steps=10, seed=settings.seed))
+    updater = PolicyUpdater(str(base), UpdateConfig(lr=settings.sft_lr, warmup_steps=10, seed=settings.seed))
     rng = random.Random(settings.seed)
     console.print(f"[bold]2/3[/bold] warm start: {settings.sft_steps} supervised steps on {len(rows)} teacher turns")
     with StepBar("SFT", total=settings.sft_steps, console=console) as bar:
@@ -144,7 +144,7 @@ def run_demo(settings: DemoSettings, console: Any = None) -> dict[str, Any]:
 
     from lightrail import Trainer
     from lightrail.adapters import ToolRewardRule
-    from lightrail.algorithms import GRPO, GRPOConfig, LoraSettings
+    from lightrail.algorithms import GRPO, LoraSettings, UpdateConfig
     from lightrail.types import RetryPolicy
 
     console = console or Console()
@@ -157,7 +157,7 @@ def run_demo(settings: DemoSettings, console: Any = None) -> dict[str, Any]:
     model = build_model(settings, train, console)
     if settings.sft_steps:
         model = warm_start(settings, model, train, console)
-    config = GRPOConfig(
+    config = UpdateConfig(
         lr=settings.grpo_lr,
         warmup_steps=settings.grpo_warmup,
         kl_coef=settings.kl_coef,

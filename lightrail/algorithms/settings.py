@@ -1,0 +1,322 @@
+"""The ``grpo:``, ``sft:`` and ``apo:`` sections of a ``lightrail train`` config as typed structs (each key with the
+type a config writes, its default and, under it, its meaning), and `convert`, the one check every config section goes
+through: a wrong type names the field's path (``grpo.steps: Expected `int`, got `str```), an unknown key the closest
+valid one (``grpo: unknown setting(s) ['epoch']; did you mean 'epochs'?``). `lightrail.trainer.config` hands the keys a
+config gives to the algorithm's constructor; `lightrail.trainer.config_reference` renders ``docs/config.md`` and
+``--print-config`` from these structs; ``tests/trainer/test_config_reference.py`` checks that every constructor
+parameter is a field here with the same default. No torch here: a config is checked before anything heavy loads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import types
+import typing
+from collections.abc import Iterable
+from typing import Any, TypeVar
+
+import msgspec
+
+__all__ = ["APOSection", "GRPOSection", "SFTSection", "convert", "unknown_keys"]
+
+T = TypeVar("T")
+
+
+def unknown_keys(where: str, given: Iterable[str], valid: Iterable[str]) -> str | None:
+    """The one-line error for keys of ``given`` that are not in ``valid``, naming the closest valid key (None when
+    every key is known)."""
+    valid = sorted(valid)
+    unknown = sorted(set(given) - set(valid))
+    if not unknown:
+        return None
+    close = [match for key in unknown for match in difflib.get_close_matches(key, valid, n=1)]
+    hint = f"did you mean {' or '.join(map(repr, close))}?" if close else f"accepted: {valid}"
+    return f"{where}: unknown setting(s) {unknown}; {hint}"
+
+
+def _fields(tp: Any) -> dict[str, Any] | None:
+    """The fields of a struct or dataclass with their types (None for any other type)."""
+    if (isinstance(tp, type) and issubclass(tp, msgspec.Struct)) or dataclasses.is_dataclass(tp):
+        return typing.get_type_hints(tp)
+    return None
+
+
+def _at(tp: Any, path: list[str]) -> list[Any]:
+    """The struct and dataclass types a value at ``path`` (field names, ``[n]`` for items) may have."""
+    origin, args = typing.get_origin(tp), [a for a in typing.get_args(tp) if a is not Ellipsis]
+    if origin in (typing.Union, types.UnionType):
+        return [t for arg in args for t in _at(arg, path)]
+    if not path:
+        return [tp] if _fields(tp) is not None else []
+    if path[0].startswith("["):
+        return [t for arg in args[-1:] if origin in (list, tuple, dict) for t in _at(arg, path[1:])]
+    field = (_fields(tp) or {}).get(path[0])
+    return [] if field is None else _at(field, path[1:])
+
+
+def _readable(exc: msgspec.ValidationError, schema: Any, where: str) -> str:
+    """msgspec says ``... - at `$.grpo.steps```; users wrote ``grpo.steps`` (under ``where``), and for an unknown
+    field they get the closest valid one."""
+    head, sep, at = str(exc).rpartition(" - at `$")
+    head = head if sep else str(exc)
+    names = [name or index for name, index in re.findall(r"\.(\w+)|(\[\d+\])", at.rstrip("`") if sep else "")]
+    dotted = ".".join(filter(None, [where, *names])).replace(".[", "[")
+    unknown = re.fullmatch(r"Object contains unknown field `(.+)`", head)
+    valid = {name for tp in _at(schema, names) for name in _fields(tp) or ()} if unknown else set()
+    if unknown and valid:
+        return unknown_keys(dotted, [unknown.group(1)], valid) or dotted
+    return f"{dotted}: {head}" if dotted else head
+
+
+def convert(data: Any, schema: type[T], where: str = "", *, strict: bool = True) -> T:
+    """``data`` (plain YAML data) as ``schema``; a `ValueError` whose one line names the field's path under ``where``
+    (unknown keys with the closest valid one). Dataclasses get the unknown-key check msgspec only gives structs."""
+    if dataclasses.is_dataclass(schema):
+        if not isinstance(data, dict):
+            raise ValueError(f"{where}: expected a mapping, got {data!r}")
+        if error := unknown_keys(where, data, _fields(schema) or ()):
+            raise ValueError(error)
+    try:
+        return msgspec.convert(data, schema, strict=strict)
+    except msgspec.ValidationError as exc:
+        raise ValueError(_readable(exc, schema, where)) from None
+
+
+class GRPOSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Keyword arguments of `lightrail.algorithms.GRPO` (reinforcement learning), used when ``algorithm`` is ``grpo``
+    or ``[sft, grpo]``."""
+
+    config: dict[str, Any] = {}
+    """Optimizer, loss and LoRA settings (the ``grpo.config`` section)."""
+    steps: int = 50
+    """Training steps (collect rollouts, update, serve the new weights)."""
+    epochs: int | None = None
+    """Count the run in passes over the training tasks instead of ``steps``: ``epochs`` times ``len(train_tasks) //
+    tasks_per_step`` steps (at least one), fixed when the run starts (verl's ``total_epochs``); null: ``steps``."""
+    tasks_per_step: int = 8
+    """Training tasks sampled per step (a seeded shuffle, reshuffled each epoch)."""
+    n_samples: int = 8
+    """Rollouts per task per step: one GRPO group."""
+    sampling: dict[str, Any] | None = None
+    """Sampling of training rollouts (OpenAI parameters handed to the agent through its `LLM` resource); null:
+    ``{temperature: 1.0, max_tokens: 64}``, and given keys override those."""
+    val_sampling: dict[str, Any] | None = None
+    """Sampling of validation rollouts; null: greedy, ``{temperature: 0.0, max_tokens: 64}``."""
+    val_every: int = 10
+    """Validate every N steps (also before training, unless ``validate_before`` is false, and at the end); 0: only
+    then."""
+    validate_before: bool = True
+    """Validate before training (the report's ``val_before``); false skips it (null then)."""
+    advantage: str = "grpo"
+    """Outcome-advantage estimator: ``grpo``, ``rloo``, ``dr_grpo``, ``reinforce_pp``, ``reinforce_pp_baseline``; or
+    ``gae``: PPO with a critic (a value head on the policy, GAE over each call's tokens, clipped value loss; settings
+    ``config.gamma``, ``lam``, ``value_coef``, ``value_clip``)."""
+    loss_agg: str | None = None
+    """Loss aggregation: ``token_mean``, ``seq_mean_token_mean``, ``seq_mean_token_sum_norm`` (or a ``loss_norm``
+    name); null: the estimator's own (``seq_mean_token_sum_norm`` for ``dr_grpo``, else ``token_mean``)."""
+    credit: str = "per_turn"
+    """How an episode's outcome is spread over its calls: ``identical``, ``per_turn`` or ``discounted``."""
+    credit_args: dict[str, Any] = {}
+    """Options of the credit scheme, e.g. ``{gamma: 0.9}`` for ``discounted``."""
+    tool_rewards: bool | dict[str, Any] | None = None
+    """Intermediate rewards from tool outcomes: ``true`` for the defaults, or the ``grpo.tool_rewards`` fields."""
+    agents: list[str] | str | None = None
+    """Train only the calls of these agents (by name); null with no ``agents_pattern``: every call."""
+    agents_pattern: str | None = None
+    """Train only the calls of agents whose name fully matches this regex."""
+    policies: dict[str, list[str]] | None = None
+    """One trained policy per group of agents, ``{write: [write_query], rewrite: [rewrite_query]}`` (instead of
+    ``agents``): a model copy or LoRA adapter each, with its own optimizer; the gateway routes each call by the agent
+    the runner names; other agents' calls are served by the start model. null: one shared policy."""
+    merge_calls: bool = False
+    """Merge an episode's calls into one row when each prompt extends the previous call's prompt and answer (fewer,
+    longer rows)."""
+    filter_groups: bool = False
+    """DAPO's dynamic sampling: leave groups whose transitions all have advantage 0 out of the update and sample more
+    tasks until ``tasks_per_step`` groups carry a signal (more rollouts per step)."""
+    max_sample_rounds: int = 3
+    """With ``filter_groups``: rounds of rollouts per step at most (the last round's informative groups are trained on
+    even when fewer than ``tasks_per_step``)."""
+    success_threshold: float = 1.0
+    """A rollout succeeds when its reward is at least this (success rates, validation)."""
+    out_dir: str = "runs/grpo"
+    """Where metrics, TensorBoard events, checkpoints and the report go."""
+    checkpoint_every: int = 10
+    """Save a checkpoint every N steps (and at the end); 0: only at the end."""
+    keep_checkpoints: int | None = None
+    """Keep only the newest N checkpoints (an older one is deleted once a newer one is complete); null keeps every
+    one."""
+    resume: bool = False
+    """Continue from the newest checkpoint in ``out_dir``."""
+    served_name: str = "policy"
+    """The model name the gateway serves the policy as (what agents send as ``model``)."""
+    seed: int = 0
+    """Seeds the task order."""
+    engine_options: dict[str, Any] | None = None
+    """Keyword arguments of the embedded `Engine` (batch size, ...); `tool_format` (hermes, llama3_json, mistral,
+    pythonic) and `reasoning` (think, think_open, none) name the model's formats when its chat template is not
+    recognised (they also pick vLLM's parsers)."""
+    rollout_engine: str = "embedded"
+    """What samples rollouts: ``embedded`` (the engine in the trainer process) or ``vllm``."""
+    vllm: dict[str, Any] | None = None
+    """With ``rollout_engine: vllm``: ``python`` (start ``vllm serve`` with that interpreter) or ``url`` (attach to a
+    running server), and `VLLMRollouts` options."""
+    mismatch_flag: float = 1e-3
+    """Train–inference mismatch: a row is flagged (``mismatch_rows_flagged``) when the mean k3 KL between the
+    sampler's recorded logprobs and the trainer's own exceeds this (float32 on both sides: ~1e-13; raise it for a
+    bfloat16 engine)."""
+    mismatch_stop: float | None = 0.02
+    """Stop the run (`MismatchError`, one-line cause) when the rows of a policy version exceed this mean k3 KL: a
+    weight sync that did not take shows as the size of the missed update; null: never stop on it (an engine that does
+    not serve the synced version still stops the run)."""
+    mode: str = "sync"
+    """``sync`` (collect, then update: on-policy) or ``async`` (rollouts of the next ``ahead`` steps keep sampling on
+    the current weights while a step waits for its slowest rollouts and updates; stale tokens corrected by truncated
+    importance sampling; see docs/algorithms.md)."""
+    max_staleness: int | None = None
+    """With ``mode: async``: calls answered by a policy more than this many versions older than the one being
+    trained are dropped before the update (``dropped_stale``); null: 1."""
+    ahead: int | None = None
+    """With ``mode: async``: steps of rollouts enqueued beyond the one being trained (each call's staleness is at most
+    this); null: ``max_staleness`` (at least 1)."""
+    is_cap: float | None = None
+    """With ``mode: async``: the cap C of the truncated importance weight ``min(pi_trainer / pi_sampler, C)`` of
+    each token; null: 2.0."""
+
+
+class SFTSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Keyword arguments of `lightrail.algorithms.SFT` (supervised fine-tuning on the best traces), used when
+    ``algorithm`` is ``sft`` or ``[sft, grpo]``."""
+
+    teacher: str | dict[str, Any] | None = None
+    """Distillation: run the training tasks with this teacher (the ``sft.teacher`` fields: an endpoint, or ``{script:
+    module:function}``, a program; or ``self``, the student's own samples at ``sampling``) and train on its best
+    rollouts."""
+    traces: dict[str, Any] | None = None
+    """Rejection sampling: train on the best stored rollouts that pass this filter (the ``sft.traces`` fields); null
+    with no teacher: ``{}``, every rollout of the trainer's own store."""
+    n_samples: int = 1
+    """With a teacher: rollouts per training task."""
+    sampling: dict[str, Any] | None = None
+    """With ``teacher: self``: how the student samples itself (OpenAI parameters; temperature 1.0 and 64 tokens
+    unless set)."""
+    tasks: int | None = None
+    """With a teacher: how many training tasks are run (null: all), a random sample fixed by `seed`. A chained
+    `grpo` stage still draws from all the training tasks, in an order independent of this sample."""
+    min_reward: float | None = 1.0
+    """Keep rollouts rewarded at least this (null: any)."""
+    best_of: int | None = None
+    """Keep at most this many rollouts per task, best first (null: all)."""
+    agents: list[str] | str | None = None
+    """Train only the calls of these agents (null: every call)."""
+    agents_pattern: str | None = None
+    """Train only the calls of agents whose name fully matches this regex."""
+    config: dict[str, Any] = {}
+    """Optimizer and LoRA (the ``grpo.config`` fields; ``kl_coef`` must stay 0)."""
+    steps: int = 100
+    """Optimizer steps."""
+    batch_size: int = 32
+    """Rows per step, drawn without replacement (reshuffled each epoch)."""
+    max_len: int | None = None
+    """Drop rows longer than this many tokens (null: keep all)."""
+    merge_calls: bool = True
+    """Merge an episode's calls into one row when each prompt extends the previous one."""
+    val_sampling: dict[str, Any] | None = None
+    """Sampling of validation rollouts; null: greedy, ``{temperature: 0.0, max_tokens: 64}``."""
+    val_every: int = 0
+    """Validate every N steps (and at the end); 0: only at the end."""
+    validate_before: bool = False
+    """Also validate before training."""
+    success_threshold: float = 1.0
+    """A rollout succeeds when its reward is at least this."""
+    checkpoint_every: int = 50
+    """Save a checkpoint every N steps (and at the end)."""
+    keep_checkpoints: int | None = None
+    """Keep only the newest N checkpoints (an older one is deleted once a newer one is complete); null keeps every
+    one."""
+    resume: bool = False
+    """Continue from the newest checkpoint in the output folder."""
+    served_name: str = "policy"
+    """The model name the gateway serves the student as."""
+    seed: int = 0
+    """Seeds row sampling and the teacher's task sample (`tasks`)."""
+    engine_options: dict[str, Any] | None = None
+    """Keyword arguments of the embedded `Engine`; `tool_format` and `reasoning` name the model's formats (as in
+    `grpo.engine_options`), which SFT targets are then written in."""
+    backend: str = "lightrail"
+    """Who runs the optimizer steps on the rows: ``lightrail`` (its own updater) or ``llamafactory`` (LLaMA-Factory's
+    trainer in its own environment, full fine-tuning; the rows are also exported as a LLaMA-Factory dataset; see
+    ``sft.llamafactory``)."""
+    llamafactory: dict[str, Any] | None = None
+    """With ``backend: llamafactory``: its environment and arguments (the ``sft.llamafactory`` fields)."""
+
+
+class APOSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Keyword arguments of `lightrail.algorithms.APO` (prompt optimization), used when ``algorithm: apo``."""
+
+    prompts: dict[str, str]
+    """Resource name -> initial template of each prompt to optimize."""
+    llm: dict[str, Any] | None = None
+    """A policy already served by a lightrail gateway (the `LLM` fields below) instead of the config's ``model``."""
+    optimizer: str | dict[str, Any] | None = None
+    """The model that writes critiques and edits: ``self`` (the policy), `LLM` fields (any OpenAI-compatible
+    endpoint), or null (no textual gradients, demonstrations only)."""
+    rounds: int = 3
+    """Search rounds."""
+    beam_width: int = 2
+    """Candidates kept after each round."""
+    gradient_children: int = 1
+    """Children per beam candidate from a critique-and-edit (textual gradient)."""
+    demo_children: int = 1
+    """Children per beam candidate from a new choice of demonstrations."""
+    batch_size: int = 8
+    """Training tasks each candidate is scored on per round."""
+    n_samples: int = 1
+    """Rollouts per task and candidate."""
+    max_rollouts: int | None = None
+    """Stop once this many rollouts ran (null: no budget)."""
+    max_optimizer_calls: int | None = None
+    """Stop proposing once the optimizer was called this often (null: no budget)."""
+    demonstrations: bool = True
+    """Propose candidates with worked examples taken from successful rollouts."""
+    demo_k: int = 2
+    """Demonstrations per candidate."""
+    demo_chars: int = 1500
+    """Characters kept of each demonstration."""
+    demo_template: str | None = None
+    """Which prompt the demonstrations are appended to (default: the first)."""
+    demo_format: str = "text"
+    """``text`` (appended to the template) or ``messages`` (the template is a JSON list of messages)."""
+    bootstrap_rollouts: int = 0
+    """Rollouts run before round 1 to find demonstrations."""
+    bootstrap_sampling: dict[str, Any] | None = None
+    """Sampling of the bootstrap rollouts (default ``{temperature: 1.0}``)."""
+    demo_traces: dict[str, Any] | None = None
+    """Stored rollouts (the ``sft.traces`` fields) whose successes join the demonstrations, e.g. a stronger model's
+    or production's runs of the same agent."""
+    trace_examples: int = 4
+    """Rollouts shown to the optimizer per critique."""
+    trace_chars: int = 1500
+    """Characters kept of each rollout shown to the optimizer."""
+    prompts_dir: str | None = None
+    """A folder of optimizer prompt templates replacing the built-in ones."""
+    sampling: dict[str, Any] | None = None
+    """Sampling of training rollouts; null: ``{temperature: 0.0, max_tokens: 128}``."""
+    val_sampling: dict[str, Any] | None = None
+    """Sampling of validation rollouts; null: ``{temperature: 0.0, max_tokens: 128}``."""
+    optimizer_sampling: dict[str, Any] | None = None
+    """Sampling of optimizer calls; null: ``{temperature: 0.7, max_tokens: 512}``."""
+    success_threshold: float = 1.0
+    """A rollout succeeds when its reward is at least this."""
+    out_dir: str = "runs/apo"
+    """Where the report, metrics and the best prompts go."""
+    served_name: str = "policy"
+    """The model name the gateway serves the policy as."""
+    llm_name: str = "llm"
+    """The resource name of the policy `LLM` (an agent's ``llm`` argument)."""
+    seed: int = 0
+    """Seeds task sampling and demonstration choice."""
+    engine_options: dict[str, Any] | None = None
+    """Keyword arguments of the embedded `Engine`."""
