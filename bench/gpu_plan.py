@@ -8,7 +8,7 @@ The model (each term is a function below, in bytes or FLOPs):
 
 * **State per update rank**: the weights (``P`` x their dtype), and for the trained parameters their gradients and
   AdamW's two moments in the trained parameters' dtype (`torch.optim.AdamW` keeps them in the parameter's dtype; full
-  fine-tuning in bfloat16 keeps no float32 master copy, `GRPOConfig.dtype`). LoRA adapters are float32 (peft's
+  fine-tuning in bfloat16 keeps no float32 master copy, `UpdateConfig.dtype`). LoRA adapters are float32 (peft's
   default) with their gradients and moments; the KL reference is the base with the adapter switched off (no copy).
   Full fine-tuning with ``kl_coef > 0`` keeps a frozen copy of the start. Data-parallel ranks each hold all of it.
 * **Activations of one micro-batch** (the update keeps them: no gradient checkpointing): ``micro_batch_tokens`` x
@@ -355,7 +355,7 @@ def step_row(tokens: int, vocab: int, response_share: float = 0.25):
     )
 
 
-PRECISIONS = {  # name: (the model's Update, the GRPOConfig fields the configs use)
+PRECISIONS = {  # name: (the model's Update, the UpdateConfig fields the configs use)
     "fp32_full": (Update(weight_bytes=4, kl=False), {"dtype": "float32"}),
     "bf16_full": (Update(weight_bytes=2, kl=True), {"dtype": "bfloat16", "kl_coef": 0.02}),
     "bf16_lora16": (Update(weight_bytes=2, lora_r=16, kl=True), {"dtype": "bfloat16", "kl_coef": 0.02, "lora": 16}),
@@ -364,14 +364,14 @@ PRECISIONS = {  # name: (the model's Update, the GRPOConfig fields the configs u
 
 def updater_for(model, name: str, tokens: int, response_share: float = 0.25):
     """A `PolicyUpdater` in precision ``name`` with one micro-batch of ``tokens``, and the model's `Update` for it."""
-    from lightrail.algorithms.updater import GRPOConfig, LoraSettings, PolicyUpdater
+    from lightrail.algorithms.updater import LoraSettings, PolicyUpdater, UpdateConfig
 
     u, fields = PRECISIONS[name]
     fields = {**fields, "micro_batch_tokens": tokens, "share_prefixes": False, "lr": 1e-5}
     if "lora" in fields:
         fields["lora"] = LoraSettings(r=fields["lora"], alpha=2 * fields["lora"])
     u = Update(**{**u.__dict__, "micro_batch_tokens": tokens, "response_share": response_share})
-    return PolicyUpdater(model, GRPOConfig(**fields)), u
+    return PolicyUpdater(model, UpdateConfig(**fields)), u
 
 
 def cpu_check(tokens: int = 1024) -> dict:
