@@ -43,14 +43,14 @@ def run_arm(arm: str, model: Path, args: argparse.Namespace, seed: int, train: l
 
     from lightrail import Trainer
     from lightrail.adapters import ToolRewardRule
-    from lightrail.algorithms import GRPO, GRPOConfig
+    from lightrail.algorithms import GRPO, UpdateConfig
     from lightrail.demos.calculator.demo import AGENT
     from lightrail.types import RetryPolicy
 
     started = time.monotonic()
     grpo = GRPO(
         model,
-        config=GRPOConfig(lr=args.lr, warmup_steps=2, kl_coef=0.05, seed=seed),
+        config=UpdateConfig(lr=args.lr, warmup_steps=2, kl_coef=0.05, seed=seed),
         steps=args.steps,
         tasks_per_step=args.tasks_per_step,
         n_samples=args.n_samples,

@@ -149,7 +149,7 @@ def test_a_short_ppo_run_raises_the_reward_of_its_own_samples():
     start's ~0.5 (a wrong GAE sign, a critic that swamps the policy loss or a dead gradient keeps it near 0.5)."""
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
-    upd = PPOUpdater(tiny_llama(seed=3, hidden=64), GRPOConfig(lr=3e-3, kl_coef=0.0))
+    upd = PPOUpdater(tiny_llama(seed=3, hidden=64), UpdateConfig(lr=3e-3, kl_coef=0.0))
     prompt = [5, 17, 3, 42, 8]
     mean = lambda rows: sum(r.advantages[-1] for r in rows) / len(rows)  # noqa: E731
     start = mean(_sample(upd, prompt, 64, 6, gen))
