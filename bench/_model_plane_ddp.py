@@ -34,8 +34,8 @@ def measure(quick: bool) -> dict:
     from transformers import AutoConfig
 
     from lightrail.algorithms import PolicyUpdater, UpdateConfig
-    from lightrail.algorithms.distributed import DistributedPolicyUpdater
     from lightrail.engine.models import build_tiny_model, prepare_model
+    from lightrail.model.distributed import DistributedPolicyUpdater
 
     if quick:
         import tempfile

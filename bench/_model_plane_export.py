@@ -136,8 +136,8 @@ def measure(quick: bool) -> dict:
     from transformers import AutoTokenizer
 
     from lightrail.algorithms import LoraSettings, PolicyUpdater, UpdateConfig
-    from lightrail.algorithms.export import export_checkpoint
     from lightrail.engine.models import build_tiny_model, prepare_model
+    from lightrail.model.export import export_checkpoint
 
     n_val, steps = (8, 12) if quick else (32, 8)
     train, val = make_splits(16, n_val, seed=0)

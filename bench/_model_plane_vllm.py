@@ -62,8 +62,8 @@ async def _sync_bench(model: str, workdir: Path, *, lora: bool, n_syncs: int) ->
     import openai
 
     from lightrail.algorithms import LoraSettings, PolicyUpdater, UpdateConfig
-    from lightrail.algorithms.vllm_rollouts import VLLMRollouts
     from lightrail.gateway.server import GatewayServer
+    from lightrail.model.vllm_rollouts import VLLMRollouts
     from lightrail.store import MemoryStore
     from lightrail.types import ChatRequest, SamplingParams
 

@@ -364,7 +364,7 @@ PRECISIONS = {  # name: (the model's Update, the UpdateConfig fields the configs
 
 def updater_for(model, name: str, tokens: int, response_share: float = 0.25):
     """A `PolicyUpdater` in precision ``name`` with one micro-batch of ``tokens``, and the model's `Update` for it."""
-    from lightrail.algorithms.updater import LoraSettings, PolicyUpdater, UpdateConfig
+    from lightrail.model.updater import LoraSettings, PolicyUpdater, UpdateConfig
 
     u, fields = PRECISIONS[name]
     fields = {**fields, "micro_batch_tokens": tokens, "share_prefixes": False, "lr": 1e-5}

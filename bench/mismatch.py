@@ -8,7 +8,7 @@ Two GRPO runs through the real trainer, gateway, embedded engine (float32) and o
 (tests/algorithms/loop_agents.py):
 
 * ``healthy``: ``steps`` steps; ``mismatch_kl_mean`` is the largest per-step token mean of the k3 KL between the
-  logprobs the engine recorded and the trainer's own for the same tokens (`lightrail.algorithms.mismatch`), next to
+  logprobs the engine recorded and the trainer's own for the same tokens (`lightrail.model.mismatch`), next to
   ``approx_kl_float32_max`` (the update's own float32 ``approx_kl`` of the same steps: the baseline the float64
   measurement replaces; it rounds a healthy gap to 0 or to float32 noise).
 * ``broken``: the same run with the engine's weight loading skipped (it bumps its version and keeps the start
@@ -43,7 +43,7 @@ def run(model: Path, out: Path, steps: int) -> tuple[list[dict], str | None]:
     from lightrail import MemoryStore, Trainer
     from lightrail.algorithms import UpdateConfig
     from lightrail.algorithms.grpo import GRPO
-    from lightrail.algorithms.mismatch import MismatchError
+    from lightrail.model.mismatch import MismatchError
 
     train, val = make_splits(16, 2, seed=1)
     grpo = GRPO(

@@ -106,7 +106,7 @@ async def embedded_round_trip(path: Path) -> bool:
 
 
 async def vllm_round_trip(path: Path, python: str, workdir: Path) -> bool:
-    from lightrail.algorithms.vllm_rollouts import VLLMRollouts
+    from lightrail.model.vllm_rollouts import VLLMRollouts
 
     rollouts = VLLMRollouts(
         path, served_name="policy", workdir=workdir, python=python, startup_timeout_s=600,

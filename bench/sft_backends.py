@@ -72,7 +72,7 @@ def main() -> None:
     from examples.calculator.teacher_server import TeacherServer
     from lightrail import Trainer
     from lightrail.algorithms import SFT, UpdateConfig
-    from lightrail.algorithms.llamafactory import LlamaFactorySettings
+    from lightrail.model.llamafactory import LlamaFactorySettings
     from lightrail.store.sqlite import SQLiteStore
 
     python = llamafactory_python()

@@ -18,7 +18,7 @@ Outcome estimators (``estimator=``, `ESTIMATORS`; n = size of i's group g, a gro
                            R_i there). (Ahmadian et al. 2024, arXiv:2402.14740; verl compute_rloo_outcome_advantage)
     dr_grpo                z_i = R_i − mean_g R, no std. n = 1 → 0. Its natural loss aggregation is the
                            constant-length token sum (``loss_agg="seq_mean_token_sum_norm"``, see
-                           `lightrail.algorithms._loss`). (Liu et al. 2025, "Understanding R1-Zero-Like Training:
+                           `lightrail.model._loss`). (Liu et al. 2025, "Understanding R1-Zero-Like Training:
                            A Critical Perspective", arXiv:2503.20783; verl ``norm_adv_by_std_in_grpo=False``)
     reinforce_pp           REINFORCE++ for outcome rewards: no group baseline, the outcomes are whitened over the
                            whole batch, token-weighted: z_i = (R_i − μ) / sqrt(σ² + 1e-8) with μ = Σ_i n_i R_i / N,

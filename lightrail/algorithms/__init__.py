@@ -24,18 +24,18 @@ _EXPORTS: dict[str, str] = {
     "APO": "lightrail.algorithms.apo",
     "Chain": "lightrail.algorithms.chain",
     "GRPO": "lightrail.algorithms.grpo",
-    "LlamaFactorySettings": "lightrail.algorithms.llamafactory",
-    "LoraSettings": "lightrail.algorithms.updater",
-    "LossNorm": "lightrail.algorithms._loss",
-    "PolicyUpdater": "lightrail.algorithms.updater",
+    "LlamaFactorySettings": "lightrail.model.llamafactory",
+    "LoraSettings": "lightrail.model.updater",
+    "LossNorm": "lightrail.model._loss",
+    "PolicyUpdater": "lightrail.model.updater",
     "SFT": "lightrail.algorithms.sft",
     "TraceFilter": "lightrail.algorithms.rejection",
-    "UpdateConfig": "lightrail.algorithms.updater",
-    "drop_stale_rows": "lightrail.algorithms.updater",
-    "loss_weights": "lightrail.algorithms._loss",
-    "pack_micro_batches": "lightrail.algorithms.updater",
-    "policy_loss": "lightrail.algorithms._loss",
-    "token_entropy": "lightrail.algorithms._loss",
+    "UpdateConfig": "lightrail.model.updater",
+    "drop_stale_rows": "lightrail.model.updater",
+    "loss_weights": "lightrail.model._loss",
+    "pack_micro_batches": "lightrail.model.updater",
+    "policy_loss": "lightrail.model._loss",
+    "token_entropy": "lightrail.model._loss",
 }
 
 __all__ = [
@@ -59,7 +59,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "GRPOConfig":  # UpdateConfig's deprecated name: the updater warns on each use
-        return importlib.import_module("lightrail.algorithms.updater").GRPOConfig
+        return importlib.import_module("lightrail.model.updater").GRPOConfig
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'lightrail.algorithms' has no attribute {name!r}")
@@ -73,14 +73,14 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from lightrail.algorithms._loss import LossNorm, loss_weights, policy_loss, token_entropy
     from lightrail.algorithms.apo import APO
     from lightrail.algorithms.chain import Chain
     from lightrail.algorithms.grpo import GRPO
-    from lightrail.algorithms.llamafactory import LlamaFactorySettings
     from lightrail.algorithms.rejection import TraceFilter
     from lightrail.algorithms.sft import SFT
-    from lightrail.algorithms.updater import (
+    from lightrail.model._loss import LossNorm, loss_weights, policy_loss, token_entropy
+    from lightrail.model.llamafactory import LlamaFactorySettings
+    from lightrail.model.updater import (
         LoraSettings,
         PolicyUpdater,
         UpdateConfig,

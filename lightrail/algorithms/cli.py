@@ -1,4 +1,4 @@
-"""``lightrail export``: a training checkpoint out as a Hugging Face model folder (see `lightrail.algorithms.export`).
+"""``lightrail export``: a training checkpoint out as a Hugging Face model folder (see `lightrail.model.export`).
 
 lightrail export runs/calc --merge models/calc-v1
 lightrail gateway serve --store serve.db --model models/calc-v1
@@ -55,7 +55,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from lightrail.algorithms.export import EXPORT_INFO, ExportError, export_checkpoint
+    from lightrail.model.export import EXPORT_INFO, ExportError, export_checkpoint
 
     start = time.perf_counter()
     try:

@@ -8,7 +8,7 @@ One step::
       PolicyUpdater.step (GRPO loss, in a worker thread) ──RolloutEngine.sync──► (policy version + 1)
       ──► publish a new resources version ──► next step
 
-The rollout engine (`lightrail.algorithms.rollout_engines`) is the embedded `Engine` in this process (default) or a
+The rollout engine (`lightrail.model.rollout_engines`) is the embedded `Engine` in this process (default) or a
 ``vllm serve`` process (``rollout_engine="vllm"``, LoRA or full weights synced after each update); the gateway runs
 inside the trainer process and records, on every call, the policy version that answered it. Runners are separate
 processes that reach the gateway over HTTP, exactly as a user's agent on another machine would.
@@ -26,7 +26,7 @@ slowest rollouts and while the update runs::
   bounds it by ``ahead`` (a batch enqueued at step s is trained at step s+ahead), and calls older than
   ``max_staleness`` are dropped before the update and counted (``dropped_stale``).
 * Stale tokens are corrected by truncated importance sampling against the logprobs recorded at sampling (TIS, Yao et
-  al. 2025; formula in `lightrail.algorithms._loss`, cap ``is_cap``).
+  al. 2025; formula in `lightrail.model._loss`, cap ``is_cap``).
 * Admission does not favour short rollouts: steps take their batches in the order they were enqueued, and a step
   trains only when every rollout of its batch is terminal; a group is never replaced by one that finished sooner.
 * A checkpoint records the task indices of the batches in flight; a resumed run enqueues those again first (fresh
@@ -68,20 +68,20 @@ from lightrail.adapters import (
     to_rows,
 )
 from lightrail.adapters.transitions import training_spans
-from lightrail.algorithms.mismatch import MismatchError, stop_cause, summarize, unserved_cause
 from lightrail.algorithms.policies import PolicyMap, PolicyRouter
 from lightrail.algorithms.run.folder import RunFolder
 from lightrail.algorithms.run.loop import run_steps
 from lightrail.algorithms.run.policy import ServedPolicy, last_attempt_spans, success_rate, validate
+from lightrail.model.mismatch import MismatchError, stop_cause, summarize, unserved_cause
 from lightrail.types import AGENT_HEADER, LLM, Attr, Rollout, Span, Task, Transition
 
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    from lightrail.algorithms._loss import LossNorm
     from lightrail.algorithms.protocol import TrainerContext
-    from lightrail.algorithms.updater import UpdateConfig
     from lightrail.gateway.server import GatewaySettings
+    from lightrail.model._loss import LossNorm
+    from lightrail.model.updater import UpdateConfig
 
 __all__ = ["GRPO"]
 
@@ -107,7 +107,7 @@ class GRPO:
 
     ``advantage`` picks the outcome-advantage estimator (`lightrail.adapters.advantages.ESTIMATORS`: ``grpo``
     (default), ``rloo``, ``dr_grpo``, ``reinforce_pp``, ``reinforce_pp_baseline``; formulas and sources in that
-    module), or ``gae``: PPO with a critic (`lightrail.algorithms.ppo`: a value head on the policy, GAE over each
+    module), or ``gae``: PPO with a critic (`lightrail.model.ppo`: a value head on the policy, GAE over each
     call's tokens from the call's return, a clipped value loss; ``config.gamma``, ``lam``, ``value_coef``,
     ``value_clip``, ``whiten_advantages``; one policy, one update process, calls not merged) and ``loss_agg`` the
     loss aggregation (``token_mean``, ``seq_mean_token_mean``,
@@ -123,7 +123,7 @@ class GRPO:
 
     ``rollout_engine="vllm"`` samples from vLLM instead of the embedded engine: ``vllm={"python": ...}`` starts
     ``vllm serve`` with that interpreter, ``vllm={"url": ...}`` attaches to a running one (options: see
-    `lightrail.algorithms.vllm_rollouts.VLLMRollouts`); with a LoRA config the adapter is synced, otherwise the full weights.
+    `lightrail.model.vllm_rollouts.VLLMRollouts`); with a LoRA config the adapter is synced, otherwise the full weights.
 
     ``policies={"write": ["write_query"], "rewrite": ["rewrite_query"]}`` trains one policy per group of agents
     instead of one shared policy (`lightrail.algorithms.policies`): a model copy (with LoRA: an adapter) each, its own
@@ -133,7 +133,7 @@ class GRPO:
     update are then per policy (``write/loss``...) plus ``misrouted`` (a policy agent's calls another engine served:
     not trained, the first warned about with its cause); checkpoints hold one folder per policy.
 
-    Every update measures the train–inference mismatch (`lightrail.algorithms.mismatch`): the k3 KL between the
+    Every update measures the train–inference mismatch (`lightrail.model.mismatch`): the k3 KL between the
     logprobs the sampler recorded and the trainer's own for the same tokens, before the optimizer step. Metrics
     ``mismatch_kl_mean``, ``mismatch_kl_max``, ``mismatch_rows_flagged`` (rows whose mean exceeds ``mismatch_flag``)
     and per policy version and per agent (``mismatch_by_version``, ``mismatch_by_agent``). The run stops with a
@@ -192,7 +192,7 @@ class GRPO:
         ahead: int | None = None,
         is_cap: float | None = None,
     ) -> None:
-        from lightrail.algorithms.rollout_engines import ROLLOUT_ENGINES
+        from lightrail.model.rollout_engines import ROLLOUT_ENGINES
 
         if steps < 0 or tasks_per_step < 1 or n_samples < 1:
             raise ValueError("steps must be >= 0, tasks_per_step and n_samples >= 1")
@@ -247,7 +247,7 @@ class GRPO:
         self.rollout_engine = rollout_engine
         self.vllm = dict(vllm or {})
         if rollout_engine == "vllm":
-            from lightrail.algorithms.vllm_rollouts import check_vllm_sampling
+            from lightrail.model.vllm_rollouts import check_vllm_sampling
 
             check_vllm_sampling(self.sampling)
         if mismatch_flag < 0 or (mismatch_stop is not None and mismatch_stop < 0):
@@ -286,8 +286,8 @@ class GRPO:
     async def setup(self, ctx: TrainerContext) -> None:
         """Start the rollout engine and load the updater, resume from the newest checkpoint if asked, start the
         gateway and publish the policy's endpoint."""
-        from lightrail.algorithms.rollout_engines import make_rollout_engine
-        from lightrail.algorithms.updater import PolicyUpdater, UpdateConfig
+        from lightrail.model.rollout_engines import make_rollout_engine
+        from lightrail.model.updater import PolicyUpdater, UpdateConfig
 
         self.out_dir.mkdir(parents=True, exist_ok=True)  # (before the engine: vLLM's files go in it)
         config = self.config or UpdateConfig()
@@ -305,9 +305,9 @@ class GRPO:
             await self._rollouts.start()
             updater: type[PolicyUpdater] = PolicyUpdater
             if self.advantage == "gae":  # PPO: the policy with a value head, GAE advantages
-                from lightrail.algorithms.ppo import PPOUpdater as updater
+                from lightrail.model.ppo import PPOUpdater as updater
             elif config.ranks > 1:  # data-parallel update: this process is rank 0, the other ranks are worker processes
-                from lightrail.algorithms.distributed import DistributedPolicyUpdater as updater
+                from lightrail.model.distributed import DistributedPolicyUpdater as updater
             self._updater = await asyncio.to_thread(updater, str(self.model), config)
             self._slots = [_Slot("", self._rollouts, self._updater)]
             backend = self._rollouts.backend
@@ -328,8 +328,8 @@ class GRPO:
 
     async def _start_policies(self, config: UpdateConfig) -> PolicyRouter:
         """An engine and an updater per policy, the start model's engine for every other call, and the router."""
-        from lightrail.algorithms.rollout_engines import EmbeddedRollouts
-        from lightrail.algorithms.updater import PolicyUpdater
+        from lightrail.model.rollout_engines import EmbeddedRollouts
+        from lightrail.model.updater import PolicyUpdater
 
         assert self.policies is not None
         self._rollouts = EmbeddedRollouts(self.model, **{**self.engine_options, "name": f"{self.served_name}-base"})
@@ -521,8 +521,8 @@ class GRPO:
         transitions it trained on (none when the update was skipped). Async mode first drops the calls more than
         ``max_staleness`` versions older than the trainer's and measures the mismatch on the on-policy rows only (a
         stale row's gap to the trainer is the updates since it was sampled, not a fault)."""
-        from lightrail.algorithms.ppo import VALUE_METRICS, returns_as_rows  # (the updater has loaded torch by now)
-        from lightrail.algorithms.updater import drop_stale_rows
+        from lightrail.model.ppo import VALUE_METRICS, returns_as_rows  # (the updater has loaded torch by now)
+        from lightrail.model.updater import drop_stale_rows
 
         current = slot.rollouts.policy_version
         n_stale = 0
@@ -657,7 +657,7 @@ class _Slot:
     synced: int | None = None
     """The version this run last synced the engine to (None before its first update)."""
     stop: str | None = None
-    """Why the run must stop after this step (`lightrail.algorithms.mismatch`), or None."""
+    """Why the run must stop after this step (`lightrail.model.mismatch`), or None."""
 
 
 @dataclasses.dataclass
@@ -782,7 +782,7 @@ def check_gae_options(*, merge_calls: bool, filter_groups: bool, policies: bool,
 def resolve_loss_agg(advantage: str, loss_agg: str | None, config: UpdateConfig | None = None) -> LossNorm:
     """The `LossNorm` a run uses: ``loss_agg`` if given, else a non-default ``config.loss_norm``, else the
     estimator's natural one (``sequence_sum_norm`` for ``dr_grpo``, ``token`` otherwise)."""
-    from lightrail.algorithms._loss import resolve_loss_norm
+    from lightrail.model._loss import resolve_loss_norm
 
     configured = config.loss_norm if config is not None else "token"
     if loss_agg is not None:

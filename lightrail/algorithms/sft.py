@@ -22,7 +22,7 @@ teacher's tokens are re-rendered with the student's chat template and re-tokeniz
 so any teacher works (another vocabulary, a hosted API that returns no ids). `PolicyUpdater.step(rows,
 objective="sft")` then trains the student (full or LoRA) for ``steps`` optimizer steps of ``batch_size`` rows
 (with ``backend="llamafactory"``, LLaMA-Factory's trainer takes them, in its own environment, on the same rows
-exported in its dataset format, and its model is loaded back into the updater: `lightrail.algorithms.llamafactory`).
+exported in its dataset format, and its model is loaded back into the updater: `lightrail.model.llamafactory`).
 
 One run::
 
@@ -66,11 +66,11 @@ from lightrail.types import LLM, Rollout, Task, TrainingRow
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    from lightrail.algorithms.llamafactory import LlamaFactorySettings
     from lightrail.algorithms.protocol import TrainerContext
-    from lightrail.algorithms.updater import UpdateConfig
     from lightrail.gateway.backends import Backend
     from lightrail.gateway.server import GatewaySettings
+    from lightrail.model.llamafactory import LlamaFactorySettings
+    from lightrail.model.updater import UpdateConfig
 
 __all__ = ["SFT", "call_rows", "conversation_rows"]
 
@@ -306,7 +306,7 @@ class SFT:
         self.backend = backend
         self.llamafactory = llamafactory
         if backend == "llamafactory":
-            from lightrail.algorithms.llamafactory import LlamaFactorySettings
+            from lightrail.model.llamafactory import LlamaFactorySettings
 
             self.llamafactory = llamafactory or LlamaFactorySettings()
             self.llamafactory.interpreter()  # a missing environment is said before any teacher call
@@ -338,7 +338,7 @@ class SFT:
         store, and start the recording gateway in front of the teacher."""
         from transformers import AutoTokenizer
 
-        from lightrail.algorithms.updater import PolicyUpdater, UpdateConfig
+        from lightrail.model.updater import PolicyUpdater, UpdateConfig
 
         config = self.config or UpdateConfig()
         self._tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(self.model))
@@ -577,13 +577,13 @@ class SFT:
         return f"nll {metrics['loss']:.3f}"
 
     async def _train_llamafactory(self) -> None:
-        """All ``steps`` by LLaMA-Factory's trainer on the rows (`lightrail.algorithms.llamafactory`), its model
+        """All ``steps`` by LLaMA-Factory's trainer on the rows (`lightrail.model.llamafactory`), its model
         loaded back into the updater: checkpoint, export and validation go on as after lightrail's own steps. A
         resumed run whose checkpoint holds every step does not train again."""
         if self.step >= self.steps:
             return
         from lightrail.algorithms import llamafactory as lf
-        from lightrail.algorithms.updater import UpdateConfig
+        from lightrail.model.updater import UpdateConfig
 
         assert self.llamafactory is not None
         folder = self.out_dir / "llamafactory"

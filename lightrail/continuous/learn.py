@@ -158,8 +158,8 @@ def learn_round(config: LearnConfig, *, console: Any = None, force: bool = False
 
     ``force`` runs the round with fewer than ``min_sessions`` new sessions (at least one)."""
     from lightrail.adapters import AgentFilter, build_episode, credit_by_name
-    from lightrail.algorithms.updater import PolicyUpdater
     from lightrail.engine.models import prepare_model
+    from lightrail.model.updater import PolicyUpdater
     from lightrail.trainer.config import grpo_config
 
     started = time.time()
@@ -254,7 +254,7 @@ def _save_state(path: Path, state: LearnState) -> None:
 
 
 def _export(updater: Any, folder: Path) -> None:
-    from lightrail.algorithms.export import export_checkpoint
+    from lightrail.model.export import export_checkpoint
 
     with tempfile.TemporaryDirectory(dir=folder.parent, prefix=".ckpt-") as tmp:
         checkpoint = updater.save(Path(tmp) / "checkpoint")

@@ -187,7 +187,7 @@ def render_digest(
 ) -> None:
     """Print failure groups (most frequent first) with rich: count, status, exception type, message pattern and
     one example; a single line when there are none. ``stopped``: where and why training stopped (``at step 3: <one-line
-    cause>``, e.g. a weight sync that did not take, `lightrail.algorithms.mismatch`), printed first."""
+    cause>``, e.g. a weight sync that did not take, `lightrail.model.mismatch`), printed first."""
     from rich.markup import escape
 
     out: Any = console

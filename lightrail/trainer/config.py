@@ -308,7 +308,7 @@ def _resolve(reference: str, what: str) -> Any:
 
 def grpo_config(update: dict[str, Any], where: str) -> Any:
     """An `UpdateConfig` from a config section (``lora: true`` or a mapping of `LoraSettings`); errors name ``where``."""
-    from lightrail.algorithms.updater import LoraSettings, UpdateConfig
+    from lightrail.model.updater import LoraSettings, UpdateConfig
 
     update = dict(update)
     lora = update.pop("lora", None)
@@ -341,7 +341,7 @@ def _grpo_options(section: dict[str, Any], where: str) -> dict[str, Any]:
     from lightrail.adapters import AgentFilter, ToolRewardRule
     from lightrail.adapters.credit import credit_by_name
     from lightrail.algorithms.grpo import check_estimator_options
-    from lightrail.algorithms.rollout_engines import ROLLOUT_ENGINES, check_vllm_options
+    from lightrail.model.rollout_engines import ROLLOUT_ENGINES, check_vllm_options
 
     settings = _section(section, GRPOSection, where)
     kwargs = {key: getattr(settings, key) for key in section}
@@ -435,7 +435,7 @@ def _sft_kwargs(config: TrainConfig, train_tasks: list[dict] | None = None) -> d
             raise ConfigError("sft.config.kl_coef: SFT has no KL term (leave it at 0)")
     llamafactory = options.pop("llamafactory", None)
     if llamafactory is not None or settings.backend == "llamafactory":
-        from lightrail.algorithms.llamafactory import LlamaFactorySettings
+        from lightrail.model.llamafactory import LlamaFactorySettings
 
         kwargs["llamafactory"] = factory = _section(llamafactory or {}, LlamaFactorySettings, "sft.llamafactory")
         if settings.backend == "llamafactory":

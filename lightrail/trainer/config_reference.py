@@ -154,11 +154,11 @@ def sections() -> list[Section]:
     """Every section of a ``lightrail train`` config, in the order a config is usually written."""
     from lightrail.adapters import ToolRewardRule
     from lightrail.agent.ray import RaySettings
-    from lightrail.algorithms.llamafactory import LlamaFactorySettings
     from lightrail.algorithms.rejection import TraceFilter
     from lightrail.algorithms.settings import APOSection, GRPOSection, SFTSection
-    from lightrail.algorithms.updater import LoraSettings, UpdateConfig
     from lightrail.gateway.server import GatewaySettings
+    from lightrail.model.llamafactory import LlamaFactorySettings
+    from lightrail.model.updater import LoraSettings, UpdateConfig
     from lightrail.tracking import LoggerSettings
     from lightrail.trainer.config import RunnerKinds, RunnerSettings, TrainConfig
     from lightrail.types import LLM

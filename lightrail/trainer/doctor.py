@@ -157,8 +157,8 @@ async def _open_store(config: Any, location: str, token: str | None) -> None:
 
 async def _model_and_rollout(checks: _Checks, config: Any, task: Any, token: str | None) -> None:
     from lightrail._errors import one_line
-    from lightrail.algorithms.rollout_engines import make_rollout_engine
     from lightrail.algorithms.run.policy import ServedPolicy
+    from lightrail.model.rollout_engines import make_rollout_engine
     from lightrail.store import MemoryStore
     from lightrail.trainer.config import ConfigError, _build_model, _check_formats
 

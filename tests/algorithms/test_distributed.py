@@ -16,8 +16,8 @@ import torch
 from grpo_helpers import make_rows, tiny_grpo
 
 from lightrail.algorithms import LoraSettings, PolicyUpdater, UpdateConfig
-from lightrail.algorithms.distributed import DistributedPolicyUpdater, RankFailedError, shard_by_tokens
 from lightrail.engine.models import build_tiny_model
+from lightrail.model.distributed import DistributedPolicyUpdater, RankFailedError, shard_by_tokens
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -130,7 +130,7 @@ def test_a_hung_worker_times_out_instead_of_hanging(model_dir):
 _TRAINER = """
 import sys, time
 from lightrail.algorithms import UpdateConfig
-from lightrail.algorithms.distributed import DistributedPolicyUpdater
+from lightrail.model.distributed import DistributedPolicyUpdater
 if __name__ == "__main__":
     upd = DistributedPolicyUpdater(sys.argv[1], UpdateConfig(ranks=2))
     print(upd.worker_pids[0], flush=True)
@@ -167,7 +167,7 @@ _TORCHRUN = """
 import sys
 from grpo_helpers import make_rows
 from lightrail.algorithms import UpdateConfig
-from lightrail.algorithms.distributed import DistributedPolicyUpdater
+from lightrail.model.distributed import DistributedPolicyUpdater
 from safetensors.torch import save_file
 
 upd = DistributedPolicyUpdater(sys.argv[1], UpdateConfig(lr=1e-3, micro_batch_tokens=40))

@@ -19,9 +19,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lightrail.algorithms import LoraSettings, PolicyUpdater, UpdateConfig
-from lightrail.algorithms.export import EXPORT_INFO, ExportError, export_checkpoint
 from lightrail.cli import main as lightrail_main
 from lightrail.engine import Engine, build_tiny_model
+from lightrail.model.export import EXPORT_INFO, ExportError, export_checkpoint
 from lightrail.types import ChatRequest, SamplingParams, TrainingRow
 from tests._served import free_port
 from tests._served import served as serve_cmd

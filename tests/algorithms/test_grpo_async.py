@@ -13,9 +13,9 @@ import torch
 
 from lightrail import MemoryStore, Trainer
 from lightrail.algorithms import UpdateConfig
-from lightrail.algorithms._loss import policy_loss, tis_weights
 from lightrail.algorithms.grpo import GRPO, check_async_options
 from lightrail.engine.models import build_tiny_model
+from lightrail.model._loss import policy_loss, tis_weights
 from lightrail.types import Attr
 
 AGENT = "loop_agents:two_call_agent"

@@ -10,7 +10,7 @@ import torch
 from grpo_helpers import make_rows, tiny_llama
 
 from lightrail.algorithms import LoraSettings, PolicyUpdater, UpdateConfig
-from lightrail.algorithms.checkpoint import atomic_directory
+from lightrail.model.checkpoint import atomic_directory
 
 CASES = {
     # Full fine-tuning with a KL term: the frozen reference must come back too (the fresh updater's own copy is of a
@@ -90,7 +90,7 @@ def test_a_resumed_run_trains_with_the_rate_and_schedule_of_its_own_config(tmp_p
 
 
 def test_learning_rate_warms_up_then_decays_linearly_to_zero():
-    from lightrail.algorithms.updater import lr_factor
+    from lightrail.model.updater import lr_factor
 
     assert [lr_factor(s, 0, 0) for s in (0, 5, 500)] == [1.0, 1.0, 1.0]  # constant by default
     assert [lr_factor(s, 4, 0) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]

@@ -327,7 +327,7 @@ def test_autocast_is_validated():
 
 
 def test_split_groups_keeps_groups_whole_and_in_order():
-    from lightrail.algorithms.updater import split_groups
+    from lightrail.model.updater import split_groups
 
     rows = make_rows(10, seed=6)
     for i, r in enumerate(rows):

@@ -11,7 +11,7 @@ import torch
 from grpo_helpers import VOCAB, tiny_llama
 
 from lightrail.algorithms import LoraSettings, PolicyUpdater, UpdateConfig
-from lightrail.algorithms.updater import prefix_groups
+from lightrail.model.updater import prefix_groups
 from lightrail.types import TrainingRow
 
 

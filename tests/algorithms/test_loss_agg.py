@@ -19,9 +19,9 @@ import torch
 from grpo_helpers import make_rows, tiny_llama
 
 from lightrail.algorithms import GRPO, PolicyUpdater, UpdateConfig, loss_weights, policy_loss
-from lightrail.algorithms._loss import resolve_loss_norm
 from lightrail.algorithms.grpo import resolve_loss_agg
-from lightrail.algorithms.updater import row_loss_weights
+from lightrail.model._loss import resolve_loss_norm
+from lightrail.model.updater import row_loss_weights
 from lightrail.types import TrainingRow
 
 

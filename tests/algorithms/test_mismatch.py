@@ -1,4 +1,4 @@
-"""Train–inference mismatch (`lightrail.algorithms.mismatch`): measured per row in the update's forward pass, flagged,
+"""Train–inference mismatch (`lightrail.model.mismatch`): measured per row in the update's forward pass, flagged,
 and enforced by `GRPO`: a deliberately broken weight sync stops the run within one step with a one-line cause, and a
 prompt re-rendered by a changed chat template is flagged. Real tiny models, real engine and gateway; the faults are
 injected by skipping the engine's weight loading (or its whole sync)."""
@@ -14,10 +14,10 @@ from transformers import AutoTokenizer
 
 from lightrail import MemoryStore, Trainer
 from lightrail.algorithms import PolicyUpdater, UpdateConfig
-from lightrail.algorithms._loss import mismatch_kl
-from lightrail.algorithms.mismatch import MismatchError, RowMismatch, stop_cause, summarize, unserved_cause
-from lightrail.algorithms.rollout_engines import EmbeddedRollouts
 from lightrail.engine import Engine, build_tiny_model
+from lightrail.model._loss import mismatch_kl
+from lightrail.model.mismatch import MismatchError, RowMismatch, stop_cause, summarize, unserved_cause
+from lightrail.model.rollout_engines import EmbeddedRollouts
 from lightrail.types import ChatRequest, SamplingParams, TrainingRow
 
 

@@ -1,4 +1,4 @@
-"""PPO with a critic (`lightrail.algorithms.ppo`, `GRPO(advantage="gae")`): GAE and the clipped value loss on fixed
+"""PPO with a critic (`lightrail.model.ppo`, `GRPO(advantage="gae")`): GAE and the clipped value loss on fixed
 tensors against hand-computed values, the value head trained by the real update on a tiny Llama (its loss falls),
 its checkpoint round trip and resume, the served and exported weights without it, and a run through the loop."""
 
@@ -14,11 +14,11 @@ from safetensors.torch import load_file
 
 from lightrail import MemoryStore, Trainer
 from lightrail.algorithms import LoraSettings, PolicyUpdater, UpdateConfig
-from lightrail.algorithms._loss import gae, value_loss, whiten
-from lightrail.algorithms.export import export_checkpoint
 from lightrail.algorithms.grpo import GRPO, check_estimator_options
-from lightrail.algorithms.ppo import PPOUpdater
 from lightrail.engine.models import build_tiny_model
+from lightrail.model._loss import gae, value_loss, whiten
+from lightrail.model.export import export_checkpoint
+from lightrail.model.ppo import PPOUpdater
 
 AGENT = "loop_agents:parity_agent"  # reward: parity of the sampled reply's length (0 or 1)
 

@@ -16,10 +16,10 @@ from grpo_helpers import tiny_llama
 from safetensors.torch import load_file
 
 from lightrail.algorithms import GRPO, LoraSettings, PolicyUpdater, UpdateConfig
-from lightrail.algorithms.rollout_engines import EmbeddedRollouts, make_rollout_engine
-from lightrail.algorithms.vllm_rollouts import VLLMRollouts, write_lora_adapter, write_serving_weights
 from lightrail.gateway import ScriptedBackend
 from lightrail.gateway.server import GatewayServer
+from lightrail.model.rollout_engines import EmbeddedRollouts, make_rollout_engine
+from lightrail.model.vllm_rollouts import VLLMRollouts, write_lora_adapter, write_serving_weights
 from lightrail.store import MemoryStore
 
 LORA = LoraSettings(r=4, alpha=8, target_modules=("q_proj", "v_proj"))

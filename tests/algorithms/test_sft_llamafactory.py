@@ -18,7 +18,7 @@ from bench.sft_backends import llamafactory_python as bench_llamafactory_python
 from lightrail import MemoryStore, Trainer
 from lightrail.adapters import ChatSample
 from lightrail.algorithms import SFT, LoraSettings, UpdateConfig
-from lightrail.algorithms.llamafactory import LlamaFactorySettings, sharegpt_sample, write_dataset
+from lightrail.model.llamafactory import LlamaFactorySettings, sharegpt_sample, write_dataset
 from lightrail.types import TrainingRow
 
 REPO = Path(__file__).resolve().parents[2]

@@ -26,8 +26,8 @@ import torch
 
 from lightrail import MemoryStore, Trainer
 from lightrail.algorithms import GRPO, LoraSettings, PolicyUpdater, UpdateConfig
-from lightrail.algorithms.vllm_rollouts import VLLMRollouts
 from lightrail.gateway.server import GatewayServer
+from lightrail.model.vllm_rollouts import VLLMRollouts
 from lightrail.store import SQLiteStore
 from lightrail.types import Attr, ChatRequest, SamplingParams, TrainingRow
 

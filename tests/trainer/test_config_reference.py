@@ -15,8 +15,8 @@ from lightrail.algorithms.apo import APO
 from lightrail.algorithms.grpo import GRPO
 from lightrail.algorithms.settings import APOSection, GRPOSection, SFTSection
 from lightrail.algorithms.sft import SFT
-from lightrail.algorithms.updater import UpdateConfig
 from lightrail.cli import main
+from lightrail.model.updater import UpdateConfig
 from lightrail.trainer.config import TrainConfig, load_config
 from lightrail.trainer.config_reference import render_markdown, resolved_config, sections
 

@@ -61,7 +61,7 @@ class ServedPolicy:
         engine_options: dict[str, Any] | None = None, free_port: bool = False,
     ) -> ServedPolicy:  # fmt: skip
         """``model`` (a local model folder) on an embedded engine (``engine_options``), served as in `start`."""
-        from lightrail.algorithms.rollout_engines import EmbeddedRollouts
+        from lightrail.model.rollout_engines import EmbeddedRollouts
 
         engine = EmbeddedRollouts(model, **(engine_options or {}))
         await engine.start()

@@ -307,7 +307,7 @@ class _AlreadyLoaded(RuntimeError):
 
 def write_lora_adapter(updater: Any, path: str | os.PathLike) -> Path:
     """Write ``updater``'s LoRA adapter as a peft folder (what vLLM's ``load_lora_adapter`` reads), atomically."""
-    from lightrail.algorithms.checkpoint import atomic_directory
+    from lightrail.model.checkpoint import atomic_directory
 
     with atomic_directory(path) as tmp:
         updater.model.save_pretrained(str(tmp))
@@ -319,7 +319,7 @@ def write_serving_weights(updater: Any, path: str | os.PathLike) -> Path:
     written once, under its input-embedding name, as checkpoints store it), atomically."""
     from safetensors.torch import save_file
 
-    from lightrail.algorithms.checkpoint import atomic_directory
+    from lightrail.model.checkpoint import atomic_directory
 
     state = updater.state_dict_for_serving()
     seen: dict[tuple[int, int], str] = {}

@@ -3,7 +3,7 @@ measured on every row of a GRPO step, summarised per policy version and per agen
 
 Where the numbers come from: `PolicyUpdater.step` runs each row through the model once, before its optimizer step,
 so its logprobs are those of the weights the engine was synced to; the per-token k3 estimate of KL(sampler ||
-trainer) (`lightrail.algorithms._loss.mismatch_kl`) is averaged per row into a `RowMismatch`
+trainer) (`lightrail.model._loss.mismatch_kl`) is averaged per row into a `RowMismatch`
 (`PolicyUpdater.last_mismatch`), at no extra forward pass. Rows whose advantages are all zero are not run (they carry
 no gradient) and so are not measured.
 

@@ -2,7 +2,7 @@
 
 Data flow: an adapter turns a batch of finished rollouts into `TrainingRow`s (token ids, loss mask, the sampler's
 logprobs, per-token advantages); `PolicyUpdater.step` runs one optimizer step of the PPO-clipped loss of
-`lightrail.algorithms._loss` over all of them; `PolicyUpdater.state_dict_for_serving` hands the new weights to
+`lightrail.model._loss` over all of them; `PolicyUpdater.state_dict_for_serving` hands the new weights to
 ``Engine.update_weights``; `PolicyUpdater.save` / `PolicyUpdater.load` make training resumable.
 
 How a step is computed (and why):
@@ -48,7 +48,10 @@ from typing import Any, Literal, TypeVar
 import torch
 from safetensors.torch import load_file, save_file
 
-from lightrail.algorithms._loss import (
+from lightrail.engine import configure_threads
+from lightrail.engine.prefix_cache import common_length
+from lightrail.engine.prefix_cache import supported as full_attention_cache
+from lightrail.model._loss import (
     LossNorm,
     loss_weights,
     mismatch_kl,
@@ -56,11 +59,8 @@ from lightrail.algorithms._loss import (
     resolve_loss_norm,
     token_entropy,
 )
-from lightrail.algorithms.checkpoint import atomic_directory, capture_rng_state, restore_rng_state
-from lightrail.algorithms.mismatch import RowMismatch
-from lightrail.engine import configure_threads
-from lightrail.engine.prefix_cache import common_length
-from lightrail.engine.prefix_cache import supported as full_attention_cache
+from lightrail.model.checkpoint import atomic_directory, capture_rng_state, restore_rng_state
+from lightrail.model.mismatch import RowMismatch
 from lightrail.types import TrainingRow, Transition
 
 __all__ = [
@@ -132,7 +132,7 @@ class UpdateConfig:
     kl_coef: float = 0.0
     """beta of the k3 KL penalty to the frozen reference (the base model); 0 switches it off and costs nothing."""
     loss_norm: LossNorm = "token"
-    """token | sequence | rollout | sequence_sum_norm (`lightrail.algorithms._loss.LossNorm`). verl's names
+    """token | sequence | rollout | sequence_sum_norm (`lightrail.model._loss.LossNorm`). verl's names
     (``token_mean``, ``seq_mean_token_mean``, ``seq_mean_token_sum_norm``) given in Python are stored as the
     `LossNorm` they denote; a config names them in ``grpo.loss_agg`` (`GRPO`'s ``loss_agg``)."""
     loss_norm_tokens: int | None = None
@@ -152,7 +152,7 @@ class UpdateConfig:
     max_staleness: int | None = None
     """With ``step(rows, current_version=v)``: drop rows sampled by a policy older than ``v - max_staleness``."""
     is_cap: float | None = None
-    """Truncated importance sampling of stale tokens (`lightrail.algorithms._loss`, TIS): the PPO ratio is taken
+    """Truncated importance sampling of stale tokens (`lightrail.model._loss`, TIS): the PPO ratio is taken
     against the trainer's own pre-step logprobs and each token weighted by ``min(pi_trainer / pi_sampler, is_cap)``.
     `GRPO` sets it in ``mode: async``; None keeps the ratio against the sampler's logprobs. Needs ``mini_batches: 1``."""
     skip_zero_advantage_rows: bool = True
@@ -181,10 +181,10 @@ class UpdateConfig:
     seed: int = 0
     """Seeds the adapter initialisation (without touching the global RNG)."""
     ranks: int = 1
-    """Data-parallel ranks of the update (`lightrail.algorithms.distributed.DistributedPolicyUpdater`): the trainer
+    """Data-parallel ranks of the update (`lightrail.model.distributed.DistributedPolicyUpdater`): the trainer
     process is rank 0 and starts ``ranks - 1`` worker processes; each runs the step on its share of the rows."""
     gamma: float = 1.0
-    """PPO with a critic (`GRPO` ``advantage="gae"``, `lightrail.algorithms.ppo`) only: GAE's discount between the
+    """PPO with a critic (`GRPO` ``advantage="gae"``, `lightrail.model.ppo`) only: GAE's discount between the
     tokens of one call (1: the call's return counts fully on each of its tokens)."""
     lam: float = 0.95
     """``advantage="gae"`` only: GAE's lambda (0: one-step TD advantages from the value head; 1: return minus value)."""
@@ -488,7 +488,7 @@ class PolicyUpdater:
         self.config = config = config or UpdateConfig()
         if config.ranks > 1 and not self.data_parallel:
             raise ValueError(
-                f"UpdateConfig(ranks={config.ranks}) needs lightrail.algorithms.distributed.DistributedPolicyUpdater"
+                f"UpdateConfig(ranks={config.ranks}) needs lightrail.model.distributed.DistributedPolicyUpdater"
             )
         configure_threads()
         self.device = self._resolve_device(config.device)
@@ -968,7 +968,7 @@ class PolicyUpdater:
         return Path(directory)
 
     def base_model_metadata(self) -> dict[str, Any]:
-        """What `lightrail.algorithms.export` needs to rebuild the policy from a checkpoint: the base model's
+        """What `lightrail.model.export` needs to rebuild the policy from a checkpoint: the base model's
         directory (absolute; None when the model was not loaded from a local directory), its config and the dtype
         the weights were trained in. `load` ignores it, so older checkpoints without it still resume."""
         base = self.model.get_base_model() if self.is_lora else self.model

@@ -31,8 +31,8 @@ from typing import Any, Literal
 import msgspec
 import torch
 
-from lightrail.algorithms._loss import gae, value_loss, whiten
-from lightrail.algorithms.updater import PolicyUpdater, UpdateConfig, _MicroBatch, lr_factor, per_row
+from lightrail.model._loss import gae, value_loss, whiten
+from lightrail.model.updater import PolicyUpdater, UpdateConfig, _MicroBatch, lr_factor, per_row
 from lightrail.types import TrainingRow, Transition
 
 __all__ = ["VALUE_HEAD", "VALUE_METRICS", "PPOUpdater", "returns_as_rows"]

@@ -93,8 +93,8 @@ import torch
 import torch.distributed as dist
 
 from lightrail._lifeline import exit_with_parent
-from lightrail.algorithms.updater import PolicyUpdater, UpdateConfig
 from lightrail.engine.engine import THREADS_ENV
+from lightrail.model.updater import PolicyUpdater, UpdateConfig
 from lightrail.types import TrainingRow
 
 __all__ = ["DistributedPolicyUpdater", "RankFailedError", "shard_by_tokens"]

@@ -144,7 +144,7 @@ def export_checkpoint(
     kind: ExportKind = "full" if config.lora is None else ("merged" if merge else "adapter")
     dtype = (meta.get("base_model") or {}).get("dtype") or config.dtype or "float32"
 
-    from lightrail.algorithms.checkpoint import atomic_directory
+    from lightrail.model.checkpoint import atomic_directory
 
     with atomic_directory(out) as tmp:
         model = _load_base(base, dtype)
@@ -152,7 +152,7 @@ def export_checkpoint(
             _copy_tensors(dict(model.named_parameters()), tensors, checkpoint)
             model.save_pretrained(tmp)
         else:
-            from lightrail.algorithms.updater import PolicyUpdater
+            from lightrail.model.updater import PolicyUpdater
 
             peft_model = PolicyUpdater._wrap_lora(model, config.lora, config.seed)
             _copy_tensors({n: p for n, p in peft_model.named_parameters() if p.requires_grad}, tensors, checkpoint)
@@ -177,7 +177,7 @@ def export_checkpoint(
 
 
 def _read_meta(checkpoint: Path) -> dict[str, Any]:
-    from lightrail.algorithms.updater import CHECKPOINT_FORMAT
+    from lightrail.model.updater import CHECKPOINT_FORMAT
 
     try:
         meta = json.loads((checkpoint / "updater.json").read_text())
@@ -192,7 +192,7 @@ def _read_meta(checkpoint: Path) -> dict[str, Any]:
 
 
 def _read_config(checkpoint: Path, meta: dict[str, Any]) -> Any:
-    from lightrail.algorithms.updater import UpdateConfig
+    from lightrail.model.updater import UpdateConfig
 
     try:
         return UpdateConfig.from_json(meta["config"])
@@ -207,7 +207,7 @@ def _read_tensors(checkpoint: Path) -> dict[str, Any]:
     path = checkpoint / "trainable.safetensors"
     if not path.is_file():
         raise ExportError(f"corrupt checkpoint {checkpoint}: trainable.safetensors is missing")
-    try:  # a PPO critic's value head (`lightrail.algorithms.ppo`) is not part of the policy
+    try:  # a PPO critic's value head (`lightrail.model.ppo`) is not part of the policy
         return {k: v for k, v in load_file(path).items() if not k.startswith("value_head.")}
     except (SafetensorError, OSError, ValueError) as exc:
         raise ExportError(

@@ -2,7 +2,7 @@
 
 * ``"embedded"`` (`EmbeddedRollouts`): the in-process transformers `lightrail.engine.Engine`; weights are copied in
   place after each update (the default; nothing else to run).
-* ``"vllm"`` (`lightrail.algorithms.vllm_rollouts.VLLMRollouts`): a ``vllm serve`` process, LoRA adapters or full weights synced
+* ``"vllm"`` (`lightrail.model.vllm_rollouts.VLLMRollouts`): a ``vllm serve`` process, LoRA adapters or full weights synced
   after each update.
 
 The loop only sees the protocol: start it, hand its `backend` to the gateway, read `policy_version`, `sync` the
@@ -101,7 +101,7 @@ def make_rollout_engine(
     if kind == "embedded":
         return EmbeddedRollouts(model, **(engine_options or {}))
     if kind == "vllm":
-        from lightrail.algorithms.vllm_rollouts import VLLMRollouts
+        from lightrail.model.vllm_rollouts import VLLMRollouts
 
         options = check_vllm_options(vllm)
         options.setdefault("workdir", Path(out_dir) / "vllm")

@@ -32,7 +32,7 @@ of a step is a plain *sum* over its micro-batches, so gradient accumulation is e
 ``eps_high > eps_low`` is "clip-higher" (DAPO): it lets low-probability tokens with positive advantage grow faster
 and keeps entropy from collapsing.
 
-PPO with a critic (``advantage="gae"``, `lightrail.algorithms.ppo`) replaces the adapter's advantages by GAE over each
+PPO with a critic (``advantage="gae"``, `lightrail.model.ppo`) replaces the adapter's advantages by GAE over each
 call's response tokens, from a value head's ``V_t`` (values of the states before tokens 0..n-1 of the call) and the
 call's return R (the credit assignment's, on the last token: ``r_t = 0`` for t < n-1, ``r_{n-1} = R``)::
 

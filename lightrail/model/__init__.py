@@ -1,0 +1,14 @@
+"""The model plane: what holds and changes the weights, below the algorithms that decide what to train.
+
+* `updater`: `PolicyUpdater`, the policy update (GRPO/PPO/SFT losses over token rows, LoRA or full, micro-batches,
+  shared prefixes, checkpoints) and its settings (`UpdateConfig`); `ppo` adds a value head; `_loss` holds the losses.
+* `distributed`: the update on N data-parallel ranks (`DistributedPolicyUpdater`).
+* `mismatch`: the trainer's logprobs against the sampler's, per row.
+* `rollout_engines`, `vllm_rollouts`: what samples the rollouts (the embedded engine, or vLLM) and how new weights
+  reach it after each update.
+* `checkpoint`, `export`: atomic checkpoint directories, and a checkpoint turned into a model folder.
+* `llamafactory`: LLaMA-Factory's trainer as an SFT backend.
+
+Nothing here imports `lightrail.algorithms`; the algorithms (`GRPO`, `SFT`, `APO`) compose these pieces and
+`lightrail.algorithms` re-exports the public names.
+"""
