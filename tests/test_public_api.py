@@ -125,7 +125,7 @@ def test_algorithms_exports_load_on_first_use():
 
 def test_grpo_config_is_a_deprecated_name_of_update_config():
     import lightrail.algorithms as algorithms
-    from lightrail.algorithms import updater
+    from lightrail.model import updater
 
     for module in (algorithms, updater):
         with pytest.warns(DeprecationWarning, match="GRPOConfig is deprecated: use UpdateConfig"):

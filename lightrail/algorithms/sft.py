@@ -582,7 +582,7 @@ class SFT:
         resumed run whose checkpoint holds every step does not train again."""
         if self.step >= self.steps:
             return
-        from lightrail.algorithms import llamafactory as lf
+        from lightrail.model import llamafactory as lf
         from lightrail.model.updater import UpdateConfig
 
         assert self.llamafactory is not None

@@ -186,7 +186,7 @@ def test_llamafactory_training_ends_with_the_process_that_started_it(llamafactor
     import signal
     import time
 
-    from lightrail.algorithms import llamafactory as lf
+    from lightrail.model import llamafactory as lf
 
     folder = tmp_path / "lf"
     row = TrainingRow(input_ids=[5, 6, 7, 8], loss_mask=[0, 0, 1, 1], old_logprobs=[0.0] * 4, advantages=[1.0] * 4)
