@@ -267,6 +267,13 @@ def test_a_store_that_is_not_there_is_one_line_at_start(command, kind, problem, 
     assert "pw@" not in line  # a database password is never printed
 
 
+def _connected_to(port: int) -> bool:
+    """Whether a TCP connection to 127.0.0.1:``port`` is established (``/proc/net/tcp``: only the runner connects)."""
+    with open("/proc/net/tcp") as table:
+        rows = [line.split() for line in table.readlines()[1:]]
+    return any(row[2] == f"0100007F:{port:04X}" and row[3] == "01" for row in rows)
+
+
 def test_a_runner_whose_store_goes_away_says_so_and_gives_up(tmp_path):
     """Retries while the store is gone, saying so (at most every 30 s: tests/agent/test_runner.py), and exits
     after --give-up-after."""
@@ -288,8 +295,11 @@ def test_a_runner_whose_store_goes_away_says_so_and_gives_up(tmp_path):
         text=True,
     )
     try:
-        time.sleep(2)  # leasing (long polls)
-        assert runner.poll() is None
+        port = int(url.rsplit(":", 1)[1])
+        deadline = time.monotonic() + 60
+        while not _connected_to(port):  # the runner got past its start and is leasing (long polls), however slow
+            assert runner.poll() is None and time.monotonic() < deadline, runner.stderr.read() if runner.stderr else ""
+            time.sleep(0.1)
         server.terminate()
         server.wait(30)
         _, stderr = runner.communicate(timeout=40)
@@ -392,9 +402,11 @@ def test_version_and_help_are_one_command_away(tmp_path):
     "command, text, problem",
     [
         pytest.param(["train"], "algorithm: [grpo\n", "config.yaml:2:1: not valid YAML (expected ','", id="train-yaml"),
-        pytest.param(["train"], "algorithm: grpo\nbogus: 1\n", "unknown field `bogus`", id="train-field"),
+        pytest.param(
+            ["train"], "algorithm: grpo\nbogus: 1\n", "config.yaml: unknown setting(s) ['bogus']", id="train-field"
+        ),
         pytest.param(["learn", "--once"], "store: [x\n", "config.yaml:2:1: not valid YAML", id="learn-yaml"),
-        pytest.param(["learn", "--once"], "bogus: 1\n", "unknown field `bogus`", id="learn-field"),
+        pytest.param(["learn", "--once"], "bogus: 1\n", "config.yaml: unknown setting(s) ['bogus']", id="learn-field"),
     ],
 )
 def test_a_malformed_config_is_one_line_naming_the_file(command, text, problem, tmp_path):

@@ -33,7 +33,7 @@ def unknown_keys(where: str, given: Iterable[str], valid: Iterable[str]) -> str 
         return None
     close = [match for key in unknown for match in difflib.get_close_matches(key, valid, n=1)]
     hint = f"did you mean {' or '.join(map(repr, close))}?" if close else f"accepted: {valid}"
-    return f"{where}: unknown setting(s) {unknown}; {hint}"
+    return f"{where + ': ' if where else ''}unknown setting(s) {unknown}; {hint}"
 
 
 def _fields(tp: Any) -> dict[str, Any] | None:
