@@ -40,7 +40,7 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -370,7 +370,7 @@ def updater_for(model, name: str, tokens: int, response_share: float = 0.25):
     fields = {**fields, "micro_batch_tokens": tokens, "share_prefixes": False, "lr": 1e-5}
     if "lora" in fields:
         fields["lora"] = LoraSettings(r=fields["lora"], alpha=2 * fields["lora"])
-    u = Update(**{**u.__dict__, "micro_batch_tokens": tokens, "response_share": response_share})
+    u = replace(u, micro_batch_tokens=tokens, response_share=response_share)
     return PolicyUpdater(model, UpdateConfig(**fields)), u
 
 
