@@ -47,7 +47,7 @@ def test_splits_carry_the_tool_rounds_and_refuse_none():
     assert (len(train), len(val)) == (40, 10) and (train, val) == splits(
         seed=0, n_train=40, n_val=10, max_tool_rounds=3
     )
-    assert {t["max_tool_rounds"] for t in train + val} == {3}
+    assert {t["max_tool_rounds"] for t in train + val} == {3} and not any(t["one_shot"] for t in train + val)
     assert {t["question"] for t in train}.isdisjoint(t["question"] for t in val)
     assert all(calculate(t["expression"]) == str(t["answer"]) for t in train + val)
     with pytest.raises(ValueError, match="max_tool_rounds must be at least 1"):
@@ -151,6 +151,24 @@ async def test_every_call_is_named_solver_whatever_semantic_kernels_switches_say
         else:  # Semantic Kernel traces its kernel functions whatever the switch says; nothing names an agent
             assert genai == ({"execute_tool"} if otel else set())
     assert named / total == 1.0
+
+
+@needs_sk_env
+async def test_one_shot_starts_the_chat_with_a_worked_problem_in_the_tool_calling_format(tmp_path, monkeypatch):
+    """With ``one_shot`` (the SmolLM2 recipe's data) the solver's first request holds one worked problem before the
+    task, as Semantic Kernel sends its own chat history: the question, an assistant call of the calculator by the
+    name the model must use, the tool's result answering that call, the answer line; then the task's question."""
+    monkeypatch.delenv(DIAGNOSTICS, raising=False)
+    _, val = splits(seed=0, n_train=0, n_val=2, one_shot=True)
+    runs = await _run_teacher(tmp_path, val, otel=True)
+    for (row, spans), task in zip(runs, val, strict=True):
+        assert row.status is RolloutStatus.SUCCEEDED
+        messages = build_episode(spans).calls[0].span.attributes[Attr.REQUEST]["messages"]
+        assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "assistant", "user"]
+        (call,) = messages[2]["tool_calls"]
+        assert call["function"] == {"name": TOOL, "arguments": '{"expression": "12+30"}'}
+        assert (messages[3]["tool_call_id"], messages[3]["content"]) == (call["id"], "42")
+        assert messages[4]["content"] == "Answer: 42" and messages[5]["content"] == task["question"]
 
 
 @needs_sk_env
