@@ -94,8 +94,12 @@ async def _genai(n: int, model_dir: str, db: str) -> list[list[str | None]]:
             await Runner(store, triage_and_specialist, otel=True, handle_signals=False).run(max_rollouts=n)
         out = []
         for row in queued:
-            for call in build_episode(await store.query_spans(row.rollout_id)).calls:
-                out.append([call.agent_name, genai_made_by(call.span.attributes[Attr.REQUEST])])
+            by_attempt: dict[str, list] = {}
+            for span in await store.query_spans(row.rollout_id):
+                by_attempt.setdefault(span.attempt_id, []).append(span)
+            for spans in by_attempt.values():  # a retried attempt's calls count too
+                for call in build_episode(spans).calls:
+                    out.append([call.agent_name, genai_made_by(call.span.attributes[Attr.REQUEST])])
         return out
     finally:
         for instrumentor in instrumentors:

@@ -188,8 +188,12 @@ def arms() -> list[Arm]:
         Arm("autogen", "runtime_tracing_off", env={"AUTOGEN_DISABLE_RUNTIME_TRACING": "true"}, **calc),
         Arm("autogen", "otel_off", otel=False, **calc),
         Arm("crewai", "", **crew),
-        Arm("crewai", "telemetry_off", env={"CREWAI_DISABLE_TELEMETRY": "true", "CREWAI_DISABLE_TRACKING": "true",
-            "OTEL_SDK_DISABLED": "true"}, **crew),  # fmt: skip
+        Arm(
+            "crewai",
+            "telemetry_off",
+            env={"CREWAI_DISABLE_TELEMETRY": "true", "CREWAI_DISABLE_TRACKING": "true", "OTEL_SDK_DISABLED": "true"},
+            **crew,
+        ),  # fmt: skip
         Arm("crewai", "otel_off", otel=False, **crew),
         Arm("semantic_kernel", "", env={SK_DIAGNOSTICS: None}, **sk),
         Arm("semantic_kernel", "diagnostics_off", env={SK_DIAGNOSTICS: "false"}, **sk),
@@ -246,22 +250,38 @@ def _model(corpus: str | None, work: Path) -> Path:
     return _models[corpus]
 
 
+async def _dev(arm: Arm, n: int, engine: Any, db: Path, work: Path) -> Any:
+    from rich.console import Console
+
+    from lightrail.trainer import Trainer
+
+    trainer = Trainer(
+        n_runners=1, concurrency=4, store=str(db), runner_python=arm.python, otel=arm.otel, runs_dir=work / "runs",
+        console=Console(file=sys.stderr), loggers=[],
+    )  # fmt: skip
+    return await trainer.dev_async(arm.agent, arm.tasks(n), llm=engine, sampling=SAMPLING, timeout_s=900)
+
+
 async def run_arm(arm: Arm, n: int, work: Path) -> list[tuple[str | None, str]]:
     """Run ``arm`` on ``n`` tasks; ``(recorded agent name, agent that made it)`` of every call of every rollout."""
-    from rich.console import Console
 
     from lightrail.adapters import build_episode
     from lightrail.engine import Engine
     from lightrail.store import SQLiteStore
-    from lightrail.trainer import Trainer
 
     engine = await asyncio.to_thread(Engine.from_pretrained, _model(arm.corpus, work))
     db = work / f"{arm.key}.db"
     try:
-        with _environment(arm.env):
-            trainer = Trainer(n_runners=1, concurrency=4, store=str(db), runner_python=arm.python, otel=arm.otel,
-                              runs_dir=work / "runs", console=Console(file=sys.stderr), loggers=[])  # fmt: skip
-            report = await trainer.dev_async(arm.agent, arm.tasks(n), llm=engine, sampling=SAMPLING, timeout_s=900)
+        for tries in range(3, 0, -1):
+            try:
+                with _environment(arm.env):
+                    report = await _dev(arm, n, engine, db, work)
+                break
+            except RuntimeError as exc:  # `StoreServerProcess` waits 30 s: on a machine loaded ~10x, not enough
+                if "store server did not start" not in str(exc) or tries == 1:
+                    raise
+                log(f"{arm.key}: {exc}; again")
+                db.unlink(missing_ok=True)
     finally:
         await engine.close()
     statuses = [row.status.value for row in report.rows]
@@ -270,9 +290,13 @@ async def run_arm(arm: Arm, n: int, work: Path) -> list[tuple[str | None, str]]:
     refused = 0
     try:
         for row in report.rows:
-            for call in build_episode(await store.query_spans(row.rollout_id)).calls:
-                pairs.append((call.agent_name, arm.made_by(call)))
-                refused += call.prompt_ids is None
+            by_attempt: dict[str, list] = {}
+            for span in await store.query_spans(row.rollout_id):
+                by_attempt.setdefault(span.attempt_id, []).append(span)
+            for spans in by_attempt.values():  # an attempt retried (timed out on a loaded machine) made calls too
+                for call in build_episode(spans).calls:
+                    pairs.append((call.agent_name, arm.made_by(call)))
+                    refused += call.prompt_ids is None
     finally:
         await store.close()
     wrong = sorted({p for p in pairs if p[0] != p[1]}, key=str)
@@ -284,7 +308,14 @@ async def run_arm(arm: Arm, n: int, work: Path) -> list[tuple[str | None, str]]:
 def run_genai(position: str, n: int, work: Path) -> list[tuple[str | None, str]]:
     env = {**os.environ, **GENAI_POSITIONS[position], "PYTHONPATH": str(REPO)}
     db = work / f"genai{position}.db"
-    cmd = [sys.executable, str(REPO / "bench" / "_attribution_agents.py"), "genai", str(n), str(_model(None, work)), str(db)]
+    cmd = [
+        sys.executable,
+        str(REPO / "bench" / "_attribution_agents.py"),
+        "genai",
+        str(n),
+        str(_model(None, work)),
+        str(db),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=1800)
     if done.returncode != 0:
         raise RuntimeError(f"the GenAI arm failed: {done.stderr[-2000:]}")
