@@ -389,6 +389,7 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, help="tasks per arm")
     frameworks = sorted({a.framework for a in arms()} | {"genai"})
     parser.add_argument("--only", choices=frameworks, action="append", help="this framework only (repeatable)")
+    parser.add_argument("--arm", action="append", help="this arm only, by its key (e.g. crewai_otel_off; repeatable)")
     parser.add_argument("--policies", action="store_true", help="also misrouted_calls (~30 minutes)")
     args = parser.parse_args()
     n = args.tasks or (2 if args.quick else 6)
@@ -401,7 +402,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="lightrail-attribution-") as tmp:
         work = Path(tmp)
         for arm in arms():
-            if args.only and arm.framework not in args.only:
+            if (args.only and arm.framework not in args.only) or (args.arm and arm.key not in args.arm):
                 continue
             pairs = asyncio.run(run_arm(arm, n, work))
             fractions[arm.key] = named_fraction(pairs)
@@ -409,9 +410,9 @@ def main() -> None:
             if not (arm.needs_otel and not arm.otel):
                 sdk_keys.append(arm.key)
         for position in GENAI_POSITIONS:
-            if args.only and "genai" not in args.only:
-                continue
             key = "genai" + (f"_{position}" if position else "")
+            if (args.only and "genai" not in args.only) or (args.arm and key not in args.arm):
+                continue
             pairs = run_genai(position, n, work)
             fractions[key] = named_fraction(pairs)
             out[f"calls_{key}"] = len(pairs)
