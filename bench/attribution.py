@@ -1,7 +1,7 @@
 """Attribution per framework: the fraction of an agent's LLM calls whose recorded call span names the agent that
 made it (`named_fraction`), and per-agent policies' misrouted calls (issue 41).
 
-    nice -n 19 .venv/bin/python bench/attribution.py [--quick] [--tasks N] [--only FRAMEWORK] [--policies]
+    nice -n 19 .venv/bin/python bench/attribution.py [--quick] [--tasks N] [--only FRAMEWORK] [--arm KEY] [--policies]
 
 Each arm runs a real agent through a real lightrail runner (`Trainer.dev_async`: a store server process, runner
 processes, under the framework's own interpreter where it has one) and the gateway over the embedded engine serving
