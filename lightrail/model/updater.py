@@ -188,7 +188,8 @@ class UpdateConfig:
     state) or ``fsdp`` (each rank holds 1/N of them: ``torch.distributed.fsdp.fully_shard`` on every decoder layer
     and the rest of the model; for models whose training state does not fit one device). Both compute the 1-rank
     update; ``fsdp`` runs shared prompt prefixes with their rows (``share_prefixes`` is off) and gathers the weights
-    for serving and checkpoints, which keep the 1-rank format. Needs ``ranks >= 2`` (or torchrun)."""
+    for serving and checkpoints, which keep the 1-rank format (docs/gpus.md). Needs ``ranks >= 2`` (or torchrun);
+    not with ``advantage: gae`` yet."""
     gamma: float = 1.0
     """PPO with a critic (`GRPO` ``advantage="gae"``, `lightrail.model.ppo`) only: GAE's discount between the
     tokens of one call (1: the call's return counts fully on each of its tokens)."""

@@ -10,11 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 from grpo_helpers import make_rows
+from safetensors.torch import load_file
 
 from lightrail.algorithms import LoraSettings, PolicyUpdater, UpdateConfig
 from lightrail.engine.models import build_tiny_model
 from lightrail.model.distributed import DistributedPolicyUpdater
 from lightrail.model.export import export_checkpoint
+from lightrail.model.vllm_rollouts import write_lora_adapter
 
 TIMEOUT_S = 120  # a collective that waits longer fails the test instead of hanging it
 
@@ -43,7 +45,7 @@ LORA = UpdateConfig(lr=1e-3, micro_batch_tokens=40, kl_coef=0.05, lora=LoraSetti
 
 
 @pytest.mark.parametrize("config", [FULL, LORA], ids=["full", "lora"])
-def test_two_sharded_ranks_update_the_policy_like_one(model_dir, config):
+def test_two_sharded_ranks_update_the_policy_like_one(model_dir, config, tmp_path):
     rows, single = _rows(), _rows()[:1]  # one row: rank 1 has no micro-batch and runs padding passes
     one = PolicyUpdater(str(model_dir), config)
     expected = [one.step(rows), one.step(single), one.step(rows)]
@@ -55,6 +57,8 @@ def test_two_sharded_ranks_update_the_policy_like_one(model_dir, config):
         trainable = two.trainable_weights()
         served = two.state_dict_for_serving()
         logprobs = two.token_logprobs(rows)
+        if config.lora:  # the peft folder a vLLM LoRA sync loads
+            write_lora_adapter(two, tmp_path / "two")
     for want, have in zip(expected, got, strict=True):
         for key in ("loss", "pg_loss", "kl_ref", "grad_norm", "entropy", "clip_frac", "ratio_max"):
             assert have[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), key
@@ -64,6 +68,10 @@ def test_two_sharded_ranks_update_the_policy_like_one(model_dir, config):
     assert _max_diff(served, one.state_dict_for_serving()) <= 1e-5  # LoRA: merged from the gathered shards
     for a, b in zip(logprobs, one.token_logprobs(rows), strict=True):
         assert a == pytest.approx(b, abs=1e-5)
+    if config.lora:
+        write_lora_adapter(one, tmp_path / "one")
+        adapter = "adapter_model.safetensors"
+        assert _max_diff(load_file(tmp_path / "two" / adapter), load_file(tmp_path / "one" / adapter)) <= 1e-5
 
 
 def test_sharded_ranks_hold_half_the_training_state(model_dir):
