@@ -2,7 +2,8 @@
 
 `DistributedPolicyUpdater` is a `PolicyUpdater` (same ``step``, ``token_logprobs``, ``state_dict_for_serving``,
 ``save``, ``load``) whose step spans ``N`` processes joined by ``torch.distributed``: gloo on CPU, NCCL on CUDA (the
-backend follows ``UpdateConfig.device``). Every rank holds a full replica of the policy and of AdamW's state.
+backend follows ``UpdateConfig.device``). Every rank holds a full replica of the policy and of AdamW's state
+(with ``sharding="fsdp"`` a shard of them: see "Sharded ranks" below).
 
 How a step is computed, and why it equals the one-process step:
 
@@ -72,8 +73,8 @@ around that forward. What changes:
 * Every forward and backward pass is collective, so every rank runs as many passes as the busiest one: a rank with
   fewer micro-batches (or none) adds passes of a one-token row whose loss is multiplied by 0 (`_padding_passes`).
   Shared prompt prefixes are not run once (their extra decoder pass would differ between ranks).
-* `state_dict_for_serving`, `token_logprobs` and `save` are commands every rank runs: the weights are gathered whole
-  (``DTensor.full_tensor``) and rank 0 serves or writes them. Checkpoints keep the 1-rank format (whole trainable
+* `state_dict_for_serving`, `trainable_weights`, `token_logprobs` and `save` are commands every rank runs: the
+  weights are gathered whole (``DTensor.full_tensor``) and rank 0 serves or writes them. Checkpoints keep the 1-rank format (whole trainable
   weights in safetensors, the whole AdamW state), gathered rather than written as per-rank shards with
   ``torch.distributed.checkpoint``: the policies trained here fit one host's memory once (only their training state
   is spread), and one format lets a sharded run resume on any number of ranks, sharded or not, and export with the
