@@ -19,6 +19,9 @@ from lightrail.model.export import export_checkpoint
 from lightrail.model.vllm_rollouts import write_lora_adapter
 
 TIMEOUT_S = 120  # a collective that waits longer fails the test instead of hanging it
+# The LoRA equality test took 263-329 s on 2 cores under load 7-15 (another training run beside it), past the
+# suite's 300 s; each collective is still bounded by TIMEOUT_S.
+pytestmark = pytest.mark.timeout(900)
 
 
 @pytest.fixture(scope="module")
