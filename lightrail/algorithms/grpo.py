@@ -775,6 +775,10 @@ def check_gae_options(*, merge_calls: bool, filter_groups: bool, policies: bool,
         raise ValueError("filter_groups: advantage 'gae' has no group advantages to filter on")
     if policies:
         raise ValueError("policies: advantage 'gae' trains one policy with its value head")
+    if config is not None and config.sharding != "replicate":
+        raise ValueError(
+            f"config.sharding: advantage 'gae' does not run with sharding {config.sharding!r} yet (untested)"
+        )
     if config is not None and config.ranks > 1:
         raise ValueError(f"config.ranks: advantage 'gae' trains its value head in one process, not {config.ranks}")
 
