@@ -23,6 +23,7 @@ import collections
 import json
 import os
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -38,16 +39,25 @@ def probe(url: str, tasks: list[dict], args: argparse.Namespace) -> list[tuple[d
     from examples.sql_agent.agent import ONE_SHOT_BASIC, answer
     from examples.sql_agent.database import connect, database_path
     from examples.sql_agent.reward import condition_credit, execution_match
+    from examples.sql_agent.train import example_selector
+
+    lock = threading.Lock()
 
     def one(task: dict) -> tuple[dict, float, float]:
         conn = connect(database_path())
         state = answer(
             task["question"], base_url=url, model="policy", api_key="none", max_turns=2,
-            examples=[tuple(args.example)] if args.example else ONE_SHOT_BASIC,
+            examples=example_selector(args.tier) if args.nearest else [tuple(args.example)] if args.example
+            else ONE_SHOT_BASIC,
             conn=conn, temperature=args.temperature, top_p=args.top_p, max_tokens=64,
         )  # fmt: skip
         sql = state.get("sql")
-        return task, execution_match(conn, sql, task["sql"]), condition_credit(conn, sql, task["sql"])
+        exact, credit = execution_match(conn, sql, task["sql"]), condition_credit(conn, sql, task["sql"])
+        if args.dump:
+            with lock, args.dump.open("a") as f:
+                f.write(json.dumps({"question": task["question"], "gold": task["sql"], "sql": sql, "exact": exact,
+                                    "credit": credit}) + "\n")  # fmt: skip
+        return task, exact, credit
 
     with ThreadPoolExecutor(args.concurrency) as pool:
         return list(pool.map(one, [task for task in tasks for _ in range(args.tries)]))
@@ -83,12 +93,13 @@ async def main_async(args: argparse.Namespace) -> dict:
     from lightrail.gateway.server import GatewayServer
     from lightrail.store.memory import MemoryStore
 
-    train, _ = splits(seed=0, n_train=400, n_val=48, tier="basic")
+    train, val = splits(seed=0, n_train=400, n_val=48, tier=args.tier)
+    tasks = (val if args.split == "val" else train)[: args.questions]
     engine = await asyncio.to_thread(Engine.from_pretrained, str(prepare_model(args.model)))
     gateway = await GatewayServer(engine, MemoryStore(), port=free_port()).start()
     t0 = time.perf_counter()
     try:
-        tries = await asyncio.to_thread(probe, gateway.url, train[: args.questions], args)
+        tries = await asyncio.to_thread(probe, gateway.url, tasks, args)
     finally:
         await gateway.stop()
         await engine.close()
@@ -105,10 +116,20 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2", help="a model name prepare_model knows, or a local folder")
     parser.add_argument("--example", nargs=2, metavar=("QUESTION", "SQL"),
                         help="another worked example for the writer and rewriter (default: agent.ONE_SHOT_BASIC)")  # fmt: skip
+    parser.add_argument(
+        "--nearest",
+        action="store_true",
+        help="dynamic few-shot: the most similar training question's SQL (train.example_selector)",
+    )
+    parser.add_argument("--tier", default="basic", choices=["basic", "full"], help="question tier (default basic)")
+    parser.add_argument("--split", default="train", choices=["train", "val"],
+                        help="train questions (default) or the recipe's 48 held-out ones")  # fmt: skip
+    parser.add_argument("--dump", type=Path, help="append each try's question, gold SQL, SQL and scores (JSON lines)")
     args = parser.parse_args()
     facts = {"python_loop_ms": python_loop_ms(), "load_1min": round(os.getloadavg()[0], 2)}
     log(f"probing {args.questions} questions x {args.tries} at T {args.temperature} / top-p {args.top_p}")
-    print(json.dumps({**asyncio.run(main_async(args)), "example": args.example, **facts}))
+    settings = {k: getattr(args, k) for k in ("tier", "split", "nearest", "example", "temperature", "tries")}
+    print(json.dumps({**asyncio.run(main_async(args)), **settings, **facts}))
 
 
 if __name__ == "__main__":

@@ -28,9 +28,11 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any, TypedDict
 
+from langchain_core.example_selectors import BaseExampleSelector
+
 from examples.sql_agent.database import QueryError, connect, database_path, run_query, schema_text
 
-__all__ = ["ONE_SHOT", "ONE_SHOT_BASIC", "SQLState", "answer", "build_graph", "extract_sql"]
+__all__ = ["ONE_SHOT", "ONE_SHOT_BASIC", "MaskedQuestionSelector", "SQLState", "answer", "build_graph", "extract_sql"]
 
 WRITE = (
     "You write one SQLite query that answers the question. Tables:\n{schema}\nReply with the query in a ```sql block."
@@ -60,10 +62,53 @@ ONE_SHOT_BASIC: list[tuple[str, str]] = [
     )
 ]
 
+_WORD = re.compile(r"[A-Za-z0-9']+")
 _NOT_ASCII = re.compile(r"[^\x20-\x7e\n]+")
 _FENCE = re.compile(r"```(?:sql)?\s*(.*?)(?:```|$)", re.DOTALL | re.IGNORECASE)
 _START = re.compile(r"\b(SELECT|WITH)\b", re.IGNORECASE)
 _ACCEPTS = re.compile(r"[\W_]*correct\b", re.IGNORECASE)  # "CORRECT", "**Correct.**"; not "incorrect"
+
+
+def _masked_terms(question: str) -> set[str]:
+    """The words and word pairs of a question with its values masked: every word after the first that starts with a
+    capital letter or a digit (names, codes, months, numbers) becomes ``_``, a run of them one ``_``."""
+    words: list[str] = []
+    for i, word in enumerate(_WORD.findall(question)):
+        masked = "_" if i and (word[0].isupper() or word[0].isdigit()) else word.lower()
+        if not (masked == "_" and words and words[-1] == "_"):
+            words.append(masked)
+    return set(words) | {f"{a} {b}" for a, b in zip(words, words[1:], strict=False)}
+
+
+class MaskedQuestionSelector(BaseExampleSelector):
+    """Dynamic few-shot examples for the writer and the rewriter: the ``k`` (question, SQL) pairs of a pool whose
+    questions are most like the asked one once names, codes and numbers are masked (the masked question similarity
+    of DAIL-SQL, Gao et al. 2023), never the asked question itself. A LangChain example selector
+    (``select_examples({"question": ...})`` returns ``{"question", "sql"}`` dicts; `build_graph` takes one as
+    ``examples``). Ties go to the earlier example of the pool."""
+
+    def __init__(self, examples: Sequence[dict[str, str]] = (), k: int = 1) -> None:
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        self.k = k
+        self.examples: list[dict[str, str]] = []
+        self._terms: list[set[str]] = []
+        for example in examples:
+            self.add_example(example)
+
+    def add_example(self, example: dict[str, str]) -> None:
+        self.examples.append({"question": example["question"], "sql": example["sql"]})
+        self._terms.append(_masked_terms(example["question"]))
+
+    def select_examples(self, input_variables: dict[str, str]) -> list[dict[str, str]]:
+        question = input_variables["question"]
+        terms = _masked_terms(question)
+        scored = [
+            (len(terms & other) / len(terms | other), -i)
+            for i, (example, other) in enumerate(zip(self.examples, self._terms, strict=True))
+            if example["question"] != question
+        ]
+        return [self.examples[-i] for _, i in sorted(scored, reverse=True)[: self.k]]
 
 
 class SQLState(TypedDict, total=False):
@@ -120,14 +165,15 @@ def build_graph(
     *,
     max_turns: int = 3,
     clip: int = 300,
-    examples: Sequence[tuple[str, str]] = (),
+    examples: Sequence[tuple[str, str]] | BaseExampleSelector = (),
     checker: Any = None,
 ) -> Any:
     """The compiled LangGraph app. ``llm`` (a LangChain chat model) writes and rewrites queries, ``checker``
     (default: the same model) judges them; ``conn`` is a read-only connection to the flights database;
     ``clip`` bounds each piece of model-made text a prompt shows (the result and the checker's words get
     two thirds of it); ``examples`` (question, SQL) pairs, e.g. `ONE_SHOT`, are shown to the writer and the
-    rewriter as earlier turns of their conversations."""
+    rewriter as earlier turns of their conversations, or an example selector (e.g. `MaskedQuestionSelector`) picks
+    them for each question."""
     import openai
     from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
     from langgraph.graph import END, START, StateGraph
@@ -138,7 +184,13 @@ def build_graph(
     checker = checker or llm
     short = clip * 2 // 3
 
-    worked = [m for q, sql in examples for m in (HumanMessage(f"Question: {q}"), AIMessage(f"```sql\n{sql}\n```"))]
+    def worked(question: str) -> list[Any]:
+        pairs = (
+            [(e["question"], e["sql"]) for e in examples.select_examples({"question": question})]
+            if isinstance(examples, BaseExampleSelector)
+            else examples
+        )
+        return [m for q, sql in pairs for m in (HumanMessage(f"Question: {q}"), AIMessage(f"```sql\n{sql}\n```"))]
 
     def ask(model: Any, system: str, user: str, earlier: Sequence[Any] = ()) -> str:
         try:
@@ -150,7 +202,7 @@ def build_graph(
         return reply.content if isinstance(reply.content, str) else str(reply.content)
 
     def write_query(state: SQLState) -> SQLState:
-        reply = ask(llm, WRITE, f"Question: {state['question']}", worked)
+        reply = ask(llm, WRITE, f"Question: {state['question']}", worked(state["question"]))
         return {"sql": extract_sql(reply), "turns": state.get("turns", 0) + 1}
 
     def execute_query(state: SQLState) -> SQLState:
@@ -174,7 +226,7 @@ def build_graph(
             f"Question: {state['question']}\nQuery: {_shown(state['sql'], clip)}\nResult: {state['result']}\n"
             f"Checker: {state['feedback']}"
         )
-        reply = ask(llm, REWRITE, user, worked)
+        reply = ask(llm, REWRITE, user, worked(state["question"]))
         return {"sql": extract_sql(reply), "turns": state["turns"] + 1}
 
     def after_check(state: SQLState) -> str:
@@ -201,7 +253,7 @@ def answer(
     api_key: str = "none",
     max_turns: int = 3,
     clip: int = 300,
-    examples: Sequence[tuple[str, str]] = (),
+    examples: Sequence[tuple[str, str]] | BaseExampleSelector = (),
     conn: sqlite3.Connection | None = None,
     **sampling: Any,
 ) -> SQLState:

@@ -13,7 +13,8 @@ import sqlite3
 import threading
 from functools import cache
 
-from examples.sql_agent.agent import ONE_SHOT, ONE_SHOT_BASIC, answer
+from examples.sql_agent.agent import ONE_SHOT, ONE_SHOT_BASIC, MaskedQuestionSelector, answer
+from examples.sql_agent.data import splits
 from examples.sql_agent.database import connect, database_path
 from examples.sql_agent.reward import condition_credit, execution_match
 from lightrail import rollout
@@ -25,6 +26,18 @@ _local = threading.local()
 @cache
 def _database() -> str:
     return str(database_path())  # built (or found in the cache) once per runner process
+
+
+#: The pool dynamic few-shot examples come from: training questions of another seed (`data.split_of` keeps every
+#: held-out question out of every training split, so no held-out question or its SQL is ever shown).
+EXAMPLE_POOL = {"seed": 1000, "n_train": 200, "n_val": 0}
+
+
+@cache
+def example_selector(tier: str = "full") -> MaskedQuestionSelector:
+    """The writer's and rewriter's worked example for each question: the pool's most similar question with its SQL
+    (`agent.MaskedQuestionSelector`), from `EXAMPLE_POOL`'s questions of ``tier``."""
+    return MaskedQuestionSelector(splits(**EXAMPLE_POOL, tier=tier)[0])
 
 
 def _connection() -> sqlite3.Connection:
@@ -70,3 +83,12 @@ def sql_agent_basic_credit(task, llm):
     for the WHERE conditions the query shares with the gold query. Train and validate it with
     ``success_threshold: 1.0``: a success is still an execution match."""
     return _score(task, llm, ONE_SHOT_BASIC, max_turns=2, reward=condition_credit)
+
+
+@rollout
+def sql_agent_nearest(task, llm):
+    """The agent with dynamic few-shot examples (`example_selector`): the writer and the rewriter see the most
+    similar question of a pool of training questions with its SQL, at most two queries (the first and one
+    rewrite). For a small pretrained model on the full tier: it has to adapt the example's names, codes and numbers
+    to the question."""
+    return _score(task, llm, example_selector("full"), max_turns=2)

@@ -39,7 +39,15 @@ from one_step import (
     train_step_metrics,
 )
 
-from examples.sql_agent.agent import CHECK, ONE_SHOT, ONE_SHOT_BASIC, REWRITE, WRITE, extract_sql
+from examples.sql_agent.agent import (
+    CHECK,
+    ONE_SHOT,
+    ONE_SHOT_BASIC,
+    REWRITE,
+    WRITE,
+    MaskedQuestionSelector,
+    extract_sql,
+)
 from examples.sql_agent.data import BASIC_TEMPLATES, MONTHS, TEMPLATES, splits, tokenizer_corpus
 from examples.sql_agent.database import SCHEMA, QueryError, connect, data_dir, database_path, run_query, schema_text
 from examples.sql_agent.reward import condition_credit, equality_conditions, execution_match, same_rows
@@ -295,6 +303,46 @@ def test_the_worked_example_runs_and_gives_no_task_away(db):
     assert run_query(db, sql)[1][0][0] > 0
     train, val = splits(seed=0, n_train=400, n_val=100)
     assert question not in {t["question"] for t in train + val}
+
+
+@pytest.mark.parametrize("tier", ["full", "basic"])
+def test_dynamic_few_shot_shows_a_training_question_of_the_same_kind_and_never_a_held_out_one(db, tier):
+    from examples.sql_agent.train import EXAMPLE_POOL, example_selector
+
+    selector = example_selector(tier)
+    pool = {t["question"]: t for t in splits(**EXAMPLE_POOL, tier=tier)[0]}
+    assert {e["question"] for e in selector.examples} == set(pool)
+    train, val = splits(seed=0, n_train=400, n_val=100, tier=tier)
+    assert not set(pool) & {t["question"] for t in val}  # no held-out question (or its SQL) is ever shown
+    for task in val + train[:50]:
+        (shown,) = selector.select_examples({"question": task["question"]})
+        assert pool[shown["question"]]["template"] == task["template"], task["question"]
+        assert shown["question"] != task["question"] and shown["sql"] == pool[shown["question"]]["sql"]
+    # the asked question itself is never its own example, even when the pool holds it
+    asked = next(iter(pool.values()))
+    (shown,) = selector.select_examples({"question": asked["question"]})
+    assert shown["question"] != asked["question"] and pool[shown["question"]]["template"] == asked["template"]
+
+
+def test_masked_question_selector_ranks_by_the_question_with_its_values_masked():
+    selector = MaskedQuestionSelector(
+        [
+            {"question": "How many flights did carrier AA fly to ORD?", "sql": "a"},
+            {"question": "How many flights did carrier UA fly to BOS in March?", "sql": "b"},
+            {"question": "How many flights went from JFK to ORD?", "sql": "c"},
+        ],
+        k=2,
+    )
+    # the same values as the first example, the shape of the second: the shape wins
+    ranked = selector.select_examples({"question": "How many flights did carrier AA fly to ORD in June?"})
+    assert [e["sql"] for e in ranked] == ["b", "a"]
+    selector.add_example({"question": "How many flights went from EWR to LAX?", "sql": "d"})
+    assert [e["sql"] for e in selector.select_examples({"question": "How many flights went from LGA to MIA?"})] == [
+        "c",
+        "d",
+    ]  # a tie goes to the earlier example
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        MaskedQuestionSelector(k=0)
 
 
 def test_extract_sql_reads_fenced_bare_and_garbage_replies():
