@@ -91,7 +91,7 @@ def test_scale_out_sections_reach_the_trainer_and_the_gateway(tmp_path):
         ("grpo.sft_steps=2", "grpo: unknown setting(s) ['sft_steps']; did you mean 'steps'?"),
         ("grpo.epochs=3", "grpo: give steps or epochs, not both"),
         ("grpo.config.lr=fast", "grpo.config.lr"),
-        ("grpo.credit=magic", "unknown credit assignment 'magic'"),
+        ("grpo.credit=magic", "grpo.credit: expected one of ['identical', 'per_turn', 'discounted'], got 'magic'"),
         ("grpo.tool_rewards=7", "grpo.tool_rewards"),
         ("grpo.config.kl_coeff=0.05", "grpo.config: unknown setting(s) ['kl_coeff']; did you mean 'kl_coef'?"),
         ("grpo.config.lora={rank: 8}", "grpo.config.lora: unknown setting(s) ['rank']"),
