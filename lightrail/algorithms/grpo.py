@@ -672,8 +672,6 @@ def call_staleness(transitions: Sequence[Transition], current_version: int) -> l
     return [None if t.policy_version is None else current_version - t.policy_version for t in transitions]
 
 
-
-
 def check_async_options(
     mode: str,
     max_staleness: int | None,

@@ -454,4 +454,6 @@ class APOSection(_Section, kw_only=True, forbid_unknown_fields=True):
         if self.llm_name in self.prompts:
             raise ValueError(f"apo.prompts: {self.llm_name!r} is the policy LLM's resource name")
         if self.demo_template is not None and self.demo_template not in self.prompts:
-            raise ValueError(f"apo.demo_template: {self.demo_template!r} is not one of the prompts {sorted(self.prompts)}")
+            raise ValueError(
+                f"apo.demo_template: {self.demo_template!r} is not one of the prompts {sorted(self.prompts)}"
+            )

@@ -14,7 +14,7 @@ import yaml
 
 from lightrail.algorithms.apo import APO
 from lightrail.algorithms.grpo import GRPO
-from lightrail.algorithms.settings import APOSection, GRPOSection, SFTSection
+from lightrail.algorithms.settings import GRPOSection, SFTSection
 from lightrail.algorithms.sft import SFT
 from lightrail.cli import main
 from lightrail.model.updater import UpdateConfig
@@ -71,7 +71,11 @@ def test_every_field_of_every_section_is_documented():
     [
         (GRPO, {"n_samples": 0}, "grpo.n_samples must be >= 1, got 0"),
         (GRPO, {"mode": "fast"}, "grpo.mode: expected one of ['sync', 'async'], got 'fast'"),
-        (GRPO, {"credit": "magic"}, "grpo.credit: expected one of ['identical', 'per_turn', 'discounted'], got 'magic'"),
+        (
+            GRPO,
+            {"credit": "magic"},
+            "grpo.credit: expected one of ['identical', 'per_turn', 'discounted'], got 'magic'",
+        ),
         (SFT, {"batch_size": 0}, "sft.batch_size must be >= 1, got 0"),
         (SFT, {"backend": "axolotl"}, "sft.backend: expected one of ['lightrail', 'llamafactory'], got 'axolotl'"),
         (APO, {"prompts": {"p": "hi"}, "beam_width": 0}, "apo.beam_width must be >= 1, got 0"),
