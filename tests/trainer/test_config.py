@@ -50,11 +50,14 @@ def test_config_maps_every_section_onto_grpo(tmp_path):
     assert config.run_dir == tmp_path / "run" and config.store_location == str(tmp_path / "run" / "store.db")
     from lightrail.trainer.config import _grpo_kwargs
 
-    kwargs = _grpo_kwargs(config)
-    assert kwargs["credit"].gamma == 0.5
-    assert (kwargs["tool_rewards"].success, kwargs["tool_rewards"].error) == (0.2, -0.2)
-    assert kwargs["agents"]("anything") and not kwargs["agents"](None)
-    assert (kwargs["config"].lr, kwargs["config"].kl_coef) == (1e-3, 0.05)
+    from lightrail.algorithms.grpo import GRPO
+
+    grpo = GRPO("m", **_grpo_kwargs(config))  # the section's names and mappings become GRPO's objects
+    assert grpo.credit.gamma == 0.5
+    assert (grpo.tool_rewards.success, grpo.tool_rewards.error) == (0.2, -0.2)
+    assert grpo.agents("anything") and not grpo.agents(None)
+    assert (grpo.config.lr, grpo.config.kl_coef) == (1e-3, 0.05)
+    assert grpo.out_dir == tmp_path / "run" and grpo.n_samples == 2
 
 
 def test_scale_out_sections_reach_the_trainer_and_the_gateway(tmp_path):
