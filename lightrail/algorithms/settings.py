@@ -303,13 +303,13 @@ class GRPOSection(_PolicySection, kw_only=True, forbid_unknown_fields=True):
 
         super().__post_init__()
         key = self._key
-        try:
-            credit_by_name(self.credit, **self.credit_args)
-            check_vllm_options(self.vllm)
-            if self.policies is not None:
-                PolicyMap(self.policies)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"{key}.{exc}" if str(exc).startswith("policies") else f"{key}: {exc}") from None
+        for name, check in (("credit_args", lambda: credit_by_name(self.credit, **self.credit_args)),
+                            ("vllm", lambda: check_vllm_options(self.vllm)),
+                            ("policies", lambda: self.policies is None or PolicyMap(self.policies))):  # fmt: skip
+            try:
+                check()
+            except (TypeError, ValueError) as exc:  # PolicyMap's errors start with "policies"
+                raise ValueError(f"{key}.{exc}" if name == "policies" else f"{key}.{name}: {exc}") from None
         if self.policies is not None and (self.agents is not None or self.agents_pattern is not None):
             raise ValueError(f"{key}: give agents or policies, not both (the policies name the agents they train)")
         if self.policies is not None and self.rollout_engine != "embedded":
