@@ -48,9 +48,8 @@ def _write(tmp_path, text: str):
 def test_config_maps_every_section_onto_grpo(tmp_path):
     config = load_config(_write(tmp_path, CONFIG), [f"out_dir={tmp_path / 'run'}", "grpo.config.kl_coef=0.05"])
     assert config.run_dir == tmp_path / "run" and config.store_location == str(tmp_path / "run" / "store.db")
-    from lightrail.trainer.config import _grpo_kwargs
-
     from lightrail.algorithms.grpo import GRPO
+    from lightrail.trainer.config import _grpo_kwargs
 
     grpo = GRPO("m", **_grpo_kwargs(config))  # the section's names and mappings become GRPO's objects
     assert grpo.credit.gamma == 0.5
@@ -178,7 +177,7 @@ def test_gpu_configs_are_valid_and_say_what_they_run(path):
     from lightrail.trainer.config import _grpo_kwargs
 
     kwargs = _grpo_kwargs(config)
-    assert kwargs["rollout_engine"] == "vllm" and kwargs["vllm"]["python"] == ".venv-vllm/bin/python"
+    assert kwargs["section"].rollout_engine == "vllm" and kwargs["section"].vllm["python"] == ".venv-vllm/bin/python"
     settings = kwargs["config"]
     assert (settings.device, settings.dtype, settings.ranks) == ("cuda", "bfloat16", 3)
     assert config.model.startswith("models/") and config.trainer.otel
@@ -188,7 +187,7 @@ def test_gpu_configs_are_valid_and_say_what_they_run(path):
     assert (other.lora is None) != (settings.lora is None)
     # vLLM parses the agents' tool calls in the model family's own format (Llama 3.2: bare JSON; Qwen2.5: Hermes)
     family = {"models/Llama-3.2-3B-Instruct": "llama3_json", "models/Qwen2.5-Coder-1.5B-Instruct": "hermes"}
-    assert kwargs["engine_options"]["tool_format"] == family[config.model]
+    assert kwargs["section"].engine_options["tool_format"] == family[config.model]
 
 
 def test_the_gpu_configs_cover_the_three_agents_and_models():
