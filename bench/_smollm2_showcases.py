@@ -19,6 +19,7 @@ RECIPES = {
     "sql_agent": "examples/sql_agent/config.smollm2.yaml",
     "rag_agent": "examples/rag_agent/config.smollm2.yaml",
     "calc_agent": "examples/calc_agent/config.smollm2.yaml",
+    "sk_agent": "examples/sk_agent/config.smollm2.yaml",
 }
 """Showcases with a SmolLM2 recipe, and its config."""
 MIN_GAIN_MEAN = 0.10

@@ -207,6 +207,29 @@ def llm_call_span(rollout_id: str, attempt_id: str, seq: int, i: int) -> Span:
     )
 
 
+def fit_arm(algorithm, agent: str, train: list, val: list, *, store: Path, concurrency: int) -> list[dict]:
+    """Train one arm of a comparison: ``algorithm`` (its ``out_dir`` set) run by a `Trainer` with one runner on a
+    SQLite ``store`` of its own, rollouts retried on a lost lease; returns the run's ``train`` metric lines."""
+    import json
+
+    from rich.console import Console
+
+    from lightrail import Trainer
+    from lightrail.types import RetryPolicy
+
+    trainer = Trainer(
+        n_runners=1,
+        concurrency=concurrency,
+        store=str(store),
+        algorithm=algorithm,
+        retry=RetryPolicy(lease_s=120, max_attempts=3),
+        console=Console(stderr=True),
+    )
+    trainer.fit(agent, train, val)
+    lines = (Path(algorithm.out_dir) / "metrics.jsonl").read_text().splitlines()
+    return [m for m in map(json.loads, lines) if m["kind"] == "train"]
+
+
 def spread(values: list[float], digits: int = 4) -> dict[str, float]:
     """``mean``, ``min`` and ``max`` of per-seed figures: a learning claim is a spread over seeds, not one run."""
     return {

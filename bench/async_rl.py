@@ -36,7 +36,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench._util import log, machine_facts  # noqa: E402
+from bench._util import fit_arm, log, machine_facts  # noqa: E402
 
 AGENT = "bench._async_agent:delayed_calculator_agent"
 
@@ -79,12 +79,8 @@ def _timed_grpo_class() -> type:
 
 
 def run_arm(mode: str, model: Path, args: argparse.Namespace, train: list, val: list, out: Path) -> dict[str, Any]:
-    from rich.console import Console
-
-    from lightrail import Trainer
     from lightrail.adapters import ToolRewardRule
     from lightrail.algorithms import UpdateConfig
-    from lightrail.types import RetryPolicy
 
     durations = out / f"{mode}-durations.jsonl"
     durations.unlink(missing_ok=True)
@@ -106,17 +102,7 @@ def run_arm(mode: str, model: Path, args: argparse.Namespace, train: list, val: 
         mode=mode,
         **({"max_staleness": args.max_staleness} if mode == "async" else {}),
     )
-    trainer = Trainer(
-        n_runners=1,
-        concurrency=args.concurrency,
-        store=str(out / f"{mode}-store.db"),
-        algorithm=grpo,
-        retry=RetryPolicy(lease_s=120, max_attempts=3),
-        console=Console(stderr=True),
-    )
-    trainer.fit(AGENT, train, val)
-    lines = [json.loads(x) for x in (out / mode / "metrics.jsonl").read_text().splitlines()]
-    steps = [m for m in lines if m["kind"] == "train"]
+    steps = fit_arm(grpo, AGENT, train, val, store=out / f"{mode}-store.db", concurrency=args.concurrency)
     seconds = {}
     for line in durations.read_text().splitlines():
         d = json.loads(line)

@@ -30,7 +30,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench._util import log, machine_facts, spread  # noqa: E402
+from bench._util import fit_arm, log, machine_facts, spread  # noqa: E402
 
 QUICK = dict(model="tiny", n_train=400, n_val=60, sft_steps=150, steps=8, tasks_per_step=4, n_samples=4,
              concurrency=16, lr=1e-4)  # fmt: skip
@@ -39,13 +39,9 @@ FULL = dict(model="small", n_train=2000, n_val=200, sft_steps=300, steps=24, tas
 
 
 def run_arm(arm: str, model: Path, args: argparse.Namespace, seed: int, train: list, val: list, out: Path) -> dict:
-    from rich.console import Console
-
-    from lightrail import Trainer
     from lightrail.adapters import ToolRewardRule
     from lightrail.algorithms import GRPO, UpdateConfig
     from lightrail.demos.calculator.demo import AGENT
-    from lightrail.types import RetryPolicy
 
     started = time.monotonic()
     grpo = GRPO(
@@ -64,17 +60,7 @@ def run_arm(arm: str, model: Path, args: argparse.Namespace, seed: int, train: l
         out_dir=out / arm,
         seed=seed,
     )
-    trainer = Trainer(
-        n_runners=1,
-        concurrency=args.concurrency,
-        store=str(out / f"{arm}-store.db"),
-        algorithm=grpo,
-        retry=RetryPolicy(lease_s=120, max_attempts=3),
-        console=Console(stderr=True),
-    )
-    trainer.fit(AGENT, train, val)
-    lines = [json.loads(x) for x in (out / arm / "metrics.jsonl").read_text().splitlines()]
-    steps = [m for m in lines if m["kind"] == "train"]
+    steps = fit_arm(grpo, AGENT, train, val, store=out / f"{arm}-store.db", concurrency=args.concurrency)
     report = grpo.report
     return {
         "val_before": report["val_before"],

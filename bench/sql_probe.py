@@ -42,7 +42,8 @@ def probe(url: str, tasks: list[dict], args: argparse.Namespace) -> list[tuple[d
     def one(task: dict) -> tuple[dict, float, float]:
         conn = connect(database_path())
         state = answer(
-            task["question"], base_url=url, model="policy", api_key="none", max_turns=2, examples=ONE_SHOT_BASIC,
+            task["question"], base_url=url, model="policy", api_key="none", max_turns=2,
+            examples=[tuple(args.example)] if args.example else ONE_SHOT_BASIC,
             conn=conn, temperature=args.temperature, top_p=args.top_p, max_tokens=64,
         )  # fmt: skip
         sql = state.get("sql")
@@ -102,10 +103,12 @@ def main() -> None:
     parser.add_argument("--top-p", type=float, default=0.8, help="nucleus sampling (default 0.8)")
     parser.add_argument("--concurrency", type=int, default=16, help="rollouts at once (default 16)")
     parser.add_argument("--model", default="smollm2", help="a model name prepare_model knows, or a local folder")
+    parser.add_argument("--example", nargs=2, metavar=("QUESTION", "SQL"),
+                        help="another worked example for the writer and rewriter (default: agent.ONE_SHOT_BASIC)")  # fmt: skip
     args = parser.parse_args()
     facts = {"python_loop_ms": python_loop_ms(), "load_1min": round(os.getloadavg()[0], 2)}
     log(f"probing {args.questions} questions x {args.tries} at T {args.temperature} / top-p {args.top_p}")
-    print(json.dumps({**asyncio.run(main_async(args)), **facts}))
+    print(json.dumps({**asyncio.run(main_async(args)), "example": args.example, **facts}))
 
 
 if __name__ == "__main__":

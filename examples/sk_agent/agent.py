@@ -28,9 +28,16 @@ from typing import Annotated, Any
 
 from openai import AsyncOpenAI
 from semantic_kernel import Kernel
-from semantic_kernel.agents import ChatCompletionAgent
+from semantic_kernel.agents import ChatCompletionAgent, ChatHistoryAgentThread
 from semantic_kernel.connectors.ai.function_choice_behavior import FunctionChoiceBehavior
 from semantic_kernel.connectors.ai.open_ai import OpenAIChatCompletion, OpenAIChatPromptExecutionSettings
+from semantic_kernel.contents import (
+    AuthorRole,
+    ChatHistory,
+    ChatMessageContent,
+    FunctionCallContent,
+    FunctionResultContent,
+)
 from semantic_kernel.functions import KernelArguments, kernel_function
 
 from examples.calculator.agent import calculate, parse_answer
@@ -43,6 +50,20 @@ from examples.sk_agent.prompts import (
     SOLVER_SYSTEM,
     TOOL,
 )
+
+
+def one_shot_history() -> list[ChatMessageContent]:
+    """One worked problem the solver sees before its task (``one_shot=True``): the question, a call of the
+    calculator, its result and the answer line, as Semantic Kernel's own chat history holds them. A small instruct
+    model such as SmolLM2-135M rarely calls a tool it has only read about, and almost never ends with
+    "Answer: <number>"."""
+    call = {"id": "call_1", "function_name": FUNCTION, "plugin_name": PLUGIN}
+    return [
+        ChatMessageContent(role=AuthorRole.USER, content="Ana has 12 pens and buys 30 more. How many pens does Ana have now?"),
+        ChatMessageContent(role=AuthorRole.ASSISTANT, items=[FunctionCallContent(**call, arguments='{"expression": "12+30"}')]),
+        ChatMessageContent(role=AuthorRole.TOOL, items=[FunctionResultContent(**call, result="42")]),
+        ChatMessageContent(role=AuthorRole.ASSISTANT, content="Answer: 42", name=SOLVER),
+    ]  # fmt: skip
 
 
 class CalculatorPlugin:
@@ -78,15 +99,34 @@ def build_agent(
 
 
 async def solve(
-    question: str, *, base_url: str, model: str, api_key: str = "none", max_tool_rounds: int = 2, **sampling: Any
+    question: str,
+    *,
+    base_url: str,
+    model: str,
+    api_key: str = "none",
+    max_tool_rounds: int = 2,
+    one_shot: bool = False,
+    **sampling: Any,
 ) -> str:
-    """Run the solver on one problem; returns its final message (``"Answer: 42"`` when it behaves)."""
+    """Run the solver on one problem; returns its final message (``"Answer: 42"`` when it behaves). With
+    ``one_shot`` the conversation starts with `one_shot`'s worked problem."""
     agent = build_agent(base_url=base_url, model=model, api_key=api_key, max_tool_rounds=max_tool_rounds, **sampling)
-    response = await agent.get_response(messages=question)
+    thread = ChatHistoryAgentThread(ChatHistory(messages=one_shot_history())) if one_shot else None
+    response = await agent.get_response(messages=question, thread=thread)
     return str(response.content)
 
 
-__all__ = ["PLUGIN", "SOLVER", "SOLVER_SYSTEM", "TOOL", "CalculatorPlugin", "build_agent", "parse_answer", "solve"]
+__all__ = [
+    "PLUGIN",
+    "SOLVER",
+    "SOLVER_SYSTEM",
+    "TOOL",
+    "CalculatorPlugin",
+    "build_agent",
+    "one_shot_history",
+    "parse_answer",
+    "solve",
+]
 
 if __name__ == "__main__":
     import argparse
@@ -98,8 +138,16 @@ if __name__ == "__main__":
     parser.add_argument("--model", required=True)
     parser.add_argument("--api-key", default="none")
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--one-shot", action="store_true", help="show the solver one worked problem first")
     args = parser.parse_args()
     text = asyncio.run(
-        solve(args.question, base_url=args.base_url, model=args.model, api_key=args.api_key, max_tokens=args.max_tokens)
+        solve(
+            args.question,
+            base_url=args.base_url,
+            model=args.model,
+            api_key=args.api_key,
+            max_tokens=args.max_tokens,
+            one_shot=args.one_shot,
+        )  # fmt: skip
     )
     print(text)

@@ -11,13 +11,16 @@ from examples.calculator.data import make_splits
 from examples.sk_agent.prompts import EVALUATE_DESCRIPTION, EXPRESSION_DESCRIPTION, SOLVER_SYSTEM, TOOL
 
 
-def splits(seed: int = 0, n_train: int = 512, n_val: int = 64, *, max_tool_rounds: int = 2) -> tuple[list, list]:
+def splits(
+    seed: int = 0, n_train: int = 512, n_val: int = 64, *, max_tool_rounds: int = 2, one_shot: bool = False
+) -> tuple[list, list]:
     """``n_train`` training and ``n_val`` held-out problems, deterministic for a seed, never overlapping.
-    ``max_tool_rounds``: how often Semantic Kernel runs the calculator for the model in one problem."""
+    ``max_tool_rounds``: how often Semantic Kernel runs the calculator for the model in one problem; ``one_shot``:
+    show the solver one worked problem first (`agent.one_shot_history`)."""
     if max_tool_rounds < 1:
         raise ValueError(f"max_tool_rounds must be at least 1, got {max_tool_rounds}")
     train, val = make_splits(n_train, n_val, seed=seed)
-    run = {"max_tool_rounds": max_tool_rounds}
+    run = {"max_tool_rounds": max_tool_rounds, "one_shot": one_shot}
     return [{**t, **run} for t in train], [{**t, **run} for t in val]
 
 

@@ -53,6 +53,7 @@ async def sk_agent(task, llm):
         model=llm.model,
         api_key=llm.api_key or "none",
         max_tool_rounds=task.get("max_tool_rounds", 2),
+        one_shot=task.get("one_shot", False),
         **llm.sampling,
     )
     return answer_reward(text, task["answer"])

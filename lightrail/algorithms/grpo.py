@@ -174,6 +174,10 @@ class GRPO:
         config = config if config is not None else s.update_config()
         if loss_agg := s.loss_agg:
             resolve_loss_agg(s.advantage, loss_agg, config)
+        if s.advantage == "gae" and config is not None and config.sharding != "replicate":
+            raise ValueError(
+                f"config.sharding: advantage 'gae' does not run with sharding {config.sharding!r} yet (untested)"
+            )
         if s.advantage == "gae" and config is not None and config.ranks > 1:
             raise ValueError(f"config.ranks: advantage 'gae' trains its value head in one process, not {config.ranks}")
         if config is not None and (mismatch := config.schedule_mismatch(s.steps * config.mini_batches)):

@@ -73,6 +73,10 @@ class PolicyMap:
         return f"PolicyMap({ {name: list(agents) for name, agents in self.agents.items()} })"
 
 
+MAX_WARNED_AGENTS = 32
+"""How many distinct unrouted agents `PolicyRouter` warns about, one warning each; one last warning says it stops."""
+
+
 class PolicyRouter:
     """A gateway backend over one engine per policy and the start model: a request goes to the engine its ``model``
     names (``<served>-<policy>``, for a user who asks one policy directly), else to the policy of its ``agent``
@@ -85,7 +89,8 @@ class PolicyRouter:
         self.base = base
         self._by_model = {model: engine for engine in (base, *self.engines.values()) for model in engine.model_names()}
         self._warned: set[str | None] = set()
-        """Agents (None: unnamed calls) whose first call to the start model was warned about."""
+        """Agents (None: unnamed calls) whose first call to the start model was warned about; at most
+        `MAX_WARNED_AGENTS` (names come from clients: a client sending many names must not grow it, nor the log)."""
 
     def pick(self, request: ChatRequest | CompletionRequest) -> Any:
         engine = self._by_model.get(request.model)
@@ -94,9 +99,15 @@ class PolicyRouter:
         policy = self.by_agent.get(request.agent) if request.agent is not None else None
         if policy is not None:
             return self.engines[policy]
-        if request.agent not in self._warned:
+        if request.agent not in self._warned and len(self._warned) <= MAX_WARNED_AGENTS:
             self._warned.add(request.agent)
-            log.warning("%s", self.unrouted_cause(request.agent))
+            cause = self.unrouted_cause(request.agent)
+            if len(self._warned) > MAX_WARNED_AGENTS:
+                cause = (
+                    f"policies: calls of more than {MAX_WARNED_AGENTS} agents in no policy went to the start model; "
+                    "no more of them are warned about"
+                )
+            log.warning("%s", cause)
         return self.base
 
     def unrouted_cause(self, agent: str | None) -> str:

@@ -2,7 +2,8 @@
 
 `DistributedPolicyUpdater` is a `PolicyUpdater` (same ``step``, ``token_logprobs``, ``state_dict_for_serving``,
 ``save``, ``load``) whose step spans ``N`` processes joined by ``torch.distributed``: gloo on CPU, NCCL on CUDA (the
-backend follows ``UpdateConfig.device``). Every rank holds a full replica of the policy and of AdamW's state.
+backend follows ``UpdateConfig.device``). Every rank holds a full replica of the policy and of AdamW's state
+(with ``sharding="fsdp"`` a shard of them: see "Sharded ranks" below).
 
 How a step is computed, and why it equals the one-process step:
 
@@ -58,14 +59,31 @@ state (exit code, signal, or its traceback), and the updater refuses further wor
 last checkpoint. Followers wait for commands on a separate gloo group without a practical timeout, so a long
 rollout phase between steps is fine.
 
-FSDP (models that do not fit one device) plugs into the same seams, not implemented: wrap the decoder layers with
-``torch.distributed.fsdp.fully_shard`` after the model is built and before the optimizer; `_reduce_step` then reduces
-only the statistics (FSDP reduce-scatters gradients during backward: ``set_requires_gradient_sync(False)`` on all
-micro-batches but the last, ``set_gradient_divide_factor(1.0)`` to sum, and an empty shard must run a zero-weighted
-forward because the reduce-scatter is collective); ``clip_grad_norm_`` over DTensors already computes the global
-norm; `state_dict_for_serving`, `token_logprobs` and `save` become commands every rank runs (a full state dict
-gathered to rank 0 with ``get_model_state_dict(full_state_dict=True, cpu_offload=True)``, optimizer shards saved
-per rank with torch.distributed.checkpoint).
+Sharded ranks (``UpdateConfig(sharding="fsdp")``, for policies whose weights, gradients and AdamW state do not fit one
+device): the same rows, weights and commands, but each rank holds 1/N of the training state. The model is cut with
+``torch.distributed.fsdp.fully_shard`` (FSDP2) after it is built and before the optimizer: every decoder layer is a
+unit, and the rest (embeddings, final norm, LM head; tied weights stay in one unit) belongs to a root module that runs
+the whole scoring forward (`_Scoring`: decoder and LM head on the response positions), so its weights are gathered
+around that forward. What changes:
+
+* Gradients are reduce-scattered during each micro-batch's backward, summed (``set_gradient_divide_factor(1.0)``:
+  the loss weights are already global; gloo has no pre-multiplied sum, so the sum is forced), and accumulate in each
+  rank's shard; `_reduce_step` then reduces only the statistics. ``clip_grad_norm_`` over the sharded gradients
+  computes the global norm, and AdamW steps each rank's shard.
+* Every forward and backward pass is collective, so every rank runs as many passes as the busiest one: a rank with
+  fewer micro-batches (or none) adds passes of a one-token row whose loss is multiplied by 0 (`_padding_passes`).
+  Shared prompt prefixes are not run once (their extra decoder pass would differ between ranks).
+* `state_dict_for_serving`, `trainable_weights`, `token_logprobs` and `save` are commands every rank runs: the
+  weights are gathered whole (``DTensor.full_tensor``) and rank 0 serves or writes them. Checkpoints keep the 1-rank format (whole trainable
+  weights in safetensors, the whole AdamW state), gathered rather than written as per-rank shards with
+  ``torch.distributed.checkpoint``: the policies trained here fit one host's memory once (only their training state
+  is spread), and one format lets a sharded run resume on any number of ranks, sharded or not, and export with the
+  same `lightrail.model.export` folder code. `load` reads the whole checkpoint on every rank and keeps each
+  rank's slice (cut locally, no communication).
+* The replicas' fingerprints are per shard, so `load` does not compare them.
+
+Measured in ``bench/sharded.py``: 2 sharded ranks' weights after a step differ from 1 rank's by float summation
+order, and each rank holds about half of the parameter and optimizer bytes.
 
 Concurrency model: one process per rank, one thread driving each rank's updater; rank 0's methods are called by one
 caller at a time (`GRPO` calls them from a worker thread, sequentially). Not thread-safe. One updater per process:
@@ -87,6 +105,7 @@ import time
 import traceback
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -94,7 +113,7 @@ import torch.distributed as dist
 
 from lightrail._lifeline import exit_with_parent
 from lightrail.engine.engine import THREADS_ENV
-from lightrail.model.updater import PolicyUpdater, UpdateConfig
+from lightrail.model.updater import PolicyUpdater, UpdateConfig, _MicroBatch, _validate
 from lightrail.types import TrainingRow
 
 __all__ = ["DistributedPolicyUpdater", "RankFailedError", "shard_by_tokens"]
@@ -184,6 +203,7 @@ class DistributedPolicyUpdater(PolicyUpdater):
         self._owns_group = False
         self._failed: str | None = None
         self._closed = False
+        self._root: Any = None  # sharded: the FSDP root module that runs the scoring forward
         try:
             if not dist.is_initialized():
                 if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun (or any env:// launcher)
@@ -205,14 +225,57 @@ class DistributedPolicyUpdater(PolicyUpdater):
             self._control = dist.new_group(backend="gloo", timeout=_CONTROL_TIMEOUT)
             config = dataclasses.replace(config, ranks=self.world_size)
             super().__init__(model, config)
-            with self._collective("start"):  # every replica starts from rank 0's weights, as DDP does
-                # Ranks build their replicas at their own pace: wait for all (bounded) before the timed collectives.
-                _bounded(lambda: dist.barrier(group=self._control), _START_TIMEOUT.total_seconds(), "ranks not ready")
-                for p in self._trainable.values():
-                    dist.broadcast(p.data, src=0)
+            if not self.sharded:  # (sharded ranks start from rank 0's weights in `_distribute`)
+                with self._collective("start"):
+                    self._start_from_rank_0(self._trainable.values())
         except BaseException:
             self._shutdown(graceful=False)
             raise
+
+    @property
+    def sharded(self) -> bool:
+        """Whether each rank holds a shard of the training state (``config.sharding == "fsdp"``) or all of it."""
+        return self.config.sharding == "fsdp"
+
+    def _start_from_rank_0(self, params: Any) -> None:
+        """Every rank starts from rank 0's trainable weights, as DDP does."""
+        # Ranks build their models at their own pace: wait for all (bounded) before the timed collectives.
+        _bounded(lambda: dist.barrier(group=self._control), _START_TIMEOUT.total_seconds(), "ranks not ready")
+        with torch.no_grad():
+            for p in params:
+                dist.broadcast(p.data, src=0)
+
+    def _distribute(self, model: Any) -> Any:
+        if not self.sharded:
+            return model
+        from torch.distributed.fsdp import FSDPModule, fully_shard
+
+        with self._collective("start"):
+            self._start_from_rank_0([p for p in model.parameters() if p.requires_grad])  # whole, before the cut
+        base = model.get_base_model() if self.is_lora else model
+        for layer in base.get_decoder().layers:
+            fully_shard(layer)
+        self._root = fully_shard(_Scoring(model, super()._response_logits))
+        for module in self._root.modules():
+            if isinstance(module, FSDPModule):
+                module.set_gradient_divide_factor(1.0)  # a sum: the loss weights are already global
+                module.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
+        return model
+
+    def _response_logits(self, model: Any, mb: _MicroBatch) -> torch.Tensor:
+        if self._root is not None and model is self.model:
+            return self._root(mb)  # through the FSDP root, which gathers its weights around the forward
+        return super()._response_logits(model, mb)
+
+    def _shares_prefixes(self) -> bool:
+        return not self.sharded and super()._shares_prefixes()
+
+    def _padding_passes(self, micro_batches: int) -> int:
+        if not self.sharded:
+            return 0
+        most = torch.tensor([micro_batches], device=self.device)
+        dist.all_reduce(most, op=dist.ReduceOp.MAX)
+        return int(most.item()) - micro_batches
 
     # an instance method here (the base's is static): a CUDA device is this rank's own
     def _resolve_device(self, name: str) -> torch.device:  # type: ignore[override]
@@ -302,15 +365,54 @@ class DistributedPolicyUpdater(PolicyUpdater):
             own_rows, own_weights, _ = self._command("step", payloads)
             return super()._step_on(own_rows, objective=objective, weights=own_weights)
 
+    def state_dict_for_serving(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+        """`PolicyUpdater.state_dict_for_serving` (rank 0; sharded: every rank gathers the whole weights, rank 0
+        gets them)."""
+        if not self.sharded:
+            return super().state_dict_for_serving(dtype)
+        self._check_driver("state_dict_for_serving")
+        with self._collective("serving"):
+            self._command("serving", [dtype] * self.world_size)
+            return self._gathered_serving_state(dtype)
+
+    def token_logprobs(self, rows: Sequence[TrainingRow]) -> list[list[float]]:
+        """`PolicyUpdater.token_logprobs` (rank 0; sharded: every rank runs the same forward passes)."""
+        if not self.sharded:
+            return super().token_logprobs(rows)
+        self._check_driver("token_logprobs")
+        _validate(rows)  # before the other ranks are involved
+        with self._collective("logprobs"):
+            self._command("logprobs", [list(rows)] * self.world_size)
+            return super().token_logprobs(rows)
+
+    def trainable_weights(self) -> dict[str, torch.Tensor]:
+        """`PolicyUpdater.trainable_weights` (rank 0; sharded: every rank gathers them, rank 0 gets them)."""
+        if not self.sharded:
+            return super().trainable_weights()
+        self._check_driver("trainable_weights")
+        with self._collective("trainable"):
+            self._command("trainable", [None] * self.world_size)
+            return self._full_trainable()
+
+    def save(self, directory: str | os.PathLike) -> Path:
+        """`PolicyUpdater.save` (rank 0 writes; sharded: every rank first gathers the whole weights and AdamW
+        state, in the 1-rank checkpoint format)."""
+        if not self.sharded:
+            return super().save(directory)
+        self._check_driver("save")
+        with self._collective("save"):
+            self._command("save", [None] * self.world_size)
+            return super().save(directory)
+
     def load(self, directory: str | os.PathLike) -> None:
         """`PolicyUpdater.load` on every rank from ``directory`` (which every rank must be able to read), then a
-        check that the replicas agree."""
+        check that the replicas agree (sharded: each rank keeps its slice; shards are not compared)."""
         self._check_driver("load")
         super().load(directory)  # rank 0 first: a bad checkpoint fails here, with the other ranks untouched
         with self._collective("load"):
             self._command("load", [str(directory)] * self.world_size)
             fingerprints = self._gather_fingerprints()
-        if any(f != fingerprints[0] for f in fingerprints):
+        if not self.sharded and any(f != fingerprints[0] for f in fingerprints):
             self._failed = "load"
             raise RankFailedError(
                 f"ranks loaded different states from {directory} (fingerprints {fingerprints}): every rank must read "
@@ -356,6 +458,15 @@ class DistributedPolicyUpdater(PolicyUpdater):
                 self._gather_fingerprints()
             elif op == "fingerprint":
                 self._gather_fingerprints()
+            elif op == "serving":
+                self._gathered_serving_state(arg)
+            elif op == "logprobs":
+                PolicyUpdater.token_logprobs(self, arg)
+            elif op == "trainable":
+                self._full_trainable()
+            elif op == "save":  # the gathers of `PolicyUpdater.save`, in its order; rank 0 writes
+                self._full_trainable()
+                self._full_optimizer_state()
             else:
                 raise RuntimeError(f"unknown command {op!r} from rank 0")
         self._shutdown(graceful=True)
@@ -378,12 +489,15 @@ class DistributedPolicyUpdater(PolicyUpdater):
     def _reduce_step(
         self, params: list[torch.Tensor], stats: torch.Tensor, ratio_max: float
     ) -> tuple[torch.Tensor, float]:
-        has_grad = torch.tensor([p.grad is not None for p in params], dtype=torch.float64)
+        # Sharded: the backward passes already summed the gradients into each rank's shard.
+        has_grad = torch.tensor([] if self.sharded else [p.grad is not None for p in params], dtype=torch.float64)
         packed = torch.cat([stats, has_grad]).to(self.device)
         dist.all_reduce(packed)
         peak = torch.tensor([ratio_max], dtype=torch.float64, device=self.device)
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
         packed = packed.cpu()
+        if self.sharded:
+            return packed, float(peak)
         grads = []
         for p, n in zip(params, packed[len(stats) :].tolist(), strict=True):
             if n:  # some rank has a gradient for p: every rank joins the sum (zeros where it had none)
@@ -413,6 +527,59 @@ class DistributedPolicyUpdater(PolicyUpdater):
                 bucket.append(t)
                 size += t.nbytes
 
+    # -- sharded state, whole --------------------------------------------------------------------------------------
+
+    def _full_trainable(self) -> dict[str, torch.Tensor]:
+        if not self.sharded:
+            return super()._full_trainable()
+        return {n: _whole(p.detach()).contiguous().cpu() for n, p in self._trainable.items()}
+
+    def _full_optimizer_state(self) -> dict[str, Any]:
+        state = super()._full_optimizer_state()
+        if not self.sharded:
+            return state
+        whole = {
+            i: {k: _whole(v).cpu() if isinstance(v, torch.Tensor) else v for k, v in s.items()}
+            for i, s in sorted(state["state"].items())
+        }
+        return {**state, "state": whole}
+
+    def _own_optimizer_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        if not self.sharded:
+            return state
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        own = {
+            i: {
+                k: self._own_part(v, params[i]) if k != "step" and v.shape == params[i].shape else v
+                for k, v in s.items()
+            }
+            for i, s in state["state"].items()
+        }
+        return {**state, "state": own}
+
+    def _gathered_serving_state(self, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+        """The weights `PolicyUpdater.state_dict_for_serving` gives, gathered whole (every rank must call this)."""
+        with torch.no_grad():
+            base = self.model.get_base_model() if self.is_lora else self.model
+            whole = {k: _whole(v.detach()) for k, v in base.state_dict().items()}
+            state = {k.replace(".base_layer.", "."): v for k, v in whole.items() if ".lora_" not in k}
+            if self.is_lora:
+                from peft.tuners.lora import LoraLayer
+
+                for name, module in base.named_modules():
+                    if not isinstance(module, LoraLayer) or module.merged:
+                        continue
+                    merged = whole[f"{name}.base_layer.weight"].clone()
+                    for adapter in module.active_adapters:
+                        if adapter in module.lora_A:  # peft's delta: B @ A x scaling (transposed for Conv1D)
+                            a, b = whole[f"{name}.lora_A.{adapter}.weight"], whole[f"{name}.lora_B.{adapter}.weight"]
+                            delta = (b @ a) * module.scaling[adapter]
+                            merged += (delta.T if module.fan_in_fan_out else delta).to(merged.dtype)
+                    state[f"{name}.weight"] = merged
+            if dtype is not None:
+                state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+        return state
+
     def _gather_fingerprints(self) -> list[tuple[float, ...]]:
         mine = self._fingerprint()
         out: list[Any] = [None] * self.world_size if self.rank == 0 else []
@@ -421,11 +588,11 @@ class DistributedPolicyUpdater(PolicyUpdater):
 
     def _fingerprint(self) -> tuple[float, ...]:
         with torch.no_grad():
-            params = list(self._trainable.values())
+            params = [_local(p) for p in self._trainable.values()]
             total = sum(float(p.double().sum()) for p in params)
             squares = sum(float(p.double().square().sum()) for p in params)
             moments = sum(
-                float(v.double().sum())
+                float(_local(v).double().sum())
                 for state in self.optimizer.state.values()
                 for v in state.values()
                 if isinstance(v, torch.Tensor)
@@ -490,6 +657,30 @@ class DistributedPolicyUpdater(PolicyUpdater):
         if self._owns_group and dist.is_initialized():
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
+
+
+class _Scoring(torch.nn.Module):
+    """The root module of a sharded policy: its forward is the scoring forward (decoder and LM head,
+    `PolicyUpdater._response_logits`), so FSDP gathers the weights outside the decoder layers (embeddings, final
+    norm, LM head) around it and reduce-scatters their gradients after its backward."""
+
+    def __init__(self, policy: Any, response_logits: Any) -> None:
+        super().__init__()
+        self.policy = policy
+        self._response_logits = response_logits
+
+    def forward(self, mb: _MicroBatch) -> torch.Tensor:
+        return self._response_logits(self.policy, mb)
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    """A sharded tensor (DTensor) gathered whole on every rank (collective); any other tensor as it is."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a sharded tensor (DTensor); any other tensor as it is."""
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def _bounded(call: Any, timeout_s: float, what: str) -> None:

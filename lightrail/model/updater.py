@@ -183,6 +183,13 @@ class UpdateConfig:
     ranks: int = 1
     """Data-parallel ranks of the update (`lightrail.model.distributed.DistributedPolicyUpdater`): the trainer
     process is rank 0 and starts ``ranks - 1`` worker processes; each runs the step on its share of the rows."""
+    sharding: Literal["replicate", "fsdp"] = "replicate"
+    """How the ranks hold the policy: ``replicate`` (each rank a full copy of the weights, gradients and AdamW's
+    state) or ``fsdp`` (each rank holds 1/N of them: ``torch.distributed.fsdp.fully_shard`` on every decoder layer
+    and the rest of the model; for models whose training state does not fit one device). Both compute the 1-rank
+    update; ``fsdp`` runs shared prompt prefixes with their rows (``share_prefixes`` is off) and gathers the weights
+    for serving and checkpoints, which keep the 1-rank format (docs/gpus.md). Needs ``ranks >= 2`` (or torchrun);
+    not with ``advantage: gae`` yet."""
     gamma: float = 1.0
     """PPO with a critic (`GRPO` ``advantage="gae"``, `lightrail.model.ppo`) only: GAE's discount between the
     tokens of one call (1: the call's return counts fully on each of its tokens)."""
@@ -199,6 +206,8 @@ class UpdateConfig:
     def __post_init__(self) -> None:
         if self.ranks < 1:
             raise ValueError(f"ranks must be >= 1, not {self.ranks}")
+        if self.sharding not in ("replicate", "fsdp"):
+            raise ValueError(f"sharding must be replicate or fsdp, not {self.sharding!r}")
         if self.mini_batches < 1:
             raise ValueError(f"mini_batches must be >= 1, not {self.mini_batches}")
         if self.is_cap is not None and not self.is_cap > 0:
@@ -486,9 +495,10 @@ class PolicyUpdater:
         from transformers import AutoModelForCausalLM
 
         self.config = config = config or UpdateConfig()
-        if config.ranks > 1 and not self.data_parallel:
+        if (config.ranks > 1 or config.sharding != "replicate") and not self.data_parallel:
             raise ValueError(
-                f"UpdateConfig(ranks={config.ranks}) needs lightrail.model.distributed.DistributedPolicyUpdater"
+                f"UpdateConfig(ranks={config.ranks}, sharding={config.sharding!r}) needs "
+                "lightrail.model.distributed.DistributedPolicyUpdater"
             )
         configure_threads()
         self.device = self._resolve_device(config.device)
@@ -506,7 +516,7 @@ class PolicyUpdater:
             if config.kl_coef:
                 # Full fine-tuning has no adapter to switch off, so the KL reference is a frozen copy of the start.
                 self.reference = copy.deepcopy(model).eval().requires_grad_(False)
-        self.model = model
+        self.model = model = self._distribute(model)
         self.steps = 0
         self.last_mismatch: list[RowMismatch] = []
         """The train–inference mismatch of each row the last GRPO `step` ran through the model (in its forward pass,
@@ -530,6 +540,11 @@ class PolicyUpdater:
 
     def close(self) -> None:
         """Release the update's processes: none here (see `DistributedPolicyUpdater.close`); safe to call twice."""
+
+    def _distribute(self, model: Any) -> Any:
+        """The policy as this process trains it, built before the optimizer: one process keeps ``model`` whole (a
+        sharded `DistributedPolicyUpdater` shards it here)."""
+        return model
 
     # -- set-up ---------------------------------------------------------------------------------------------------
 
@@ -675,6 +690,19 @@ class PolicyUpdater:
         self, model: Any, mb: _MicroBatch, *, entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logprobs (float32) of the micro-batch's response tokens under ``model``, and optionally their entropy."""
+        logits = self._response_logits(model, mb)
+        if self._softcap:
+            logits = torch.tanh(logits / self._softcap) * self._softcap
+        if self.config.temperature != 1.0:
+            logits = logits / self.config.temperature
+        lse = torch.logsumexp(logits, dim=-1)
+        logp = logits.gather(-1, mb.targets[:, None]).squeeze(-1) - lse
+        ent = token_entropy(logits.detach(), lse.detach()) if entropy else None
+        return logp, ent
+
+    def _response_logits(self, model: Any, mb: _MicroBatch) -> torch.Tensor:
+        """The LM head's logits (at least float32) at the hidden states that predict the micro-batch's response
+        tokens: every use of the weights in a forward pass (a sharded updater runs it inside its root module)."""
         with self._autocast():
             hidden = self._hidden_states(model, mb)
         hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, mb.source)
@@ -685,15 +713,7 @@ class PolicyUpdater:
         # one (SmolLM2: 49k x 576, ~1/4 of the decoder's FLOPs per token) it takes a visible share of the step.
         logits = head(hidden.to(head.weight.dtype))
         # Softmax statistics in at least fp32 (bf16 logsumexp over a 50k vocabulary loses the ratio's precision).
-        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-        if self._softcap:
-            logits = torch.tanh(logits / self._softcap) * self._softcap
-        if self.config.temperature != 1.0:
-            logits = logits / self.config.temperature
-        lse = torch.logsumexp(logits, dim=-1)
-        logp = logits.gather(-1, mb.targets[:, None]).squeeze(-1) - lse
-        ent = token_entropy(logits.detach(), lse.detach()) if entropy else None
-        return logp, ent
+        return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
     @staticmethod
     def _hidden_states(model: Any, mb: _MicroBatch) -> torch.Tensor:
@@ -815,6 +835,7 @@ class PolicyUpdater:
         sums.update(dict.fromkeys(IS_STATS, 0.0))
         ent_sum, n_tok, ratio_max, tokens = 0.0, 0, 0.0, 0
         measured: list[RowMismatch] = []
+        padding = self._padding_passes(len(batches))  # before any pass: it is a collective of its own
         for mb in batches:
             ref = self._reference_logp(mb) if cfg.kl_coef and not supervised else None
             logp, ent = self._token_logp(self.model, mb, entropy=cfg.compute_entropy)
@@ -847,6 +868,8 @@ class PolicyUpdater:
                 ent_sum += float(ent.sum())
             n_tok += n
             tokens += mb.tokens
+        for _ in range(padding):
+            self._padding_pass(with_reference=bool(cfg.kl_coef) and not supervised)
 
         self.last_mismatch = measured
         params = list(self._trainable.values())
@@ -856,7 +879,8 @@ class PolicyUpdater:
         sums = dict(zip(sums, summed, strict=True))
         if n_batches:
             max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+            norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+            grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # a sharded norm
         else:
             grad_norm = 0.0
         skipped = not n_batches or not math.isfinite(grad_norm)
@@ -888,6 +912,28 @@ class PolicyUpdater:
     def _critic_loss(self, mb: _MicroBatch) -> torch.Tensor | float:
         """The loss of a critic trained with the policy, for the micro-batch just run (`PPOUpdater`); none here."""
         return 0.0
+
+    def _padding_passes(self, micro_batches: int) -> int:
+        """How many gradient-free forward and backward passes this process adds after its ``micro_batches`` (a
+        sharded rank runs as many passes as the busiest rank, since each pass is a collective); none here."""
+        return 0
+
+    def _padding_pass(self, *, with_reference: bool) -> None:
+        """One forward and backward pass of a one-token row whose loss is multiplied by 0: the collectives of a
+        micro-batch with nothing to learn (the reference's forward too when real micro-batches run it)."""
+        dummy = _MicroBatch(
+            input_ids=torch.zeros(1, 2, dtype=torch.long, device=self.device),
+            source=torch.zeros(1, dtype=torch.long, device=self.device),
+            targets=torch.zeros(1, dtype=torch.long, device=self.device),
+            old_logp=torch.zeros(1, dtype=torch.float64, device=self.device),
+            advantages=torch.zeros(1, dtype=torch.float64, device=self.device),
+            weights=torch.zeros(1, dtype=torch.float64, device=self.device),
+            tokens=0,
+        )
+        if with_reference:
+            self._reference_logp(dummy)
+        logp, _ = self._token_logp(self.model, dummy)
+        (logp.sum() * 0.0).backward()
 
     def _reduce_step(
         self, params: list[torch.Tensor], stats: torch.Tensor, ratio_max: float
@@ -951,21 +997,32 @@ class PolicyUpdater:
                 "base_model": self.base_model_metadata(),
             }
             (tmp / "updater.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-            save_file(
-                {n: p.detach().contiguous().cpu() for n, p in self._trainable.items()}, tmp / "trainable.safetensors"
-            )
+            save_file(self._full_trainable(), tmp / "trainable.safetensors")
             if self.reference is not None:
                 ref = {n: p.detach().contiguous().cpu() for n, p in self.reference.named_parameters()}
                 save_file(ref, tmp / "reference.safetensors")
             torch.save(
                 {
-                    "optimizer": self.optimizer.state_dict(),
+                    "optimizer": self._full_optimizer_state(),
                     "scheduler": self.scheduler.state_dict(),
                     "rng": capture_rng_state(),
                 },
                 tmp / "trainer_state.pt",
             )
         return Path(directory)
+
+    def trainable_weights(self) -> dict[str, torch.Tensor]:
+        """The trainable weights (the adapter, or the full model) by name, whole, on the CPU: what a checkpoint's
+        ``trainable.safetensors`` holds."""
+        return self._full_trainable()
+
+    def _full_trainable(self) -> dict[str, torch.Tensor]:
+        """The trainable weights, whole, on the CPU (a sharded updater gathers them: every rank calls this)."""
+        return {n: p.detach().contiguous().cpu() for n, p in self._trainable.items()}
+
+    def _full_optimizer_state(self) -> dict[str, Any]:
+        """``optimizer.state_dict()`` with whole tensors (a sharded updater gathers them: every rank calls this)."""
+        return self.optimizer.state_dict()
 
     def base_model_metadata(self) -> dict[str, Any]:
         """What `lightrail.model.export` needs to rebuild the policy from a checkpoint: the base model's
@@ -1001,7 +1058,7 @@ class PolicyUpdater:
             self._copy_into(dict(self.reference.named_parameters()), load_file(path / "reference.safetensors"), path)
         # CPU first: torch.set_rng_state wants a CPU tensor; the optimizer moves its state to the params' device.
         state = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=True)
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.optimizer.load_state_dict(self._own_optimizer_state(state["optimizer"]))
         self.scheduler.load_state_dict(state["scheduler"])
         # Only the step count is the checkpoint's: the rate follows this updater's config, so a run resumed with
         # another lr or schedule trains with it (the scheduler's state would keep the saved run's lr)
@@ -1015,14 +1072,27 @@ class PolicyUpdater:
         restore_rng_state(state["rng"])
         self.steps = int(meta["steps"])
 
-    @staticmethod
-    def _copy_into(params: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor], path: Path) -> None:
+    def _own_optimizer_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """A checkpoint's whole optimizer state as this process holds it (a sharded updater keeps its shards)."""
+        return state
+
+    def _copy_into(self, params: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor], path: Path) -> None:
         if set(tensors) != set(params):
             diff = sorted(set(tensors) ^ set(params))[:5]
             raise ValueError(f"{path}: checkpoint tensors do not match this model's (e.g. {diff})")
         with torch.no_grad():
             for name, value in tensors.items():
-                params[name].copy_(value)
+                params[name].copy_(self._own_part(value, params[name]))
+
+    @staticmethod
+    def _own_part(whole: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        """The part of the whole tensor ``whole`` this process holds of a tensor laid out like ``like``: all of it
+        here; a sharded tensor's (a DTensor) slice, cut locally without communication."""
+        if hasattr(like, "device_mesh"):
+            from torch.distributed.tensor import distribute_tensor
+
+            return distribute_tensor(whole.to(like.dtype), like.device_mesh, like.placements, src_data_rank=None)
+        return whole
 
 
 def per_row(

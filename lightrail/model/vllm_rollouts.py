@@ -310,7 +310,10 @@ def write_lora_adapter(updater: Any, path: str | os.PathLike) -> Path:
     from lightrail.model.checkpoint import atomic_directory
 
     with atomic_directory(path) as tmp:
-        updater.model.save_pretrained(str(tmp))
+        if getattr(updater, "sharded", False):  # the adapter gathered whole from the ranks' shards
+            updater.model.save_pretrained(str(tmp), state_dict=updater.trainable_weights())
+        else:
+            updater.model.save_pretrained(str(tmp))
     return Path(path)
 
 

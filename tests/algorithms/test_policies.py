@@ -64,6 +64,28 @@ async def test_each_call_goes_to_the_policy_of_the_agent_that_makes_it(caplog):
         await client.close()
 
 
+async def test_a_client_naming_many_unknown_agents_gets_a_bounded_number_of_warnings(caplog):
+    """Agent names come from clients: each unknown one is warned about once, up to `MAX_WARNED_AGENTS`, then one
+    warning says no more will be, and the router remembers no more names (its memory and the log stay bounded)."""
+    from lightrail.algorithms.policies import MAX_WARNED_AGENTS
+
+    router = PolicyRouter({"write": _named("policy-write")}, {"writer": "write"}, _named("policy-base"))
+    async with (
+        GatewayServer(router, MemoryStore(), token="t") as gateway,
+        openai.AsyncOpenAI(base_url=gateway.url, api_key="t", max_retries=0) as client,
+    ):
+        caplog.set_level(logging.WARNING, logger="lightrail.algorithms.policies")
+        for i in range(MAX_WARNED_AGENTS + 20):
+            reply = await client.chat.completions.create(
+                model="policy", messages=[{"role": "user", "content": "hi"}], extra_headers={AGENT_HEADER: f"a{i}"}
+            )
+            assert reply.choices[0].message.content == "served by policy-base"
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == MAX_WARNED_AGENTS + 1 and len(router._warned) == MAX_WARNED_AGENTS + 1
+    assert f"agent 'a{MAX_WARNED_AGENTS - 1}' is in no policy" in warnings[-2]
+    assert "no more of them are warned about" in warnings[-1]
+
+
 def test_policy_map_names_every_agent_once():
     policies = PolicyMap({"write": ["write_query"], "rewrite": ["rewrite_query", "fix_query"]})
     assert policies.by_agent == {"write_query": "write", "rewrite_query": "rewrite", "fix_query": "rewrite"}

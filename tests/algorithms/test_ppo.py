@@ -212,6 +212,8 @@ def test_settings_are_checked_with_one_line_errors(tmp_path):
         GRPO("m", advantage="gae", merge_calls=True, out_dir=tmp_path)
     with pytest.raises(ValueError, match="^config.ranks: advantage 'gae'"):
         GRPO("m", advantage="gae", config=UpdateConfig(ranks=2), out_dir=tmp_path)
+    with pytest.raises(ValueError, match="^config.sharding: advantage 'gae' does not run with sharding 'fsdp'"):
+        GRPO("m", advantage="gae", config=UpdateConfig(ranks=2, sharding="fsdp"), out_dir=tmp_path)
 
 
 def test_gae_runs_through_the_loop_checkpoints_and_resumes(tmp_path):

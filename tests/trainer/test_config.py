@@ -199,6 +199,22 @@ def test_the_gpu_configs_cover_the_three_agents_and_models():
     }
 
 
+@pytest.mark.parametrize("path", sorted(ROOT.glob("examples/*/config.smollm2.yaml")), ids=lambda p: p.parent.name)
+def test_pretrained_model_recipes_are_valid_grpo_alone_with_no_teacher(path):
+    """The SmolLM2 recipes run 25-45 minutes: every key is checked here. Each is what `bench/real_models.py
+    --showcases` claims: SmolLM2 with LoRA, GRPO alone (no SFT stage, so no teacher), held-out tasks that do not
+    move with the seed (``data_args.seed`` fixed), and a recipe the bench knows."""
+    from bench._smollm2_showcases import RECIPES
+    from lightrail.trainer.config import _grpo_kwargs
+
+    config = load_config(path)
+
+    assert config.model == "smollm2" and config.algorithm == "grpo" and not config.sft
+    assert _grpo_kwargs(config)["config"].lora is not None
+    assert "seed" in config.data_args and load_config(path, ["seed=7"]).data_args == config.data_args
+    assert RECIPES[path.parent.name] == str(path.relative_to(ROOT))
+
+
 def test_a_model_whose_tool_format_is_unknown_is_a_one_line_error_naming_the_formats(tmp_path):
     """A chat template that lists tools in a markup lightrail cannot read would leave the agent with text where it
     expects tool calls: `lightrail train` refuses it at start, naming the formats a config can choose from."""
