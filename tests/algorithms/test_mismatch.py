@@ -174,7 +174,9 @@ def test_a_broken_sync_stops_the_run_within_one_step(tmp_path, monkeypatch, faul
     # a step whose groups all tie is skipped and syncs nothing: the fault shows from the first step that synced (the
     # engine not advancing), or the first step after it that measured rows of the synced version (weights not loaded)
     synced = next(m["step"] for m in steps if not m["skipped"])
-    expected = synced if stopped_at == 1 else next(m["step"] for m in steps if m["step"] > synced and m["mismatch_rows"])
+    expected = (
+        synced if stopped_at == 1 else next(m["step"] for m in steps if m["step"] > synced and m["mismatch_rows"])
+    )
     assert steps[-1]["step"] == expected and expected <= stopped_at + 1, steps
     (stop,) = [m for m in records if m["kind"] == "stop"]
     assert stop["step"] == expected and stop["cause"] == str(stopped.value)
