@@ -217,22 +217,23 @@ def named_fraction(pairs: list[tuple[str | None, str]]) -> float | None:
     return sum(1 for recorded, maker in pairs if recorded == maker) / len(pairs)
 
 
+def _set_environment(env: dict[str, str | None]) -> None:
+    """Set each variable of ``env``; None unsets it."""
+    for name, value in env.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 @contextlib.contextmanager
 def _environment(env: dict[str, str | None]) -> Iterator[None]:
     before = {name: os.environ.get(name) for name in env}
     try:
-        for name, value in env.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        _set_environment(env)
         yield
     finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        _set_environment(before)
 
 
 _models: dict[str | None, Path] = {}

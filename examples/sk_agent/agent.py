@@ -109,7 +109,7 @@ async def solve(
     **sampling: Any,
 ) -> str:
     """Run the solver on one problem; returns its final message (``"Answer: 42"`` when it behaves). With
-    ``one_shot`` the conversation starts with `one_shot`'s worked problem."""
+    ``one_shot`` the conversation starts with `one_shot_history`'s worked problem."""
     agent = build_agent(base_url=base_url, model=model, api_key=api_key, max_tool_rounds=max_tool_rounds, **sampling)
     thread = ChatHistoryAgentThread(ChatHistory(messages=one_shot_history())) if one_shot else None
     response = await agent.get_response(messages=question, thread=thread)

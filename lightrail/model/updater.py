@@ -1088,9 +1088,9 @@ class PolicyUpdater:
     def _own_part(whole: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         """The part of the whole tensor ``whole`` this process holds of a tensor laid out like ``like``: all of it
         here; a sharded tensor's (a DTensor) slice, cut locally without communication."""
-        if hasattr(like, "device_mesh"):
-            from torch.distributed.tensor import distribute_tensor
+        from torch.distributed.tensor import DTensor, distribute_tensor
 
+        if isinstance(like, DTensor):
             return distribute_tensor(whole.to(like.dtype), like.device_mesh, like.placements, src_data_rank=None)
         return whole
 

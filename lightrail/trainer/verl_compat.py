@@ -229,7 +229,9 @@ def _set_name(value: Any, whole: Mapping[str, Any], out: VerlSettings) -> None:
 
 _ACTOR = "actor_rollout_ref.actor"
 _ROLLOUT = "actor_rollout_ref.rollout"
-_NO_OFFLOAD = "no effect: one process holds the whole model (no FSDP shards to offload)"
+_NO_OFFLOAD = (
+    "no effect: nothing is offloaded to the host (sharding is `grpo.config.sharding: fsdp`, not set from verl)"
+)
 
 VERL_KEYS: tuple[VerlKey, ...] = (
     VerlKey("algorithm.adv_estimator", "grpo.advantage", "grpo, rloo, reinforce_plus_plus (reinforce_pp), "
@@ -293,7 +295,7 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     VerlKey("actor_rollout_ref.model.enable_gradient_checkpointing", "", "no effect: lightrail keeps activations; "
             "grpo.config.micro_batch_tokens bounds their memory", _no_effect(lambda v: isinstance(v, bool))),
     VerlKey("trainer.n_gpus_per_node", "grpo.config.ranks, grpo.config.device", "ranks = GPUs (data-parallel "
-            "update ranks, each a full replica, not FSDP shards), device auto (CUDA when present, else CPU)", _gpus),
+            "update ranks, each a full replica unless `grpo.config.sharding: fsdp`), device auto (CUDA when present, else CPU)", _gpus),
     VerlKey("trainer.nnodes", "", "1 only: the update's ranks run on one machine (runners scale out over the store)",
             _no_effect(lambda v: v == 1, "lightrail's update ranks run on one machine: only 1 is accepted")),
     VerlKey("trainer.val_before_train", "grpo.validate_before", "validate before training",
