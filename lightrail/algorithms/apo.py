@@ -83,6 +83,7 @@ from lightrail.adapters.selection import POLICY_OUTCOMES
 from lightrail.algorithms.rejection import TraceFilter
 from lightrail.algorithms.run.folder import RunFolder
 from lightrail.algorithms.run.policy import ServedPolicy, last_attempt_spans, succeeded, success_rate
+from lightrail.algorithms.settings import APOSection, convert
 from lightrail.store.base import Store
 from lightrail.types import LLM, PromptTemplate, Resources, Rollout, RolloutSpec, RolloutStatus, Task
 
@@ -136,75 +137,44 @@ class APO:
     def __init__(
         self,
         model: str | Path | None = None,
+        section: APOSection | None = None,
         *,
-        prompts: dict[str, str],
         llm: LLM | None = None,
         optimizer: LLM | str | None = None,
-        rounds: int = 3,
-        beam_width: int = 2,
-        gradient_children: int = 1,
-        demo_children: int = 1,
-        batch_size: int = 8,
-        n_samples: int = 1,
-        max_rollouts: int | None = None,
-        max_optimizer_calls: int | None = None,
-        demonstrations: bool = True,
-        demo_k: int = 2,
-        demo_chars: int = 1500,
-        demo_template: str | None = None,
-        demo_format: str = "text",
-        bootstrap_rollouts: int = 0,
-        bootstrap_sampling: dict[str, Any] | None = None,
         demo_traces: TraceFilter | None = None,
-        trace_examples: int = 4,
-        trace_chars: int = 1500,
-        prompts_dir: str | Path | None = None,
-        sampling: dict[str, Any] | None = None,
-        val_sampling: dict[str, Any] | None = None,
-        optimizer_sampling: dict[str, Any] | None = None,
-        success_threshold: float = 1.0,
-        out_dir: str | Path = "runs/apo",
-        served_name: str = "policy",
-        llm_name: str = "llm",
-        seed: int = 0,
-        engine_options: dict[str, Any] | None = None,
         gateway: GatewaySettings | None = None,
+        **settings: Any,
     ) -> None:
+        """``section`` (a config's ``apo:`` section) or ``settings``, its fields as keyword arguments (both: the
+        keywords win), hold every plain setting, its default and its check (`APOSection`); the keywords above take
+        objects (a config's mappings converted by `kwargs_from_config`)."""
+        base = msgspec.structs.asdict(section) if section is not None else {}
+        s = APOSection(**{**base, **settings})
+        prompts, demo_template, demo_format = s.prompts, s.demo_template, s.demo_format
         if (model is None) == (llm is None):
             raise ValueError("give the policy as exactly one of model (a model folder) or llm (a served LLM)")
-        if not prompts:
-            raise ValueError("prompts: name at least one PromptTemplate resource to optimize")
-        if llm_name in prompts:
-            raise ValueError(f"prompts: {llm_name!r} is the policy LLM's resource name")
-        if rounds < 0 or beam_width < 1 or batch_size < 1 or n_samples < 1:
-            raise ValueError("rounds must be >= 0; beam_width, batch_size and n_samples >= 1")
-        if gradient_children < 0 or demo_children < 0 or demo_k < 1:
-            raise ValueError("gradient_children and demo_children must be >= 0, demo_k >= 1")
         if isinstance(optimizer, str) and optimizer != "self":
             raise ValueError(f"optimizer must be an LLM, 'self' or None, not {optimizer!r}")
         if optimizer == "self" and model is None:
             raise ValueError("optimizer 'self' needs the policy model (model=...)")
-        if demo_template is not None and demo_template not in prompts:
-            raise ValueError(f"demo_template {demo_template!r} is not one of the prompts {sorted(prompts)}")
-        if prompts_dir is not None and not Path(prompts_dir).is_dir():
-            raise ValueError(f"prompts_dir {prompts_dir} is not a folder")
+        if s.prompts_dir is not None and not Path(s.prompts_dir).is_dir():
+            raise ValueError(f"prompts_dir {s.prompts_dir} is not a folder")
+        self.settings = s
         self.model = None if model is None else Path(model)
         self.llm = llm
         self.prompts = dict(prompts)
         self.optimizer = optimizer
-        self.rounds = rounds
-        self.beam_width = beam_width
-        self.gradient_children = gradient_children if optimizer is not None else 0
-        self.demo_children = demo_children if demonstrations else 0
-        self.batch_size = batch_size
-        self.n_samples = n_samples
-        self.max_rollouts = max_rollouts
-        self.max_optimizer_calls = max_optimizer_calls
-        self.demo_k = demo_k
-        self.demo_chars = demo_chars
+        self.rounds = s.rounds
+        self.beam_width = s.beam_width
+        self.gradient_children = s.gradient_children if optimizer is not None else 0
+        self.demo_children = s.demo_children if s.demonstrations else 0
+        self.batch_size = s.batch_size
+        self.n_samples = s.n_samples
+        self.max_rollouts = s.max_rollouts
+        self.max_optimizer_calls = s.max_optimizer_calls
+        self.demo_k = s.demo_k
+        self.demo_chars = s.demo_chars
         self.demo_template = demo_template or next(iter(prompts))
-        if demo_format not in ("text", "messages"):
-            raise ValueError(f"demo_format must be 'text' or 'messages', not {demo_format!r}")
         self.demo_format = demo_format
         if demo_format == "messages":
             try:
@@ -215,23 +185,23 @@ class APO:
                 raise ValueError(f"demo_format 'messages': prompts[{self.demo_template!r}] must be a JSON list ('[]')")
             if len(prompts) == 1 and optimizer is not None:
                 raise ValueError("demo_format 'messages' with an optimizer needs another template to edit")
-        self.demo_traces = demo_traces if demonstrations else None
+        self.demo_traces = demo_traces if s.demonstrations else None
         self._stored_pool: list[dict[str, Any]] | None = None
-        self.bootstrap_rollouts = bootstrap_rollouts if demonstrations else 0
-        self.bootstrap_sampling = {"temperature": 1.0, **(bootstrap_sampling or {})}
-        self.trace_examples = trace_examples
-        self.trace_chars = trace_chars
-        self.prompts_dir = None if prompts_dir is None else Path(prompts_dir)
-        self.sampling = {"temperature": 0.0, "max_tokens": 128, **(sampling or {})}
-        self.val_sampling = {"temperature": 0.0, "max_tokens": 128, **(val_sampling or {})}
-        self.optimizer_sampling = {"temperature": 0.7, "max_tokens": 512, **(optimizer_sampling or {})}
-        self.success_threshold = success_threshold
-        self.out_dir = Path(out_dir)
-        self.folder = RunFolder(out_dir, "APO")  # metrics.jsonl and report.json (the search's state: apo_state.json)
-        self.served_name = served_name
-        self.llm_name = llm_name
-        self.seed = seed
-        self.engine_options = engine_options or {}
+        self.bootstrap_rollouts = s.bootstrap_rollouts if s.demonstrations else 0
+        self.bootstrap_sampling = {"temperature": 1.0, **(s.bootstrap_sampling or {})}
+        self.trace_examples = s.trace_examples
+        self.trace_chars = s.trace_chars
+        self.prompts_dir = None if s.prompts_dir is None else Path(s.prompts_dir)
+        self.sampling = {"temperature": 0.0, "max_tokens": 128, **(s.sampling or {})}
+        self.val_sampling = {"temperature": 0.0, "max_tokens": 128, **(s.val_sampling or {})}
+        self.optimizer_sampling = {"temperature": 0.7, "max_tokens": 512, **(s.optimizer_sampling or {})}
+        self.success_threshold = s.success_threshold
+        self.out_dir = Path(s.out_dir)
+        self.folder = RunFolder(s.out_dir, "APO")  # metrics.jsonl and report.json (the search's state: apo_state.json)
+        self.served_name = s.served_name
+        self.llm_name = s.llm_name
+        self.seed = s.seed
+        self.engine_options = s.engine_options or {}
         self.gateway = gateway
         self.report: dict[str, Any] = {}
         self.candidates: dict[str, Candidate] = {}
@@ -898,22 +868,17 @@ def _index(cid: str) -> int:
 
 
 def kwargs_from_config(section: dict[str, Any], where: str = "apo") -> dict[str, Any]:
-    """A config's ``apo:`` section (`lightrail.algorithms.settings.APOSection`) as `APO` keyword arguments, only the
-    keys it gives; errors are ValueErrors that start with the field's path (``apo.rounds: Expected `int`, got
-    `str```)."""
-    from lightrail.algorithms.settings import APOSection, convert
-
+    """A config's ``apo:`` section as `APO` arguments: the checked `APOSection` and, as objects, ``llm``,
+    ``optimizer`` and ``demo_traces``; errors are ValueErrors that start with the field's path (``apo.rounds:
+    Expected `int`, got `str```)."""
     settings = convert(section, APOSection, where, strict=False)
-    kwargs = {key: getattr(settings, key) for key in section}
+    kwargs: dict[str, Any] = {"section": settings, "optimizer": settings.optimizer}
     for name, routed in (("optimizer", False), ("llm", True)):
-        value = kwargs.get(name)
+        value = getattr(settings, name)
         if isinstance(value, dict):
             kwargs[name] = convert({"routed": routed, **value}, LLM, f"{where}.{name}")
         elif value is not None and (routed or value != "self"):
             raise ValueError(f"{where}.{name}: expected {'' if routed else 'self or '}a mapping of LLM fields")
-    if kwargs.get("demo_traces") is not None:
-        kwargs["demo_traces"] = convert(kwargs["demo_traces"], TraceFilter, f"{where}.demo_traces")
-    for name in ("prompts_dir", "out_dir"):
-        if kwargs.get(name) is not None:
-            kwargs[name] = Path(kwargs[name])
+    if settings.demo_traces is not None:
+        kwargs["demo_traces"] = convert(settings.demo_traces, TraceFilter, f"{where}.demo_traces")
     return kwargs

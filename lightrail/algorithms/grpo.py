@@ -60,7 +60,6 @@ import msgspec
 from lightrail.adapters import (
     AgentFilter,
     CreditAssignment,
-    PerTurn,
     ToolRewardRule,
     build_episode,
     group_advantages,
@@ -72,6 +71,7 @@ from lightrail.algorithms.policies import PolicyMap, PolicyRouter
 from lightrail.algorithms.run.folder import RunFolder
 from lightrail.algorithms.run.loop import run_steps
 from lightrail.algorithms.run.policy import ServedPolicy, last_attempt_spans, success_rate, validate
+from lightrail.algorithms.settings import GRPOSection
 from lightrail.model.mismatch import MismatchError, stop_cause, summarize, unserved_cause
 from lightrail.types import AGENT_HEADER, LLM, Attr, Rollout, Span, Task, Transition
 
@@ -155,108 +155,80 @@ class GRPO:
     def __init__(
         self,
         model: str | Path,
+        section: GRPOSection | None = None,
         *,
         config: UpdateConfig | None = None,
-        steps: int = 50,
-        epochs: int | None = None,
-        tasks_per_step: int = 8,
-        n_samples: int = 8,
-        sampling: dict[str, Any] | None = None,
-        val_sampling: dict[str, Any] | None = None,
-        val_every: int = 10,
-        validate_before: bool = True,
-        advantage: str = "grpo",
-        loss_agg: str | None = None,
         credit: CreditAssignment | None = None,
         tool_rewards: ToolRewardRule | None = None,
         agents: AgentFilter | None = None,
-        policies: Mapping[str, Sequence[str]] | None = None,
-        merge_calls: bool = False,
-        filter_groups: bool = False,
-        max_sample_rounds: int = 3,
-        success_threshold: float = 1.0,
-        out_dir: str | Path = "runs/grpo",
-        checkpoint_every: int = 10,
-        keep_checkpoints: int | None = None,
-        resume: bool = False,
-        served_name: str = "policy",
-        seed: int = 0,
-        engine_options: dict[str, Any] | None = None,
         gateway: GatewaySettings | None = None,
-        rollout_engine: str = "embedded",
-        vllm: dict[str, Any] | None = None,
-        mismatch_flag: float = 1e-3,
-        mismatch_stop: float | None = 0.02,
-        mode: str = "sync",
-        max_staleness: int | None = None,
-        ahead: int | None = None,
-        is_cap: float | None = None,
+        **settings: Any,
     ) -> None:
-        from lightrail.model.rollout_engines import ROLLOUT_ENGINES
-
-        if steps < 0 or tasks_per_step < 1 or n_samples < 1:
-            raise ValueError("steps must be >= 0, tasks_per_step and n_samples >= 1")
-        if epochs is not None and epochs < 1:
-            raise ValueError(f"epochs must be >= 1 (or None: count steps), not {epochs}")
-        self.folder = RunFolder(out_dir, "GRPO", keep_checkpoints=keep_checkpoints, seed=seed)
-        if max_sample_rounds < 1:
-            raise ValueError(f"max_sample_rounds must be >= 1, got {max_sample_rounds}")
-        if rollout_engine not in ROLLOUT_ENGINES:
-            raise ValueError(f"rollout_engine must be one of {ROLLOUT_ENGINES}, not {rollout_engine!r}")
-        self.advantage, self.loss_agg = check_estimator_options(advantage, loss_agg, config)
-        if advantage == "gae":
-            check_gae_options(
-                merge_calls=merge_calls, filter_groups=filter_groups, policies=policies is not None, config=config
+        """``section`` (a config's ``grpo:`` section) or ``settings``, its fields as keyword arguments (both: the
+        keywords win), hold every plain setting, its default and its check (`GRPOSection`); the keywords above take
+        the objects a config names: ``config`` (else the section's ``config``), ``credit`` (else ``credit`` and
+        ``credit_args``), ``tool_rewards`` (else the section's), ``agents`` (else ``agents`` and
+        ``agents_pattern``)."""
+        base = msgspec.structs.asdict(section) if section is not None else {}
+        s = GRPOSection(**{**base, **settings})
+        config = config if config is not None else s.update_config()
+        if loss_agg := s.loss_agg:
+            resolve_loss_agg(s.advantage, loss_agg, config)
+        if s.advantage == "gae" and config is not None and config.sharding != "replicate":
+            raise ValueError(
+                f"config.sharding: advantage 'gae' does not run with sharding {config.sharding!r} yet (untested)"
             )
-        if config is not None and (mismatch := config.schedule_mismatch(steps * config.mini_batches)):
+        if s.advantage == "gae" and config is not None and config.ranks > 1:
+            raise ValueError(f"config.ranks: advantage 'gae' trains its value head in one process, not {config.ranks}")
+        if config is not None and (mismatch := config.schedule_mismatch(s.steps * config.mini_batches)):
             log.warning("GRPO: %s", mismatch)
-        self.policies = PolicyMap(policies) if policies is not None else None
+        agents = agents if agents is not None else s.agent_filter()
+        self.policies = PolicyMap(s.policies) if s.policies is not None else None
         if self.policies is not None:
             if agents is not None:
                 raise ValueError("give agents or policies, not both: the policies name the agents they train")
-            if rollout_engine != "embedded":
-                raise ValueError("policies are served by the embedded engine today; rollout_engine='vllm' serves one")
             if config is not None and config.ranks > 1:
                 raise ValueError("policies train in this process: config.ranks must be 1")
             agents = self.policies.filter()
+        self.folder = RunFolder(s.out_dir, "GRPO", keep_checkpoints=s.keep_checkpoints, seed=s.seed)
+        self.settings = s
         self.model = Path(model)
         self.config = config
-        self.steps = steps
-        self.epochs = epochs
-        self.tasks_per_step = tasks_per_step
-        self.n_samples = n_samples
-        self.sampling = {"temperature": 1.0, "max_tokens": 64, **(sampling or {})}
-        self.val_sampling = {"temperature": 0.0, "max_tokens": 64, **(val_sampling or {})}
-        self.val_every = val_every
-        self.validate_before = validate_before
-        self.credit = credit or PerTurn()
-        self.tool_rewards = tool_rewards
+        self.steps = s.steps
+        self.epochs = s.epochs
+        self.tasks_per_step = s.tasks_per_step
+        self.n_samples = s.n_samples
+        self.sampling = {"temperature": 1.0, "max_tokens": 64, **(s.sampling or {})}
+        self.val_sampling = {"temperature": 0.0, "max_tokens": 64, **(s.val_sampling or {})}
+        self.val_every = s.val_every
+        self.validate_before = s.validate_before
+        self.advantage, self.loss_agg = s.advantage, s.loss_agg
+        self.credit = credit if credit is not None else s.credit_scheme()
+        self.tool_rewards = tool_rewards if tool_rewards is not None else s.tool_rule()
         self.agents = agents
-        self.merge_calls = merge_calls
-        self.filter_groups = filter_groups
-        self.max_sample_rounds = max_sample_rounds
-        self.success_threshold = success_threshold
-        self.out_dir = Path(out_dir)
-        self.checkpoint_every = checkpoint_every
-        self.keep_checkpoints = keep_checkpoints
-        self.resume = resume
-        self.served_name = served_name
-        self.seed = seed
-        self.engine_options = engine_options or {}
+        self.merge_calls = s.merge_calls
+        self.filter_groups = s.filter_groups
+        self.max_sample_rounds = s.max_sample_rounds
+        self.success_threshold = s.success_threshold
+        self.out_dir = Path(s.out_dir)
+        self.checkpoint_every = s.checkpoint_every
+        self.keep_checkpoints = s.keep_checkpoints
+        self.resume = s.resume
+        self.served_name = s.served_name
+        self.seed = s.seed
+        self.engine_options = s.engine_options or {}
         self.gateway = gateway
-        self.rollout_engine = rollout_engine
-        self.vllm = dict(vllm or {})
-        if rollout_engine == "vllm":
+        self.rollout_engine = s.rollout_engine
+        self.vllm = dict(s.vllm or {})
+        if s.rollout_engine == "vllm":
             from lightrail.model.vllm_rollouts import check_vllm_sampling
 
             check_vllm_sampling(self.sampling)
-        if mismatch_flag < 0 or (mismatch_stop is not None and mismatch_stop < 0):
-            raise ValueError("mismatch_flag and mismatch_stop must be >= 0")
-        self.mismatch_flag = mismatch_flag
-        self.mismatch_stop = mismatch_stop
+        self.mismatch_flag = s.mismatch_flag
+        self.mismatch_stop = s.mismatch_stop
         self.mode, self.max_staleness, self.ahead, self.is_cap = check_async_options(
-            mode, max_staleness, ahead, is_cap, config=config, filter_groups=filter_groups, policies=policies,
-            advantage=self.advantage,
+            s.mode, s.max_staleness, s.ahead, s.is_cap, config=config, filter_groups=s.filter_groups,
+            policies=s.policies, advantage=s.advantage,
         )  # fmt: skip
         self._pipeline: list[_Batch] = []
         """Async mode: the batches enqueued for the next steps, oldest first."""
@@ -704,9 +676,6 @@ def call_staleness(transitions: Sequence[Transition], current_version: int) -> l
     return [None if t.policy_version is None else current_version - t.policy_version for t in transitions]
 
 
-MODES = ("sync", "async")
-
-
 def check_async_options(
     mode: str,
     max_staleness: int | None,
@@ -721,8 +690,6 @@ def check_async_options(
     """Check `GRPO`'s ``mode`` and its async settings; returns ``(mode, max_staleness, ahead, is_cap)`` with the
     async defaults filled in (``max_staleness`` 1, ``ahead`` = ``max_staleness`` or 1, ``is_cap`` 2.0, verl's TIS
     cap). ValueError names the offending setting in one line."""
-    if mode not in MODES:
-        raise ValueError(f"mode: expected one of {list(MODES)}, got {mode!r}")
     if mode == "sync":
         given = [
             n for n, v in (("max_staleness", max_staleness), ("ahead", ahead), ("is_cap", is_cap)) if v is not None
@@ -748,39 +715,6 @@ def check_async_options(
     if config is not None and config.mini_batches != 1:
         raise ValueError("mode async weighs stale tokens against the pre-update weights: needs config.mini_batches 1")
     return mode, max_staleness, ahead, is_cap
-
-
-def check_estimator_options(
-    advantage: str, loss_agg: str | None, config: UpdateConfig | None = None
-) -> tuple[str, str | None]:
-    """Check `GRPO`'s ``advantage`` and ``loss_agg`` (and that ``loss_agg`` agrees with ``config.loss_norm``);
-    returns them. ValueError names the offending argument (``advantage: expected one of [...]``)."""
-    from lightrail.adapters.advantages import ESTIMATORS, check_estimator
-
-    if advantage != "gae":
-        try:
-            check_estimator(advantage)
-        except ValueError:
-            raise ValueError(f"advantage: expected one of {[*ESTIMATORS, 'gae']}, got {advantage!r}") from None
-    if loss_agg is not None:
-        resolve_loss_agg(advantage, loss_agg, config)
-    return advantage, loss_agg
-
-
-def check_gae_options(*, merge_calls: bool, filter_groups: bool, policies: bool, config: UpdateConfig | None) -> None:
-    """What ``advantage="gae"`` (PPO with a critic) does not combine with; ValueError naming the setting."""
-    if merge_calls:
-        raise ValueError("merge_calls: advantage 'gae' needs one call per row (its return on the row's last token)")
-    if filter_groups:
-        raise ValueError("filter_groups: advantage 'gae' has no group advantages to filter on")
-    if policies:
-        raise ValueError("policies: advantage 'gae' trains one policy with its value head")
-    if config is not None and config.sharding != "replicate":
-        raise ValueError(
-            f"config.sharding: advantage 'gae' does not run with sharding {config.sharding!r} yet (untested)"
-        )
-    if config is not None and config.ranks > 1:
-        raise ValueError(f"config.ranks: advantage 'gae' trains its value head in one process, not {config.ranks}")
 
 
 def resolve_loss_agg(advantage: str, loss_agg: str | None, config: UpdateConfig | None = None) -> LossNorm:

@@ -1,25 +1,29 @@
 """The ``grpo:``, ``sft:`` and ``apo:`` sections of a ``lightrail train`` config as typed structs (each key with the
 type a config writes, its default and, under it, its meaning), and `convert`, the one check every config section goes
 through: a wrong type names the field's path (``grpo.steps: Expected `int`, got `str```), an unknown key the closest
-valid one (``grpo: unknown setting(s) ['epoch']; did you mean 'epochs'?``). `lightrail.trainer.config` hands the keys a
-config gives to the algorithm's constructor; `lightrail.trainer.config_reference` renders ``docs/config.md`` and
-``--print-config`` from these structs; ``tests/trainer/test_config_reference.py`` checks that every constructor
-parameter is a field here with the same default. No torch here: a config is checked before anything heavy loads.
+valid one (``grpo: unknown setting(s) ['epoch']; did you mean 'epochs'?``), a name outside a ``Literal`` the allowed
+ones (``grpo.mode: expected one of ['sync', 'async'], got 'fast'``).
+
+The structs are the one place the algorithms' defaults and value checks live: a section checks itself when it is
+made (``__post_init__``), from YAML or from `GRPO(...)`'s keyword arguments alike, and `GRPO`, `SFT` and `APO` are
+built from their section. `lightrail.trainer.config_reference` renders ``docs/config.md`` and ``--print-config`` from
+these structs. No torch here: a config is checked before anything heavy loads.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import re
 import types
 import typing
 from collections.abc import Iterable
-from typing import Any, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 import msgspec
 
-__all__ = ["APOSection", "GRPOSection", "SFTSection", "convert", "unknown_keys"]
+__all__ = ["APOSection", "GRPOSection", "SFTSection", "ToolRewards", "convert", "unknown_keys", "update_config"]
 
 T = TypeVar("T")
 
@@ -67,7 +71,22 @@ def _readable(exc: msgspec.ValidationError, schema: Any, where: str) -> str:
     valid = {name for tp in _at(schema, names) for name in _fields(tp) or ()} if unknown else set()
     if unknown and valid:
         return unknown_keys(dotted, [unknown.group(1)], valid) or dotted
+    if (enum := re.fullmatch(r"Invalid enum value (.+)", head)) and names:
+        for tp in _at(schema, names[:-1]):
+            if choices := _choices((_fields(tp) or {}).get(names[-1])):
+                return f"{dotted}: expected one of {list(choices)}, got {enum.group(1)}"
+    if head.startswith(f"{dotted}.") or head.startswith(f"{dotted}:"):
+        return head  # a section's own check names the field already
     return f"{dotted}: {head}" if dotted else head
+
+
+def _choices(tp: Any) -> tuple[Any, ...]:
+    """The values of a ``Literal`` type (also inside ``X | None``); empty for any other type."""
+    if typing.get_origin(tp) is Literal:
+        return typing.get_args(tp)
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return tuple(value for arg in typing.get_args(tp) for value in _choices(arg))
+    return ()
 
 
 def convert(data: Any, schema: type[T], where: str = "", *, strict: bool = True) -> T:
@@ -84,14 +103,137 @@ def convert(data: Any, schema: type[T], where: str = "", *, strict: bool = True)
         raise ValueError(_readable(exc, schema, where)) from None
 
 
-class GRPOSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+def update_config(data: dict[str, Any], where: str) -> Any:
+    """An `UpdateConfig` from a config's ``config`` section (``lora: true`` or a mapping of `LoraSettings`); errors
+    name ``where`` (``grpo.config.lr: ...``)."""
+    from lightrail.model.updater import LoraSettings, UpdateConfig
+
+    data = dict(data)
+    lora = data.pop("lora", None)
+    settings = convert(data, UpdateConfig, where)
+    if lora:
+        lora = LoraSettings() if lora is True else convert(lora, LoraSettings, f"{where}.lora")
+        settings = dataclasses.replace(settings, lora=lora)
+    return settings
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """What every algorithm's section has, and the checks every section makes when it is built: each ``Literal``
+    field holds one of its names, each field of ``_at_least`` is at least that (None passes)."""
+
+    _key: ClassVar[str] = ""
+    """The section's key in a config, which errors start with (``grpo.n_samples must be >= 1, got 0``)."""
+    _at_least: ClassVar[dict[str, float]] = {}
+
+    val_sampling: dict[str, Any] | None = None
+    """Sampling of validation rollouts; null: greedy, ``{temperature: 0.0, max_tokens: 64}`` (``apo``: 128 tokens)."""
+    success_threshold: float = 1.0
+    """A rollout succeeds when its reward is at least this (success rates, validation)."""
+    served_name: str = "policy"
+    """The model name the gateway serves the policy as (what agents send as ``model``)."""
+    seed: int = 0
+    """Seeds the task order and every other sampling of the run (``sft``: row sampling and the teacher's task
+    sample; ``apo``: task sampling and demonstration choice)."""
+    engine_options: dict[str, Any] | None = None
+    """Keyword arguments of the embedded `Engine` (batch size, ...); `tool_format` (hermes, llama3_json, mistral,
+    pythonic) and `reasoning` (think, think_open, none) name the model's formats when its chat template is not
+    recognised (they also pick vLLM's parsers, and the formats SFT targets are written in)."""
+
+    def __post_init__(self) -> None:
+        for name, tp in _hints(type(self)).items():
+            value = getattr(self, name, None)
+            if value is not None and (choices := _choices(tp)) and value not in choices:
+                raise ValueError(f"{self._key}.{name}: expected one of {list(choices)}, got {value!r}")
+        for name, low in self._at_least.items():
+            value = getattr(self, name)
+            if value is not None and value < low:
+                raise ValueError(f"{self._key}.{name} must be >= {low}, got {value}")
+
+
+class _PolicySection(_Section, kw_only=True, forbid_unknown_fields=True):
+    """The run of an algorithm that trains the policy's weights (``grpo`` and ``sft``): steps, what is trained,
+    validation and checkpoints. Where the two differ in a default, each keeps its own (named in the field's meaning)."""
+
+    config: dict[str, Any] = {}
+    """Optimizer, loss and LoRA settings (the ``grpo.config`` fields; in ``sft``, ``kl_coef`` must stay 0)."""
+    steps: int = 50
+    """Training steps (``grpo``: collect rollouts, update, serve the new weights; ``sft``: optimizer steps); default
+    50 in ``grpo``, 100 in ``sft``."""
+    agents: list[str] | str | None = None
+    """Train only the calls of these agents (by name); null with no ``agents_pattern``: every call."""
+    agents_pattern: str | None = None
+    """Train only the calls of agents whose name fully matches this regex."""
+    merge_calls: bool = False
+    """Merge an episode's calls into one row when each prompt extends the previous call's prompt and answer (fewer,
+    longer rows); default false in ``grpo``, true in ``sft``."""
+    val_every: int = 10
+    """Validate every N steps (and at the end; 0: only then); default 10 in ``grpo``, 0 in ``sft``."""
+    validate_before: bool = True
+    """Validate before training (the report's ``val_before``; null when skipped); default true in ``grpo``, false
+    in ``sft``."""
+    checkpoint_every: int = 10
+    """Save a checkpoint every N steps (and at the end; 0: only at the end); default 10 in ``grpo``, 50 in
+    ``sft``."""
+    keep_checkpoints: int | None = None
+    """Keep only the newest N checkpoints (an older one is deleted once a newer one is complete); null keeps every
+    one."""
+    resume: bool = False
+    """Continue from the newest checkpoint in the output folder."""
+
+    def agent_filter(self) -> Any:
+        """``agents`` and ``agents_pattern`` as an `AgentFilter` (None when neither is given)."""
+        from lightrail.adapters import AgentFilter
+
+        if self.agents is None and self.agents_pattern is None:
+            return None
+        return AgentFilter([self.agents] if isinstance(self.agents, str) else self.agents or (), self.agents_pattern)
+
+    def update_config(self) -> Any:
+        """``config`` as an `UpdateConfig` (None when the section gives none)."""
+        return update_config(self.config, f"{self._key}.config") if self.config else None
+
+
+def _rule_default(name: str) -> Any:
+    from lightrail.adapters import ToolRewardRule
+
+    return {field.name: field.default for field in dataclasses.fields(ToolRewardRule)}[name]
+
+
+class ToolRewards(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """``grpo.tool_rewards`` as a mapping: the `ToolRewardRule` fields a config can set (its defaults, its meanings
+    in ``docs/config.md``); ``true`` takes them all."""
+
+    success: float = _rule_default("success")
+    error: float = _rule_default("error")
+    unanswered: float | None = _rule_default("unanswered")
+    from_messages: bool = _rule_default("from_messages")
+    from_spans: bool = _rule_default("from_spans")
+
+    def rule(self) -> Any:
+        from lightrail.adapters import ToolRewardRule
+
+        return ToolRewardRule(**msgspec.structs.asdict(self))
+
+
+Advantage = Literal["grpo", "rloo", "dr_grpo", "reinforce_pp", "reinforce_pp_baseline", "gae"]
+LossAgg = Literal[
+    "token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm", "token", "sequence", "rollout", "sequence_sum_norm"
+]
+
+
+class GRPOSection(_PolicySection, kw_only=True, forbid_unknown_fields=True):
     """Keyword arguments of `lightrail.algorithms.GRPO` (reinforcement learning), used when ``algorithm`` is ``grpo``
     or ``[sft, grpo]``."""
 
-    config: dict[str, Any] = {}
-    """Optimizer, loss and LoRA settings (the ``grpo.config`` section)."""
-    steps: int = 50
-    """Training steps (collect rollouts, update, serve the new weights)."""
+    _key = "grpo"
+    _at_least = {"steps": 0, "epochs": 1, "tasks_per_step": 1, "n_samples": 1, "max_sample_rounds": 1,
+                 "mismatch_flag": 0, "mismatch_stop": 0}  # fmt: skip
+
     epochs: int | None = None
     """Count the run in passes over the training tasks instead of ``steps``: ``epochs`` times ``len(train_tasks) //
     tasks_per_step`` steps (at least one), fixed when the run starts (verl's ``total_epochs``); null: ``steps``."""
@@ -102,64 +244,33 @@ class GRPOSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     sampling: dict[str, Any] | None = None
     """Sampling of training rollouts (OpenAI parameters handed to the agent through its `LLM` resource); null:
     ``{temperature: 1.0, max_tokens: 64}``, and given keys override those."""
-    val_sampling: dict[str, Any] | None = None
-    """Sampling of validation rollouts; null: greedy, ``{temperature: 0.0, max_tokens: 64}``."""
-    val_every: int = 10
-    """Validate every N steps (also before training, unless ``validate_before`` is false, and at the end); 0: only
-    then."""
-    validate_before: bool = True
-    """Validate before training (the report's ``val_before``); false skips it (null then)."""
-    advantage: str = "grpo"
-    """Outcome-advantage estimator: ``grpo``, ``rloo``, ``dr_grpo``, ``reinforce_pp``, ``reinforce_pp_baseline``; or
-    ``gae``: PPO with a critic (a value head on the policy, GAE over each call's tokens, clipped value loss; settings
-    ``config.gamma``, ``lam``, ``value_coef``, ``value_clip``)."""
-    loss_agg: str | None = None
-    """Loss aggregation: ``token_mean``, ``seq_mean_token_mean``, ``seq_mean_token_sum_norm`` (or a ``loss_norm``
-    name); null: the estimator's own (``seq_mean_token_sum_norm`` for ``dr_grpo``, else ``token_mean``)."""
-    credit: str = "per_turn"
-    """How an episode's outcome is spread over its calls: ``identical``, ``per_turn`` or ``discounted``."""
+    advantage: Advantage = "grpo"
+    """Outcome-advantage estimator (formulas in `lightrail.adapters.advantages`); ``gae``: PPO with a critic (a value
+    head on the policy, GAE over each call's tokens, clipped value loss; settings ``config.gamma``, ``lam``,
+    ``value_coef``, ``value_clip``)."""
+    loss_agg: LossAgg | None = None
+    """Loss aggregation (verl's names, or a ``config.loss_norm`` name); null: the estimator's own
+    (``seq_mean_token_sum_norm`` for ``dr_grpo``, else ``token_mean``)."""
+    credit: Literal["identical", "per_turn", "discounted"] = "per_turn"
+    """How an episode's outcome is spread over its calls."""
     credit_args: dict[str, Any] = {}
     """Options of the credit scheme, e.g. ``{gamma: 0.9}`` for ``discounted``."""
-    tool_rewards: bool | dict[str, Any] | None = None
+    tool_rewards: bool | ToolRewards | None = None
     """Intermediate rewards from tool outcomes: ``true`` for the defaults, or the ``grpo.tool_rewards`` fields."""
-    agents: list[str] | str | None = None
-    """Train only the calls of these agents (by name); null with no ``agents_pattern``: every call."""
-    agents_pattern: str | None = None
-    """Train only the calls of agents whose name fully matches this regex."""
     policies: dict[str, list[str]] | None = None
     """One trained policy per group of agents, ``{write: [write_query], rewrite: [rewrite_query]}`` (instead of
     ``agents``): a model copy or LoRA adapter each, with its own optimizer; the gateway routes each call by the agent
     the runner names; other agents' calls are served by the start model. null: one shared policy."""
-    merge_calls: bool = False
-    """Merge an episode's calls into one row when each prompt extends the previous call's prompt and answer (fewer,
-    longer rows)."""
     filter_groups: bool = False
     """DAPO's dynamic sampling: leave groups whose transitions all have advantage 0 out of the update and sample more
     tasks until ``tasks_per_step`` groups carry a signal (more rollouts per step)."""
     max_sample_rounds: int = 3
     """With ``filter_groups``: rounds of rollouts per step at most (the last round's informative groups are trained on
     even when fewer than ``tasks_per_step``)."""
-    success_threshold: float = 1.0
-    """A rollout succeeds when its reward is at least this (success rates, validation)."""
     out_dir: str = "runs/grpo"
     """Where metrics, TensorBoard events, checkpoints and the report go."""
-    checkpoint_every: int = 10
-    """Save a checkpoint every N steps (and at the end); 0: only at the end."""
-    keep_checkpoints: int | None = None
-    """Keep only the newest N checkpoints (an older one is deleted once a newer one is complete); null keeps every
-    one."""
-    resume: bool = False
-    """Continue from the newest checkpoint in ``out_dir``."""
-    served_name: str = "policy"
-    """The model name the gateway serves the policy as (what agents send as ``model``)."""
-    seed: int = 0
-    """Seeds the task order."""
-    engine_options: dict[str, Any] | None = None
-    """Keyword arguments of the embedded `Engine` (batch size, ...); `tool_format` (hermes, llama3_json, mistral,
-    pythonic) and `reasoning` (think, think_open, none) name the model's formats when its chat template is not
-    recognised (they also pick vLLM's parsers)."""
-    rollout_engine: str = "embedded"
-    """What samples rollouts: ``embedded`` (the engine in the trainer process) or ``vllm``."""
+    rollout_engine: Literal["embedded", "vllm"] = "embedded"
+    """What samples rollouts: the engine in the trainer process, or a ``vllm serve`` process."""
     vllm: dict[str, Any] | None = None
     """With ``rollout_engine: vllm``: ``python`` (start ``vllm serve`` with that interpreter) or ``url`` (attach to a
     running server), and `VLLMRollouts` options."""
@@ -171,7 +282,7 @@ class GRPOSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Stop the run (`MismatchError`, one-line cause) when the rows of a policy version exceed this mean k3 KL: a
     weight sync that did not take shows as the size of the missed update; null: never stop on it (an engine that does
     not serve the synced version still stops the run)."""
-    mode: str = "sync"
+    mode: Literal["sync", "async"] = "sync"
     """``sync`` (collect, then update: on-policy) or ``async`` (rollouts of the next ``ahead`` steps keep sampling on
     the current weights while a step waits for its slowest rollouts and updates; stale tokens corrected by truncated
     importance sampling; see docs/algorithms.md)."""
@@ -185,10 +296,56 @@ class GRPOSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """With ``mode: async``: the cap C of the truncated importance weight ``min(pi_trainer / pi_sampler, C)`` of
     each token; null: 2.0."""
 
+    def __post_init__(self) -> None:
+        from lightrail.adapters.credit import credit_by_name
+        from lightrail.algorithms.policies import PolicyMap
+        from lightrail.model.rollout_engines import check_vllm_options
 
-class SFTSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+        super().__post_init__()
+        key = self._key
+        for name, check in (("credit_args", lambda: credit_by_name(self.credit, **self.credit_args)),
+                            ("vllm", lambda: check_vllm_options(self.vllm)),
+                            ("policies", lambda: self.policies is None or PolicyMap(self.policies))):  # fmt: skip
+            try:
+                check()
+            except (TypeError, ValueError) as exc:  # PolicyMap's errors start with "policies"
+                raise ValueError(f"{key}.{exc}" if name == "policies" else f"{key}.{name}: {exc}") from None
+        if self.policies is not None and (self.agents is not None or self.agents_pattern is not None):
+            raise ValueError(f"{key}: give agents or policies, not both (the policies name the agents they train)")
+        if self.policies is not None and self.rollout_engine != "embedded":
+            raise ValueError(f"{key}.policies: served by the embedded engine today; rollout_engine vllm serves one")
+        if self.advantage == "gae":
+            for name, why in (("merge_calls", "needs one call per row (its return on the row's last token)"),
+                              ("filter_groups", "has no group advantages to filter on"),
+                              ("policies", "trains one policy with its value head")):  # fmt: skip
+                if getattr(self, name):
+                    raise ValueError(f"{key}.{name}: advantage 'gae' {why}")
+
+    def credit_scheme(self) -> Any:
+        """``credit`` and ``credit_args`` as a `CreditAssignment`."""
+        from lightrail.adapters.credit import credit_by_name
+
+        return credit_by_name(self.credit, **self.credit_args)
+
+    def tool_rule(self) -> Any:
+        """``tool_rewards`` as a `ToolRewardRule` (None when off)."""
+        if isinstance(self.tool_rewards, ToolRewards):
+            return self.tool_rewards.rule()
+        return ToolRewards().rule() if self.tool_rewards else None
+
+
+class SFTSection(_PolicySection, kw_only=True, forbid_unknown_fields=True):
     """Keyword arguments of `lightrail.algorithms.SFT` (supervised fine-tuning on the best traces), used when
     ``algorithm`` is ``sft`` or ``[sft, grpo]``."""
+
+    _key = "sft"
+    _at_least = {"steps": 0, "batch_size": 1, "n_samples": 1, "tasks": 1, "best_of": 1}
+
+    steps: int = 100
+    merge_calls: bool = True
+    val_every: int = 0
+    validate_before: bool = False
+    checkpoint_every: int = 50
 
     teacher: str | dict[str, Any] | None = None
     """Distillation: run the training tasks with this teacher (the ``sft.teacher`` fields: an endpoint, or ``{script:
@@ -209,52 +366,31 @@ class SFTSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Keep rollouts rewarded at least this (null: any)."""
     best_of: int | None = None
     """Keep at most this many rollouts per task, best first (null: all)."""
-    agents: list[str] | str | None = None
-    """Train only the calls of these agents (null: every call)."""
-    agents_pattern: str | None = None
-    """Train only the calls of agents whose name fully matches this regex."""
-    config: dict[str, Any] = {}
-    """Optimizer and LoRA (the ``grpo.config`` fields; ``kl_coef`` must stay 0)."""
-    steps: int = 100
-    """Optimizer steps."""
     batch_size: int = 32
     """Rows per step, drawn without replacement (reshuffled each epoch)."""
     max_len: int | None = None
     """Drop rows longer than this many tokens (null: keep all)."""
-    merge_calls: bool = True
-    """Merge an episode's calls into one row when each prompt extends the previous one."""
-    val_sampling: dict[str, Any] | None = None
-    """Sampling of validation rollouts; null: greedy, ``{temperature: 0.0, max_tokens: 64}``."""
-    val_every: int = 0
-    """Validate every N steps (and at the end); 0: only at the end."""
-    validate_before: bool = False
-    """Also validate before training."""
-    success_threshold: float = 1.0
-    """A rollout succeeds when its reward is at least this."""
-    checkpoint_every: int = 50
-    """Save a checkpoint every N steps (and at the end)."""
-    keep_checkpoints: int | None = None
-    """Keep only the newest N checkpoints (an older one is deleted once a newer one is complete); null keeps every
-    one."""
-    resume: bool = False
-    """Continue from the newest checkpoint in the output folder."""
-    served_name: str = "policy"
-    """The model name the gateway serves the student as."""
-    seed: int = 0
-    """Seeds row sampling and the teacher's task sample (`tasks`)."""
-    engine_options: dict[str, Any] | None = None
-    """Keyword arguments of the embedded `Engine`; `tool_format` and `reasoning` name the model's formats (as in
-    `grpo.engine_options`), which SFT targets are then written in."""
-    backend: str = "lightrail"
-    """Who runs the optimizer steps on the rows: ``lightrail`` (its own updater) or ``llamafactory`` (LLaMA-Factory's
-    trainer in its own environment, full fine-tuning; the rows are also exported as a LLaMA-Factory dataset; see
+    backend: Literal["lightrail", "llamafactory"] = "lightrail"
+    """Who runs the optimizer steps on the rows: lightrail's own updater, or LLaMA-Factory's trainer in its own
+    environment (full fine-tuning; the rows are also exported as a LLaMA-Factory dataset; see
     ``sft.llamafactory``)."""
     llamafactory: dict[str, Any] | None = None
     """With ``backend: llamafactory``: its environment and arguments (the ``sft.llamafactory`` fields)."""
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.teacher is not None and self.traces is not None:
+            raise ValueError("sft: give teacher (distillation) or traces (rejection sampling), not both")
+        if self.config.get("kl_coef"):
+            raise ValueError("sft.config.kl_coef: SFT has no KL term (leave it at 0)")
 
-class APOSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+
+class APOSection(_Section, kw_only=True, forbid_unknown_fields=True):
     """Keyword arguments of `lightrail.algorithms.APO` (prompt optimization), used when ``algorithm: apo``."""
+
+    _key = "apo"
+    _at_least = {"rounds": 0, "beam_width": 1, "batch_size": 1, "n_samples": 1, "gradient_children": 0,
+                 "demo_children": 0, "demo_k": 1}  # fmt: skip
 
     prompts: dict[str, str]
     """Resource name -> initial template of each prompt to optimize."""
@@ -287,8 +423,8 @@ class APOSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Characters kept of each demonstration."""
     demo_template: str | None = None
     """Which prompt the demonstrations are appended to (default: the first)."""
-    demo_format: str = "text"
-    """``text`` (appended to the template) or ``messages`` (the template is a JSON list of messages)."""
+    demo_format: Literal["text", "messages"] = "text"
+    """Appended to the template as text, or as messages (the template is then a JSON list of messages)."""
     bootstrap_rollouts: int = 0
     """Rollouts run before round 1 to find demonstrations."""
     bootstrap_sampling: dict[str, Any] | None = None
@@ -304,19 +440,20 @@ class APOSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """A folder of optimizer prompt templates replacing the built-in ones."""
     sampling: dict[str, Any] | None = None
     """Sampling of training rollouts; null: ``{temperature: 0.0, max_tokens: 128}``."""
-    val_sampling: dict[str, Any] | None = None
-    """Sampling of validation rollouts; null: ``{temperature: 0.0, max_tokens: 128}``."""
     optimizer_sampling: dict[str, Any] | None = None
     """Sampling of optimizer calls; null: ``{temperature: 0.7, max_tokens: 512}``."""
-    success_threshold: float = 1.0
-    """A rollout succeeds when its reward is at least this."""
     out_dir: str = "runs/apo"
     """Where the report, metrics and the best prompts go."""
-    served_name: str = "policy"
-    """The model name the gateway serves the policy as."""
     llm_name: str = "llm"
     """The resource name of the policy `LLM` (an agent's ``llm`` argument)."""
-    seed: int = 0
-    """Seeds task sampling and demonstration choice."""
-    engine_options: dict[str, Any] | None = None
-    """Keyword arguments of the embedded `Engine`."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.prompts:
+            raise ValueError("apo.prompts: name at least one PromptTemplate resource to optimize")
+        if self.llm_name in self.prompts:
+            raise ValueError(f"apo.prompts: {self.llm_name!r} is the policy LLM's resource name")
+        if self.demo_template is not None and self.demo_template not in self.prompts:
+            raise ValueError(
+                f"apo.demo_template: {self.demo_template!r} is not one of the prompts {sorted(self.prompts)}"
+            )

@@ -54,12 +54,15 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+import msgspec
+
 from lightrail.adapters import AgentFilter, ChatSample, Exclusions, build_episode, episode_messages
 from lightrail.algorithms.rejection import TraceFilter, keep_best
 from lightrail.algorithms.run.folder import RunFolder
 from lightrail.algorithms.run.loop import run_steps
 from lightrail.algorithms.run.policy import ServedPolicy, last_attempt_spans, validate
 from lightrail.algorithms.run.progress import StepBar
+from lightrail.algorithms.settings import SFTSection
 from lightrail.engine.chat import ChatFormat
 from lightrail.types import LLM, Rollout, Task, TrainingRow
 
@@ -221,51 +224,34 @@ class SFT:
     def __init__(
         self,
         model: str | Path,
+        section: SFTSection | None = None,
         *,
         teacher: LLM | Backend | Literal["self"] | None = None,
         traces: TraceFilter | None = None,
-        n_samples: int = 1,
-        sampling: dict[str, Any] | None = None,
-        tasks: int | None = None,
-        min_reward: float | None = 1.0,
-        best_of: int | None = None,
         agents: AgentFilter | None = None,
         config: UpdateConfig | None = None,
-        steps: int = 100,
-        batch_size: int = 32,
-        max_len: int | None = None,
-        merge_calls: bool = True,
-        val_sampling: dict[str, Any] | None = None,
-        val_every: int = 0,
-        validate_before: bool = False,
-        success_threshold: float = 1.0,
         out_dir: str | Path = "runs/sft",
-        checkpoint_every: int = 50,
-        keep_checkpoints: int | None = None,
-        resume: bool = False,
-        served_name: str = "policy",
-        seed: int = 0,
-        engine_options: dict[str, Any] | None = None,
         gateway: GatewaySettings | None = None,
-        backend: str = "lightrail",
         llamafactory: LlamaFactorySettings | None = None,
+        **settings: Any,
     ) -> None:
-        if backend not in ("lightrail", "llamafactory"):
-            raise ValueError(f"backend is 'lightrail' or 'llamafactory', not {backend!r}")
+        """``section`` (a config's ``sft:`` section) or ``settings``, its fields as keyword arguments (both: the
+        keywords win), hold every plain setting, its default and its check (`SFTSection`); the keywords above take
+        objects (``config`` and ``agents`` else the section's)."""
+        base = msgspec.structs.asdict(section) if section is not None else {}
+        s = SFTSection(**{**base, **settings})
+        backend = s.backend
+        config = config if config is not None else s.update_config()
         if backend == "llamafactory" and config is not None and config.lora is not None:
             raise ValueError("the llamafactory backend fine-tunes the full model: leave config.lora unset")
         if teacher is not None and traces is not None:
             raise ValueError("give a teacher (distillation) or traces (rejection sampling from a store), not both")
-        if steps < 0 or batch_size < 1 or n_samples < 1 or (tasks is not None and tasks < 1):
-            raise ValueError("steps must be >= 0; batch_size, n_samples and tasks >= 1")
-        self.folder = RunFolder(out_dir, "SFT", keep_checkpoints=keep_checkpoints, seed=seed)
-        if best_of is not None and best_of < 1:
-            raise ValueError(f"best_of must be >= 1, not {best_of}")
+        self.folder = RunFolder(out_dir, "SFT", keep_checkpoints=s.keep_checkpoints, seed=s.seed)
         if config is not None and config.kl_coef:
             raise ValueError("SFT has no KL term: leave config.kl_coef at 0")
-        if config is not None and (mismatch := config.schedule_mismatch(steps)):
+        if config is not None and (mismatch := config.schedule_mismatch(s.steps)):
             log.warning("SFT: %s", mismatch)
-        if sampling is not None and teacher != SELF:
+        if s.sampling is not None and teacher != SELF:
             raise ValueError("sampling sets how the student samples itself (teacher='self'); an LLM teacher's "
                              "sampling is its own (LLM.sampling)")  # fmt: skip
         if isinstance(teacher, str) and teacher != SELF:
@@ -277,31 +263,32 @@ class SFT:
                 f"the teacher backend ({type(teacher).__name__}) lists no model names: its model_names() must "
                 "name the model the agent is to call"
             )
+        self.settings = s
         self.model = Path(model)
         self.teacher = teacher
         self.traces = traces if traces is not None or teacher is not None else TraceFilter()
-        self.n_samples = n_samples
-        self.sampling = {"temperature": 1.0, "max_tokens": 64, **(sampling or {})}
-        self.tasks = tasks
-        self.min_reward = min_reward
-        self.best_of = best_of
-        self.agents = agents
+        self.n_samples = s.n_samples
+        self.sampling = {"temperature": 1.0, "max_tokens": 64, **(s.sampling or {})}
+        self.tasks = s.tasks
+        self.min_reward = s.min_reward
+        self.best_of = s.best_of
+        self.agents = agents if agents is not None else s.agent_filter()
         self.config = config
-        self.steps = steps
-        self.batch_size = batch_size
-        self.max_len = max_len
-        self.merge_calls = merge_calls
-        self.val_sampling = {"temperature": 0.0, "max_tokens": 64, **(val_sampling or {})}
-        self.val_every = val_every
-        self.validate_before = validate_before
-        self.success_threshold = success_threshold
+        self.steps = s.steps
+        self.batch_size = s.batch_size
+        self.max_len = s.max_len
+        self.merge_calls = s.merge_calls
+        self.val_sampling = {"temperature": 0.0, "max_tokens": 64, **(s.val_sampling or {})}
+        self.val_every = s.val_every
+        self.validate_before = s.validate_before
+        self.success_threshold = s.success_threshold
         self.out_dir = Path(out_dir)
-        self.checkpoint_every = checkpoint_every
-        self.keep_checkpoints = keep_checkpoints
-        self.resume = resume
-        self.served_name = served_name
-        self.seed = seed
-        self.engine_options = engine_options or {}
+        self.checkpoint_every = s.checkpoint_every
+        self.keep_checkpoints = s.keep_checkpoints
+        self.resume = s.resume
+        self.served_name = s.served_name
+        self.seed = s.seed
+        self.engine_options = s.engine_options or {}
         self.gateway = gateway
         self.backend = backend
         self.llamafactory = llamafactory

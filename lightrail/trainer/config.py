@@ -45,12 +45,10 @@ data module defines ``tokenizer_corpus()``.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import inspect
 import logging
 import os
-import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,7 +58,7 @@ import msgspec
 
 from lightrail.agent.cli import DEFAULT_CONCURRENCY
 from lightrail.agent.ray import RaySettings
-from lightrail.algorithms.settings import GRPOSection, SFTSection, convert, unknown_keys
+from lightrail.algorithms.settings import GRPOSection, SFTSection, convert, unknown_keys, update_config
 from lightrail.gateway.server import GatewaySettings
 from lightrail.tracking import LoggerKind, LoggerSettings
 
@@ -307,25 +305,18 @@ def _resolve(reference: str, what: str) -> Any:
 
 
 def grpo_config(update: dict[str, Any], where: str) -> Any:
-    """An `UpdateConfig` from a config section (``lora: true`` or a mapping of `LoraSettings`); errors name ``where``."""
-    from lightrail.model.updater import LoraSettings, UpdateConfig
-
-    update = dict(update)
-    lora = update.pop("lora", None)
+    """An `UpdateConfig` from a config section (`lightrail.algorithms.settings.update_config`), errors as `ConfigError`."""
     try:
-        settings = convert(update, UpdateConfig, where)
-        if lora:
-            lora = LoraSettings() if lora is True else convert(lora, LoraSettings, f"{where}.lora")
-            settings = dataclasses.replace(settings, lora=lora)
+        return update_config(update, where)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    return settings
 
 
 def _grpo_kwargs(config: TrainConfig) -> dict[str, Any]:
-    """The config's ``grpo`` section as `GRPO` keyword arguments (names checked against its signature)."""
-    base = {"seed": config.seed, "out_dir": config.run_dir, "gateway": config.gateway}
-    return {**base, **_grpo_options(config.grpo, "grpo")}
+    """The config's ``grpo`` section as `GRPO` arguments: the checked `GRPOSection` (the top-level ``seed`` and the
+    run folder as its defaults), its ``config`` and the gateway."""
+    top = {"seed": config.seed, "out_dir": str(config.run_dir)}
+    return {**_grpo_options({**top, **config.grpo}, "grpo", given=config.grpo), "gateway": config.gateway}
 
 
 def _section(data: Any, schema: type[T], where: str) -> T:
@@ -335,62 +326,22 @@ def _section(data: Any, schema: type[T], where: str) -> T:
         raise ConfigError(str(exc)) from None
 
 
-def _grpo_options(section: dict[str, Any], where: str) -> dict[str, Any]:
-    """A ``grpo`` section (`GRPOSection`) as `GRPO` keyword arguments, only the keys it gives; errors name their field
-    under ``where`` (``grpo.config.lr``). Also reads the section `lightrail.trainer.verl_compat` makes of a verl dict."""
-    from lightrail.adapters import AgentFilter, ToolRewardRule
-    from lightrail.adapters.credit import credit_by_name
-    from lightrail.algorithms.grpo import check_estimator_options
-    from lightrail.model.rollout_engines import ROLLOUT_ENGINES, check_vllm_options
+def _grpo_options(section: dict[str, Any], where: str, given: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A ``grpo`` section as `GRPO` arguments ``{section, config}``, checked now (`GRPOSection`, and ``config``
+    against ``loss_agg``), not after the model is built; errors name their field (``grpo.config.lr``). ``given``: the
+    keys the user wrote (steps and epochs both written is an error). Also reads the section
+    `lightrail.trainer.verl_compat` makes of a verl dict (``where`` then ``verl``)."""
+    from lightrail.algorithms.grpo import resolve_loss_agg
 
     settings = _section(section, GRPOSection, where)
-    kwargs = {key: getattr(settings, key) for key in section}
-    if "steps" in kwargs and kwargs.get("epochs") is not None:
+    if "steps" in (given or section) and settings.epochs is not None:
         raise ConfigError(f"{where}: give steps or epochs, not both (epochs sets the step count)")
+    update = grpo_config(settings.config, f"{where}.config") if settings.config else None
     try:
-        names, pattern = kwargs.pop("agents", None), kwargs.pop("agents_pattern", None)
-        if names is not None or pattern is not None:
-            kwargs["agents"] = AgentFilter([names] if isinstance(names, str) else names or (), pattern)
-        credit_args = kwargs.pop("credit_args", {})
-        if "credit" in kwargs:
-            kwargs["credit"] = credit_by_name(settings.credit, **credit_args)
-        rule = kwargs.pop("tool_rewards", None)
-        if isinstance(rule, dict):
-            fields = typing.get_type_hints(ToolRewardRule)
-            if error := unknown_keys(f"{where}.tool_rewards", rule, set(fields) - {"is_error"}):
-                raise ConfigError(error)
-            kwargs["tool_rewards"] = ToolRewardRule(
-                **{k: convert(v, fields[k], f"{where}.tool_rewards.{k}", strict=False) for k, v in rule.items()}
-            )
-        elif rule:
-            kwargs["tool_rewards"] = ToolRewardRule()
-        kwargs["config"] = grpo_config(settings.config, f"{where}.config")
-    except ConfigError:
-        raise
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}: {exc}") from None
-    try:  # advantage: grpo | rloo | reinforce_pp | reinforce_pp_baseline | dr_grpo | gae; loss_agg: token_mean | ...
-        check_estimator_options(settings.advantage, settings.loss_agg, kwargs["config"])
+        resolve_loss_agg(settings.advantage, settings.loss_agg, update)
     except ValueError as exc:
         raise ConfigError(f"{where}.{exc}") from None
-    if settings.rollout_engine not in ROLLOUT_ENGINES:
-        raise ConfigError(
-            f"{where}.rollout_engine: expected one of {list(ROLLOUT_ENGINES)}, got {settings.rollout_engine!r}"
-        )
-    try:
-        check_vllm_options(settings.vllm)
-    except ValueError as exc:
-        raise ConfigError(f"{where}.vllm: {exc}") from None
-    if kwargs.get("policies") is not None:  # {policy: [agent, ...]}: one trained policy per group of agents
-        from lightrail.algorithms.policies import PolicyMap
-
-        try:
-            PolicyMap(kwargs["policies"])
-        except ValueError as exc:
-            raise ConfigError(f"{where}.{exc}") from None
-        if "agents" in kwargs:
-            raise ConfigError(f"{where}: give agents or policies, not both (the policies name the agents they train)")
-    return kwargs
+    return {"section": settings, "config": update}
 
 
 def _apo_kwargs(config: TrainConfig) -> dict[str, Any]:
@@ -398,52 +349,40 @@ def _apo_kwargs(config: TrainConfig) -> dict[str, Any]:
     from lightrail.algorithms.apo import kwargs_from_config
 
     try:
-        kwargs = kwargs_from_config(config.apo)
+        kwargs = kwargs_from_config({"seed": config.seed, "out_dir": str(config.run_dir), **config.apo})
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    return {"seed": config.seed, "out_dir": config.run_dir, "gateway": config.gateway, **kwargs}
+    return {**kwargs, "gateway": config.gateway}
 
 
 _CHAIN = ("sft", "grpo")
 
 
 def _sft_kwargs(config: TrainConfig, train_tasks: list[dict] | None = None) -> dict[str, Any]:
-    """The config's ``sft`` section (`SFTSection`) as `SFT` keyword arguments: ``teacher`` as `_sft_teacher` builds
-    it (a script's backend once ``train_tasks`` are given), ``traces``, ``agents`` and ``config`` as objects."""
-    from lightrail.adapters import AgentFilter
+    """The config's ``sft`` section as `SFT` arguments: the checked `SFTSection` (the top-level ``seed`` its
+    default), and as objects ``teacher`` as `_sft_teacher` builds it (a script's backend once ``train_tasks`` are
+    given), ``traces``, ``config`` and ``llamafactory``."""
     from lightrail.algorithms.rejection import TraceFilter
 
-    settings = _section(config.sft, SFTSection, "sft")
-    options = {key: getattr(settings, key) for key in config.sft}
+    settings = _section({"seed": config.seed, **config.sft}, SFTSection, "sft")
     out_dir = config.run_dir / "sft" if isinstance(config.algorithm, list) else config.run_dir
-    kwargs: dict[str, Any] = {"seed": config.seed, "out_dir": out_dir, "gateway": config.gateway}
-    teacher = options.pop("teacher", None)
-    if teacher is not None and (built := _sft_teacher(teacher, config.seed, train_tasks)) is not None:
-        kwargs["teacher"] = built
-    traces = options.pop("traces", None)
-    if traces is not None:
-        if teacher is not None:
-            raise ConfigError("sft: give teacher (distillation) or traces (rejection sampling), not both")
-        kwargs["traces"] = _section(traces, TraceFilter, "sft.traces")
-    names, pattern = options.pop("agents", None), options.pop("agents_pattern", None)
-    if names is not None or pattern is not None:
-        kwargs["agents"] = AgentFilter([names] if isinstance(names, str) else names or (), pattern)
-    update = options.pop("config", None)
-    if update is not None:
-        kwargs["config"] = grpo_config(update, "sft.config")
-        if kwargs["config"].kl_coef:
-            raise ConfigError("sft.config.kl_coef: SFT has no KL term (leave it at 0)")
-    llamafactory = options.pop("llamafactory", None)
-    if llamafactory is not None or settings.backend == "llamafactory":
+    kwargs: dict[str, Any] = {"section": settings, "out_dir": out_dir, "gateway": config.gateway}
+    if settings.teacher is not None:
+        kwargs["teacher"] = _sft_teacher(settings.teacher, config.seed, train_tasks)
+    if settings.traces is not None:
+        kwargs["traces"] = _section(settings.traces, TraceFilter, "sft.traces")
+    kwargs["config"] = grpo_config(settings.config, "sft.config") if settings.config else None
+    if settings.llamafactory is not None or settings.backend == "llamafactory":
         from lightrail.model.llamafactory import LlamaFactorySettings
 
-        kwargs["llamafactory"] = factory = _section(llamafactory or {}, LlamaFactorySettings, "sft.llamafactory")
+        factory = _section(settings.llamafactory or {}, LlamaFactorySettings, "sft.llamafactory")
+        kwargs["llamafactory"] = factory
         if settings.backend == "llamafactory":
             try:
                 factory.interpreter()
             except FileNotFoundError as exc:
                 raise ConfigError(str(exc)) from None
-    return {**kwargs, **options}
+    return kwargs
 
 
 def _sft_teacher(section: Any, seed: int, train_tasks: list[dict] | None) -> Any:
@@ -608,6 +547,7 @@ def VERL(config: Mapping[str, Any], **grpo_options: Any) -> GRPO:  # noqa: N802 
         kwargs = _grpo_options(settings.grpo, where="verl")
     except ConfigError as exc:
         raise ValueError(str(exc)) from None
+    grpo_options.setdefault("config", kwargs.pop("config"))
     if settings.name is not None:
         grpo_options.setdefault("out_dir", f"runs/{settings.name}")
     if settings.loggers is not None or settings.name is not None:

@@ -53,7 +53,15 @@ _FROM_TOP = {"seed": "the top-level seed", "out_dir": "the top-level out_dir"}
 
 
 def _attribute_docs(cls: type) -> dict[str, str]:
-    """The string literal under each annotated field of ``cls`` (PEP 257 attribute docstrings), from its source."""
+    """The string literal under each annotated field of ``cls`` or a base class (PEP 257 attribute docstrings), from
+    their source; a subclass that only changes a field's default keeps its base's meaning."""
+    docs = {}
+    for base in reversed(cls.__mro__[1:-1]):
+        docs.update(_own_attribute_docs(base))
+    return {**docs, **_own_attribute_docs(cls)}
+
+
+def _own_attribute_docs(cls: type) -> dict[str, str]:
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     except (OSError, TypeError):
@@ -274,9 +282,7 @@ def resolved_config(config: Any) -> dict[str, Any]:
     """``config`` (a checked `TrainConfig`) as plain data with every default filled in: the output folder and store
     resolved, and the sections of the algorithms it runs completed from their structs (sections it does not run are
     left out)."""
-    from lightrail.adapters import ToolRewardRule
-    from lightrail.algorithms.settings import APOSection, GRPOSection, SFTSection, convert
-    from lightrail.trainer.config import grpo_config
+    from lightrail.algorithms.settings import APOSection, GRPOSection, SFTSection, ToolRewards, convert, update_config
 
     data = msgspec.to_builtins(config, enc_hook=str)
     data["out_dir"] = str(config.run_dir)
@@ -290,10 +296,8 @@ def resolved_config(config: Any) -> dict[str, Any]:
         top = {key: value for key, value in data.items() if key in _FROM_TOP and key in schema.__struct_fields__}
         filled = msgspec.to_builtins(convert({**top, **data[name]}, schema, name, strict=False))
         if name in ("grpo", "sft"):
-            filled["config"] = dataclasses.asdict(grpo_config(filled["config"], f"{name}.config"))
-        if name == "grpo" and filled["tool_rewards"]:
-            rule = filled["tool_rewards"] if isinstance(filled["tool_rewards"], dict) else {}
-            base = {f.name: f.default for f in _struct_fields(ToolRewardRule, exclude=frozenset({"is_error"}))}
-            filled["tool_rewards"] = {**{k: json.loads(v) for k, v in base.items()}, **rule}
+            filled["config"] = dataclasses.asdict(update_config(filled["config"], f"{name}.config"))
+        if name == "grpo" and filled["tool_rewards"] is True:
+            filled["tool_rewards"] = msgspec.to_builtins(ToolRewards())
         data[name] = filled
     return msgspec.json.decode(msgspec.json.encode(data, enc_hook=str))  # plain YAML-able data: tuples as lists

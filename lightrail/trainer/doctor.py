@@ -238,4 +238,5 @@ def _prompts(config: Any) -> dict[str, Any] | None:
 
     if config.algorithm != "apo":
         return None
-    return {name: PromptTemplate(template=text) for name, text in (_apo_kwargs(config).get("prompts") or {}).items()}
+    prompts = _apo_kwargs(config)["section"].prompts or {}
+    return {name: PromptTemplate(template=text) for name, text in prompts.items()}

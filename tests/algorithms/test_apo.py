@@ -260,9 +260,12 @@ def test_config_section(tmp_path):
         load_config(path)
     from lightrail.algorithms.apo import kwargs_from_config
 
-    paths = kwargs_from_config({"prompts": {"p": "hi"}, "prompts_dir": "my_prompts", "out_dir": "runs/x"})
-    assert paths["prompts_dir"] == Path("my_prompts") and paths["out_dir"] == Path("runs/x")  # strings in YAML
-    assert kwargs_from_config({"prompts": {"p": "hi"}, "prompts_dir": None})["prompts_dir"] is None
+    (tmp_path / "my_prompts").mkdir()
+    section = kwargs_from_config({"prompts": {"p": "hi"}, "prompts_dir": str(tmp_path / "my_prompts"),
+                                  "out_dir": str(tmp_path / "x")})["section"]  # fmt: skip
+    apo = APO("m", section)
+    assert apo.prompts_dir == tmp_path / "my_prompts" and apo.out_dir == tmp_path / "x"  # strings in YAML
+    assert kwargs_from_config({"prompts": {"p": "hi"}, "prompts_dir": None})["section"].prompts_dir is None
     for bad in ({"prompts_dir": 3}, {"out_dir": None}):
         with pytest.raises(ValueError, match=f"apo.{next(iter(bad))}: Expected `str"):
             kwargs_from_config({"prompts": {"p": "hi"}, **bad})

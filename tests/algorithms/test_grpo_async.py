@@ -54,7 +54,6 @@ def test_async_settings_are_checked_in_one_line():
     assert check_async_options("async", 3, None, 1.5) == ("async", 3, 3, 1.5)
     assert check_async_options("sync", None, None, None) == ("sync", None, None, None)
     cases = [
-        (("fast", None, None, None), {}, "mode: expected one of ['sync', 'async']"),
         (("sync", 2, None, None), {}, "max_staleness: only with mode async"),
         (("async", -1, None, None), {}, "max_staleness must be >= 0"),
         (("async", 0, 0, None), {}, "ahead must be >= 1"),

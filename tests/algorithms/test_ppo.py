@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from lightrail import MemoryStore, Trainer
 from lightrail.algorithms import LoraSettings, PolicyUpdater, UpdateConfig
-from lightrail.algorithms.grpo import GRPO, check_estimator_options
+from lightrail.algorithms.grpo import GRPO
 from lightrail.engine.models import build_tiny_model
 from lightrail.model._loss import gae, value_loss, whiten
 from lightrail.model.export import export_checkpoint
@@ -202,13 +202,13 @@ def test_export_drops_the_value_head(tmp_path):
 
 
 def test_settings_are_checked_with_one_line_errors(tmp_path):
-    with pytest.raises(ValueError, match=r"advantage: expected one of \[.*'gae'\]"):
-        check_estimator_options("ppo", None)
+    with pytest.raises(ValueError, match=r"^grpo.advantage: expected one of \[.*'gae'\], got 'ppo'"):
+        GRPO("m", advantage="ppo", out_dir=tmp_path)
     with pytest.raises(ValueError, match="gamma and lam must be in"):
         UpdateConfig(lam=1.5)
     with pytest.raises(ValueError, match="value_clip > 0"):
         UpdateConfig(value_clip=0.0)
-    with pytest.raises(ValueError, match="^merge_calls: advantage 'gae'"):
+    with pytest.raises(ValueError, match="^grpo.merge_calls: advantage 'gae'"):
         GRPO("m", advantage="gae", merge_calls=True, out_dir=tmp_path)
     with pytest.raises(ValueError, match="^config.ranks: advantage 'gae'"):
         GRPO("m", advantage="gae", config=UpdateConfig(ranks=2), out_dir=tmp_path)

@@ -26,7 +26,7 @@ LORA = LoraSettings(r=4, alpha=8, target_modules=("q_proj", "v_proj"))
 
 
 def test_rollout_engine_choice_and_vllm_sampling_are_checked_up_front(tmp_path):
-    with pytest.raises(ValueError, match="rollout_engine must be one of"):
+    with pytest.raises(ValueError, match=r"^grpo.rollout_engine: expected one of \['embedded', 'vllm'\], got 'sglang'"):
         GRPO(tmp_path, rollout_engine="sglang")
     with pytest.raises(ValueError, match="top_p=1"):
         GRPO(tmp_path, rollout_engine="vllm", sampling={"temperature": 0.7, "top_p": 0.9})

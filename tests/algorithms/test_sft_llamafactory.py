@@ -177,7 +177,7 @@ def test_config_llamafactory_section_reaches_sft(llamafactory_python, tmp_path):
     path.write_text("agent: a:b\ndata: c:d\nalgorithm: sft\n")
     override = f"sft={{backend: llamafactory, llamafactory: {{python: {llamafactory_python}, args: {{seed: 3}}}}}}"
     kwargs = _sft_kwargs(load_config(path, [override]))
-    assert kwargs["backend"] == "llamafactory"
+    assert kwargs["section"].backend == "llamafactory"
     assert kwargs["llamafactory"] == LlamaFactorySettings(python=llamafactory_python, args={"seed": 3})
 
 

@@ -273,7 +273,7 @@ def test_teacher_self_is_the_only_teacher_sampling_applies_to(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("agent: a:b\ndata: c:d\nalgorithm: sft\nsft: {teacher: self, sampling: {temperature: 0.5}}\n")
     kwargs = _sft_kwargs(load_config(path))
-    assert kwargs["teacher"] == "self" and kwargs["sampling"] == {"temperature": 0.5}
+    assert kwargs["teacher"] == "self" and kwargs["section"].sampling == {"temperature": 0.5}
 
 
 def test_sft_closes_the_teacher_backend_and_a_resumed_run_does_not_ask_it_again(tiny_model, tmp_path):
@@ -527,7 +527,7 @@ def test_lightrail_train_distils_from_a_teacher_program_and_says_where_the_model
             "sft: give teacher (distillation) or traces (rejection sampling), not both",
         ),
         ("sft.config={kl_coef: 0.1}", "sft.config.kl_coef: SFT has no KL term"),
-        ("sft.config={autocast: float16}", "sft.config.autocast: Invalid enum value 'float16'"),
+        ("sft.config={autocast: float16}", "sft.config.autocast: expected one of ['bfloat16'], got 'float16'"),
         ("sft.config={autocast: bfloat16, dtype: float64}", "autocast keeps float32 master weights"),
         ("sft.batch=3", "sft: unknown setting(s) ['batch']; did you mean 'batch_size'?"),
     ],

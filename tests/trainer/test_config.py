@@ -48,13 +48,15 @@ def _write(tmp_path, text: str):
 def test_config_maps_every_section_onto_grpo(tmp_path):
     config = load_config(_write(tmp_path, CONFIG), [f"out_dir={tmp_path / 'run'}", "grpo.config.kl_coef=0.05"])
     assert config.run_dir == tmp_path / "run" and config.store_location == str(tmp_path / "run" / "store.db")
+    from lightrail.algorithms.grpo import GRPO
     from lightrail.trainer.config import _grpo_kwargs
 
-    kwargs = _grpo_kwargs(config)
-    assert kwargs["credit"].gamma == 0.5
-    assert (kwargs["tool_rewards"].success, kwargs["tool_rewards"].error) == (0.2, -0.2)
-    assert kwargs["agents"]("anything") and not kwargs["agents"](None)
-    assert (kwargs["config"].lr, kwargs["config"].kl_coef) == (1e-3, 0.05)
+    grpo = GRPO("m", **_grpo_kwargs(config))  # the section's names and mappings become GRPO's objects
+    assert grpo.credit.gamma == 0.5
+    assert (grpo.tool_rewards.success, grpo.tool_rewards.error) == (0.2, -0.2)
+    assert grpo.agents("anything") and not grpo.agents(None)
+    assert (grpo.config.lr, grpo.config.kl_coef) == (1e-3, 0.05)
+    assert grpo.out_dir == tmp_path / "run" and grpo.n_samples == 2
 
 
 def test_scale_out_sections_reach_the_trainer_and_the_gateway(tmp_path):
@@ -91,7 +93,7 @@ def test_scale_out_sections_reach_the_trainer_and_the_gateway(tmp_path):
         ("grpo.sft_steps=2", "grpo: unknown setting(s) ['sft_steps']; did you mean 'steps'?"),
         ("grpo.epochs=3", "grpo: give steps or epochs, not both"),
         ("grpo.config.lr=fast", "grpo.config.lr"),
-        ("grpo.credit=magic", "unknown credit assignment 'magic'"),
+        ("grpo.credit=magic", "grpo.credit: expected one of ['identical', 'per_turn', 'discounted'], got 'magic'"),
         ("grpo.tool_rewards=7", "grpo.tool_rewards"),
         ("grpo.config.kl_coeff=0.05", "grpo.config: unknown setting(s) ['kl_coeff']; did you mean 'kl_coef'?"),
         ("grpo.config.lora={rank: 8}", "grpo.config.lora: unknown setting(s) ['rank']"),
@@ -175,7 +177,7 @@ def test_gpu_configs_are_valid_and_say_what_they_run(path):
     from lightrail.trainer.config import _grpo_kwargs
 
     kwargs = _grpo_kwargs(config)
-    assert kwargs["rollout_engine"] == "vllm" and kwargs["vllm"]["python"] == ".venv-vllm/bin/python"
+    assert kwargs["section"].rollout_engine == "vllm" and kwargs["section"].vllm["python"] == ".venv-vllm/bin/python"
     settings = kwargs["config"]
     assert (settings.device, settings.dtype, settings.ranks) == ("cuda", "bfloat16", 3)
     assert config.model.startswith("models/") and config.trainer.otel
@@ -185,7 +187,7 @@ def test_gpu_configs_are_valid_and_say_what_they_run(path):
     assert (other.lora is None) != (settings.lora is None)
     # vLLM parses the agents' tool calls in the model family's own format (Llama 3.2: bare JSON; Qwen2.5: Hermes)
     family = {"models/Llama-3.2-3B-Instruct": "llama3_json", "models/Qwen2.5-Coder-1.5B-Instruct": "hermes"}
-    assert kwargs["engine_options"]["tool_format"] == family[config.model]
+    assert kwargs["section"].engine_options["tool_format"] == family[config.model]
 
 
 def test_the_gpu_configs_cover_the_three_agents_and_models():

@@ -28,17 +28,18 @@ def _load(tmp_path, overrides=()):
 
 
 def test_advantage_and_loss_agg_reach_grpo(tmp_path):
+    from lightrail.algorithms import UpdateConfig
     from lightrail.algorithms.grpo import GRPO
 
     kwargs = _grpo_kwargs(_load(tmp_path))
-    assert kwargs["advantage"] == "rloo" and "loss_agg" not in kwargs
+    assert kwargs["section"].advantage == "rloo" and kwargs["section"].loss_agg is None
     grpo = GRPO(tmp_path / "model", **kwargs)
     assert (grpo.advantage, grpo.loss_agg) == ("rloo", None)
 
     kwargs = _grpo_kwargs(_load(tmp_path, ["grpo.advantage=dr_grpo", "grpo.loss_agg=seq_mean_token_mean"]))
     grpo = GRPO(tmp_path / "model", **kwargs)
     assert (grpo.advantage, grpo.loss_agg) == ("dr_grpo", "seq_mean_token_mean")
-    assert grpo._loss_config(kwargs["config"]).loss_norm == "sequence"
+    assert grpo._loss_config(kwargs["config"] or UpdateConfig()).loss_norm == "sequence"
 
 
 @pytest.mark.parametrize(

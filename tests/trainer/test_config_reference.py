@@ -5,19 +5,20 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 import textwrap
 from pathlib import Path
 
-import msgspec
+import pytest
 import yaml
 
 from lightrail.algorithms.apo import APO
 from lightrail.algorithms.grpo import GRPO
-from lightrail.algorithms.settings import APOSection, GRPOSection, SFTSection
+from lightrail.algorithms.settings import GRPOSection, SFTSection
 from lightrail.algorithms.sft import SFT
 from lightrail.cli import main
 from lightrail.model.updater import UpdateConfig
-from lightrail.trainer.config import TrainConfig, load_config
+from lightrail.trainer.config import ConfigError, TrainConfig, load_config
 from lightrail.trainer.config_reference import render_markdown, resolved_config, sections
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,7 +55,7 @@ def test_every_field_of_every_section_is_documented():
     assert names["grpo.config"] == {f.name for f in dataclasses.fields(UpdateConfig)}
     for path, cls, excluded in [("grpo", GRPO, {"model", "gateway"}), ("apo", APO, {"model", "gateway"}),
                                 ("sft", SFT, {"model", "gateway", "out_dir"})]:  # fmt: skip
-        assert set(inspect.signature(cls).parameters) - excluded <= names[path], path
+        assert set(inspect.signature(cls).parameters) - excluded - {"section", "settings"} <= names[path], path
     assert {"agents_pattern", "credit_args"} <= names["grpo"] and {"agents_pattern"} <= names["sft"]
     assert "api_key_env" in names["sft.teacher"]
     # types and defaults as a config writes them
@@ -65,16 +66,44 @@ def test_every_field_of_every_section_is_documented():
     assert top["agent"].default == "required" and top["model"].default == "tiny"
 
 
-def test_every_section_default_is_the_constructors_own():
-    """A section key left out of a config gets the constructor's default: the reference must show that one (keys a
-    config writes as a name or mapping where Python takes an object have their own config default)."""
-    objects = {"config", "credit", "tool_rewards", "agents", "teacher", "traces", "llm", "optimizer", "llamafactory"}
-    for section, cls in [(GRPOSection, GRPO), (APOSection, APO), (SFTSection, SFT)]:
-        defaults = {f.name: f.default for f in msgspec.structs.fields(section)}
-        for name, parameter in inspect.signature(cls).parameters.items():
-            given = parameter.default
-            if name in defaults and name not in objects and (given is None or isinstance(given, int | float | str)):
-                assert defaults[name] == given, f"{section.__name__}.{name}: {defaults[name]!r} != {given!r}"
+@pytest.mark.parametrize(
+    ("cls", "kwargs", "message"),
+    [
+        (GRPO, {"n_samples": 0}, "grpo.n_samples must be >= 1, got 0"),
+        (GRPO, {"mode": "fast"}, "grpo.mode: expected one of ['sync', 'async'], got 'fast'"),
+        (
+            GRPO,
+            {"credit": "magic"},
+            "grpo.credit: expected one of ['identical', 'per_turn', 'discounted'], got 'magic'",
+        ),
+        (SFT, {"batch_size": 0}, "sft.batch_size must be >= 1, got 0"),
+        (SFT, {"backend": "axolotl"}, "sft.backend: expected one of ['lightrail', 'llamafactory'], got 'axolotl'"),
+        (APO, {"prompts": {"p": "hi"}, "beam_width": 0}, "apo.beam_width must be >= 1, got 0"),
+    ],
+)
+def test_a_bad_setting_is_the_same_one_line_error_from_yaml_and_from_python(tmp_path, cls, kwargs, message):
+    """The section struct checks a setting once: a config and `GRPO(...)`/`SFT(...)`/`APO(...)` say the same."""
+    section = cls.__name__.lower()
+    config = tmp_path / "config.yaml"
+    algorithm = {"GRPO": "grpo", "SFT": "sft", "APO": "apo"}[cls.__name__]
+    config.write_text(BASE + f"algorithm: {algorithm}\n{section}: {json.dumps(kwargs)}\n")
+    with pytest.raises(ConfigError) as from_yaml:
+        load_config(config)
+    if cls is GRPO and "credit" in kwargs:  # GRPO(credit=) takes a CreditAssignment; the name is the section's
+        with pytest.raises(ValueError) as from_python:
+            GRPOSection(**kwargs)
+    else:
+        with pytest.raises(ValueError) as from_python:
+            cls("m", **kwargs, **({} if cls is APO else {"out_dir": tmp_path / "run"}))
+    assert str(from_yaml.value) == str(from_python.value) == message
+
+
+def test_a_section_keeps_its_own_default_where_grpo_and_sft_differ(tmp_path):
+    grpo, sft = GRPOSection(), SFTSection()
+    assert (grpo.steps, grpo.checkpoint_every, grpo.val_every, grpo.merge_calls) == (50, 10, 10, False)
+    assert (sft.steps, sft.checkpoint_every, sft.val_every, sft.merge_calls) == (100, 50, 0, True)
+    assert GRPO("m", out_dir=tmp_path / "g").checkpoint_every == 10
+    assert SFT("m", out_dir=tmp_path / "s").checkpoint_every == 50
 
 
 def test_every_field_of_the_learn_config_is_documented():
