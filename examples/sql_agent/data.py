@@ -210,7 +210,8 @@ BASIC_TEMPLATES: list[Template] = [
 (SmolLM2-135M matches none of `TEMPLATES`, nor single-table questions that ask for other aggregates or columns than its
 worked example shows, at temperature 0 or 0.7: README.md). The first template has the shape of the basic agent's
 worked example (`agent.ONE_SHOT_BASIC`), the others drop or swap its filters."""
-TIERS = {"full": TEMPLATES, "basic": BASIC_TEMPLATES}
+TIERS = {"full": TEMPLATES, "basic": BASIC_TEMPLATES, "mixed": BASIC_TEMPLATES + TEMPLATES}
+"""``mixed``: both tiers' templates taking turns (the SmolLM2 recipe's task set: README.md, "A pretrained model")."""
 
 
 @cache
@@ -283,8 +284,8 @@ def splits(seed: int = 0, n_train: int = 400, n_val: int = 100, tier: str = "ful
     Templates take turns (a seeded shuffle of them per round), so both splits mix all kinds of question; a
     smaller request is a prefix of a larger one with the same seed. Raises ValueError when the templates cannot
     produce that many distinct questions of a split. Each gold query runs once (~10 ms); the splits are cached
-    next to the database, keyed by the database, the templates and the arguments. ``tier``: ``full`` (`TEMPLATES`)
-    or ``basic`` (`BASIC_TEMPLATES`, for small pretrained models).
+    next to the database, keyed by the database, the templates and the arguments. ``tier``: ``full`` (`TEMPLATES`),
+    ``basic`` (`BASIC_TEMPLATES`, for small pretrained models) or ``mixed`` (both).
     """
     if tier not in TIERS:
         raise ValueError(f"tier must be one of {sorted(TIERS)}, got {tier!r}")

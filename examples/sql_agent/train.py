@@ -34,7 +34,7 @@ EXAMPLE_POOL = {"seed": 1000, "n_train": 200, "n_val": 0}
 
 
 @cache
-def example_selector(tier: str = "full") -> MaskedQuestionSelector:
+def example_selector(tier: str = "mixed") -> MaskedQuestionSelector:
     """The writer's and rewriter's worked example for each question: the pool's most similar question with its SQL
     (`agent.MaskedQuestionSelector`), from `EXAMPLE_POOL`'s questions of ``tier``."""
     return MaskedQuestionSelector(splits(**EXAMPLE_POOL, tier=tier)[0])
@@ -88,7 +88,7 @@ def sql_agent_basic_credit(task, llm):
 @rollout
 def sql_agent_nearest(task, llm):
     """The agent with dynamic few-shot examples (`example_selector`): the writer and the rewriter see the most
-    similar question of a pool of training questions with its SQL, at most two queries (the first and one
-    rewrite). For a small pretrained model on the full tier: it has to adapt the example's names, codes and numbers
-    to the question."""
-    return _score(task, llm, example_selector("full"), max_turns=2)
+    similar question of a pool of training questions of both tiers with its SQL, at most two queries (the first and
+    one rewrite), scored by `reward.condition_credit` (train and validate with ``success_threshold: 1.0``). For a
+    small pretrained model: it has to adapt the example's names, codes and numbers to the question."""
+    return _score(task, llm, example_selector(), max_turns=2, reward=condition_credit)
