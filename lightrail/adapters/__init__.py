@@ -24,7 +24,7 @@ Example::
     rows, drift = to_rows(transitions, merge=True)
 """
 
-from lightrail.adapters._model import AdapterReport, Episode, IntermediateReward, LLMCall
+from lightrail.adapters.records import AdapterReport, Episode, IntermediateReward, LLMCall
 from lightrail.adapters.advantages import GroupReport, group_advantages, normalize_group
 from lightrail.adapters.credit import (
     CreditAssignment,

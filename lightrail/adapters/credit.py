@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from lightrail.adapters._model import IntermediateReward, LLMCall
+from lightrail.adapters.records import IntermediateReward, LLMCall
 
 __all__ = [
     "CreditAssignment",

@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from lightrail.adapters._model import Episode
+from lightrail.adapters.records import Episode
 from lightrail.adapters.episode import build_episode
 from lightrail.types import Attr, Span
 

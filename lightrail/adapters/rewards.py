@@ -26,7 +26,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from lightrail.adapters._model import AdapterReport, IntermediateReward, LLMCall
+from lightrail.adapters.records import AdapterReport, IntermediateReward, LLMCall
 from lightrail.types import Attr, Span, StatusCode, content_text
 
 __all__ = ["TOOL_CALL_ID", "ToolRewardRule", "is_tool_span", "looks_like_error", "tool_rewards"]

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 
 import msgspec
 
-from lightrail.adapters._model import Episode
+from lightrail.adapters.records import Episode
 from lightrail.types import Rollout, RolloutStatus
 
 __all__ = ["AgentFilter", "Exclusions", "select_trainable"]
