@@ -197,14 +197,16 @@ def test_torchrun_ranks_update_like_one(model_dir, tmp_path):
         assert float((served[name] - value).abs().max()) <= 1e-5, name
 
 
-def test_grpo_trains_on_two_ranks(model_dir, tmp_path):
+@pytest.mark.parametrize("sharding", ["replicate", "fsdp"])
+def test_grpo_trains_on_two_ranks(model_dir, tmp_path, sharding):
     from examples.calculator.data import make_splits
     from lightrail import MemoryStore, Trainer
 
     train, val = make_splits(4, 2, seed=1)
     # Four groups of 4 (not tiny_grpo's two): a step is skipped when every group's rewards are equal (the parity of
     # a sampled length: at least 1 in 8 per group), which two groups did at least 1 run in 64, four 1 in 4,096.
-    grpo = tiny_grpo(model_dir, tmp_path / "run", tasks_per_step=4, config=UpdateConfig(lr=1e-3, ranks=2))
+    config = UpdateConfig(lr=1e-3, ranks=2, sharding=sharding)
+    grpo = tiny_grpo(model_dir, tmp_path / "run", tasks_per_step=4, config=config)
     Trainer(n_runners=1, concurrency=4, store=MemoryStore(), algorithm=grpo).fit("loop_agents:parity_agent", train, val)
     updater = grpo._updater
     assert isinstance(updater, DistributedPolicyUpdater) and updater.world_size == 2
@@ -213,4 +215,5 @@ def test_grpo_trains_on_two_ranks(model_dir, tmp_path):
         json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if '"train"' in line
     ]
     assert step["rollouts"] == 16 and not step["skipped"] and step["policy_version"] == 1
-    assert json.loads((Path(grpo.report["checkpoint"]) / "updater.json").read_text())["config"]["ranks"] == 2
+    saved = json.loads((Path(grpo.report["checkpoint"]) / "updater.json").read_text())["config"]
+    assert saved["ranks"] == 2 and saved["sharding"] == sharding
