@@ -9,6 +9,7 @@ are the same for every seed); each seed's gain is ``val_after - val_before``.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -35,12 +36,20 @@ def train_seed(name: str, seed: int, out: Path, overrides: list[str]) -> dict[st
     report = train(config).report
     stages = report.get("stages", {"": report})  # a chain (sft then grpo): every stage's minutes count
     stage_minutes = {name: stage.get("minutes", stage.get("train_minutes", 0.0)) for name, stage in stages.items()}
+    step_s = [
+        row.get("step_s", 0.0)
+        for stage in stages.values()
+        if stage.get("metrics") and Path(stage["metrics"]).exists()
+        for row in map(json.loads, Path(stage["metrics"]).read_text().splitlines())
+        if row.get("kind") == "train"
+    ]
     return {
         "val_before": report["val_before"],
         "val_after": report["val_after"],
         "gain": round(report["val_after"] - report["val_before"], 4),
         "minutes": round(sum(stage_minutes.values()), 2),
         "stage_minutes": {name: round(m, 2) for name, m in stage_minutes.items()},
+        "step_minutes": round(sum(step_s) / 60, 2),  # the training steps alone (``minutes`` adds the validations)
         "wall_minutes": round((time.monotonic() - t0) / 60, 2),
         "steps": report["steps"],
     }
@@ -61,6 +70,7 @@ def measure(names: list[str], seeds: range, out: Path, overrides: list[str]) -> 
             figures[f"{name}_gain_{key}"] = value
         figures[f"{name}_val_before_mean"] = spread([r["val_before"] for r in runs])["mean"]
         figures[f"{name}_minutes_max"] = max(r["minutes"] for r in runs)
+        figures[f"{name}_step_minutes_max"] = max(r["step_minutes"] for r in runs)
         figures[f"{name}_seeds"] = runs
     figures["smollm2_showcases"] = len(names)
     figures["smollm2_gain_mean_min"] = min(figures[f"{n}_gain_mean"] for n in names)
