@@ -67,7 +67,7 @@ from lightrail.adapters import (
     to_rows,
 )
 from lightrail.adapters.transitions import training_spans
-from lightrail.algorithms.policies import PolicyMap, PolicyRouter
+from lightrail.algorithms.policies import PolicyMap, PolicyRouter, check_policies_engine
 from lightrail.algorithms.run.folder import RunFolder
 from lightrail.algorithms.run.loop import run_steps
 from lightrail.algorithms.run.policy import ServedPolicy, last_attempt_spans, success_rate, validate
@@ -129,7 +129,8 @@ class GRPO:
     instead of one shared policy (`lightrail.algorithms.policies`): a model copy (with LoRA: an adapter) each, its own
     optimizer, updates from its own agents' calls only; the gateway routes each call by the agent the runner names,
     and calls of agents in no policy are served by the start model, unchanged (the gateway warns at the first call of
-    each, and at the first call naming no agent). Needs the embedded engine and OTel on in the runners. Metrics of an
+    each, and at the first call naming no agent). Needs OTel on in the runners; with ``rollout_engine="vllm"`` a LoRA
+    config (one adapter per policy on one vLLM server, `lightrail.model.vllm_rollouts.PolicyAdapter`). Metrics of an
     update are then per policy (``write/loss``...) plus ``misrouted`` (a policy agent's calls another engine served:
     not trained, the first warned about with its cause); checkpoints hold one folder per policy.
 
@@ -185,6 +186,7 @@ class GRPO:
         agents = agents if agents is not None else s.agent_filter()
         self.policies = PolicyMap(s.policies) if s.policies is not None else None
         if self.policies is not None:
+            check_policies_engine(s.rollout_engine, lora=config is not None and config.lora is not None)
             if agents is not None:
                 raise ValueError("give agents or policies, not both: the policies name the agents they train")
             if config is not None and config.ranks > 1:
@@ -300,18 +302,29 @@ class GRPO:
 
     async def _start_policies(self, config: UpdateConfig) -> PolicyRouter:
         """An engine and an updater per policy, the start model's engine for every other call, and the router."""
-        from lightrail.model.rollout_engines import EmbeddedRollouts
+        from lightrail.model.rollout_engines import EmbeddedRollouts, make_rollout_engine
         from lightrail.model.updater import PolicyUpdater
 
         assert self.policies is not None
-        self._rollouts = EmbeddedRollouts(self.model, **{**self.engine_options, "name": f"{self.served_name}-base"})
+        base = f"{self.served_name}-base"
+        vllm = self.rollout_engine == "vllm"
+        if vllm:  # one server: the start model under `base`, one LoRA adapter per policy (`PolicyAdapter`)
+            self._rollouts = make_rollout_engine(
+                "vllm", self.model, served_name=base, out_dir=self.out_dir, lora_rank=config.lora.r if config.lora
+                else None, engine_options=self.engine_options, vllm=self.vllm, adapters=len(self.policies.names),
+            )  # fmt: skip
+        else:
+            self._rollouts = EmbeddedRollouts(self.model, **{**self.engine_options, "name": base})
         await self._rollouts.start()
         for name in self.policies.names:
             served = f"{self.served_name}-{name}"
-            rollouts = EmbeddedRollouts(self.model, **{**self.engine_options, "name": served})
-            await rollouts.start()
             updater = await asyncio.to_thread(PolicyUpdater, str(self.model), config)
+            if vllm:
+                rollouts = self._rollouts.policy(served, updater)
+            else:
+                rollouts = EmbeddedRollouts(self.model, **{**self.engine_options, "name": served})
             self._slots.append(_Slot(name, rollouts, updater, self.policies.filter(name), served))
+            await rollouts.start()  # (an adapter's start loads its updater's start adapter as version 0)
         engines = {slot.name: slot.rollouts.backend for slot in self._slots}
         return PolicyRouter(engines, self.policies.by_agent, self._rollouts.backend)
 
@@ -563,7 +576,7 @@ class GRPO:
             for t in mine:
                 span = calls.get(t.metadata.get("response_id"))
                 served = span.attributes.get(Attr.RESPONSE_MODEL) if span is not None else None
-                (routed if served == slot.served else misrouted).append(t)
+                (routed if slot.answers_as(served) else misrouted).append(t)
             if misrouted and not self._warned_misrouted:
                 self._warned_misrouted = True
                 first = misrouted[0]
@@ -630,6 +643,12 @@ class _Slot:
     """The version this run last synced the engine to (None before its first update)."""
     stop: str | None = None
     """Why the run must stop after this step (`lightrail.model.mismatch`), or None."""
+
+    def answers_as(self, model: str | None) -> bool:
+        """Whether the response model a call recorded is this policy's: its engine's name, or on a shared vLLM
+        server one of its adapters' names (``<served>-v<N>``)."""
+        answers_as = getattr(self.rollouts, "answers_as", None)
+        return bool(answers_as(model)) if answers_as is not None else model == self.served
 
 
 @dataclasses.dataclass

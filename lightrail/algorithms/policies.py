@@ -11,7 +11,8 @@ the first such call of each agent (and at the first unnamed call) with its cause
 name never arrives is never trained.
 
 Each policy's engine answers to its own model name, ``<served_name>-<policy>``, recorded on every call's span as the
-response model; a transition is trained only by the policy that served it (a call whose agent the runner could not
+response model (on vLLM, one server for all: each policy is a LoRA adapter, ``<served_name>-<policy>-v<N>`` the name
+vLLM echoes); a transition is trained only by the policy that served it (a call whose agent the runner could not
 name was served by the start model and is counted as ``misrouted``, not trained; `GRPO` warns at the first one).
 
 Concurrency model: `PolicyRouter` runs on the gateway's event loop; its set of agents already warned about is only
@@ -28,7 +29,7 @@ from typing import Any
 from lightrail.adapters.selection import AgentFilter
 from lightrail.types import AGENT_HEADER, ChatRequest, CompletionRequest, Generation, check_agent_name
 
-__all__ = ["PolicyMap", "PolicyRouter"]
+__all__ = ["PolicyMap", "PolicyRouter", "check_policies_engine"]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,16 @@ class PolicyMap:
 
     def __repr__(self) -> str:
         return f"PolicyMap({ {name: list(agents) for name, agents in self.agents.items()} })"
+
+
+def check_policies_engine(rollout_engine: str, *, lora: bool) -> None:
+    """Several policies on vLLM are LoRA adapters on one server (`lightrail.model.vllm_rollouts.PolicyAdapter`):
+    refuse them with full weights, in one line."""
+    if rollout_engine == "vllm" and not lora:
+        raise ValueError(
+            "grpo.policies: with rollout_engine vllm each policy is a LoRA adapter on one vLLM server: set "
+            "grpo.config.lora (several full-weight policies need the embedded engine)"
+        )
 
 
 MAX_WARNED_AGENTS = 32

@@ -260,7 +260,8 @@ class GRPOSection(_PolicySection, kw_only=True, forbid_unknown_fields=True):
     policies: dict[str, list[str]] | None = None
     """One trained policy per group of agents, ``{write: [write_query], rewrite: [rewrite_query]}`` (instead of
     ``agents``): a model copy or LoRA adapter each, with its own optimizer; the gateway routes each call by the agent
-    the runner names; other agents' calls are served by the start model. null: one shared policy."""
+    the runner names; other agents' calls are served by the start model. With ``rollout_engine: vllm``: LoRA only
+    (one adapter per policy on one server). null: one shared policy."""
     filter_groups: bool = False
     """DAPO's dynamic sampling: leave groups whose transitions all have advantage 0 out of the update and sample more
     tasks until ``tasks_per_step`` groups carry a signal (more rollouts per step)."""
@@ -298,7 +299,7 @@ class GRPOSection(_PolicySection, kw_only=True, forbid_unknown_fields=True):
 
     def __post_init__(self) -> None:
         from lightrail.adapters.credit import credit_by_name
-        from lightrail.algorithms.policies import PolicyMap
+        from lightrail.algorithms.policies import PolicyMap, check_policies_engine
         from lightrail.model.rollout_engines import check_vllm_options
 
         super().__post_init__()
@@ -312,8 +313,8 @@ class GRPOSection(_PolicySection, kw_only=True, forbid_unknown_fields=True):
                 raise ValueError(f"{key}.{exc}" if name == "policies" else f"{key}.{name}: {exc}") from None
         if self.policies is not None and (self.agents is not None or self.agents_pattern is not None):
             raise ValueError(f"{key}: give agents or policies, not both (the policies name the agents they train)")
-        if self.policies is not None and self.rollout_engine != "embedded":
-            raise ValueError(f"{key}.policies: served by the embedded engine today; rollout_engine vllm serves one")
+        if self.policies is not None and self.config:  # (no config here: `GRPO` checks the one it is given)
+            check_policies_engine(self.rollout_engine, lora=bool(self.config.get("lora")))
         if self.advantage == "gae":
             for name, why in (("merge_calls", "needs one call per row (its return on the row's last token)"),
                               ("filter_groups", "has no group advantages to filter on"),

@@ -3,7 +3,8 @@
 * ``"embedded"`` (`EmbeddedRollouts`): the in-process transformers `lightrail.engine.Engine`; weights are copied in
   place after each update (the default; nothing else to run).
 * ``"vllm"`` (`lightrail.model.vllm_rollouts.VLLMRollouts`): a ``vllm serve`` process, LoRA adapters or full weights synced
-  after each update.
+  after each update; with several policies, one server and one LoRA adapter per policy
+  (`lightrail.model.vllm_rollouts.PolicyAdapter`, each a `RolloutEngine` of its own).
 
 The loop only sees the protocol: start it, hand its `backend` to the gateway, read `policy_version`, `sync` the
 updater after each update, `close` it. Another engine (verl's rollout workers, SGLang) is one more class with these
@@ -95,9 +96,11 @@ def make_rollout_engine(
     lora_rank: int | None,
     engine_options: dict[str, Any] | None = None,
     vllm: dict[str, Any] | None = None,
+    adapters: int = 1,
 ) -> RolloutEngine:
     """The rollout engine named ``kind`` (see `ROLLOUT_ENGINES`). ``vllm``: `VLLMRollouts` options (``python``,
-    ``url``, ``args``, ``env``, ``api_key``, ``startup_timeout_s``; files go to ``<out_dir>/vllm``)."""
+    ``url``, ``args``, ``env``, ``api_key``, ``startup_timeout_s``; files go to ``<out_dir>/vllm``); ``adapters``:
+    the policies whose LoRA adapters one vLLM server serves side by side (`VLLMRollouts.policy`)."""
     if kind == "embedded":
         return EmbeddedRollouts(model, **(engine_options or {}))
     if kind == "vllm":
@@ -108,7 +111,7 @@ def make_rollout_engine(
         for name in ("tool_format", "reasoning"):  # one setting for both engines: the model's formats
             if (engine_options or {}).get(name) is not None:
                 options.setdefault(name, engine_options[name])  # type: ignore[index]
-        return VLLMRollouts(model, served_name=served_name, lora_rank=lora_rank, **options)
+        return VLLMRollouts(model, served_name=served_name, lora_rank=lora_rank, adapters=adapters, **options)
     raise ValueError(f"rollout_engine must be one of {ROLLOUT_ENGINES}, not {kind!r}")
 
 

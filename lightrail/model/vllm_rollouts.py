@@ -11,6 +11,9 @@ moves the new weights into the server:
   requests are sent with that adapter's name. The previous adapter is unloaded (``POST /v1/unload_lora_adapter``)
   only once every request sent with its name has been answered; vLLM echoes the adapter name in each answer,
   which is the version recorded. ``--max-loras 2`` lets the old and new adapter share a batch meanwhile.
+* **Several policies** (`GRPO`'s ``policies``, LoRA only): one server serves the start model and one adapter per
+  policy (`PolicyAdapter`, from `VLLMRollouts.policy`), each with its own `VersionedUpstream` and names
+  (``<served>-<policy>-vN``), synced as above after that policy's update only; ``--max-loras`` is two per policy.
 * **Full weights**: the merged state dict is written as ``<workdir>/weights/vN/model.safetensors``; new requests
   are held at the gateway until in-flight ones finish, vLLM reloads the folder in place (``POST /collective_rpc``
   with ``reload_weights``, a development endpoint: ``VLLM_SERVER_DEV_MODE=1``), its prefix cache is reset
@@ -55,7 +58,14 @@ import msgspec
 from lightrail._http import HTTPPool
 from lightrail.gateway.backends import VersionedUpstream
 
-__all__ = ["VLLMRollouts", "check_vllm_sampling", "write_lora_adapter", "write_serving_weights"]
+__all__ = [
+    "PolicyAdapter",
+    "VLLMRollouts",
+    "adapter_name",
+    "check_vllm_sampling",
+    "write_lora_adapter",
+    "write_serving_weights",
+]
 
 PYTHON_ENV = "LIGHTRAIL_VLLM_PYTHON"
 """Names the interpreter of a venv with vLLM (vLLM pins its own torch/transformers: keep it out of the trainer's)."""
@@ -98,6 +108,7 @@ class VLLMRollouts:
         request_timeout_s: float = 600.0,
         tool_format: str | None = None,
         reasoning: str | None = None,
+        adapters: int = 1,
     ) -> None:
         from lightrail.engine.formats import formats_of
 
@@ -107,6 +118,8 @@ class VLLMRollouts:
         self.served_name = served_name
         self.workdir = Path(workdir)
         self.lora_rank = lora_rank
+        self.adapters = adapters
+        """Policies whose adapters it serves side by side (`policy`); each may have two loaded while one drains."""
         self.url = url.rstrip("/").removesuffix("/v1") if url else None
         self.python = str(python or os.environ.get(PYTHON_ENV) or sys.executable)
         self.args = [str(a) for a in args]
@@ -165,7 +178,7 @@ class VLLMRollouts:
         requests in flight finish on the weights they started with."""
         started = time.monotonic()
         if updater.is_lora:
-            await self._sync_adapter(updater, version, started)
+            await self.sync_adapter(self.backend, updater, version)
         else:
             await self._sync_full(updater, version, started)
 
@@ -189,9 +202,16 @@ class VLLMRollouts:
 
     # -- weight sync ----------------------------------------------------------------------------------------
 
-    async def _sync_adapter(self, updater: Any, version: int, started: float) -> None:
-        backend = self.backend
-        name = f"{self.served_name}-v{version}"
+    def policy(self, served_name: str, updater: Any) -> PolicyAdapter:
+        """One policy's LoRA adapter on this server as its own `RolloutEngine` (`PolicyAdapter`), answering to
+        ``served_name``; ``updater`` holds its start adapter (version 0)."""
+        return PolicyAdapter(self, served_name, updater)
+
+    async def sync_adapter(self, backend: VersionedUpstream, updater: Any, version: int) -> None:
+        """Load ``updater``'s adapter as ``<backend.served_name>-v<version>`` and route ``backend``'s new requests
+        to it; the adapter it replaces is unloaded once its requests are answered."""
+        started = time.monotonic()
+        name = adapter_name(backend.served_name, version)
         path = self.workdir / "adapters" / name
         await asyncio.to_thread(write_lora_adapter, updater, path)
         load = {"lora_name": name, "lora_path": str(path)}
@@ -204,7 +224,7 @@ class VLLMRollouts:
             await self._post("/v1/load_lora_adapter", load)
         previous = backend.route(name, version)
         self.last_sync_s = time.monotonic() - started
-        if previous != self.served_name and previous != name:
+        if previous != backend.served_name and previous != name:
             # Requests sent with the old adapter finish on it; only then is it unloaded (and its files removed).
             await backend.drain(previous)
             await self._post("/v1/unload_lora_adapter", {"lora_name": previous})
@@ -257,7 +277,8 @@ class VLLMRollouts:
         env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
         if self.lora_rank is not None:
             rank = next((r for r in _LORA_RANKS if r >= self.lora_rank), self.lora_rank)
-            options += [("--enable-lora",), ("--max-lora-rank", str(rank)), ("--max-loras", "2")]
+            # each policy's old and new adapter may share a batch while the old one drains
+            options += [("--enable-lora",), ("--max-lora-rank", str(rank)), ("--max-loras", str(2 * self.adapters))]
             env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
         else:
             env["VLLM_SERVER_DEV_MODE"] = "1"
@@ -299,6 +320,64 @@ class VLLMRollouts:
         if not self.log_path.exists():
             return ""
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+
+
+def adapter_name(served_name: str, version: int) -> str:
+    """The name version ``version`` of the adapter served as ``served_name`` is loaded under (vLLM echoes it)."""
+    return f"{served_name}-v{version}"
+
+
+class PolicyAdapter:
+    """One policy's LoRA adapter on a `VLLMRollouts` server that several policies share (`GRPO`'s ``policies``),
+    as a `RolloutEngine`: its own `VersionedUpstream` answers to ``served_name`` and sends each call with the name
+    of this policy's current adapter (``<served_name>-v<N>``), and `sync` replaces this policy's adapter alone, so
+    each policy's version advances with its own updates. `start` loads ``updater``'s start adapter as version 0:
+    LoRA's B matrices start at zero, so version 0 answers as the base model."""
+
+    def __init__(self, server: VLLMRollouts, served_name: str, updater: Any) -> None:
+        if not updater.is_lora:
+            raise ValueError("a policy on a shared vLLM server is a LoRA adapter: its updater needs config.lora")
+        self.server = server
+        self.served_name = served_name
+        self.updater = updater
+        self._backend: VersionedUpstream | None = None
+
+    @property
+    def backend(self) -> VersionedUpstream:
+        if self._backend is None:
+            raise RuntimeError("PolicyAdapter.start() has not run")
+        return self._backend
+
+    @property
+    def policy_version(self) -> int:
+        return self.backend.policy_version or 0
+
+    def answers_as(self, model: str | None) -> bool:
+        """Whether ``model``, the name vLLM echoed, is one of this policy's adapters."""
+        prefix = f"{self.served_name}-v"
+        return model is not None and model.startswith(prefix) and model[len(prefix) :].isdigit()
+
+    async def start(self) -> None:
+        """Load the start adapter (version 0) on the server (started already) and route this policy's calls to it."""
+        s = self.server
+        assert s.url is not None, "start the shared server first"
+        self._backend = VersionedUpstream(
+            s.url, served_name=self.served_name, api_key=s.api_key, timeout_s=s.request_timeout_s
+        )
+        await s.sync_adapter(self._backend, self.updater, 0)
+
+    async def sync(self, updater: Any, version: int) -> None:
+        await self.server.sync_adapter(self.backend, updater, version)
+
+    async def close(self) -> None:
+        """Unload this policy's adapter from a server this run attached to (one it started stops with it)."""
+        if self._backend is None:
+            return
+        if self.server._proc is None and self.server._control is not None:
+            with contextlib.suppress(Exception):  # best effort: the server may be gone
+                await self.server._post("/v1/unload_lora_adapter", {"lora_name": self._backend.current})
+        await self._backend.aclose()
+        self._backend = None
 
 
 class _AlreadyLoaded(RuntimeError):

@@ -337,6 +337,13 @@ def _grpo_options(section: dict[str, Any], where: str, given: Mapping[str, Any] 
     if "steps" in (given or section) and settings.epochs is not None:
         raise ConfigError(f"{where}: give steps or epochs, not both (epochs sets the step count)")
     update = grpo_config(settings.config, f"{where}.config") if settings.config else None
+    if settings.policies is not None:
+        from lightrail.algorithms.policies import check_policies_engine
+
+        try:
+            check_policies_engine(settings.rollout_engine, lora=update is not None and update.lora is not None)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     try:
         resolve_loss_agg(settings.advantage, settings.loss_agg, update)
     except ValueError as exc:

@@ -71,3 +71,20 @@ def unroutable_calls_agent(task, llm):
     with as_agent("writre"):
         ask()
     return float(len(first) % 2)
+
+
+@rollout
+def writer_checker_agent(task, llm, rollout):
+    """Three calls with ``policies={"write": ["writer"], "check": ["checker"]}`` in mind: the writer's, the checker's
+    (from step 2 on only: step 1 gives the check policy nothing to train) and one of a judge in no policy. Rewarded
+    by the parity of the sample index (every group of two carries a signal)."""
+    from lightrail import as_agent
+
+    client = OpenAI(base_url=llm.endpoint, api_key=llm.api_key or "none", max_retries=0)
+    messages = [{"role": "user", "content": task["question"]}]
+    for agent in ("writer", "checker", "judge"):
+        if agent == "checker" and int(rollout.metadata.get("step", 1)) < 2:
+            continue
+        with as_agent(agent):
+            client.chat.completions.create(model=llm.model, messages=messages, **llm.sampling)
+    return float(rollout.sample_index % 2)

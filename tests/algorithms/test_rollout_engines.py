@@ -16,6 +16,7 @@ from grpo_helpers import tiny_llama
 from safetensors.torch import load_file
 
 from lightrail.algorithms import GRPO, LoraSettings, PolicyUpdater, UpdateConfig
+from lightrail.algorithms.settings import GRPOSection
 from lightrail.gateway import ScriptedBackend
 from lightrail.gateway.server import GatewayServer
 from lightrail.model.rollout_engines import EmbeddedRollouts, make_rollout_engine
@@ -34,6 +35,20 @@ def test_rollout_engine_choice_and_vllm_sampling_are_checked_up_front(tmp_path):
         make_rollout_engine("vllm", tmp_path, served_name="p", out_dir=tmp_path, lora_rank=8, vllm={"pyhton": "x"})
     assert isinstance(make_rollout_engine("embedded", tmp_path, served_name="p", out_dir=tmp_path, lora_rank=None),
                       EmbeddedRollouts)  # fmt: skip
+
+
+def test_several_policies_on_vllm_need_lora(tmp_path):
+    """Each policy on vLLM is a LoRA adapter on one server: full weights are refused in one line, from the
+    constructor's ``config`` and from a section's; with LoRA (or the embedded engine) the run is accepted."""
+    policies = {"write": ["writer"], "check": ["checker"]}
+    for config in (None, UpdateConfig(seed=0)):
+        with pytest.raises(ValueError, match=r"^grpo.policies: with rollout_engine vllm each policy is a LoRA adapter"):
+            GRPO(tmp_path, config=config, policies=policies, rollout_engine="vllm")
+    with pytest.raises(ValueError, match=r"^grpo.policies: .* set grpo.config.lora"):
+        GRPOSection(policies=policies, rollout_engine="vllm", config={"lr": 1e-3})
+    grpo = GRPO(tmp_path, config=UpdateConfig(lora=LORA), policies=policies, rollout_engine="vllm")
+    assert grpo.policies is not None and grpo.policies.names == ["write", "check"]
+    GRPO(tmp_path, config=UpdateConfig(seed=0), policies=policies)  # the embedded engine serves full weights
 
 
 def test_attaching_to_a_server_without_the_served_name_fails_clearly(tmp_path):

@@ -280,3 +280,73 @@ def test_full_weight_sync_reloads_vllm_and_inflight_requests_finish(model_dir, t
     assert worst < TOLERANCE, worst
     assert after.choices[0].logprobs != before.choices[0].logprobs
     assert sync_s is not None and sync_s > 0
+
+
+@pytest.mark.timeout(2400)
+def test_two_policies_are_two_lora_adapters_on_one_vllm_server(model_dir, tmp_path):
+    """``policies`` with vLLM: one server, one adapter per policy. Every call is served by its agent's policy's
+    adapter (the name vLLM echoes) at that policy's version; a judge in no policy by the base model; each policy
+    trains on its own agents' calls only and its version advances with its own updates (the checker first calls at
+    step 2, so its policy is still at version 0 when the writer's is at 1); nothing is misrouted."""
+    from examples.calculator.data import make_splits
+
+    train, _ = make_splits(4, 0, seed=1)
+    grpo = GRPO(
+        model_dir,
+        config=UpdateConfig(lr=2e-3, lora=LORA, seed=0),
+        policies={"write": ["writer"], "check": ["checker"]},
+        steps=2,
+        tasks_per_step=2,
+        n_samples=2,
+        sampling={"temperature": TEMPERATURE, "max_tokens": 8},
+        val_every=0,
+        validate_before=False,
+        checkpoint_every=0,
+        out_dir=tmp_path / "run",
+        rollout_engine="vllm",
+        vllm=VLLM_OPTIONS,
+    )
+    store_path = tmp_path / "store.db"
+    Trainer(n_runners=1, concurrency=4, store=str(store_path), algorithm=grpo).fit(
+        "loop_agents:writer_checker_agent", train, []
+    )
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in metrics if m["kind"] == "train"]
+    assert [m["misrouted"] for m in steps] == [0, 0]
+    assert [m["write/transitions"] for m in steps] == [4, 4]  # one writer call per rollout
+    assert [m["check/transitions"] for m in steps] == [0, 4]  # the checker calls from step 2 on
+    assert [(m["write/policy_version"], m["check/policy_version"]) for m in steps] == [(1, 0), (2, 1)]
+
+    async def calls() -> list[tuple[int, str, str, int]]:
+        store = SQLiteStore(str(store_path))
+        try:
+            found, trained = [], []
+            for rollout in await store.query_rollouts():
+                spans = await store.query_spans(rollout.rollout_id)
+                for span in spans:
+                    if span.name == Attr.SPAN_LLM_CALL:
+                        a = span.attributes
+                        found.append((int(rollout.metadata["step"]), a[Attr.CALLER_AGENT], a[Attr.RESPONSE_MODEL],
+                                      a[Attr.POLICY_VERSION]))  # fmt: skip
+                    elif span.name == Attr.SPAN_TRAINING:
+                        trained += span.attributes[Attr.TRAINING_CALLS]
+            return found, trained
+        finally:
+            await store.close()
+
+    found, trained = asyncio.run(calls())
+    # step 1 samples with both start adapters (version 0 = the base model); step 2 with write v1 and check v0
+    served = {(step, agent): set() for step, agent, _, _ in found}
+    for step, agent, model, version in found:
+        served[step, agent].add((model, version))
+    assert served == {
+        (1, "writer"): {("policy-write-v0", 0)},
+        (1, "judge"): {("policy-base", 0)},
+        (2, "writer"): {("policy-write-v1", 1)},
+        (2, "checker"): {("policy-check-v0", 0)},
+        (2, "judge"): {("policy-base", 0)},
+    }
+    assert len(found) == 4 * 2 + 4 * 3
+    assert sorted((c["policy"], c["agent"]) for c in trained) == sorted(
+        [("write", "writer")] * 8 + [("check", "checker")] * 4
+    )

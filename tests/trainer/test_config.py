@@ -120,6 +120,18 @@ def test_bad_config_is_rejected_with_the_field_path(tmp_path, override, message)
         load_config(_write(tmp_path, CONFIG), [override])
 
 
+def test_several_policies_on_vllm_are_refused_without_lora_when_the_config_is_read(tmp_path):
+    policies = ["grpo.agents_pattern=null", "grpo.policies={w: [a], r: [b]}", "grpo.rollout_engine=vllm"]
+    refusal = (
+        "grpo.policies: with rollout_engine vllm each policy is a LoRA adapter on one vLLM server: set grpo.config.lora"
+    )
+    for config in ("grpo.config.lr=1.0e-3", "grpo.config={}"):
+        with pytest.raises(ConfigError, match=re.escape(refusal)):
+            load_config(_write(tmp_path, CONFIG), [*policies, config])
+    config = load_config(_write(tmp_path, CONFIG), [*policies, "grpo.config.lora={r: 4}"])
+    assert config.grpo["policies"] == {"w": ["a"], "r": ["b"]}
+
+
 def test_bad_references_and_files_are_named(tmp_path, capsys):
     config = load_config(_write(tmp_path, CONFIG), ["data=examples.calculator.data:nope"])
     with pytest.raises(ConfigError, match="has no attribute 'nope'"):
