@@ -276,7 +276,7 @@ class OpenAIUpstream:
         """Tokens of the prompt the upstream renders for ``request``, counted by its ``POST /tokenize`` (vLLM's).
         An upstream without that endpoint is a `BackendError` 404 naming it (the caller sees why, not a guess); its
         other 4xx reach the caller as they are; an answer without a count is an `UpstreamError`."""
-        body: dict[str, Any] = {"model": self.model or request.model, "messages": request.messages,
+        body: dict[str, Any] = {"model": self._counting_model(request), "messages": request.messages,
                                 "add_generation_prompt": True}  # fmt: skip
         if request.tools:
             body["tools"] = request.tools
@@ -295,6 +295,10 @@ class OpenAIUpstream:
         return counted.count
 
     # -- helpers --------------------------------------------------------------------------------------------
+
+    def _counting_model(self, request: ChatRequest) -> str:
+        """The model name `count_tokens` asks the tokenizer endpoint for."""
+        return self.model or request.model
 
     async def refresh_models(self) -> list[str]:
         """Ask the upstream for its models (``GET /v1/models``) unless a ``model`` override is set."""
@@ -472,6 +476,10 @@ class VersionedUpstream(OpenAIUpstream):
 
     def model_names(self) -> list[str]:
         return [self.served_name]
+
+    def _counting_model(self, request: ChatRequest) -> str:
+        # the name the server knows: a policy's adapter on a shared server answers to `current`, not `served_name`
+        return self._current
 
     async def chat(self, request: ChatRequest) -> Generation:
         return await self._send(request, self._chat)

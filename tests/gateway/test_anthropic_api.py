@@ -610,6 +610,26 @@ def test_count_tokens_through_an_upstream_is_the_upstreams_own_count(make_gatewa
     assert gateway.spans(lease) == []  # counting is not a call
 
 
+def test_count_tokens_through_a_policy_adapter_asks_for_the_adapter_vllm_serves(make_gateway, serve_asgi):
+    """A policy's backend on a shared vLLM server answers to ``<served>-<policy>``, a name the server does not know:
+    `count_tokens` asks the tokenizer for the adapter the policy's calls are currently sent to."""
+    from lightrail.gateway.backends import VersionedUpstream
+
+    seen: list[str] = []
+
+    async def count(body: dict) -> Response:
+        seen.append(body["model"])
+        return JSONResponse({"count": 7, "max_model_len": 4096, "tokens": list(range(7)), "token_strs": None})
+
+    upstream = serve_asgi(vllm_tokenizer(count))
+    backend = VersionedUpstream(f"{upstream.url}/v1", served_name="policy-write")
+    backend.route("policy-write-v3", 3)
+    gateway = make_gateway(backend, token=TOKEN)
+    params = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]}
+    assert client_for(gateway).messages.count_tokens(**params).input_tokens == 7
+    assert seen == ["policy-write-v3"]
+
+
 def test_count_tokens_through_an_upstream_that_cannot_count_says_so(make_gateway, serve_asgi):
     """Never a guessed count: an upstream without a tokenizer endpoint (here another lightrail gateway) is a 404
     naming it; one answering without a count (llama.cpp's ``/tokenize`` reads ``content`` and answers
