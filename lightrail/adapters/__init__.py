@@ -24,7 +24,6 @@ Example::
     rows, drift = to_rows(transitions, merge=True)
 """
 
-from lightrail.adapters.records import AdapterReport, Episode, IntermediateReward, LLMCall
 from lightrail.adapters.advantages import GroupReport, group_advantages, normalize_group
 from lightrail.adapters.credit import (
     CreditAssignment,
@@ -36,6 +35,7 @@ from lightrail.adapters.credit import (
 )
 from lightrail.adapters.episode import AGENT_NAME_KEYS, agent_name_of, build_episode
 from lightrail.adapters.messages import ChatSample, episode_messages, spans_to_messages
+from lightrail.adapters.records import AdapterReport, Episode, IntermediateReward, LLMCall
 from lightrail.adapters.rewards import ToolRewardRule, is_tool_span, looks_like_error, tool_rewards
 from lightrail.adapters.selection import AgentFilter, Exclusions, select_trainable
 from lightrail.adapters.trajectory import DriftReport, PrefixBreak, to_rows

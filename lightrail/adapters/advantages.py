@@ -65,8 +65,8 @@ from typing import Literal
 
 import msgspec
 
-from lightrail.adapters.records import Episode
 from lightrail.adapters.credit import CreditAssignment, PerTurn, split_linked
+from lightrail.adapters.records import Episode
 from lightrail.adapters.transitions import episode_transitions
 from lightrail.types import Rollout, Transition
 

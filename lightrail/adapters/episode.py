@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from operator import attrgetter
 
-from lightrail.adapters.records import AdapterReport, Episode, IntermediateReward, LLMCall
 from lightrail.adapters.credit import split_linked
+from lightrail.adapters.records import AdapterReport, Episode, IntermediateReward, LLMCall
 from lightrail.adapters.rewards import ToolRewardRule, is_tool_span, tool_rewards
 from lightrail.types import Attr, Span, call_agent_name, normalize_agent_name
 

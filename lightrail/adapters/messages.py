@@ -16,8 +16,8 @@ from typing import Any
 
 import msgspec
 
-from lightrail.adapters.records import Episode
 from lightrail.adapters.episode import build_episode
+from lightrail.adapters.records import Episode
 from lightrail.types import Attr, Span
 
 __all__ = ["ChatSample", "episode_messages", "spans_to_messages"]

@@ -13,9 +13,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from lightrail.adapters.records import AdapterReport, Episode
 from lightrail.adapters.credit import CreditAssignment, PerTurn
 from lightrail.adapters.episode import AGENT_NAME_KEYS, build_episode
+from lightrail.adapters.records import AdapterReport, Episode
 from lightrail.adapters.rewards import ToolRewardRule
 from lightrail.types import Attr, Span, Transition, next_seq
 
