@@ -103,12 +103,13 @@ class MaskedQuestionSelector(BaseExampleSelector):
     def select_examples(self, input_variables: dict[str, str]) -> list[dict[str, str]]:
         question = input_variables["question"]
         terms = _masked_terms(question)
-        scored = [
-            (len(terms & other) / len(terms | other), -i)
+        similarity = {
+            i: len(terms & other) / len(terms | other)
             for i, (example, other) in enumerate(zip(self.examples, self._terms, strict=True))
             if example["question"] != question
-        ]
-        return [self.examples[-i] for _, i in sorted(scored, reverse=True)[: self.k]]
+        }
+        ranked = sorted(similarity, key=lambda i: -similarity[i])  # a stable sort: ties keep the pool's order
+        return [self.examples[i] for i in ranked[: self.k]]
 
 
 class SQLState(TypedDict, total=False):
