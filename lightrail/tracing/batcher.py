@@ -9,10 +9,12 @@ jittered pauses (`lightrail._retry`; the store client already retried each write
 for good (an error carrying a 4xx ``http_status``, such as an unknown attempt) are isolated by retrying span by
 span, then counted in `rejected` and logged.
 
-Backpressure: at most ``max_pending`` spans wait in memory. Emitters in worker threads block in `submit` until
-the writer catches up (spans handed over but not yet queued count too); emitters on the event loop cannot block it, so the runner instead stops leasing new
-rollouts (`wait_capacity`) while the queue is full, and spans beyond ``2 * max_pending`` are dropped and
-counted (`dropped`), the one case where memory wins over completeness.
+Backpressure: at most ``max_pending`` spans wait in memory, counting every span not yet settled (queued, in the
+batch being written, or handed over by a thread and not yet queued): one count, so a thread blocked in `submit` and
+the runner's `wait_capacity` see the same "full" and are both released by the write that settles spans, never by the
+writer merely taking a batch off the queue. Emitters in worker threads block in `submit`; emitters on the event loop
+cannot block it, so the runner instead stops leasing new rollouts (`wait_capacity`) while memory is full, and spans
+beyond ``2 * max_pending`` are dropped and counted (`dropped`), the one case where memory wins over completeness.
 
 Concurrency model: the queue belongs to one event loop and is only touched from it. `submit` from the loop's
 thread appends directly; from any other thread it hands the span over with ``loop.call_soon_threadsafe``
@@ -93,7 +95,7 @@ class SpanBatcher:
         self._task: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
         self._space_async: asyncio.Event | None = None
-        self._room = threading.Condition()  # worker threads wait on it while max_pending spans are queued
+        self._room = threading.Condition()  # worker threads wait on it while max_pending spans are pending
         self._inbound = 0  # spans handed over by threads, not yet queued by the loop (guarded by _room)
 
     @property
@@ -122,9 +124,10 @@ class SpanBatcher:
         if loop is None:
             raise RuntimeError("SpanBatcher.start() must be called in the event loop first")
         with self._room:
-            # backpressure on a worker thread: wait for the writer (spans in transit to the loop count too)
-            if len(self._queue) + self._inbound >= self.max_pending:
-                self._room.wait_for(lambda: len(self._queue) + self._inbound < self.max_pending, timeout=60.0)
+            # backpressure on a worker thread: wait until a write settles spans (spans in transit count too);
+            # `_settle` notifies, and only a settle lowers `pending`
+            if self.pending + self._inbound >= self.max_pending:
+                self._room.wait_for(lambda: self.pending + self._inbound < self.max_pending, timeout=60.0)
             self._inbound += 1
         try:
             loop.call_soon_threadsafe(self._accept_from_thread, span)
@@ -139,21 +142,21 @@ class SpanBatcher:
         self._accept(span)
 
     def _accept(self, span: Span) -> None:
-        if len(self._queue) >= 2 * self.max_pending:
+        if self.pending >= 2 * self.max_pending:
             self.dropped += 1
             if self.dropped == 1 or self.dropped % 10_000 == 0:
                 log.error("span queue full (store too slow or down): %d spans dropped so far", self.dropped)
             return
         self._queue.append(span)
         self._accepted += 1
-        if len(self._queue) >= self.max_pending:
+        if self.pending >= self.max_pending:
             assert self._space_async is not None
             self._space_async.clear()
         assert self._wake is not None
         self._wake.set()
 
     async def wait_capacity(self) -> None:
-        """Return once fewer than ``max_pending`` spans are waiting (the runner calls this before leasing)."""
+        """Return once fewer than ``max_pending`` spans are pending (the runner calls this before leasing)."""
         if self._space_async is not None:
             await self._space_async.wait()
 
@@ -201,7 +204,7 @@ class SpanBatcher:
 
     def _settle(self, n: int) -> None:
         self._settled += n
-        if len(self._queue) < self.max_pending:
+        if self.pending < self.max_pending:
             assert self._space_async is not None
             self._space_async.set()
         with self._room:
