@@ -164,16 +164,8 @@ class APO:
         self.llm = llm
         self.prompts = dict(prompts)
         self.optimizer = optimizer
-        self.rounds = s.rounds
-        self.beam_width = s.beam_width
         self.gradient_children = s.gradient_children if optimizer is not None else 0
         self.demo_children = s.demo_children if s.demonstrations else 0
-        self.batch_size = s.batch_size
-        self.n_samples = s.n_samples
-        self.max_rollouts = s.max_rollouts
-        self.max_optimizer_calls = s.max_optimizer_calls
-        self.demo_k = s.demo_k
-        self.demo_chars = s.demo_chars
         self.demo_template = demo_template or next(iter(prompts))
         self.demo_format = demo_format
         if demo_format == "messages":
@@ -189,8 +181,6 @@ class APO:
         self._stored_pool: list[dict[str, Any]] | None = None
         self.bootstrap_rollouts = s.bootstrap_rollouts if s.demonstrations else 0
         self.bootstrap_sampling = {"temperature": 1.0, **(s.bootstrap_sampling or {})}
-        self.trace_examples = s.trace_examples
-        self.trace_chars = s.trace_chars
         self.prompts_dir = None if s.prompts_dir is None else Path(s.prompts_dir)
         self.sampling = {"temperature": 0.0, "max_tokens": 128, **(s.sampling or {})}
         self.val_sampling = {"temperature": 0.0, "max_tokens": 128, **(s.val_sampling or {})}
@@ -198,9 +188,6 @@ class APO:
         self.success_threshold = s.success_threshold
         self.out_dir = Path(s.out_dir)
         self.folder = RunFolder(s.out_dir, "APO")  # metrics.jsonl and report.json (the search's state: apo_state.json)
-        self.served_name = s.served_name
-        self.llm_name = s.llm_name
-        self.seed = s.seed
         self.engine_options = s.engine_options or {}
         self.gateway = gateway
         self.report: dict[str, Any] = {}
@@ -232,7 +219,7 @@ class APO:
             await ctx.store.cancel(stale)
         if self.model is not None:
             self._served = await ServedPolicy.embedded(
-                self.model, ctx.store, self.gateway, name=self.served_name, engine_options=self.engine_options
+                self.model, ctx.store, self.gateway, name=self.settings.served_name, engine_options=self.engine_options
             )
             self._policy = self._served.llm(self.sampling)
         else:
@@ -242,8 +229,8 @@ class APO:
         if self.optimizer == "self":
             assert self._served is not None  # __init__ requires the model for optimizer "self"
             self._optimizer_llm = LLM(
-                endpoint=self._served.gateway.bound_url, model=self.served_name, api_key=self._served.gateway.token,
-                sampling=self.optimizer_sampling, routed=False,
+                endpoint=self._served.gateway.bound_url, model=self.settings.served_name,
+                api_key=self._served.gateway.token, sampling=self.optimizer_sampling, routed=False,
             )  # fmt: skip
         elif isinstance(self.optimizer, LLM):
             self._optimizer_llm = msgspec.structs.replace(
@@ -264,7 +251,7 @@ class APO:
             raise ValueError("APO needs training tasks")
         started = time.monotonic()
         val_before = await self._validate(ctx, "c0")
-        while self._state["round"] < self.rounds + 1:  # round 0 scores the seed, rounds 1.. expand the beam
+        while self._state["round"] < self.settings.rounds + 1:  # round 0 scores the seed, rounds 1.. expand the beam
             if not await self._round(ctx, self._state["round"]):
                 break
         best = self.candidates[self.beam[0]]
@@ -311,7 +298,7 @@ class APO:
             if r == 0:
                 ids = ["c0"]
             else:
-                per_task = self.n_samples * (len(self.beam) + 1)
+                per_task = self.settings.n_samples * (len(self.beam) + 1)
                 left = self._rollouts_left()
                 if left is not None and left < per_task:
                     return False  # not even one task for the beam and one child
@@ -324,14 +311,16 @@ class APO:
                 if len(ids) == len(self.beam):
                     return False  # nothing new to try
             exclude = {d["task_id"] for i in ids for d in self.candidates[i].demos}
-            size = self.batch_size
+            size = self.settings.batch_size
             left = self._rollouts_left()
             if left is not None:
-                size = min(size, left // (len(ids) * self.n_samples))
+                size = min(size, left // (len(ids) * self.settings.n_samples))
                 if size < 1:
                     return False
             pending = {"round": r, "candidates": ids, "tasks": self._next_tasks(ctx.train_tasks, size, exclude)}
-            self._state["rollouts_used"] += len(ids) * len(pending["tasks"]) * self.n_samples  # counted when fixed
+            self._state["rollouts_used"] += (
+                len(ids) * len(pending["tasks"]) * self.settings.n_samples
+            )  # counted when fixed
             self._state["pending"] = pending
             self._save_state()
         ids, tasks = pending["candidates"], pending["tasks"]
@@ -342,7 +331,10 @@ class APO:
         entries = pending.get("rollouts")
         if entries is None:
             entries = [
-                [cid, i, s, self._rollout_id(r, cid, i, s)] for cid in ids for i in tasks for s in range(self.n_samples)
+                [cid, i, s, self._rollout_id(r, cid, i, s)]
+                for cid in ids
+                for i in tasks
+                for s in range(self.settings.n_samples)
             ]
         elif pending.get("session") != self._state["session"]:  # resumed: keep what finished, redo what did not
             stored = {x.rollout_id: x for x in await ctx.store.query_rollouts(rollout_ids=[e[3] for e in entries])}
@@ -369,7 +361,7 @@ class APO:
         for cid, runs in by_candidate.items():
             self.candidates[cid].scores[str(r)] = _score(runs)
         ranked = sorted(ids, key=lambda c: (-self.candidates[c].scores[str(r)], _index(c)))
-        self.beam = ranked[: self.beam_width]
+        self.beam = ranked[: self.settings.beam_width]
         for cid in ids:
             c = self.candidates[cid]
             self._record(
@@ -487,13 +479,13 @@ class APO:
         failed = [x for x in rollouts if x.status in POLICY_OUTCOMES and not succeeded(x, self.success_threshold)]
         good = [x for x in rollouts if succeeded(x, self.success_threshold)]
         picked: list[Rollout] = []
-        while len(picked) < self.trace_examples and (failed or good):
+        while len(picked) < self.settings.trace_examples and (failed or good):
             for group in (failed, good):
-                if group and len(picked) < self.trace_examples:
+                if group and len(picked) < self.settings.trace_examples:
                     picked.append(group.pop(0))
         blocks = []
         for i, x in enumerate(picked, 1):
-            convo = render_conversation(await self._conversation(ctx.store, x))[: self.trace_chars]
+            convo = render_conversation(await self._conversation(ctx.store, x))[: self.settings.trace_chars]
             task = json.dumps(x.task.input, ensure_ascii=False)[:500]
             blocks.append(f"### Run {i} (reward {x.reward if x.reward is not None else 0.0})\nTask: {task}\n{convo}")
         return "\n\n".join(blocks) or "(no finished runs)"
@@ -570,7 +562,7 @@ class APO:
             successes = sum(1 for _ in await self._demo_pool(ctx))
             left = self._rollouts_left()
             size = self.bootstrap_rollouts if left is None else min(self.bootstrap_rollouts, left)
-            if successes >= self.demo_k or size < 1:
+            if successes >= self.settings.demo_k or size < 1:
                 boot = {"candidate": None, "tasks": [], "done": True}
             else:
                 boot = {
@@ -608,7 +600,9 @@ class APO:
         return {**self.sampling, **self.bootstrap_sampling}
 
     def _demo_child(self, parent: Candidate, r: int, slot: int, pool: list[dict[str, Any]]) -> Candidate | None:
-        demos = select_demonstrations(pool, k=self.demo_k, max_chars=self.demo_chars, start=slot + r - 1)
+        demos = select_demonstrations(
+            pool, k=self.settings.demo_k, max_chars=self.settings.demo_chars, start=slot + r - 1
+        )
         picked = [d["rollout_id"] for d in demos]
         siblings = [c for c in self.candidates.values() if c.round == r and c.parent == parent.id and c.demos]
         if not demos or any(picked == [d["rollout_id"] for d in c.demos] for c in [parent, *siblings]):
@@ -648,7 +642,7 @@ class APO:
     def _resources(self, candidate: Candidate, sampling: dict[str, Any], purpose: str) -> Resources:
         assert self._policy is not None  # set by setup, before any round
         policy = msgspec.structs.replace(self._policy, sampling=sampling)
-        items: dict[str, LLM | PromptTemplate] = {self.llm_name: policy}
+        items: dict[str, LLM | PromptTemplate] = {self.settings.llm_name: policy}
         items.update({name: PromptTemplate(template=text) for name, text in self._render(candidate).items()})
         digest = hashlib.sha256(json.dumps([purpose, candidate.id], sort_keys=True).encode()).hexdigest()[:12]
         # the gateway's token changes with each start: a resumed run publishes a new version, never a conflict
@@ -696,10 +690,13 @@ class APO:
     # -- budget, tasks, state ----------------------------------------------------------------------------------
 
     def _rollouts_left(self) -> int | None:
-        return None if self.max_rollouts is None else self.max_rollouts - self._state["rollouts_used"]
+        return None if self.settings.max_rollouts is None else self.settings.max_rollouts - self._state["rollouts_used"]
 
     def _optimizer_calls_left(self, need: int) -> bool:
-        return self.max_optimizer_calls is None or self._state["optimizer_calls"] + need <= self.max_optimizer_calls
+        return (
+            self.settings.max_optimizer_calls is None
+            or self._state["optimizer_calls"] + need <= self.settings.max_optimizer_calls
+        )
 
     def _next_tasks(self, tasks: Sequence[Task], size: int, exclude: set[str]) -> list[int]:
         """Indexes of the next ``size`` tasks of a seeded shuffle (reshuffled each epoch), skipping ``exclude``."""
@@ -711,7 +708,7 @@ class APO:
             if not order:
                 self._state["epoch"] += 1
                 order.extend(range(len(tasks)))
-                random.Random(f"{self.seed}:{self._state['epoch']}").shuffle(order)
+                random.Random(f"{self.settings.seed}:{self._state['epoch']}").shuffle(order)
             i = order.pop()
             if tasks[i].task_id not in exclude and i not in picked:
                 picked.append(i)

@@ -194,40 +194,28 @@ class GRPO:
             agents = self.policies.filter()
         self.folder = RunFolder(s.out_dir, "GRPO", keep_checkpoints=s.keep_checkpoints, seed=s.seed)
         self.settings = s
+        """The checked ``grpo:`` section: the plain settings are read from it, never copied."""
+        self.steps = s.steps
+        """The step count: ``steps``, or with ``epochs`` counted from the training tasks when the run starts."""
         self.model = Path(model)
         self.config = config
-        self.steps = s.steps
-        self.epochs = s.epochs
-        self.tasks_per_step = s.tasks_per_step
-        self.n_samples = s.n_samples
         self.sampling = {"temperature": 1.0, "max_tokens": 64, **(s.sampling or {})}
         self.val_sampling = {"temperature": 0.0, "max_tokens": 64, **(s.val_sampling or {})}
-        self.val_every = s.val_every
-        self.validate_before = s.validate_before
-        self.advantage, self.loss_agg = s.advantage, s.loss_agg
         self.credit = credit if credit is not None else s.credit_scheme()
         self.tool_rewards = tool_rewards if tool_rewards is not None else s.tool_rule()
         self.agents = agents
-        self.merge_calls = s.merge_calls
-        self.filter_groups = s.filter_groups
-        self.max_sample_rounds = s.max_sample_rounds
-        self.success_threshold = s.success_threshold
-        self.out_dir = Path(s.out_dir)
-        self.checkpoint_every = s.checkpoint_every
-        self.keep_checkpoints = s.keep_checkpoints
-        self.resume = s.resume
-        self.served_name = s.served_name
-        self.seed = s.seed
-        self.engine_options = s.engine_options or {}
         self.gateway = gateway
+        # what a `Chain` reads of its stages: their folder, resuming, whether a stage's val_after is this one's start
+        self.out_dir = Path(s.out_dir)
+        self.resume = s.resume
+        self.success_threshold = s.success_threshold
+        self.engine_options = s.engine_options or {}
         self.rollout_engine = s.rollout_engine
         self.vllm = dict(s.vllm or {})
         if s.rollout_engine == "vllm":
             from lightrail.model.vllm_rollouts import check_vllm_sampling
 
             check_vllm_sampling(self.sampling)
-        self.mismatch_flag = s.mismatch_flag
-        self.mismatch_stop = s.mismatch_stop
         self.mode, self.max_staleness, self.ahead, self.is_cap = check_async_options(
             s.mode, s.max_staleness, s.ahead, s.is_cap, config=config, filter_groups=s.filter_groups,
             policies=s.policies, advantage=s.advantage,
@@ -273,12 +261,12 @@ class GRPO:
             config = dataclasses.replace(config, is_cap=self.is_cap)
         if self.policies is None:
             self._rollouts = make_rollout_engine(
-                self.rollout_engine, self.model, served_name=self.served_name, out_dir=self.out_dir,
+                self.rollout_engine, self.model, served_name=self.settings.served_name, out_dir=self.out_dir,
                 lora_rank=config.lora.r if config.lora else None, engine_options=self.engine_options, vllm=self.vllm,
             )  # fmt: skip
             await self._rollouts.start()
             updater: type[PolicyUpdater] = PolicyUpdater
-            if self.advantage == "gae":  # PPO: the policy with a value head, GAE advantages
+            if self.settings.advantage == "gae":  # PPO: the policy with a value head, GAE advantages
                 from lightrail.model.ppo import PPOUpdater as updater
             elif config.ranks > 1:  # data-parallel update: this process is rank 0, the other ranks are worker processes
                 from lightrail.model.distributed import DistributedPolicyUpdater as updater
@@ -297,7 +285,7 @@ class GRPO:
                     await self._sync(slot, versions[slot.name])
                 if slot.stop:
                     raise MismatchError(slot.stop)
-        self._served = await ServedPolicy.start(backend, ctx.store, self.gateway, name=self.served_name)
+        self._served = await ServedPolicy.start(backend, ctx.store, self.gateway, name=self.settings.served_name)
         self._llm = self._served.llm(self.sampling)
 
     async def _start_policies(self, config: UpdateConfig) -> PolicyRouter:
@@ -306,7 +294,7 @@ class GRPO:
         from lightrail.model.updater import PolicyUpdater
 
         assert self.policies is not None
-        base = f"{self.served_name}-base"
+        base = f"{self.settings.served_name}-base"
         vllm = self.rollout_engine == "vllm"
         if vllm:  # one server: the start model under `base`, one LoRA adapter per policy (`PolicyAdapter`)
             self._rollouts = make_rollout_engine(
@@ -317,7 +305,7 @@ class GRPO:
             self._rollouts = EmbeddedRollouts(self.model, **{**self.engine_options, "name": base})
         await self._rollouts.start()
         for name in self.policies.names:
-            served = f"{self.served_name}-{name}"
+            served = f"{self.settings.served_name}-{name}"
             updater = await asyncio.to_thread(PolicyUpdater, str(self.model), config)
             if vllm:
                 rollouts = self._rollouts.policy(served, updater)
@@ -337,7 +325,7 @@ class GRPO:
 
     def _loss_config(self, config: UpdateConfig) -> UpdateConfig:
         """``config`` with the loss aggregation `GRPO`'s ``advantage``/``loss_agg`` resolve to (class docstring)."""
-        norm = resolve_loss_agg(self.advantage, self.loss_agg, config)
+        norm = resolve_loss_agg(self.settings.advantage, self.settings.loss_agg, config)
         tokens = config.loss_norm_tokens
         if norm == "sequence_sum_norm" and tokens is None:
             tokens = self.sampling.get("max_tokens")
@@ -353,21 +341,22 @@ class GRPO:
         if not ctx.train_tasks:
             raise ValueError("GRPO needs training tasks")
         started = time.monotonic()
-        if self.epochs is not None:  # the same count on a resumed run: it depends only on the tasks
-            self.steps = self.epochs * max(1, len(ctx.train_tasks) // self.tasks_per_step)
+        if self.settings.epochs is not None:  # the same count on a resumed run: it depends only on the tasks
+            self.steps = self.settings.epochs * max(1, len(ctx.train_tasks) // self.settings.tasks_per_step)
         val_before: float | None = None
         if self.step:
             val_before = self.folder.first_val()
-        elif self.validate_before and self.val_before is not None:
+        elif self.settings.validate_before and self.val_before is not None:
             val_before = self.val_before
             self.folder.record(
                 {"kind": "val", "step": 0, "policy_version": 0, "val_success": val_before, "reused": True}
             )
-        elif self.validate_before:
+        elif self.settings.validate_before:
             val_before = await self._validate(ctx)
         await run_steps(
             self.folder, self.steps, train_step=lambda: self._train_step(ctx), validate=lambda: self._validate(ctx),
-            checkpoint=self._checkpoint, val_every=self.val_every, checkpoint_every=self.checkpoint_every,
+            checkpoint=self._checkpoint, val_every=self.settings.val_every,
+            checkpoint_every=self.settings.checkpoint_every,
         )  # fmt: skip
         val_after = await self._validate(ctx)
         checkpoint = await self._checkpoint()
@@ -375,7 +364,7 @@ class GRPO:
             "val_before": val_before,
             "val_after": val_after,
             "steps": self.step,
-            "advantage": self.advantage,
+            "advantage": self.settings.advantage,
             "loss_norm": self._slots[0].updater.config.loss_norm,
             "train_minutes": (time.monotonic() - started) / 60,
             "checkpoint": str(checkpoint),
@@ -406,14 +395,14 @@ class GRPO:
         version = None if self.mode == "async" else await ctx.publish({"llm": self.llm})
         rollouts: list[Rollout] = []
         episodes: dict[str, Any] = {}
-        n_tasks, rounds, filtered = self.tasks_per_step, 0, 0
+        n_tasks, rounds, filtered = self.settings.tasks_per_step, 0, 0
         while True:  # one round without filter_groups; with it, until enough groups carry a learning signal
             rounds += 1
             if version is None:  # async: this step's batch from the pipeline, the later steps' still sampling
                 batch = await self._next_batch(ctx)
             else:
                 batch = await ctx.run_rollouts(
-                    self._next_tasks(ctx.train_tasks, n_tasks), mode="train", n_samples=self.n_samples,
+                    self._next_tasks(ctx.train_tasks, n_tasks), mode="train", n_samples=self.settings.n_samples,
                     resources_version=version.version, metadata={"step": self.step + 1},
                 )  # fmt: skip
             rollouts += batch
@@ -425,17 +414,19 @@ class GRPO:
                 self.credit,
                 agents=self.agents,
                 # gae: the group advantages are only reported (adv_* metrics, the dashboard); the update uses returns
-                estimator="grpo" if self.advantage == "gae" else self.advantage,
+                estimator="grpo" if self.settings.advantage == "gae" else self.settings.advantage,
             )
-            if not self.filter_groups:
+            if not self.settings.filter_groups:
                 break
             informative = _informative_groups(transitions)
-            if len(informative) >= self.tasks_per_step or rounds >= self.max_sample_rounds:
+            if len(informative) >= self.settings.tasks_per_step or rounds >= self.settings.max_sample_rounds:
                 filtered = groups.groups - len(informative)
                 transitions = [t for t in transitions if t.metadata.get("group_id") in informative]
                 break
             share = max(len(informative) / max(groups.groups, 1), 0.25)
-            n_tasks = min(math.ceil((self.tasks_per_step - len(informative)) / share), self.tasks_per_step)
+            n_tasks = min(
+                math.ceil((self.settings.tasks_per_step - len(informative)) / share), self.settings.tasks_per_step
+            )
         t_rollouts = time.monotonic() - t0
         if self.policies is None:
             update, trained = await self._update(self._slots[0], transitions)
@@ -456,7 +447,7 @@ class GRPO:
             "excluded": excluded.total,
             **{f"excluded_{reason}": n for reason, n in excluded.counts.items()},
             "zero_std_groups": groups.zero_std_groups,
-            **({"sample_rounds": rounds, "groups_filtered": filtered} if self.filter_groups else {}),
+            **({"sample_rounds": rounds, "groups_filtered": filtered} if self.settings.filter_groups else {}),
             "adv_mean": statistics.fmean(advantages) if advantages else 0.0,
             "adv_std": statistics.pstdev(advantages) if len(advantages) > 1 else 0.0,
             "adv_abs_max": max((abs(a) for a in advantages), default=0.0),
@@ -490,10 +481,10 @@ class GRPO:
             if self._pending:
                 indices = self._pending.pop(0)
             else:
-                indices = self.folder.next_indices(self.tasks_per_step, len(ctx.train_tasks))
+                indices = self.folder.next_indices(self.settings.tasks_per_step, len(ctx.train_tasks))
             version = await ctx.publish({"llm": self.llm})
             ids = await ctx.enqueue_rollouts(
-                [ctx.train_tasks[i] for i in indices], mode="train", n_samples=self.n_samples,
+                [ctx.train_tasks[i] for i in indices], mode="train", n_samples=self.settings.n_samples,
                 resources_version=version.version, metadata={"step": nxt},
             )  # fmt: skip
             self._pipeline.append(_Batch(nxt, indices, ids))
@@ -515,16 +506,18 @@ class GRPO:
             assert self.max_staleness is not None
             transitions, n_stale = drop_stale_rows(transitions, current, self.max_staleness)
         ages = [age for age in call_staleness(transitions, current) if age is not None]
-        if self.advantage == "gae":  # each call's return goes to the update, which turns it into GAE advantages
+        if (
+            self.settings.advantage == "gae"
+        ):  # each call's return goes to the update, which turns it into GAE advantages
             rows, drift = to_rows(returns_as_rows(transitions), merge=False)
         else:
-            rows, drift = to_rows(transitions, merge=self.merge_calls)
+            rows, drift = to_rows(transitions, merge=self.settings.merge_calls)
         update = await asyncio.to_thread(slot.updater.step, rows, current_version=current)
         measured = slot.updater.last_mismatch
         if self.mode == "async":
             measured = [m for m in measured if m.row.policy_version in (None, current)]
-        mismatch = summarize(measured, self.mismatch_flag)
-        slot.stop = stop_cause(measured, self.mismatch_stop, synced=slot.synced)
+        mismatch = summarize(measured, self.settings.mismatch_flag)
+        slot.stop = stop_cause(measured, self.settings.mismatch_stop, synced=slot.synced)
         if not update["skipped"] and slot.stop is None:  # a run that stops serves nothing more
             await self._sync(slot, slot.rollouts.policy_version + 1)
         metrics = {

@@ -267,27 +267,13 @@ class SFT:
         self.model = Path(model)
         self.teacher = teacher
         self.traces = traces if traces is not None or teacher is not None else TraceFilter()
-        self.n_samples = s.n_samples
         self.sampling = {"temperature": 1.0, "max_tokens": 64, **(s.sampling or {})}
-        self.tasks = s.tasks
-        self.min_reward = s.min_reward
-        self.best_of = s.best_of
         self.agents = agents if agents is not None else s.agent_filter()
         self.config = config
-        self.steps = s.steps
-        self.batch_size = s.batch_size
-        self.max_len = s.max_len
-        self.merge_calls = s.merge_calls
         self.val_sampling = {"temperature": 0.0, "max_tokens": 64, **(s.val_sampling or {})}
-        self.val_every = s.val_every
-        self.validate_before = s.validate_before
         self.success_threshold = s.success_threshold
         self.out_dir = Path(out_dir)
-        self.checkpoint_every = s.checkpoint_every
-        self.keep_checkpoints = s.keep_checkpoints
         self.resume = s.resume
-        self.served_name = s.served_name
-        self.seed = s.seed
         self.engine_options = s.engine_options or {}
         self.gateway = gateway
         self.backend = backend
@@ -364,19 +350,20 @@ class SFT:
         started = time.monotonic()
         data = await self._data(ctx)
         collect_s = time.monotonic() - started
-        if not self._rows and self.step < self.steps:
+        if not self._rows and self.step < self.settings.steps:
             raise RuntimeError(f"SFT kept no training rows (dropped: {data['dropped']}); nothing to learn from")
         val_before = None
-        if self.validate_before and not self.step:
+        if self.settings.validate_before and not self.step:
             val_before = await self._validate(ctx)
-        elif self.validate_before:
+        elif self.settings.validate_before:
             val_before = self.folder.first_val()
         t_train = time.monotonic()
         if self.backend == "llamafactory":
             await self._train_llamafactory()
         await run_steps(
-            self.folder, self.steps, train_step=self._train_step, validate=lambda: self._validate(ctx),
-            checkpoint=self._checkpoint, val_every=self.val_every, checkpoint_every=self.checkpoint_every,
+            self.folder, self.settings.steps, train_step=self._train_step, validate=lambda: self._validate(ctx),
+            checkpoint=self._checkpoint, val_every=self.settings.val_every,
+            checkpoint_every=self.settings.checkpoint_every,
         )  # fmt: skip
         train_s = time.monotonic() - t_train
         checkpoint = await self._checkpoint()
@@ -444,7 +431,9 @@ class SFT:
             rollouts.sort(key=lambda r: (r.created_at, r.rollout_id))
             assert self.traces is not None
             candidates, dropped = self.traces.apply(rollouts)
-        kept = keep_best(candidates, min_reward=self.min_reward, best_of=self.best_of, dropped=dropped)
+        kept = keep_best(
+            candidates, min_reward=self.settings.min_reward, best_of=self.settings.best_of, dropped=dropped
+        )
         self._rows, calls = await self._rows_of(source, kept, dropped)
         trained = {r.rollout_id for r in self._rows}
         data = {
@@ -483,7 +472,7 @@ class SFT:
         assert self.teacher is not None
         served: ServedPolicy | None
         if isinstance(self.teacher, str):  # SELF: the student before any update, served as it is validated
-            served, model, sampling = await self._serve_student(ctx), self.served_name, self.sampling
+            served, model, sampling = await self._serve_student(ctx), self.settings.served_name, self.sampling
         elif isinstance(self.teacher, LLM):
             served, model, sampling = self._teacher, self.teacher.model, dict(self.teacher.sampling)
         else:  # a program: its first model name, whatever the agent's default sampling is
@@ -491,19 +480,21 @@ class SFT:
         assert served is not None
         version = await ctx.publish({"llm": served.llm(sampling, model)})
         tasks = self._teacher_tasks(ctx.train_tasks)
-        return await ctx.run_rollouts(tasks, mode="train", n_samples=self.n_samples, resources_version=version.version)
+        return await ctx.run_rollouts(
+            tasks, mode="train", n_samples=self.settings.n_samples, resources_version=version.version
+        )
 
     def _teacher_tasks(self, train_tasks: Sequence[Task]) -> list[Task]:
         """The training tasks the teacher runs: all of them, or a seeded sample of ``tasks`` of them."""
         tasks = list(train_tasks)
         if not tasks:
             raise ValueError("distillation needs training tasks")
-        if self.tasks is None or self.tasks >= len(tasks):
+        if self.settings.tasks is None or self.settings.tasks >= len(tasks):
             return tasks
         # Not Random(seed): its sample() makes the same draws as GRPO's Random(seed).shuffle() (exactly when the
         # sample is a sizeable share of the tasks, nearly otherwise), so a GRPO stage chained after this one (same
         # seed) would spend its first len(sample) tasks on exactly these, in this order, before any untaught one.
-        return random.Random(f"sft.tasks:{self.seed}").sample(tasks, self.tasks)
+        return random.Random(f"sft.tasks:{self.settings.seed}").sample(tasks, self.settings.tasks)
 
     async def _rows_of(
         self, source: Any, kept: Sequence[Rollout], dropped: Exclusions
@@ -535,7 +526,13 @@ class SFT:
             reasoning=self.engine_options.get("reasoning"),
         )
         rows = await asyncio.to_thread(
-            call_rows, tokenizer, samples, max_len=self.max_len, merge=self.merge_calls, dropped=dropped, chat=student
+            call_rows,
+            tokenizer,
+            samples,
+            max_len=self.settings.max_len,
+            merge=self.settings.merge_calls,
+            dropped=dropped,
+            chat=student,
         )
         return rows, calls
 
@@ -544,13 +541,13 @@ class SFT:
     async def _train_step(self) -> str:
         """One optimizer step on the next ``batch_size`` rows of the run's seeded shuffle; its status for the bar."""
         t0 = time.monotonic()
-        batch = [self._rows[i] for i in self.folder.next_indices(self.batch_size, len(self._rows))]
+        batch = [self._rows[i] for i in self.folder.next_indices(self.settings.batch_size, len(self._rows))]
         update = await asyncio.to_thread(self._updater.step, batch, objective="sft")
         self.folder.step += 1
         metrics = {
             "kind": "train",
             "step": self.step,
-            "epoch": self.step * self.batch_size / max(len(self._rows), 1),
+            "epoch": self.step * self.settings.batch_size / max(len(self._rows), 1),
             "loss": update["pg_loss"],  # mean negative log-likelihood per trained token
             "grad_norm": update["grad_norm"],
             "lr": update["lr"],
@@ -567,7 +564,7 @@ class SFT:
         """All ``steps`` by LLaMA-Factory's trainer on the rows (`lightrail.model.llamafactory`), its model
         loaded back into the updater: checkpoint, export and validation go on as after lightrail's own steps. A
         resumed run whose checkpoint holds every step does not train again."""
-        if self.step >= self.steps:
+        if self.step >= self.settings.steps:
             return
         from lightrail.model import llamafactory as lf
         from lightrail.model.updater import UpdateConfig
@@ -576,18 +573,19 @@ class SFT:
         folder = self.out_dir / "llamafactory"
         await asyncio.to_thread(lf.write_dataset, folder, self._samples, self._rows)
         arguments = lf.train_arguments(
-            folder, self.model, steps=self.steps, batch_size=self.batch_size, config=self.config or UpdateConfig(),
-            max_len=max(len(r.input_ids) for r in self._rows), settings=self.llamafactory,
+            folder, self.model, steps=self.settings.steps, batch_size=self.settings.batch_size,
+            config=self.config or UpdateConfig(), max_len=max(len(r.input_ids) for r in self._rows),
+            settings=self.llamafactory,
         )  # fmt: skip
-        with StepBar("SFT (LLaMA-Factory)", total=self.steps, completed=self.step) as bar:
+        with StepBar("SFT (LLaMA-Factory)", total=self.settings.steps, completed=self.step) as bar:
             output = await lf.train(self.llamafactory.interpreter(), folder, arguments)
-            bar.update(self.steps, "trained")
+            bar.update(self.settings.steps, "trained")
         await asyncio.to_thread(self._load_trained, output)
         for line in lf.read_train_log(output):
             if "loss" in line:
                 self.folder.record({"kind": "train", "step": line["current_steps"], "loss": line["loss"],
                               "lr": line.get("lr"), "backend": "llamafactory"})  # fmt: skip
-        self.folder.step = self._updater.steps = self.steps
+        self.folder.step = self._updater.steps = self.settings.steps
 
     def _load_trained(self, output: Path) -> None:
         from transformers import AutoModelForCausalLM
@@ -630,7 +628,7 @@ class SFT:
         """The student on an embedded engine behind a gateway, started on first use."""
         if self._student is None:  # the teacher's gateway, when there is one, holds the configured port
             self._student = await ServedPolicy.embedded(
-                self.model, ctx.store, self.gateway, name=self.served_name, engine_options=self.engine_options,
+                self.model, ctx.store, self.gateway, name=self.settings.served_name, engine_options=self.engine_options,
                 free_port=self._teacher is not None,
             )  # fmt: skip
         return self._student

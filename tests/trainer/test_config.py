@@ -56,7 +56,7 @@ def test_config_maps_every_section_onto_grpo(tmp_path):
     assert (grpo.tool_rewards.success, grpo.tool_rewards.error) == (0.2, -0.2)
     assert grpo.agents("anything") and not grpo.agents(None)
     assert (grpo.config.lr, grpo.config.kl_coef) == (1e-3, 0.05)
-    assert grpo.out_dir == tmp_path / "run" and grpo.n_samples == 2
+    assert grpo.out_dir == tmp_path / "run" and grpo.settings.n_samples == 2
 
 
 def test_scale_out_sections_reach_the_trainer_and_the_gateway(tmp_path):

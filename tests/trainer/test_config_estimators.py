@@ -34,11 +34,11 @@ def test_advantage_and_loss_agg_reach_grpo(tmp_path):
     kwargs = _grpo_kwargs(_load(tmp_path))
     assert kwargs["section"].advantage == "rloo" and kwargs["section"].loss_agg is None
     grpo = GRPO(tmp_path / "model", **kwargs)
-    assert (grpo.advantage, grpo.loss_agg) == ("rloo", None)
+    assert (grpo.settings.advantage, grpo.settings.loss_agg) == ("rloo", None)
 
     kwargs = _grpo_kwargs(_load(tmp_path, ["grpo.advantage=dr_grpo", "grpo.loss_agg=seq_mean_token_mean"]))
     grpo = GRPO(tmp_path / "model", **kwargs)
-    assert (grpo.advantage, grpo.loss_agg) == ("dr_grpo", "seq_mean_token_mean")
+    assert (grpo.settings.advantage, grpo.settings.loss_agg) == ("dr_grpo", "seq_mean_token_mean")
     assert grpo._loss_config(kwargs["config"] or UpdateConfig()).loss_norm == "sequence"
 
 

@@ -102,8 +102,8 @@ def test_a_section_keeps_its_own_default_where_grpo_and_sft_differ(tmp_path):
     grpo, sft = GRPOSection(), SFTSection()
     assert (grpo.steps, grpo.checkpoint_every, grpo.val_every, grpo.merge_calls) == (50, 10, 10, False)
     assert (sft.steps, sft.checkpoint_every, sft.val_every, sft.merge_calls) == (100, 50, 0, True)
-    assert GRPO("m", out_dir=tmp_path / "g").checkpoint_every == 10
-    assert SFT("m", out_dir=tmp_path / "s").checkpoint_every == 50
+    assert GRPO("m", out_dir=tmp_path / "g").settings.checkpoint_every == 10
+    assert SFT("m", out_dir=tmp_path / "s").settings.checkpoint_every == 50
 
 
 def test_every_field_of_the_learn_config_is_documented():

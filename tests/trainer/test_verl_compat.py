@@ -99,8 +99,8 @@ def test_the_seed_dict_becomes_these_grpo_settings(tmp_path):
     grpo = lightrail.VERL(SEED, out_dir=tmp_path / "run")
     assert isinstance(grpo, lightrail.GRPO)
     assert str(grpo.model) == "Qwen/Qwen2.5-Coder-1.5B-Instruct"
-    assert grpo.advantage == "grpo"  # algorithm.adv_estimator
-    assert (grpo.tasks_per_step, grpo.n_samples) == (32, 4)  # data.train_batch_size, rollout.n
+    assert grpo.settings.advantage == "grpo"  # algorithm.adv_estimator
+    assert (grpo.settings.tasks_per_step, grpo.settings.n_samples) == (32, 4)  # data.train_batch_size, rollout.n
     assert grpo.sampling["max_tokens"] == grpo.val_sampling["max_tokens"] == 2048  # data.max_response_length
     assert grpo.rollout_engine == "vllm"  # rollout.name
     assert grpo.vllm == {"args": ["--tensor-parallel-size", "1", "--gpu-memory-utilization", "0.8"]}
@@ -110,8 +110,8 @@ def test_the_seed_dict_becomes_these_grpo_settings(tmp_path):
     assert (config.lr, config.kl_coef, config.clip_low, config.clip_high) == (1e-6, 0.0, 0.2, 0.3)
     assert (config.ranks, config.device) == (1, "auto")  # trainer.n_gpus_per_node
     assert config.mini_batches == 1  # train_batch_size 32 / ppo_mini_batch_size 32
-    assert grpo.validate_before is True and grpo.val_every == 32  # val_before_train, test_freq
-    assert grpo.epochs == 2  # total_epochs: steps = 2 x (train tasks // 32), counted when the run starts
+    assert grpo.settings.validate_before is True and grpo.settings.val_every == 32  # val_before_train, test_freq
+    assert grpo.settings.epochs == 2  # total_epochs: steps = 2 x (train tasks // 32), counted when the run starts
     settings = verl_settings(SEED)
     assert settings.name == "spider" and settings.model == "Qwen/Qwen2.5-Coder-1.5B-Instruct"
     assert settings.loggers == [{"kind": "wandb", "experiment": "AgentLightning"}]  # console: always printed
@@ -121,8 +121,13 @@ def test_the_seed_dict_becomes_these_grpo_settings(tmp_path):
     fast["actor_rollout_ref"]["actor"].update(use_kl_loss=True, kl_loss_coef=0.05)
     fast["algorithm"]["adv_estimator"] = "reinforce_plus_plus"
     grpo = lightrail.VERL(fast, out_dir=tmp_path / "fast")
-    assert (grpo.steps, grpo.epochs, grpo.checkpoint_every, grpo.validate_before) == (1, None, 0, False)
-    assert grpo.config is not None and grpo.config.kl_coef == 0.05 and grpo.advantage == "reinforce_pp"
+    assert (
+        grpo.settings.steps,
+        grpo.settings.epochs,
+        grpo.settings.checkpoint_every,
+        grpo.settings.validate_before,
+    ) == (1, None, 0, False)
+    assert grpo.config is not None and grpo.config.kl_coef == 0.05 and grpo.settings.advantage == "reinforce_pp"
 
 
 def _with(path: str, value) -> dict:
