@@ -318,9 +318,8 @@ class APO:
                 if size < 1:
                     return False
             pending = {"round": r, "candidates": ids, "tasks": self._next_tasks(ctx.train_tasks, size, exclude)}
-            self._state["rollouts_used"] += (
-                len(ids) * len(pending["tasks"]) * self.settings.n_samples
-            )  # counted when fixed
+            # counted when fixed
+            self._state["rollouts_used"] += len(ids) * len(pending["tasks"]) * self.settings.n_samples
             self._state["pending"] = pending
             self._save_state()
         ids, tasks = pending["candidates"], pending["tasks"]

@@ -506,9 +506,8 @@ class GRPO:
             assert self.max_staleness is not None
             transitions, n_stale = drop_stale_rows(transitions, current, self.max_staleness)
         ages = [age for age in call_staleness(transitions, current) if age is not None]
-        if (
-            self.settings.advantage == "gae"
-        ):  # each call's return goes to the update, which turns it into GAE advantages
+        # gae: each call's return goes to the update, which turns it into GAE advantages
+        if self.settings.advantage == "gae":
             rows, drift = to_rows(returns_as_rows(transitions), merge=False)
         else:
             rows, drift = to_rows(transitions, merge=self.settings.merge_calls)
