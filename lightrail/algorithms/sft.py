@@ -571,9 +571,14 @@ class SFT:
 
         assert self.llamafactory is not None
         folder = self.out_dir / "llamafactory"
-        await asyncio.to_thread(lf.write_dataset, folder, self._samples, self._rows)
+        # The batches lightrail's own steps would draw, in their order (the run's seeded shuffle, advanced as they
+        # would advance it): LLaMA-Factory reads them in sequence, so the two backends differ in the step alone.
+        batch_size = min(self.settings.batch_size, len(self._rows))
+        steps = range(self.step, self.settings.steps)
+        ordered = [self._rows[i] for _ in steps for i in self.folder.next_indices(batch_size, len(self._rows))]
+        await asyncio.to_thread(lf.write_dataset, folder, self._samples, ordered)
         arguments = lf.train_arguments(
-            folder, self.model, steps=self.settings.steps, batch_size=self.settings.batch_size,
+            folder, self.model, steps=self.settings.steps, batch_size=batch_size,
             config=self.config or UpdateConfig(), max_len=max(len(r.input_ids) for r in self._rows),
             settings=self.llamafactory,
         )  # fmt: skip

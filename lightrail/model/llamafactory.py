@@ -15,7 +15,10 @@ What one run writes under its folder (``<sft out_dir>/llamafactory``):
   ``loss_mask`` is 1, else -100), rendered with the student's chat template and tool format, the ones its engine
   serves and parses. LLaMA-Factory's templates do not know every model's (lightrail's own tiny models list tools
   in a compact form of their own), so the run trains on these rows: ``_llamafactory_entry.py`` saves them as
-  LLaMA-Factory's tokenized dataset (``tokenized_path``), which its loader reads in place of the JSON one.
+  LLaMA-Factory's tokenized dataset (``tokenized_path``), which its loader reads in place of the JSON one. `SFT`
+  writes them in training order, one line per trained row (``steps`` × ``batch_size`` lines: the batches lightrail's
+  own steps would draw from the run's seeded shuffle), and LLaMA-Factory reads them in sequence
+  (``disable_shuffling``), so a run with either backend sees the same batches in the same order.
 * ``train.yaml``: LLaMA-Factory's arguments (full fine-tuning; lightrail's steps, batch size and optimizer
   settings mapped onto them; ``sft.llamafactory.args`` overrides any), ``train.log`` (its output) and ``output/``
   (the model it saved: a Hugging Face folder, loaded back into `SFT`'s updater, so the result is a lightrail
@@ -222,6 +225,7 @@ def train_arguments(
         "bf16": config.autocast == "bfloat16",
         "use_cpu": config.device == "cpu",
         "seed": config.seed,
+        "disable_shuffling": True,  # the rows come in the order lightrail's steps would draw them
         "logging_steps": 1,
         "save_strategy": "no",
         "report_to": "none",

@@ -18,6 +18,7 @@ from bench.sft_backends import llamafactory_python as bench_llamafactory_python
 from lightrail import MemoryStore, Trainer
 from lightrail.adapters import ChatSample
 from lightrail.algorithms import SFT, LoraSettings, UpdateConfig
+from lightrail.algorithms.run.folder import RunFolder
 from lightrail.model.llamafactory import LlamaFactorySettings, sharegpt_sample, write_dataset
 from lightrail.types import TrainingRow
 
@@ -249,7 +250,13 @@ def test_distillation_through_llamafactory_gives_a_lightrail_model(llamafactory_
     folder = tmp_path / "sft" / "llamafactory"
     exported = json.loads((folder / "lightrail_sft.json").read_text())
     assert exported and all(s["messages"][-1]["role"] in ("assistant", "function_call") for s in exported)
-    assert sum(1 for _ in (folder / "rows.jsonl").open()) == report["rows"]
+    # LLaMA-Factory reads, in sequence, the batches lightrail's own 40 steps would have drawn (the seeded shuffle)
+    assert json.loads((folder / "train.yaml").read_text())["disable_shuffling"] is True
+    shuffle, n = RunFolder(tmp_path / "replay", "SFT", seed=0), report["rows"]
+    drawn = [i for _ in range(40) for i in shuffle.next_indices(8, n)]
+    rows = [json.loads(line) for line in (folder / "rows.jsonl").open()]
+    assert len(rows) == 40 * min(8, n)
+    assert rows == [{"input_ids": sft._rows[i].input_ids, "labels": _labels(sft._rows[i])} for i in drawn]
     lines = [json.loads(line) for line in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()]
     steps = [m for m in lines if m["kind"] == "train"]
     assert [m["step"] for m in steps] == list(range(1, 41)) and steps[0]["backend"] == "llamafactory"
@@ -262,6 +269,10 @@ def test_distillation_through_llamafactory_gives_a_lightrail_model(llamafactory_
     name = "model.layers.0.mlp.down_proj.weight"
     assert ours[name].equal(theirs[name]) and not ours[name].equal(base[name])
     assert (Path(report["checkpoint"]) / "trainable.safetensors").exists()
+
+
+def _labels(row: TrainingRow) -> list[int]:
+    return [t if m else -100 for t, m in zip(row.input_ids, row.loss_mask, strict=True)]
 
 
 if __name__ == "__main__":  # pragma: no cover
