@@ -649,7 +649,7 @@ class DistributedPolicyUpdater(PolicyUpdater):
             with contextlib.suppress(Exception):
                 self._command("close", [None] * self.world_size)
         for w in self._workers:
-            w.process.join(timeout=10.0 if graceful and self._failed is None else 0.5)
+            w.process.join(timeout=30.0 if graceful and self._failed is None else 0.5)  # a loaded machine exits slowly
             if w.process.exitcode is None:
                 w.process.kill()  # SIGKILL also ends a stopped (SIGSTOP) or wedged process
                 w.process.join(timeout=5.0)
