@@ -10,8 +10,9 @@ the scripted imperfect teacher, once by lightrail's own updater and once by LLaM
    problems (greedy), before (``val_before``) and after (``lightrail_val``).
 2. ``llamafactory``: `SFT(backend="llamafactory")` on the same store, with the first run's ``traces.json``: the same
    kept rollouts, so the same rows (the teacher is not asked again) drawn in the same order (the run's seeded
-   shuffle, read in sequence), the same steps, batch size and optimizer settings, trained by LLaMA-Factory's trainer in ``.venv-llamafactory`` (``$LIGHTRAIL_LLAMAFACTORY_PYTHON``, or
-   built by ``scripts/_env_llamafactory.sh``); validated the same way (``llamafactory_val``).
+   shuffle, read in sequence), the same steps, batch size and optimizer settings, trained by LLaMA-Factory's
+   trainer in ``.venv-llamafactory`` (``$LIGHTRAIL_LLAMAFACTORY_PYTHON``, or built by
+   ``scripts/_env_llamafactory.sh``); validated the same way (``llamafactory_val``).
 
 The recipe is `bench/sft.py`'s (600 steps of 8 rows on the right chats of 1,000 teacher problems: 0.375 there).
 Targets: both runs move the held-out score up from ``val_before`` by at least 0.2, and land within 0.15 of each
