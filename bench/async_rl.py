@@ -1,13 +1,21 @@
 """Asynchronous against synchronous GRPO on the calculator demo whose tool calls take a heavy-tailed delay.
 
-    python bench/async_rl.py            # small Llama, SFT warm start, 2 x 24 GRPO steps
+    python bench/async_rl.py            # small Llama, SFT warm start, 2 x 48 GRPO steps, max_staleness 2
     python bench/async_rl.py --quick    # tiny Llama, short warm start, 2 x 8 steps (what a busy machine allows)
 
 One warm start (the demo's model and SFT pass), then two GRPO runs from it in the same process, same seed, same task
 order and the same sample budget (steps x tasks x samples): ``mode="sync"`` and ``mode="async"``. Every calculator
 call of a training rollout sleeps ``min(scale * Pareto(alpha), cap)`` seconds, keyed by (question, sample, call) so
-a rollout waits the same in both arms (`bench/_async_agent.py`); validation is not delayed. Held-out success is
-measured greedily every ``val_every`` steps; times are training time (validation excluded).
+a rollout waits the same in both arms (`bench/_async_agent.py`). Every ``val_every`` steps the bench copies the
+policy's weights with the training time so far; the copies are scored after the arm (greedy, on the held-out tasks,
+undelayed), so the clock never stops for a validation. (Validating inside the run, as an earlier version of this
+bench did, stops the clock while an async arm's next batch keeps sampling: free rollout time for async only.)
+
+Settings of the full variant, and why: 48 steps, because "time to reach sync's final" only measures speed once sync
+nears its plateau (over 24 steps sync was often still climbing, and the figure became a coin flip between two noisy
+final scores); ``max_staleness`` 2 (``ahead`` 2, prime-rl's default ``async_level``), because a step whose slowest
+rollout takes L seconds and whose update takes U settles at about (U + L) / (1 + ahead) seconds: with L ~ 8 s and
+U ~ 2-4 s here, ahead 1 leaves async waiting on the tail and ahead 2 makes it update-bound (RESULTS.md has both).
 
 The last stdout line is one JSON object:
 
@@ -45,14 +53,15 @@ def _timed_grpo_class() -> type:
     from lightrail.algorithms.grpo import GRPO
 
     class TimedGRPO(GRPO):
-        """`GRPO` that notes the training time (validation excluded) at each validation and the calls each rollout
-        had trained: what the bench's figures are computed from."""
+        """`GRPO` whose validations are weight snapshots: at each one it copies the policy's weights with the training
+        time so far (the copy's own time excluded) and counts the calls each rollout had trained. The snapshots are
+        scored after the run (`score_snapshots`), so no validation runs while an async arm's rollouts sample."""
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.started = 0.0
-            self.val_seconds = 0.0
-            self.curve: list[tuple[float, float | None]] = []
+            self.paused = 0.0
+            self.snapshots: dict[int, tuple[float, dict[str, Any]]] = {}  # step -> (train seconds, weights)
             self.trained_calls: Counter[str] = Counter()
 
         async def run(self, ctx: Any) -> None:
@@ -60,15 +69,15 @@ def _timed_grpo_class() -> type:
             await super().run(ctx)
 
         def train_seconds(self) -> float:
-            return time.monotonic() - self.started - self.val_seconds
+            return time.monotonic() - self.started - self.paused
 
         async def _validate(self, ctx: Any) -> float | None:
             at = self.train_seconds()
             t0 = time.monotonic()
-            success = await super()._validate(ctx)
-            self.val_seconds += time.monotonic() - t0
-            self.curve.append((at, success))
-            return success
+            weights = self._slots[0].updater.state_dict_for_serving()
+            self.snapshots.setdefault(self.step, (at, {k: v.clone() for k, v in weights.items()}))
+            self.paused += time.monotonic() - t0
+            return None
 
         async def _update(self, slot: Any, transitions: Any) -> Any:
             metrics, trained = await super()._update(slot, transitions)
@@ -78,7 +87,39 @@ def _timed_grpo_class() -> type:
     return TimedGRPO
 
 
+class ScoreSnapshots:
+    """An `Algorithm` that scores weight snapshots on the held-out tasks, one after another, on one embedded engine
+    behind a gateway: greedy, undelayed, through the same runner process as training."""
+
+    def __init__(self, model: Path, snapshots: dict[int, tuple[float, dict[str, Any]]], threshold: float) -> None:
+        self.model, self.snapshots, self.threshold = model, snapshots, threshold
+        self.scores: dict[int, float] = {}
+        self._served: Any = None
+
+    async def setup(self, ctx: Any) -> None:
+        from lightrail.algorithms.run.policy import ServedPolicy
+
+        self._served = await ServedPolicy.embedded(self.model, ctx.store)
+
+    async def run(self, ctx: Any) -> None:
+        from lightrail.algorithms.run.policy import validate
+
+        engine = self._served.engine.engine
+        llm = self._served.llm({"temperature": 0.0, "max_tokens": 48})
+        for version, (step, (_, weights)) in enumerate(sorted(self.snapshots.items()), start=1):
+            await engine.update_weights(weights, version=version)
+            self.scores[step] = (await validate(ctx, ctx.val_tasks, llm, self.threshold)).success
+            log(f"snapshot at step {step}: held out {self.scores[step]:.3f}")
+
+    async def close(self) -> None:
+        if self._served is not None:
+            await self._served.close()
+
+
 def run_arm(mode: str, model: Path, args: argparse.Namespace, train: list, val: list, out: Path) -> dict[str, Any]:
+    from rich.console import Console
+
+    from lightrail import Trainer
     from lightrail.adapters import ToolRewardRule
     from lightrail.algorithms import UpdateConfig
 
@@ -103,6 +144,10 @@ def run_arm(mode: str, model: Path, args: argparse.Namespace, train: list, val: 
         **({"max_staleness": args.max_staleness} if mode == "async" else {}),
     )
     steps = fit_arm(grpo, AGENT, train, val, store=out / f"{mode}-store.db", concurrency=args.concurrency)
+    scoring = ScoreSnapshots(model, grpo.snapshots, grpo.success_threshold)
+    Trainer(n_runners=1, concurrency=args.concurrency, store=str(out / f"{mode}-scores.db"), algorithm=scoring,
+            console=Console(stderr=True)).fit(AGENT, [], val)  # fmt: skip
+    curve = [(grpo.snapshots[step][0], scoring.scores[step]) for step in sorted(grpo.snapshots)]
     seconds = {}
     for line in durations.read_text().splitlines():
         d = json.loads(line)
@@ -110,9 +155,9 @@ def run_arm(mode: str, model: Path, args: argparse.Namespace, train: list, val: 
     slowest = sorted(seconds, key=seconds.get, reverse=True)[: max(1, len(seconds) // 10)]
     trained = sum(grpo.trained_calls.values())
     return {
-        "curve": [(round(t, 1), s) for t, s in grpo.curve],
-        "final": grpo.curve[-1][1],
-        "train_s": grpo.train_seconds(),
+        "curve": [(round(t, 1), s) for t, s in curve],
+        "final": curve[-1][1],
+        "train_s": curve[-1][0],
         "rollouts": len(seconds),
         "slowest_decile_s": min(seconds[r] for r in slowest) if seconds else None,
         "long_share": sum(grpo.trained_calls[r] for r in slowest) / trained if trained else 0.0,
@@ -135,12 +180,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--delay", default="0.1,1.0,6.0", help="scale,alpha,cap of the tool delay (seconds)")
-    parser.add_argument("--max-staleness", type=int, default=1)
+    parser.add_argument("--max-staleness", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("runs") / time.strftime("async-rl-%Y%m%d-%H%M%S"))
     args = parser.parse_args()
     quick = dict(model="tiny", n_train=400, n_val=60, sft_steps=60, steps=8, tasks_per_step=4, n_samples=4,
                  val_every=2, concurrency=32, lr=1e-4)  # fmt: skip
-    full = dict(model="small", n_train=2000, n_val=200, sft_steps=300, steps=24, tasks_per_step=8, n_samples=8,
+    full = dict(model="small", n_train=2000, n_val=200, sft_steps=300, steps=48, tasks_per_step=8, n_samples=8,
                 val_every=4, concurrency=64, lr=1e-4)  # fmt: skip
     for key, value in (quick if args.quick else full).items():
         setattr(args, key, value)
