@@ -317,6 +317,12 @@ class SFT:
         self._tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(self.model))
         self._updater = await asyncio.to_thread(PolicyUpdater, str(self.model), config)
         checkpoint, _ = self.folder.start(resume=self.resume, track=ctx.track)
+        if self.backend == "llamafactory" and 0 < self.step < self.settings.steps:
+            raise ValueError(
+                f"{self.out_dir}: resumed at step {self.step} of {self.settings.steps}, a checkpoint of lightrail's "
+                "own steps; LLaMA-Factory trains a run from its first step (its schedule cannot take over mid-way): "
+                "resume with backend lightrail, or start afresh without resume"
+            )
         if checkpoint is not None:
             await asyncio.to_thread(self._updater.load, checkpoint)
         self._source = ctx.store

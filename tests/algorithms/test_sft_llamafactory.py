@@ -271,6 +271,28 @@ def test_distillation_through_llamafactory_gives_a_lightrail_model(llamafactory_
     assert (Path(report["checkpoint"]) / "trainable.safetensors").exists()
 
 
+def test_resuming_a_lightrail_run_part_way_with_the_llamafactory_backend_is_refused(
+    llamafactory_python, tiny_model, tmp_path
+):
+    """A run checkpointed by lightrail's own steps cannot be finished by LLaMA-Factory (it would train every step
+    again over the remaining batches): the resume is refused in one line, before any teacher call or training."""
+    from examples.calculator.data import make_splits
+    from examples.calculator.teacher_server import TeacherServer
+
+    train, val = make_splits(4, 2, seed=5)
+    settings = dict(n_samples=2, batch_size=4, val_sampling={"max_tokens": 16}, out_dir=tmp_path / "sft",
+                    validate_before=False)  # fmt: skip
+    with TeacherServer(train + val) as teacher:
+        first = SFT(tiny_model, teacher=teacher.llm(), steps=2, **settings)
+        Trainer(n_runners=1, concurrency=4, store=MemoryStore(), algorithm=first).fit(AGENT, train, val)
+        assert first.report["steps"] == 2
+        again = SFT(tiny_model, teacher=teacher.llm(), steps=4, resume=True, backend="llamafactory",
+                    llamafactory=LlamaFactorySettings(python=llamafactory_python), **settings)  # fmt: skip
+        with pytest.raises(ValueError, match="resumed at step 2 of 4.*resume with backend lightrail"):
+            Trainer(n_runners=1, concurrency=4, store=MemoryStore(), algorithm=again).fit(AGENT, train, val)
+    assert not (tmp_path / "sft" / "llamafactory").exists()
+
+
 def _labels(row: TrainingRow) -> list[int]:
     return [t if m else -100 for t, m in zip(row.input_ids, row.loss_mask, strict=True)]
 
