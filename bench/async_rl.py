@@ -55,7 +55,7 @@ def _timed_grpo_class() -> type:
     class TimedGRPO(GRPO):
         """`GRPO` whose validations are weight snapshots: at each one it copies the policy's weights with the training
         time so far (the copy's own time excluded) and counts the calls each rollout had trained. The snapshots are
-        scored after the run (`score_snapshots`), so no validation runs while an async arm's rollouts sample."""
+        scored after the run (`ScoreSnapshots`), so no validation runs while an async arm's rollouts sample."""
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
@@ -91,8 +91,9 @@ class ScoreSnapshots:
     """An `Algorithm` that scores weight snapshots on the held-out tasks, one after another, on one embedded engine
     behind a gateway: greedy, undelayed, through the same runner process as training."""
 
-    def __init__(self, model: Path, snapshots: dict[int, tuple[float, dict[str, Any]]], threshold: float) -> None:
-        self.model, self.snapshots, self.threshold = model, snapshots, threshold
+    def __init__(self, model: Path, snapshots: dict[int, tuple[float, dict[str, Any]]], grpo: Any) -> None:
+        self.model, self.snapshots = model, snapshots
+        self.sampling, self.threshold = grpo.val_sampling, grpo.success_threshold  # the arm's own validation
         self.scores: dict[int, float] = {}
         self._served: Any = None
 
@@ -105,7 +106,7 @@ class ScoreSnapshots:
         from lightrail.algorithms.run.policy import validate
 
         engine = self._served.engine.engine
-        llm = self._served.llm({"temperature": 0.0, "max_tokens": 48})
+        llm = self._served.llm(self.sampling)
         for version, (step, (_, weights)) in enumerate(sorted(self.snapshots.items()), start=1):
             await engine.update_weights(weights, version=version)
             self.scores[step] = (await validate(ctx, ctx.val_tasks, llm, self.threshold)).success
@@ -144,7 +145,7 @@ def run_arm(mode: str, model: Path, args: argparse.Namespace, train: list, val: 
         **({"max_staleness": args.max_staleness} if mode == "async" else {}),
     )
     steps = fit_arm(grpo, AGENT, train, val, store=out / f"{mode}-store.db", concurrency=args.concurrency)
-    scoring = ScoreSnapshots(model, grpo.snapshots, grpo.success_threshold)
+    scoring = ScoreSnapshots(model, grpo.snapshots, grpo)
     Trainer(n_runners=1, concurrency=args.concurrency, store=str(out / f"{mode}-scores.db"), algorithm=scoring,
             console=Console(stderr=True)).fit(AGENT, [], val)  # fmt: skip
     curve = [(grpo.snapshots[step][0], scoring.scores[step]) for step in sorted(grpo.snapshots)]

@@ -280,18 +280,17 @@ def test_resuming_a_lightrail_run_part_way_with_the_llamafactory_backend_is_refu
     from examples.calculator.teacher_server import TeacherServer
 
     train, val = make_splits(4, 2, seed=5)
+    store = str(tmp_path / "store.db")  # shared: the resume reloads the first run's pinned traces from it
     settings = dict(n_samples=2, batch_size=4, val_sampling={"max_tokens": 16}, out_dir=tmp_path / "sft",
                     validate_before=False)  # fmt: skip
     with TeacherServer(train + val) as teacher:
         first = SFT(tiny_model, teacher=teacher.llm(), steps=2, **settings)
-        Trainer(n_runners=1, concurrency=4, store=str(tmp_path / "store.db"), algorithm=first).fit(AGENT, train, val)
+        Trainer(n_runners=1, concurrency=4, store=store, algorithm=first).fit(AGENT, train, val)
         assert first.report["steps"] == 2
         again = SFT(tiny_model, teacher=teacher.llm(), steps=4, resume=True, backend="llamafactory",
                     llamafactory=LlamaFactorySettings(python=llamafactory_python), **settings)  # fmt: skip
         with pytest.raises(ValueError, match="resumed at step 2 of 4.*resume with backend lightrail"):
-            Trainer(n_runners=1, concurrency=4, store=str(tmp_path / "store.db"), algorithm=again).fit(
-                AGENT, train, val
-            )
+            Trainer(n_runners=1, concurrency=4, store=store, algorithm=again).fit(AGENT, train, val)
     assert not (tmp_path / "sft" / "llamafactory").exists()
 
 
