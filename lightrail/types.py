@@ -42,6 +42,7 @@ __all__ = [
     "Choice",
     "CompletionRequest",
     "Generation",
+    "SAMPLING_PARAMETERS",
     "SamplingParams",
     "StatusCode",
     "ToolCall",
@@ -328,6 +329,17 @@ class Span(msgspec.Struct, kw_only=True):
     attributes: dict[str, JSON] = msgspec.field(default_factory=dict)
     events: list[SpanEvent] = msgspec.field(default_factory=list)
     status: SpanStatus = msgspec.field(default_factory=SpanStatus)
+
+
+SAMPLING_PARAMETERS = frozenset(
+    {
+        "temperature", "top_p", "max_tokens", "max_completion_tokens", "n", "stop", "seed", "presence_penalty",
+        "frequency_penalty", "logit_bias", "logprobs", "top_logprobs", "reasoning_effort", "extra_body",
+    }
+)  # fmt: skip
+"""The sampling parameters of OpenAI's chat-completions API (``extra_body``: what a server accepts beyond them, such
+as vLLM's ``top_k``): the keys an `LLM`'s ``sampling`` may hold, since agents pass it to their client as keyword
+arguments and the ``openai`` client refuses any other name."""
 
 
 class LLM(msgspec.Struct, kw_only=True, tag="llm"):

@@ -67,6 +67,7 @@ import msgspec
 
 from lightrail.adapters.credit import CreditAssignment, PerTurn, split_linked
 from lightrail.adapters.records import Episode
+from lightrail.adapters.selection import UNFINISHED_OUTCOMES
 from lightrail.adapters.transitions import episode_transitions
 from lightrail.types import Rollout, Transition
 
@@ -212,6 +213,7 @@ def group_advantages(
     scale_by_std: bool = True,
     eps: float = 1e-6,
     missing_reward: float = 0.0,
+    failure_reward: float | None = None,
     center_intermediate: bool = True,
     estimator: str = "grpo",
 ) -> tuple[list[Transition], GroupReport]:
@@ -219,7 +221,8 @@ def group_advantages(
 
     Pass only trainable rollouts (`select_trainable`): whatever is passed is trained. A rollout's outcome is
     its episode's final reward, else `Rollout.reward`, else ``missing_reward`` (counted) — a policy failure that
-    reported nothing. ``estimator`` (`ESTIMATORS`) turns the outcomes into outcome advantages; ``scale_by_std``
+    reported nothing; a rollout whose agent raised or timed out scores ``failure_reward`` when one is given (what
+    `select_trainable` keeps them for). ``estimator`` (`ESTIMATORS`) turns the outcomes into outcome advantages; ``scale_by_std``
     and ``eps`` apply to ``grpo``. Transitions come out grouped by task, in input order within a group; each
     carries its task id as ``metadata["group_id"]`` (it becomes `TrainingRow.group_id`).
     """
@@ -228,6 +231,8 @@ def group_advantages(
     report = GroupReport()
     for rollout, episode in items:
         outcome = episode.final_reward if episode.final_reward is not None else rollout.reward
+        if failure_reward is not None and rollout.status in UNFINISHED_OUTCOMES:
+            outcome = failure_reward
         if outcome is None:
             outcome = missing_reward
             report.defaulted_rewards += 1

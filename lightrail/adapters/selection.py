@@ -1,14 +1,16 @@
-"""What is trained: which rollouts (infrastructure failures are excluded, never scored 0) and which agents' calls.
+"""What is trained: which rollouts (infrastructure failures, agents that raised or timed out and rollouts without a
+reward are excluded, never scored 0) and which agents' calls.
 
 Example::
 
     trainable, excluded = select_trainable(rollouts, episodes)
-    log(excluded.counts)                        # {"infra_error": 2, "missing_token_ids": 1}
+    log(excluded.counts)                        # {"infra_error": 2, "failed": 3, "missing_token_ids": 1}
     only_solver = AgentFilter(names={"solver"}, pattern=r"coder-\\d+")
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping
 
@@ -19,8 +21,12 @@ from lightrail.types import Rollout, RolloutStatus
 
 __all__ = ["AgentFilter", "Exclusions", "select_trainable"]
 
-#: Rollout statuses that are outcomes of the policy (a raise or a timeout is the agent's doing) and so trainable.
+#: Rollout statuses that are outcomes of the policy (a raise or a timeout is the agent's doing, not the machine's):
+#: they count in success rates. Only succeeded ones are trained by default (`select_trainable`'s ``failure_reward``).
 POLICY_OUTCOMES = frozenset({RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.TIMEOUT})
+
+#: Policy outcomes that carry no reward of the agent's: trained only with an explicit ``failure_reward``.
+UNFINISHED_OUTCOMES = frozenset({RolloutStatus.FAILED, RolloutStatus.TIMEOUT})
 
 
 class AgentFilter:
@@ -58,9 +64,10 @@ class AgentFilter:
 class Exclusions(msgspec.Struct, kw_only=True):
     """Rollouts left out of training, by reason: ``counts[reason]`` and the ids in ``rollout_ids[reason]``.
 
-    Reasons: ``not_finished``, ``infra_error``, ``cancelled``, ``validation`` (mode not trained), ``no_spans``
-    (episodes were given but none for the rollout), ``no_llm_calls``, ``missing_token_ids`` (no call has the
-    engine's ids).
+    Reasons: ``not_finished``, ``infra_error``, ``cancelled``, ``failed`` (the agent raised) and ``timeout`` (it ran
+    past its budget) unless a ``failure_reward`` is given, ``validation`` (mode not trained), ``no_reward`` (the agent
+    returned None and emitted no final reward), ``non_finite_reward``, ``no_spans`` (episodes were given but none for
+    the rollout), ``no_llm_calls``, ``missing_token_ids`` (no call has the engine's ids).
     """
 
     counts: dict[str, int] = msgspec.field(default_factory=dict)
@@ -77,7 +84,9 @@ class Exclusions(msgspec.Struct, kw_only=True):
         return sum(self.counts.values())
 
 
-def _reason(rollout: Rollout, episode: Episode | None, check_episode: bool, modes: frozenset[str]) -> str | None:
+def _reason(
+    rollout: Rollout, episode: Episode | None, check_episode: bool, modes: frozenset[str], failure_reward: float | None
+) -> str | None:
     status = rollout.status
     if not status.terminal:
         return "not_finished"
@@ -85,6 +94,15 @@ def _reason(rollout: Rollout, episode: Episode | None, check_episode: bool, mode
         return status.value  # infra_error, cancelled
     if rollout.mode not in modes:
         return "validation"
+    if status in UNFINISHED_OUTCOMES:
+        if failure_reward is None:
+            return status.value  # failed, timeout: the agent gave no reward, and 0 would be a made-up one
+    else:
+        reward = episode.final_reward if episode is not None and episode.final_reward is not None else rollout.reward
+        if reward is None:
+            return "no_reward"
+        if not math.isfinite(reward):
+            return "non_finite_reward"
     if not check_episode:
         return None
     if episode is None:
@@ -101,12 +119,16 @@ def select_trainable(
     episodes: Mapping[str, Episode] | None = None,
     *,
     modes: Iterable[str] = ("train",),
+    failure_reward: float | None = None,
 ) -> tuple[list[Rollout], Exclusions]:
-    """Keep rollouts whose outcome came from the policy (succeeded, failed, timeout) and that have data.
+    """Keep rollouts that succeeded with a finite reward and have data; every other one is excluded and counted.
 
-    Infrastructure failures and cancellations are excluded and counted — they say nothing about the policy, so
-    scoring them 0 would teach it to avoid whatever the broken machine was doing. With ``episodes`` (by
-    rollout id) rollouts with no LLM calls or no token ids at all are excluded too.
+    Infrastructure failures and cancellations say nothing about the policy: scoring them 0 would teach it to avoid
+    whatever the broken machine was doing. Rollouts whose agent raised or timed out, or that reported no reward,
+    carry no reward at all: scoring them 0 would train on a number nobody gave (the silent failure users of the field
+    report most), so they are excluded too, unless ``failure_reward`` says what a raise or a timeout is worth (then
+    they are kept, and `group_advantages` scores them so). With ``episodes`` (by rollout id) rollouts with no LLM
+    calls or no token ids at all are excluded too.
     """
     modes = frozenset(modes)
     kept: list[Rollout] = []
@@ -114,7 +136,7 @@ def select_trainable(
     check = episodes is not None
     for rollout in rollouts:
         episode = episodes.get(rollout.rollout_id) if episodes is not None else None
-        reason = _reason(rollout, episode, check, modes)
+        reason = _reason(rollout, episode, check, modes, failure_reward)
         if reason is None:
             kept.append(rollout)
         else:

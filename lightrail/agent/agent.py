@@ -19,7 +19,17 @@ import msgspec
 from lightrail._imports import FILE_MODULE_PREFIX, MissingReference, check_file_reference, import_object
 from lightrail.types import LLM, Attempt, PromptTemplate, Rollout
 
-__all__ = ["FunctionAgent", "LitAgent", "Resolved", "agent_reference", "load_agent", "rollout", "route_resources"]
+__all__ = [
+    "FunctionAgent",
+    "LitAgent",
+    "Resolved",
+    "ResourceNotPublished",
+    "RoutedResources",
+    "agent_reference",
+    "load_agent",
+    "rollout",
+    "route_resources",
+]
 
 Resolved = Mapping[str, LLM | PromptTemplate]
 """The resources an agent receives: name -> resource, every LLM routed to the running attempt."""
@@ -122,11 +132,15 @@ class FunctionAgent(LitAgent):
 
 
 def _pick(resources: Resolved, kind: type, name: str) -> Any:
-    """The resource called ``name`` if it is of ``kind``, else the only resource of that kind."""
+    """The resource called ``name`` if it is of ``kind``, else the only resource of that kind (one resource published
+    under several names, as `GRPO` publishes its policy as ``llm`` and ``main_llm``, counts once)."""
     found = resources.get(name)
     if isinstance(found, kind):
         return found
-    of_kind = [r for r in resources.values() if isinstance(r, kind)]
+    of_kind: list[Any] = []
+    for r in resources.values():
+        if isinstance(r, kind) and r not in of_kind:
+            of_kind.append(r)
     if len(of_kind) == 1:
         return of_kind[0]
     label = kind.__name__
@@ -159,14 +173,34 @@ def rollout(fn: Callable[..., Any]) -> FunctionAgent:
     return FunctionAgent(fn)
 
 
+class ResourceNotPublished(KeyError):
+    """An agent asked for a resource its rollout's resources version does not have; the message names the ones it
+    has (a `KeyError`, so ``resources.get(name)`` and ``name in resources`` behave as on a dict)."""
+
+    def __str__(self) -> str:  # KeyError's own str() is the repr of its argument
+        return str(self.args[0])
+
+
+class RoutedResources(dict[str, Any]):
+    """The resources an attempt receives (a plain dict, but asking for a name that was not published raises
+    `ResourceNotPublished` naming the published ones instead of a bare ``KeyError: 'main_llm'``)."""
+
+    def __missing__(self, name: str) -> Any:
+        published = ", ".join(repr(k) for k in self) or "none"
+        raise ResourceNotPublished(
+            f"resource {name!r} was not published: this rollout's resources are {published} (the trainer publishes "
+            "the policy as 'llm' and 'main_llm', or the name its llm_name setting gives)"
+        )
+
+
 def route_resources(
     items: Mapping[str, LLM | PromptTemplate], rollout_id: str, attempt_id: str, *, api_key: str | None = None
-) -> dict[str, Any]:
+) -> RoutedResources:
     """The resources as an attempt sees them: each LLM's ``endpoint`` replaced by its base URL routed to the
     attempt (``.../rollouts/{rid}/attempts/{aid}/v1``), so every call the agent makes is attributed to it.
     ``api_key``: the key gateway (routed) endpoints get instead of theirs (a runner's scoped token, which the
     gateway accepts for the attempts that runner leased)."""
-    out: dict[str, Any] = {}
+    out = RoutedResources()
     for name, item in items.items():
         if isinstance(item, LLM):
             key = api_key if api_key is not None and item.routed else item.api_key

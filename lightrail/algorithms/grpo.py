@@ -69,8 +69,15 @@ from lightrail.adapters import (
 from lightrail.adapters.transitions import training_spans
 from lightrail.algorithms.policies import PolicyMap, PolicyRouter, check_policies_engine
 from lightrail.algorithms.run.folder import RunFolder
+from lightrail.algorithms.run.guard import RunGuard, RunStopped, describe_selection, step_health
 from lightrail.algorithms.run.loop import run_steps
-from lightrail.algorithms.run.policy import ServedPolicy, last_attempt_spans, success_rate, validate
+from lightrail.algorithms.run.policy import (
+    ServedPolicy,
+    last_attempt_spans,
+    policy_resources,
+    success_rate,
+    validate,
+)
 from lightrail.algorithms.settings import GRPOSection
 from lightrail.model.mismatch import MismatchError, stop_cause, summarize, unserved_cause
 from lightrail.types import AGENT_HEADER, LLM, Attr, Rollout, Span, Task, Transition
@@ -220,6 +227,7 @@ class GRPO:
             s.mode, s.max_staleness, s.ahead, s.is_cap, config=config, filter_groups=s.filter_groups,
             policies=s.policies, advantage=s.advantage,
         )  # fmt: skip
+        self._guard = RunGuard(s.guard, selection=describe_selection(agents))
         self._pipeline: list[_Batch] = []
         """Async mode: the batches enqueued for the next steps, oldest first."""
         self._pending: list[list[int]] = []
@@ -392,7 +400,7 @@ class GRPO:
     async def _train_step(self, ctx: TrainerContext) -> str:
         """One GRPO step (rollouts, advantages, update, new weights served); its status for the step bar."""
         t0 = time.monotonic()
-        version = None if self.mode == "async" else await ctx.publish({"llm": self.llm})
+        version = None if self.mode == "async" else await ctx.publish(policy_resources(self.llm, self.settings.llm_name))
         rollouts: list[Rollout] = []
         episodes: dict[str, Any] = {}
         n_tasks, rounds, filtered = self.settings.tasks_per_step, 0, 0
@@ -408,11 +416,14 @@ class GRPO:
             rollouts += batch
             for r, s in zip(batch, await last_attempt_spans(ctx.store, batch), strict=True):
                 episodes[r.rollout_id] = build_episode(s, tool_rewards_rule=self.tool_rewards)
-            trainable, excluded = select_trainable(rollouts, episodes)
+            trainable, excluded = select_trainable(
+                rollouts, episodes, failure_reward=self.settings.guard.failure_reward
+            )
             transitions, groups = group_advantages(
                 ((r, episodes[r.rollout_id]) for r in trainable),
                 self.credit,
                 agents=self.agents,
+                failure_reward=self.settings.guard.failure_reward,
                 # gae: the group advantages are only reported (adv_* metrics, the dashboard); the update uses returns
                 estimator="grpo" if self.settings.advantage == "gae" else self.settings.advantage,
             )
@@ -438,11 +449,15 @@ class GRPO:
             await ctx.store.add_spans(training_spans(trained, step=self.step, algorithm="grpo"))
         rewards = [r.reward if r.reward is not None else 0.0 for r in trainable]
         advantages = [t.advantage for t in transitions if t.advantage is not None]
+        health = step_health(
+            self.step, rollouts, episodes, trainable, excluded, transitions, agents=self.agents, groups=groups.groups,
+            update=update, trained=len(trained),
+        )  # fmt: skip
         metrics = {
             "kind": "train",
             "step": self.step,
             "reward_mean": statistics.fmean(rewards) if rewards else 0.0,
-            "success_rate": success_rate(trainable, self.success_threshold),
+            "success_rate": success_rate(rollouts, self.success_threshold),
             "rollouts": len(rollouts),
             "excluded": excluded.total,
             **{f"excluded_{reason}": n for reason, n in excluded.counts.items()},
@@ -452,11 +467,17 @@ class GRPO:
             "adv_std": statistics.pstdev(advantages) if len(advantages) > 1 else 0.0,
             "adv_abs_max": max((abs(a) for a in advantages), default=0.0),
             **update,
+            **health.metrics(),
             "rollout_s": t_rollouts,
             "update_s": t_update,
             "step_s": time.monotonic() - t0,
         }
         self.folder.record(metrics)
+        try:
+            await self._guard.check(ctx.store, health, rollouts, stage="GRPO")
+        except RunStopped as stop:
+            self.folder.append({"kind": "stop", "step": self.step, "cause": str(stop)})
+            raise
         causes = [slot.stop for slot in self._slots if slot.stop]
         if causes:
             from lightrail.inspection.report import print_failure_digest
@@ -469,7 +490,7 @@ class GRPO:
                 stopped=f"at step {self.step}: {causes[0]}",
             )
             raise MismatchError(causes[0])
-        return f"reward {metrics['reward_mean']:.3f}  success {metrics['success_rate']:.0%}"
+        return f"reward {metrics['reward_mean']:.3f}  success {metrics['success_rate']:.0%}  {health.line()}"
 
     async def _next_batch(self, ctx: TrainerContext) -> list[Rollout]:
         """Async mode: top the pipeline up to step ``step + 1 + ahead`` (not past the run's last step), then wait
@@ -482,7 +503,7 @@ class GRPO:
                 indices = self._pending.pop(0)
             else:
                 indices = self.folder.next_indices(self.settings.tasks_per_step, len(ctx.train_tasks))
-            version = await ctx.publish({"llm": self.llm})
+            version = await ctx.publish(policy_resources(self.llm, self.settings.llm_name))
             ids = await ctx.enqueue_rollouts(
                 [ctx.train_tasks[i] for i in indices], mode="train", n_samples=self.settings.n_samples,
                 resources_version=version.version, metadata={"step": nxt},
@@ -592,7 +613,9 @@ class GRPO:
         if not ctx.val_tasks:
             return None
         llm = msgspec.structs.replace(self.llm, sampling=self.val_sampling)  # same endpoint, greedy by default
-        val = await validate(ctx, ctx.val_tasks, llm, self.success_threshold, metadata={"step": self.step})
+        val = await validate(
+            ctx, ctx.val_tasks, llm, self.success_threshold, metadata={"step": self.step}, name=self.settings.llm_name
+        )
         from lightrail.inspection.report import print_failure_digest
 
         await print_failure_digest(ctx.store, val.rollouts, title=f"validation at step {self.step}: failure digest")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import math
 import re
 import types
 import typing
@@ -23,7 +24,18 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 import msgspec
 
-__all__ = ["APOSection", "GRPOSection", "SFTSection", "ToolRewards", "convert", "unknown_keys", "update_config"]
+from lightrail.types import SAMPLING_PARAMETERS
+
+__all__ = [
+    "APOSection",
+    "GRPOSection",
+    "GuardSection",
+    "SFTSection",
+    "ToolRewards",
+    "convert",
+    "unknown_keys",
+    "update_config",
+]
 
 T = TypeVar("T")
 
@@ -122,6 +134,27 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
+class GuardSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """``<algorithm>.guard``: the run guard's rules (`lightrail.algorithms.run.guard`), in one place. Every step's
+    health record (rollouts failed and why, calls, token ids, calls selected, reward spread, transitions trained, a
+    finite update) is printed and logged whatever these say; they decide what a step trains on and when a run that
+    learns nothing stops."""
+
+    failure_reward: float | None = None
+    """The reward a rollout whose agent raised or timed out is trained with; null: such rollouts are not trained on
+    at all (counted as ``excluded_failed`` / ``excluded_timeout``), since 0 would be a reward nobody gave."""
+    max_empty_steps: int = 3
+    """Stop the run (exit code 3, a one-line cause) after this many steps in a row that trained nothing: every
+    rollout failed, no call was recorded, selected or had token ids, every group scored the same, or the update was
+    not finite. Each such step prints its cause at once; 0: never stop on it."""
+
+    def __post_init__(self) -> None:
+        if self.max_empty_steps < 0:
+            raise ValueError(f"guard.max_empty_steps must be >= 0, got {self.max_empty_steps}")
+        if self.failure_reward is not None and not math.isfinite(self.failure_reward):
+            raise ValueError(f"guard.failure_reward must be a finite number, got {self.failure_reward}")
+
+
 class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """What every algorithm's section has, and the checks every section makes when it is built: each ``Literal``
     field holds one of its names, each field of ``_at_least`` is at least that (None passes)."""
@@ -143,12 +176,18 @@ class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Keyword arguments of the embedded `Engine` (batch size, ...); `tool_format` (hermes, llama3_json, mistral,
     pythonic) and `reasoning` (think, think_open, none) name the model's formats when its chat template is not
     recognised (they also pick vLLM's parsers, and the formats SFT targets are written in)."""
+    guard: GuardSection = msgspec.field(default_factory=GuardSection)
+    """The run guard: what a failed rollout is worth, and when a run that trains nothing stops."""
 
     def __post_init__(self) -> None:
         for name, tp in _hints(type(self)).items():
             value = getattr(self, name, None)
             if value is not None and (choices := _choices(tp)) and value not in choices:
                 raise ValueError(f"{self._key}.{name}: expected one of {list(choices)}, got {value!r}")
+            # agents pass sampling to their client as keyword arguments: a typo there fails every rollout
+            sampling = value if name.endswith("sampling") and isinstance(value, dict) else {}
+            if error := unknown_keys(f"{self._key}.{name}", sampling, SAMPLING_PARAMETERS):
+                raise ValueError(f"{error} (OpenAI's sampling parameters)")
         for name, low in self._at_least.items():
             value = getattr(self, name)
             if value is not None and value < low:
@@ -184,6 +223,9 @@ class _PolicySection(_Section, kw_only=True, forbid_unknown_fields=True):
     one."""
     resume: bool = False
     """Continue from the newest checkpoint in the output folder."""
+    llm_name: str = "llm"
+    """A resource name the policy `LLM` is published under for the agent (``resources[...]``), besides ``llm`` and
+    ``main_llm`` (Agent Lightning's name), which it always has."""
 
     def agent_filter(self) -> Any:
         """``agents`` and ``agents_pattern`` as an `AgentFilter` (None when neither is given)."""

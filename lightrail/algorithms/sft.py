@@ -60,7 +60,8 @@ from lightrail.adapters import AgentFilter, ChatSample, Exclusions, build_episod
 from lightrail.algorithms.rejection import TraceFilter, keep_best
 from lightrail.algorithms.run.folder import RunFolder
 from lightrail.algorithms.run.loop import run_steps
-from lightrail.algorithms.run.policy import ServedPolicy, last_attempt_spans, validate
+from lightrail.algorithms.run.guard import RunStopped
+from lightrail.algorithms.run.policy import ServedPolicy, last_attempt_spans, policy_resources, validate
 from lightrail.algorithms.run.progress import StepBar
 from lightrail.algorithms.settings import SFTSection
 from lightrail.engine.chat import ChatFormat
@@ -357,7 +358,7 @@ class SFT:
         data = await self._data(ctx)
         collect_s = time.monotonic() - started
         if not self._rows and self.step < self.settings.steps:
-            raise RuntimeError(f"SFT kept no training rows (dropped: {data['dropped']}); nothing to learn from")
+            raise RunStopped(f"SFT kept no training rows (dropped: {data['dropped']}); nothing to learn from")
         val_before = None
         if self.settings.validate_before and not self.step:
             val_before = await self._validate(ctx)
@@ -484,7 +485,7 @@ class SFT:
         else:  # a program: its first model name, whatever the agent's default sampling is
             served, model, sampling = self._teacher, self.teacher.model_names()[0], {}
         assert served is not None
-        version = await ctx.publish({"llm": served.llm(sampling, model)})
+        version = await ctx.publish(policy_resources(served.llm(sampling, model), self.settings.llm_name))
         tasks = self._teacher_tasks(ctx.train_tasks)
         return await ctx.run_rollouts(
             tasks, mode="train", n_samples=self.settings.n_samples, resources_version=version.version
@@ -631,7 +632,9 @@ class SFT:
             return None
         student = await self._serve_student(ctx)
         await student.engine.sync(self._updater, student.engine.policy_version + 1)
-        val = await validate(ctx, ctx.val_tasks, student.llm(self.val_sampling), self.success_threshold)
+        val = await validate(
+            ctx, ctx.val_tasks, student.llm(self.val_sampling), self.success_threshold, name=self.settings.llm_name
+        )
         self.folder.record(val.metrics(self.step))
         return val.success
 

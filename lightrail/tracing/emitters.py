@@ -11,6 +11,7 @@ caller's context (contextvars), so concurrent attempts in tasks or threads never
 
 from __future__ import annotations
 
+import math
 import numbers
 import time
 import traceback
@@ -81,6 +82,8 @@ def emit_reward(
     """
     if not isinstance(value, numbers.Real):
         raise TypeError(f"reward must be a real number, got {type(value).__name__}")
+    if not math.isfinite(value):  # NaN is stored as null and would read as "no reward": refused where it is made
+        raise ValueError(f"reward must be a finite number, got {value}")
     ctx = _context("emit_reward")
     if ctx is None:
         return None

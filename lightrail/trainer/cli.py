@@ -83,6 +83,8 @@ def _train(args: argparse.Namespace) -> int:
     if args.config is None:
         print("lightrail train: give CONFIG.yaml (or --config-reference)", file=sys.stderr)
         return 2
+    from lightrail.algorithms.run.guard import RunStopped
+    from lightrail.model.mismatch import MismatchError
     from lightrail.store import redact_url
     from lightrail.trainer.config import ConfigError, load_config, train
 
@@ -107,6 +109,9 @@ def _train(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"lightrail train: {exc}", file=sys.stderr)
         return 2
+    except (RunStopped, MismatchError) as exc:  # the cause was printed at its step; this is the run's last line
+        print(f"lightrail train: stopped: {exc}", file=sys.stderr)
+        return RunStopped.exit_code
     report = result.report
 
     print(summary(report, redact_url(result.store)))

@@ -21,7 +21,26 @@ if TYPE_CHECKING:
     from lightrail.algorithms.protocol import TrainerContext
     from lightrail.gateway.server import GatewayServer, GatewaySettings
 
-__all__ = ["ServedPolicy", "Validation", "last_attempt_spans", "succeeded", "success_rate", "validate"]
+__all__ = [
+    "POLICY_RESOURCE_NAMES",
+    "ServedPolicy",
+    "Validation",
+    "last_attempt_spans",
+    "policy_resources",
+    "succeeded",
+    "success_rate",
+    "validate",
+]
+
+POLICY_RESOURCE_NAMES = ("llm", "main_llm")
+"""The names a run publishes its policy `LLM` under: lightrail's ``llm`` and Agent Lightning's ``main_llm`` (what its
+walkthroughs and examples read), so an agent finds it by either."""
+
+
+def policy_resources(llm: LLM, name: str = "llm") -> dict[str, LLM]:
+    """The resources that publish ``llm`` as the policy: under ``name`` (a section's ``llm_name``) and
+    `POLICY_RESOURCE_NAMES`; one resource under several names (agents that pick "the only LLM" still find one)."""
+    return {n: llm for n in dict.fromkeys((name, *POLICY_RESOURCE_NAMES))}
 
 
 @dataclass
@@ -111,10 +130,17 @@ class Validation:
 
 
 async def validate(
-    ctx: TrainerContext, tasks: Sequence[Task], llm: LLM, threshold: float, *, metadata: dict[str, Any] | None = None
+    ctx: TrainerContext,
+    tasks: Sequence[Task],
+    llm: LLM,
+    threshold: float,
+    *,
+    metadata: dict[str, Any] | None = None,
+    name: str = "llm",
 ) -> Validation:
-    """Publish ``llm`` and run each of ``tasks`` once with it (mode ``val``, carrying ``metadata``)."""
-    version = await ctx.publish({"llm": llm})
+    """Publish ``llm`` (`policy_resources`, under ``name`` too) and run each of ``tasks`` once with it (mode ``val``,
+    carrying ``metadata``)."""
+    version = await ctx.publish(policy_resources(llm, name))
     rollouts = await ctx.run_rollouts(tasks, mode="val", resources_version=version.version, metadata=metadata)
     return Validation(success_rate(rollouts, threshold), rollouts)
 
