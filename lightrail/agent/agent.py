@@ -188,8 +188,8 @@ class RoutedResources(dict[str, Any]):
     def __missing__(self, name: str) -> Any:
         published = ", ".join(repr(k) for k in self) or "none"
         raise ResourceNotPublished(
-            f"resource {name!r} was not published: this rollout's resources are {published} (the trainer publishes "
-            "the policy as 'llm' and 'main_llm', or the name its llm_name setting gives)"
+            f"resource {name!r} was not published; the resources of this rollout are {published} (a trainer publishes "
+            "its policy as 'llm', 'main_llm' and the name its llm_name setting gives)"
         )
 
 

@@ -451,7 +451,7 @@ class GRPO:
         advantages = [t.advantage for t in transitions if t.advantage is not None]
         health = step_health(
             self.step, rollouts, episodes, trainable, excluded, transitions, agents=self.agents, groups=groups.groups,
-            update=update, trained=len(trained),
+            update=update, trained=len(trained), failure_reward=self.settings.guard.failure_reward,
         )  # fmt: skip
         metrics = {
             "kind": "train",

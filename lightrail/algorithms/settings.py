@@ -180,6 +180,8 @@ class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The run guard: what a failed rollout is worth, and when a run that trains nothing stops."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.guard, dict):  # keyword arguments (``GRPO(guard={...})``) as a config file gives them
+            self.guard = convert(self.guard, GuardSection, f"{self._key}.guard")
         for name, tp in _hints(type(self)).items():
             value = getattr(self, name, None)
             if value is not None and (choices := _choices(tp)) and value not in choices:

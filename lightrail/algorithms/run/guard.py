@@ -31,7 +31,7 @@ import msgspec
 
 from lightrail._errors import counted
 from lightrail.adapters.records import Episode
-from lightrail.adapters.selection import Exclusions
+from lightrail.adapters.selection import UNFINISHED_OUTCOMES, Exclusions
 from lightrail.algorithms.settings import GuardSection
 from lightrail.types import Rollout, RolloutStatus, Transition
 
@@ -67,7 +67,8 @@ class StepHealth(msgspec.Struct, kw_only=True):
     excluded: dict[str, int] = msgspec.field(default_factory=dict)
     """Rollouts left out, by reason (`Exclusions.counts`)."""
     causes: list[str] = msgspec.field(default_factory=list)
-    """The failed attempts' causes, most frequent first: ``24x NameError: name <str> is not defined``."""
+    """The failed attempts' causes, most frequent first, each with its first message: ``24x NameError: name 'x' is not
+    defined``."""
     calls: int = 0
     calls_with_token_ids: int = 0
     calls_selected: int = 0
@@ -163,11 +164,12 @@ def step_health(
     groups: int,
     update: Mapping[str, Any],
     trained: int,
+    failure_reward: float | None = None,
 ) -> StepHealth:
     """The health record of one step from what the step already holds: its ``rollouts`` (and the ``episodes`` of
     their last attempts, by rollout id), the ``trainable`` ones and the ``excluded`` counts (`select_trainable`), the
     selected ``transitions`` with their advantages, the number of ``groups``, the update's metrics and the number of
-    transitions it ``trained`` on. Pure: the failure causes come from `RunGuard.check`, which reads the store."""
+    transitions it ``trained`` on (``failure_reward``: what a kept failure scored). Pure: the failure causes come from `RunGuard.check`, which reads the store."""
     health = StepHealth(step=step, rollouts=len(rollouts), trainable=len(trainable), excluded=dict(excluded.counts))
     for rollout in rollouts:
         if rollout.status is RolloutStatus.SUCCEEDED:
@@ -192,7 +194,8 @@ def step_health(
             if agents is None or agents(call.agent_name):
                 health.calls_selected += 1
     health.agents_seen = sorted(names)
-    rewards = sorted({r.reward for r in trainable if r.reward is not None and math.isfinite(r.reward)})
+    scored = (failure_reward if r.status in UNFINISHED_OUTCOMES else r.reward for r in trainable)
+    rewards = sorted({reward for reward in scored if reward is not None and math.isfinite(reward)})
     health.reward_values, health.rewards_seen = len(rewards), rewards[:5]
     health.groups = groups
     health.groups_with_spread = len({t.metadata.get("group_id") for t in transitions if abs(t.advantage or 0) > 1e-9})
@@ -227,7 +230,7 @@ class RunGuard:
         digest = []
         if health.failed or health.timed_out or health.infra:
             digest = digest_failures(await failed_attempts(store, rollouts))
-            health.causes = [f"{g.count}x {g.type}: {g.pattern}" for g in digest]
+            health.causes = [f"{g.count}x {g.type.rpartition('.')[2]}: {g.example}" for g in digest]
         problem = health.problem(selection=self.selection)
         if problem is None:
             self.empty_steps = 0
