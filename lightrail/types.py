@@ -604,6 +604,11 @@ class Attr:
     """Written by `lightrail.emit_message`: a free-text message of the agent (a log line, a thought, a note for
     whoever reads the trace), in ``MESSAGE_BODY``."""
     SPAN_ROLLOUT = "lightrail.rollout"
+    SPAN_KEY_REFUSED = "lightrail.key_refused"
+    """Written by the gateway, once per attempt, when it refused a call to the attempt's route for its key (401/403):
+    the call never reached the model, and an agent that catches the error would otherwise look as if it had made no
+    call at all. Its status message is the refusal; ``REFUSED_STATUS`` the HTTP status."""
+    REFUSED_STATUS = "lightrail.refused.status"
     SPAN_TRAINING = "lightrail.training"
     """Written by the trainer after an update, one per trained attempt: which of its calls were trained, at which
     step, with what return and advantage (``TRAINING_CALLS``); what the dashboard shows on each call."""

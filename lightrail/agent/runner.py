@@ -37,7 +37,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -51,6 +51,7 @@ from lightrail.store.checks import is_auth_error
 from lightrail.store.tokens import parse_token
 from lightrail.tracing import AttemptContext, SpanBatcher, emit_exception, emit_reward, use_attempt
 from lightrail.types import (
+    LLM,
     Attempt,
     AttemptStatus,
     Attr,
@@ -66,6 +67,8 @@ from lightrail.types import (
 __all__ = ["Runner", "RunnerStats", "default_worker_id"]
 
 log = logging.getLogger(__name__)
+
+_API_KEY_ENV = "OPENAI_API_KEY"
 
 T = TypeVar("T")
 
@@ -149,6 +152,8 @@ class Runner:
         # own key from scoped tokens; the gateway accepts a runner token for the attempts it leased).
         token = getattr(store, "token", None)
         self._gateway_key = token if isinstance(token, str) and parse_token(token) is not None else None
+        self._exported_key: str | None = None
+        """The ``OPENAI_API_KEY`` this runner set (`_export_api_key`), so it may replace it when the key changes."""
         self.agent = load_agent(agent)
         self.concurrency = concurrency
         self.worker_id = worker_id or default_worker_id()
@@ -347,6 +352,7 @@ class Runner:
                 status, error = AttemptStatus.INFRA_ERROR, error_info(exc)
             else:
                 routed = route_resources(resources, rollout.rollout_id, attempt.attempt_id, api_key=self._gateway_key)
+                self._export_api_key(routed)
                 running.agent_task = asyncio.get_running_loop().create_task(self._call_agent(running, root_id, routed))
                 if running.stop_reason is not None:  # stopped while fetching resources
                     running.agent_task.cancel()
@@ -368,6 +374,16 @@ class Runner:
             self.stats.ended[str(getattr(running.stop_reason, "value", running.stop_reason))] += 1
             return
         await self._finish(attempt, status, reward, error)
+
+    def _export_api_key(self, resources: Mapping[str, Any]) -> None:
+        """Set ``OPENAI_API_KEY`` in this process to the key of the attempt's gateway `LLM`, for agents that build
+        their client from the environment (Agent Lightning's walkthroughs do): the key is the runner's (the same for
+        every attempt it serves), the URL each attempt's. An environment that sets its own key keeps it (it may be
+        meant for another service); the gateway then names a refused key (`Attr.SPAN_KEY_REFUSED`)."""
+        key = next((r.api_key for r in resources.values() if isinstance(r, LLM) and r.routed and r.api_key), None)
+        current = os.environ.get(_API_KEY_ENV)
+        if key is not None and current != key and (current is None or current == self._exported_key):
+            os.environ[_API_KEY_ENV] = self._exported_key = key
 
     async def _call_agent(self, running: _Running, root_id: str, resources: dict[str, Any]) -> float | None:
         rollout, attempt = running.lease.rollout, running.lease.attempt

@@ -400,10 +400,12 @@ class GRPO:
     async def _train_step(self, ctx: TrainerContext) -> str:
         """One GRPO step (rollouts, advantages, update, new weights served); its status for the step bar."""
         t0 = time.monotonic()
-        version = None if self.mode == "async" else await ctx.publish(policy_resources(self.llm, self.settings.llm_name))
+        version = (
+            None if self.mode == "async" else await ctx.publish(policy_resources(self.llm, self.settings.llm_name))
+        )
         rollouts: list[Rollout] = []
         episodes: dict[str, Any] = {}
-        n_tasks, rounds, filtered = self.settings.tasks_per_step, 0, 0
+        n_tasks, rounds, filtered, keys_refused = self.settings.tasks_per_step, 0, 0, 0
         while True:  # one round without filter_groups; with it, until enough groups carry a learning signal
             rounds += 1
             if version is None:  # async: this step's batch from the pipeline, the later steps' still sampling
@@ -416,6 +418,7 @@ class GRPO:
             rollouts += batch
             for r, s in zip(batch, await last_attempt_spans(ctx.store, batch), strict=True):
                 episodes[r.rollout_id] = build_episode(s, tool_rewards_rule=self.tool_rewards)
+                keys_refused += any(span.name == Attr.SPAN_KEY_REFUSED for span in s)
             trainable, excluded = select_trainable(
                 rollouts, episodes, failure_reward=self.settings.guard.failure_reward
             )
@@ -452,6 +455,7 @@ class GRPO:
         health = step_health(
             self.step, rollouts, episodes, trainable, excluded, transitions, agents=self.agents, groups=groups.groups,
             update=update, trained=len(trained), failure_reward=self.settings.guard.failure_reward,
+            keys_refused=keys_refused,
         )  # fmt: skip
         metrics = {
             "kind": "train",

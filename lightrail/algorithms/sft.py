@@ -59,8 +59,8 @@ import msgspec
 from lightrail.adapters import AgentFilter, ChatSample, Exclusions, build_episode, episode_messages
 from lightrail.algorithms.rejection import TraceFilter, keep_best
 from lightrail.algorithms.run.folder import RunFolder
-from lightrail.algorithms.run.loop import run_steps
 from lightrail.algorithms.run.guard import RunStopped
+from lightrail.algorithms.run.loop import run_steps
 from lightrail.algorithms.run.policy import ServedPolicy, last_attempt_spans, policy_resources, validate
 from lightrail.algorithms.run.progress import StepBar
 from lightrail.algorithms.settings import SFTSection

@@ -35,12 +35,13 @@ only touched between awaits; span seqs come from `lightrail.types.next_seq`, the
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import msgspec
@@ -135,6 +136,46 @@ class _Gateway:
         self.stream_chunk_chars = stream_chunk_chars
         self.max_cached_attempts = max_cached_attempts
         self._known_attempts: set[tuple[str, str]] = set()
+        self._refused: set[tuple[str, str]] = set()
+        """Attempts already marked as having had a call refused for its key (`key_refused`)."""
+        self._background: set[asyncio.Task[None]] = set()
+
+    # -- refusals --------------------------------------------------------------------------------------------
+
+    def key_refused(self, path: str, status: int, message: str) -> None:
+        """`BearerAuth` refused a call for its key: on an attempt's route, mark the attempt once
+        (`Attr.SPAN_KEY_REFUSED`), so ``lightrail dev`` and the run's digest say the key was refused instead of
+        "the agent made no call". The mark is written only for an attempt that exists (ids are unguessable), at most
+        once per attempt, and carries no part of the key."""
+        parts = path.split("/")  # "", "rollouts", rid, "attempts", aid, ...
+        if not (len(parts) > 5 and parts[1] == "rollouts" and parts[3] == "attempts"):
+            return
+        key = (parts[2], parts[4])
+        if key in self._refused:
+            return
+        if len(self._refused) >= self.max_cached_attempts:
+            self._refused.clear()
+        self._refused.add(key)
+        task = asyncio.get_running_loop().create_task(self._mark_refused(key, status, message))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _mark_refused(self, attempt: tuple[str, str], status: int, message: str) -> None:
+        if await self.attempt_error(*attempt) is not None:
+            return
+        now = time.time()
+        self.recorder.submit(
+            Span(
+                rollout_id=attempt[0],
+                attempt_id=attempt[1],
+                seq=next_seq(),
+                name=Attr.SPAN_KEY_REFUSED,
+                start_time=now,
+                end_time=now,
+                attributes={Attr.REFUSED_STATUS: status},
+                status=SpanStatus(code=StatusCode.ERROR, message=message),
+            )  # fmt: skip
+        )
 
     # -- attribution ----------------------------------------------------------------------------------------
 
@@ -484,12 +525,15 @@ class BearerAuth:
         *,
         open_paths: frozenset[str] = frozenset({"/health"}),
         verifier: TokenVerifier | None = None,
+        on_refused: Callable[[str, int, str], None] | None = None,
     ) -> None:
         self.app = app
         self.expected = b"Bearer " + token.encode()
         self.expected_key = token.encode()
         self.open_paths = open_paths
         self.verifier = verifier
+        self.on_refused = on_refused
+        """Told ``(path, status, message)`` of every 401/403 (the gateway marks the attempt: `Attr.SPAN_KEY_REFUSED`)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] not in self.open_paths:
@@ -505,6 +549,9 @@ class BearerAuth:
             if not (bearer_ok or key_ok):
                 refusal = await self._scoped_refusal(scope["path"], given.removeprefix(b"Bearer ") or key)
                 if refusal is not None:
+                    if self.on_refused is not None and refusal.status_code in (401, 403):
+                        message = json.loads(refusal.body).get("error", {}).get("message", "")
+                        self.on_refused(scope["path"], refusal.status_code, message)
                     await refusal(scope, receive, send)
                     return
         await self.app(scope, receive, send)
@@ -609,7 +656,9 @@ def create_gateway_app(
             routes.append(Route(named + "/v1" + dialect.path, served, methods=["POST"]))
             routes.append(Route(prefix + named + "/v1" + dialect.path, routed, methods=["POST"]))
     verifier = TokenVerifier(lambda: store) if hasattr(store, "get_token") else None
-    middleware = [Middleware(BearerAuth, token=token, verifier=verifier)] if token else []
+    middleware = (
+        [Middleware(BearerAuth, token=token, verifier=verifier, on_refused=gateway.key_refused)] if token else []
+    )
     app = Starlette(
         routes=routes,
         middleware=middleware,

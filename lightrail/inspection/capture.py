@@ -18,15 +18,41 @@ from lightrail._errors import counted
 from lightrail.store.base import NotFoundError, Store
 from lightrail.types import LLM, Attr, Rollout, RolloutStatus, Span, StatusCode
 
-__all__ = ["CaptureCause", "CaptureProblem", "capture_problems", "llm_expected", "read_capture_problems"]
+__all__ = [
+    "KEY_FIX",
+    "CaptureCause",
+    "CaptureProblem",
+    "capture_problems",
+    "key_refusal",
+    "llm_expected",
+    "read_capture_problems",
+]
 
 
 class CaptureCause(enum.StrEnum):
     """Why a rollout cannot be trained on (its group in the failure digest)."""
 
+    KEY_REFUSED = "key refused"
     NO_LLM_CALL = "no LLM call"
     NO_TOKEN_IDS = "no token ids"
     NO_REWARD = "no reward"
+
+
+KEY_FIX = (
+    "give the agent's client api_key=llm.api_key (runners also set OPENAI_API_KEY to it where the environment sets "
+    "none), not a placeholder such as 'dummy'"
+)
+"""What to do when the gateway refused an agent's key (the agent sent its own instead of the one it was given)."""
+
+
+def key_refusal(spans: Sequence[Span]) -> CaptureProblem | None:
+    """The problem of an attempt in which the gateway refused a call for its key (`Attr.SPAN_KEY_REFUSED`), if any."""
+    for span in spans:
+        if span.name == Attr.SPAN_KEY_REFUSED:
+            status = span.attributes.get(Attr.REFUSED_STATUS)
+            why = f"{status} {span.status.message}".strip()
+            return CaptureProblem(CaptureCause.KEY_REFUSED, f"the gateway refused the agent's key ({why}): {KEY_FIX}")
+    return None
 
 
 @dataclass(frozen=True)
@@ -40,12 +66,14 @@ class CaptureProblem:
 def capture_problems(rollout: Rollout, spans: Sequence[Span], *, expects_llm: bool = True) -> list[CaptureProblem]:
     """The capture problems of a rollout that succeeded, from the spans of its last attempt (none for a rollout
     that did not succeed: its exception says more). ``expects_llm``: an `LLM` resource was published, so the agent
-    had an endpoint to call."""
+    had an endpoint to call. A refused key is named whatever the rollout's status (the agent may have raised the
+    client's 401 or caught it)."""
+    refused = key_refusal(spans)
     if rollout.status is not RolloutStatus.SUCCEEDED:
-        return []
-    problems: list[CaptureProblem] = []
+        return [refused] if refused is not None else []
+    problems: list[CaptureProblem] = [] if refused is None else [refused]
     calls = [s for s in spans if s.name == Attr.SPAN_LLM_CALL]
-    if not calls and expects_llm:
+    if not calls and expects_llm and refused is None:
         seen = sum(1 for s in spans if s.attributes.get(Attr.KIND) == "llm")  # the framework's own spans (OTel)
         elsewhere = (
             f"{counted(seen, 'LLM call')} seen over OpenTelemetry went elsewhere: the agent's client has its own "
@@ -80,7 +108,7 @@ def capture_problems(rollout: Rollout, spans: Sequence[Span], *, expects_llm: bo
 async def read_capture_problems(
     store: Store, rollouts: Iterable[Rollout], *, concurrency: int = 16
 ) -> dict[str, list[CaptureProblem]]:
-    """`capture_problems` of every succeeded rollout of ``rollouts`` by rollout id (those with none left out),
+    """`capture_problems` of every succeeded or failed rollout of ``rollouts`` by rollout id (those with none left out),
     reading the spans of its last attempt and whether its resources held an `LLM` (at most ``concurrency`` reads
     at once)."""
     limit = asyncio.Semaphore(concurrency)
@@ -94,8 +122,9 @@ async def read_capture_problems(
                 rollout, spans, expects_llm=await expects_llm(rollout.resources_version)
             )
 
-    succeeded = [r for r in rollouts if r.status is RolloutStatus.SUCCEEDED]
-    return {rid: found for rid, found in await asyncio.gather(*(one(r) for r in succeeded)) if found}
+    # failed ones too: a refused key is named whether the agent raised the client's 401 or caught it
+    read = [r for r in rollouts if r.status in (RolloutStatus.SUCCEEDED, RolloutStatus.FAILED)]
+    return {rid: found for rid, found in await asyncio.gather(*(one(r) for r in read)) if found}
 
 
 def llm_expected(store: Store) -> Callable[[int | None], Awaitable[bool]]:

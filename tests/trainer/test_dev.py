@@ -165,3 +165,27 @@ def test_dev_from_a_script_run_as_main(tmp_path):
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "rewards [1.0, 2.0, 3.0]" in done.stdout
+
+
+def test_a_refused_key_is_named_and_the_environment_key_is_the_gateways(tmp_path, monkeypatch):
+    """Runners hand the agent its gateway key in ``OPENAI_API_KEY`` too (an agent that builds its client from the
+    environment works unchanged), and a key the gateway refuses is named as such, with the fix, not blamed on the
+    agent making no call."""
+    from lightrail.gateway.fake import ScriptedBackend
+    from lightrail.inspection.capture import CaptureCause
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    con, out = console()
+    trainer = Trainer(n_runners=1, concurrency=2, runs_dir=tmp_path / "runs", console=con)
+    report = trainer.dev(dev_agents.env_key_agent, [{"q": 1}, {"q": 2}], llm=ScriptedBackend(["four"]))
+    assert [row.status for row in report.rows] == [RolloutStatus.SUCCEEDED] * 2
+    assert [row.llm_calls for row in report.rows] == [1, 1] and not any(row.capture for row in report.rows)
+
+    con, out = console()
+    trainer = Trainer(n_runners=1, concurrency=2, runs_dir=tmp_path / "runs2", console=con)
+    report = trainer.dev(dev_agents.dummy_key_agent, [{"q": 1}, {"q": 2}], llm=ScriptedBackend(["four"]))
+    assert [row.status for row in report.rows] == [RolloutStatus.SUCCEEDED] * 2
+    assert [[p.cause for p in row.capture] for row in report.rows] == [[CaptureCause.KEY_REFUSED]] * 2
+    text = out.getvalue()
+    assert "the gateway refused the agent's key (401 Invalid bearer token.)" in text
+    assert "api_key=llm.api_key" in text and "did not call llm.endpoint" not in text

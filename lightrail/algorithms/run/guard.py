@@ -33,6 +33,7 @@ from lightrail._errors import counted
 from lightrail.adapters.records import Episode
 from lightrail.adapters.selection import UNFINISHED_OUTCOMES, Exclusions
 from lightrail.algorithms.settings import GuardSection
+from lightrail.inspection.capture import KEY_FIX
 from lightrail.types import Rollout, RolloutStatus, Transition
 
 __all__ = ["RunGuard", "RunStopped", "StepHealth", "describe_selection", "step_health"]
@@ -69,6 +70,8 @@ class StepHealth(msgspec.Struct, kw_only=True):
     causes: list[str] = msgspec.field(default_factory=list)
     """The failed attempts' causes, most frequent first, each with its first message: ``24x NameError: name 'x' is not
     defined``."""
+    keys_refused: int = 0
+    """Rollouts in which the gateway refused a call for its key (`Attr.SPAN_KEY_REFUSED`)."""
     calls: int = 0
     calls_with_token_ids: int = 0
     calls_selected: int = 0
@@ -101,6 +104,7 @@ class StepHealth(msgspec.Struct, kw_only=True):
             "rollouts_timed_out": self.timed_out,
             "rollouts_infra": self.infra,
             "rollouts_trainable": self.trainable,
+            "keys_refused": self.keys_refused,
             "calls": self.calls,
             "calls_per_rollout": self.calls_per_rollout,
             "calls_with_token_ids": self.calls_with_token_ids,
@@ -123,6 +127,8 @@ class StepHealth(msgspec.Struct, kw_only=True):
         selection of agents (for the line that says it matched nothing)."""
         if self.rollouts == 0:
             return "no rollout ran"
+        if self.keys_refused and (self.trainable == 0 or self.calls == 0):
+            return f"the gateway refused the agent's key in {counted(self.keys_refused, 'rollout')}: {KEY_FIX}"
         if self.trainable == 0:
             head = (
                 f"every rollout failed ({_summary(self)})"
@@ -165,12 +171,17 @@ def step_health(
     update: Mapping[str, Any],
     trained: int,
     failure_reward: float | None = None,
+    keys_refused: int = 0,
 ) -> StepHealth:
     """The health record of one step from what the step already holds: its ``rollouts`` (and the ``episodes`` of
     their last attempts, by rollout id), the ``trainable`` ones and the ``excluded`` counts (`select_trainable`), the
     selected ``transitions`` with their advantages, the number of ``groups``, the update's metrics and the number of
-    transitions it ``trained`` on (``failure_reward``: what a kept failure scored). Pure: the failure causes come from `RunGuard.check`, which reads the store."""
-    health = StepHealth(step=step, rollouts=len(rollouts), trainable=len(trainable), excluded=dict(excluded.counts))
+    transitions it ``trained`` on (``failure_reward``: what a kept failure scored; ``keys_refused``: rollouts whose
+    key the gateway refused). Pure: the failure causes come from `RunGuard.check`, which reads the store."""
+    health = StepHealth(
+        step=step, rollouts=len(rollouts), trainable=len(trainable), excluded=dict(excluded.counts),
+        keys_refused=keys_refused,
+    )  # fmt: skip
     for rollout in rollouts:
         if rollout.status is RolloutStatus.SUCCEEDED:
             health.succeeded += 1
