@@ -82,7 +82,14 @@ import msgspec
 from lightrail.adapters.selection import POLICY_OUTCOMES
 from lightrail.algorithms.rejection import TraceFilter
 from lightrail.algorithms.run.folder import RunFolder
-from lightrail.algorithms.run.policy import ServedPolicy, last_attempt_spans, succeeded, success_rate
+from lightrail.algorithms.run.guard import RunGuard, rollout_health
+from lightrail.algorithms.run.policy import (
+    ServedPolicy,
+    last_attempt_spans,
+    policy_resources,
+    succeeded,
+    success_rate,
+)
 from lightrail.algorithms.settings import APOSection, convert
 from lightrail.store.base import Store
 from lightrail.types import LLM, PromptTemplate, Resources, Rollout, RolloutSpec, RolloutStatus, Task
@@ -160,6 +167,7 @@ class APO:
         if s.prompts_dir is not None and not Path(s.prompts_dir).is_dir():
             raise ValueError(f"prompts_dir {s.prompts_dir} is not a folder")
         self.settings = s
+        self._guard = RunGuard(s.guard)
         self.model = None if model is None else Path(model)
         self.llm = llm
         self.prompts = dict(prompts)
@@ -354,6 +362,7 @@ class APO:
         # as stored by the store, not run again)
         await ctx.store.enqueue(specs)
         rollouts = await ctx.wait_for([s.rollout_id for s in specs])
+        await self._guard.check(ctx.store, rollout_health(r, rollouts), rollouts, stage="APO round")
         by_candidate: dict[str, list[Rollout]] = {cid: [] for cid in ids}
         for rollout in rollouts:
             by_candidate[str(rollout.metadata["apo_candidate"])].append(rollout)
@@ -641,7 +650,7 @@ class APO:
     def _resources(self, candidate: Candidate, sampling: dict[str, Any], purpose: str) -> Resources:
         assert self._policy is not None  # set by setup, before any round
         policy = msgspec.structs.replace(self._policy, sampling=sampling)
-        items: dict[str, LLM | PromptTemplate] = {self.settings.llm_name: policy}
+        items: dict[str, LLM | PromptTemplate] = dict(policy_resources(policy, self.settings.llm_name))
         items.update({name: PromptTemplate(template=text) for name, text in self._render(candidate).items()})
         digest = hashlib.sha256(json.dumps([purpose, candidate.id], sort_keys=True).encode()).hexdigest()[:12]
         # the gateway's token changes with each start: a resumed run publishes a new version, never a conflict

@@ -452,6 +452,7 @@ class GRPO:
             await ctx.store.add_spans(training_spans(trained, step=self.step, algorithm="grpo"))
         rewards = [r.reward if r.reward is not None else 0.0 for r in trainable]
         advantages = [t.advantage for t in transitions if t.advantage is not None]
+        t_guard = time.monotonic()
         health = step_health(
             self.step, rollouts, episodes, trainable, excluded, transitions, agents=self.agents, groups=groups.groups,
             update=update, trained=len(trained), failure_reward=self.settings.guard.failure_reward,
@@ -476,12 +477,14 @@ class GRPO:
             "update_s": t_update,
             "step_s": time.monotonic() - t0,
         }
-        self.folder.record(metrics)
         try:
-            await self._guard.check(ctx.store, health, rollouts, stage="GRPO")
+            await self._guard.check(ctx.store, health, rollouts, stage="GRPO step")
         except RunStopped as stop:
+            self.folder.record(metrics)
             self.folder.append({"kind": "stop", "step": self.step, "cause": str(stop)})
             raise
+        metrics["guard_s"] = time.monotonic() - t_guard  # the health record and its rules: what the guard costs
+        self.folder.record(metrics)
         causes = [slot.stop for slot in self._slots if slot.stop]
         if causes:
             from lightrail.inspection.report import print_failure_digest

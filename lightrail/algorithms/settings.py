@@ -496,8 +496,8 @@ class APOSection(_Section, kw_only=True, forbid_unknown_fields=True):
         super().__post_init__()
         if not self.prompts:
             raise ValueError("apo.prompts: name at least one PromptTemplate resource to optimize")
-        if self.llm_name in self.prompts:
-            raise ValueError(f"apo.prompts: {self.llm_name!r} is the policy LLM's resource name")
+        if taken := sorted({self.llm_name, "llm", "main_llm"} & set(self.prompts)):
+            raise ValueError(f"apo.prompts: {taken[0]!r} is a resource name of the policy LLM")
         if self.demo_template is not None and self.demo_template not in self.prompts:
             raise ValueError(
                 f"apo.demo_template: {self.demo_template!r} is not one of the prompts {sorted(self.prompts)}"

@@ -59,7 +59,7 @@ import msgspec
 from lightrail.adapters import AgentFilter, ChatSample, Exclusions, build_episode, episode_messages
 from lightrail.algorithms.rejection import TraceFilter, keep_best
 from lightrail.algorithms.run.folder import RunFolder
-from lightrail.algorithms.run.guard import RunStopped
+from lightrail.algorithms.run.guard import RunGuard, RunStopped, update_health
 from lightrail.algorithms.run.loop import run_steps
 from lightrail.algorithms.run.policy import ServedPolicy, last_attempt_spans, policy_resources, validate
 from lightrail.algorithms.run.progress import StepBar
@@ -265,6 +265,7 @@ class SFT:
                 "name the model the agent is to call"
             )
         self.settings = s
+        self._guard = RunGuard(s.guard)
         self.model = Path(model)
         self.teacher = teacher
         self.traces = traces if traces is not None or teacher is not None else TraceFilter()
@@ -565,6 +566,12 @@ class SFT:
             "step_s": time.monotonic() - t0,
         }
         self.folder.record(metrics)
+        health = update_health(self.step, update, 0 if update["skipped"] else len(batch))
+        try:
+            await self._guard.check(None, health, [], stage="SFT step")
+        except RunStopped as stop:
+            self.folder.append({"kind": "stop", "step": self.step, "cause": str(stop)})
+            raise
         return f"nll {metrics['loss']:.3f}"
 
     async def _train_llamafactory(self) -> None:

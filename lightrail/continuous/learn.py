@@ -43,6 +43,7 @@ from typing import Any, Literal
 import msgspec
 
 from lightrail.algorithms.run.folder import RunFolder
+from lightrail.algorithms.run.guard import update_health
 from lightrail.algorithms.run.policy import ServedPolicy, validate
 from lightrail.engine.promotions import PolicyRegistry
 from lightrail.trainer.learn_config import GateSettings, LearnConfig
@@ -230,6 +231,19 @@ def learn_round(config: LearnConfig, *, console: Any = None, force: bool = False
                 shutil.rmtree(folder, ignore_errors=True)
     else:
         metrics["outcome"] = "nothing_to_learn"
+        # the round's health: said at the round, not left to a reader of learn.jsonl
+        health = update_health(int(metrics["round"]), update, 0)
+        why = health.problem() if rows else (
+            f"no trainable row from {report.sessions} sessions ({report.calls} calls, "
+            f"{report.temperature_excluded} left out for their sampling temperature)"
+        )  # fmt: skip
+        metrics["cause"] = why
+        from rich import get_console
+        from rich.markup import escape
+
+        (console or get_console()).print(
+            f"[bold yellow]learn round {metrics['round']} trained nothing[/bold yellow]: {escape(str(why))}"
+        )
     # the round is done: its sessions are consumed whatever the gate said, and the baseline moves
     last = sessions[-1][0].ended_at or state.cursor
     state.seen_at_cursor = [r.rollout_id for r, _ in sessions if r.ended_at == last] + (

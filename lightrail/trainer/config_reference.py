@@ -163,7 +163,7 @@ def sections() -> list[Section]:
     from lightrail.adapters import ToolRewardRule
     from lightrail.agent.ray import RaySettings
     from lightrail.algorithms.rejection import TraceFilter
-    from lightrail.algorithms.settings import APOSection, GRPOSection, SFTSection
+    from lightrail.algorithms.settings import APOSection, GRPOSection, GuardSection, SFTSection
     from lightrail.gateway.server import GatewaySettings
     from lightrail.model.llamafactory import LlamaFactorySettings
     from lightrail.model.updater import LoraSettings, UpdateConfig
@@ -210,6 +210,11 @@ def sections() -> list[Section]:
             _summary(ToolRewardRule),
             _struct_fields(ToolRewardRule, exclude=frozenset({"is_error"})),
         ),
+        Section(
+            "grpo.guard",
+            _summary(GuardSection) + " Also ``sft.guard`` and ``apo.guard``.",
+            _struct_fields(GuardSection),
+        ),  # fmt: skip
         Section("apo", _summary(APOSection), _section_fields(APOSection)),
         Section("sft", _summary(SFTSection), _section_fields(SFTSection)),
         Section(

@@ -265,7 +265,10 @@ def test_auth(make_gateway):
     missing = httpx.post(server.base_url(lease) + "/chat/completions", json={"model": "m", "messages": MESSAGES})
     assert missing.status_code == 401 and missing.json()["error"]["type"] == "invalid_request_error"
     assert httpx.get(server.url + "/v1/models").status_code == 401
-    assert server.spans(lease) == []
+    # no call reached the model; the attempt is marked once as having had its key refused (nothing of the key)
+    (mark,) = server.spans(lease)
+    assert mark.name == Attr.SPAN_KEY_REFUSED and mark.attributes == {Attr.REFUSED_STATUS: 401}
+    assert mark.status.message == "Invalid bearer token." and "wrong" not in str(mark)
 
 
 def test_unknown_rollout_or_attempt_is_404(make_gateway):

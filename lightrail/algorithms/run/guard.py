@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -36,7 +36,15 @@ from lightrail.algorithms.settings import GuardSection
 from lightrail.inspection.capture import KEY_FIX
 from lightrail.types import Rollout, RolloutStatus, Transition
 
-__all__ = ["RunGuard", "RunStopped", "StepHealth", "describe_selection", "step_health"]
+__all__ = [
+    "RunGuard",
+    "RunStopped",
+    "StepHealth",
+    "describe_selection",
+    "rollout_health",
+    "step_health",
+    "update_health",
+]
 
 EXIT_CODE = 3
 """What ``lightrail train`` exits with when the guard stopped the run (2 is a bad config, 1 a crash)."""
@@ -90,6 +98,9 @@ class StepHealth(msgspec.Struct, kw_only=True):
     update_finite: bool = True
     loss: float | None = None
     grad_norm: float | None = None
+    scope: Literal["step", "rollouts", "update"] = "step"
+    """What the record covers: a whole training step (rollouts, calls, update), only rollouts (an APO round, which
+    trains no weights), or only an update (an SFT step on rows collected before)."""
 
     @property
     def calls_per_rollout(self) -> float:
@@ -125,6 +136,10 @@ class StepHealth(msgspec.Struct, kw_only=True):
     def problem(self, *, selection: str | None = None) -> str | None:
         """Why this step trained nothing, in one line (None when it trained). ``selection`` describes the run's
         selection of agents (for the line that says it matched nothing)."""
+        if self.scope == "update":
+            if not self.update_finite:
+                return f"the update was not finite (loss {self.loss}, grad norm {self.grad_norm}): it was skipped"
+            return None if self.transitions else "no row was trained"
         if self.rollouts == 0:
             return "no rollout ran"
         if self.keys_refused and (self.trainable == 0 or self.calls == 0):
@@ -136,6 +151,8 @@ class StepHealth(msgspec.Struct, kw_only=True):
                 else f"no rollout could be trained on ({_excluded(self.excluded)})"
             )
             return head + (f": {self.causes[0]}" if self.causes else _exclusion_hint(self.excluded))
+        if self.scope == "rollouts":
+            return None
         if self.calls == 0:
             return "no LLM call was recorded: the agent did not call llm.endpoint (its own client or base_url?)"
         if self.calls_with_token_ids == 0:
@@ -218,6 +235,23 @@ def step_health(
     return health
 
 
+def rollout_health(step: int, rollouts: Sequence[Rollout]) -> StepHealth:
+    """The health record of a step that runs rollouts but trains no weights on them (an APO round): rollout counts
+    and what `select_trainable` would keep, nothing about calls or updates."""
+    from lightrail.adapters.selection import select_trainable
+
+    trainable, excluded = select_trainable(rollouts)
+    health = step_health(step, rollouts, {}, trainable, excluded, [], agents=None, groups=0, update={}, trained=0)
+    return msgspec.structs.replace(health, scope="rollouts")
+
+
+def update_health(step: int, update: Mapping[str, Any], rows: int) -> StepHealth:
+    """The health record of an optimizer step on rows collected before (an SFT step): ``rows`` trained, and whether
+    the update (``loss``/``grad_norm`` of its metrics) was finite."""
+    health = step_health(step, [], {}, [], Exclusions(), [], agents=None, groups=0, update=update, trained=rows)
+    return msgspec.structs.replace(health, scope="update")
+
+
 class RunGuard:
     """Applies the `GuardSection` rules to each step's `StepHealth` (module docstring). ``selection`` describes what
     the run selects to train (``agents_pattern 'write|rewrite'``), None when it trains every call; ``console``: where
@@ -231,10 +265,11 @@ class RunGuard:
         """Steps in a row that trained nothing, up to the last one checked."""
         self._first = True
 
-    async def check(self, store: Any, health: StepHealth, rollouts: Sequence[Rollout], *, stage: str = "") -> None:
+    async def check(self, store: Any, health: StepHealth, rollouts: Sequence[Rollout], *, stage: str = "step") -> None:
         """Print the step's cause when it trained nothing (and the failure digest of its rollouts when some failed);
         raise `RunStopped` when the rules say the run must stop. Reads the failed attempts' causes from ``store``
-        into ``health.causes`` first (only when some rollout did not succeed)."""
+        into ``health.causes`` first (only when some rollout did not succeed). ``stage`` names the step in the lines
+        (``GRPO step``, ``APO round``)."""
         from lightrail.inspection.report import digest_failures, failed_attempts, render_digest
 
         first, self._first = self._first, False
@@ -247,7 +282,7 @@ class RunGuard:
             self.empty_steps = 0
             return
         self.empty_steps += 1
-        where = f"{stage + ' ' if stage else ''}step {health.step}"
+        where = f"{stage} {health.step}"
         if first and health.calls_with_token_ids and not health.calls_selected:
             raise RunStopped(f"{where}: {problem}")  # a selection that matches nothing never will
         console = self.console if self.console is not None else _console()
