@@ -10,7 +10,7 @@ the guard says trained nothing, or a stop. ``guard_overhead_ratio`` is their ste
 health record and its rules, ``guard_s``) over the step time without it, from the same steps.
 
     python bench/silent.py            # all drills, 3 healthy seeds of 4 steps
-    python bench/silent.py --smoke    # the same drills, 2 steps each, 1 healthy seed
+    python bench/silent.py --smoke    # the same drills, each stopped at its first empty step; 1 healthy step
 
 Prints progress on stderr and one JSON line on stdout: ``drills_caught`` (of ``drills``), ``steps_to_catch_max``,
 ``causes`` (each drill's one line), ``false_alarms``, ``guard_overhead_ratio``.
@@ -38,14 +38,14 @@ TASKS = [{"question": f"{a} + {b} = ?", "answer": a + b} for a in range(1, 5) fo
 KEYS = ("drills", "drills_caught", "steps_to_catch_max", "causes", "false_alarms", "guard_overhead_ratio")
 
 
-def _grpo(model: Path, out: Path, steps: int, seed: int = 0, **overrides):
+def _grpo(model: Path, out: Path, steps: int, seed: int = 0, *, empty: int = 2, **overrides):
     from lightrail.algorithms import UpdateConfig
     from lightrail.algorithms.grpo import GRPO
 
     settings = dict(
         config=UpdateConfig(lr=1e-3), steps=steps, tasks_per_step=2, n_samples=8, validate_before=False, seed=seed,
         sampling={"temperature": 1.0, "max_tokens": 8}, val_sampling={"temperature": 0.0, "max_tokens": 8},
-        val_every=0, checkpoint_every=0, out_dir=out, guard={"max_empty_steps": 2},
+        val_every=0, checkpoint_every=0, out_dir=out, guard={"max_empty_steps": empty},
     )  # fmt: skip
     return GRPO(model, **{**settings, **overrides})
 
@@ -88,11 +88,12 @@ def _first_step(cause: str | None, printed: str) -> int | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--smoke", action="store_true", help="2 steps per drill, 1 healthy seed (CI)")
+    parser.add_argument("--smoke", action="store_true", help="stop each drill at its first empty step, 1 healthy step")
     parser.add_argument("--seeds", type=int, default=3, help="healthy runs (false alarms, overhead)")
     parser.add_argument("--steps", type=int, default=4, help="steps of each healthy run")
     args = parser.parse_args()
-    seeds, healthy_steps = (1, 2) if args.smoke else (args.seeds, args.steps)
+    # smoke: the same drills, each stopped at its first empty step (the rule is the same at 1 as at 2)
+    seeds, healthy_steps, empty = (1, 1, 1) if args.smoke else (args.seeds, args.steps, 2)
 
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     from lightrail.engine.models import build_tiny_model
@@ -149,7 +150,11 @@ def main() -> None:
 
                 EmbeddedRollouts.sync = skipped  # type: ignore[method-assign]
             try:
-                cause, printed, steps = _run(store, agent, lambda: _grpo(model, work / name, 3, **overrides))  # noqa: B023
+                cause, printed, steps = _run(
+                    store,
+                    agent,
+                    lambda: _grpo(model, work / name, 3, empty=empty, **overrides),  # noqa: B023
+                )
             finally:
                 EmbeddedRollouts.sync = original_sync  # type: ignore[method-assign]
             at = _first_step(cause, printed)
