@@ -229,6 +229,11 @@ def test_a_config_file_with_a_bad_verl_key_is_a_one_line_config_error(tmp_path):
         load_config(VERL_CONFIG, ["verl.actor_rollout_ref.rollout.name=sglang"])
     with pytest.raises(ConfigError, match="grpo: n_samples set by the verl section already"):
         load_config(VERL_CONFIG, ["grpo.n_samples=2"])
+    with pytest.raises(ConfigError, match=r"^grpo: config\.lr set by the verl section already"):
+        load_config(VERL_CONFIG, ["grpo.config.lr=0.1"])
+    # a grpo.config key the verl dict leaves unset is added beside verl's (clip_ratio_c: verl's default 3.0)
+    config = load_config(VERL_CONFIG, ["grpo.config.micro_batch_tokens=1024"])
+    assert config.grpo["config"]["micro_batch_tokens"] == 1024 and config.grpo["config"]["clip_ratio_c"] == 3.0
     with pytest.raises(ConfigError, match="runs with algorithm: verl"):
         load_config(VERL_CONFIG, ["algorithm=grpo"])
 
