@@ -160,6 +160,13 @@ class APO:
         prompts, demo_template, demo_format = s.prompts, s.demo_template, s.demo_format
         if (model is None) == (llm is None):
             raise ValueError("give the policy as exactly one of model (a model folder) or llm (a served LLM)")
+        for name, value, kinds, what in (
+            ("llm", llm, LLM, "an LLM"),
+            ("demo_traces", demo_traces, TraceFilter, "a TraceFilter"),
+            ("optimizer", optimizer, LLM | str, "an LLM or 'self'"),
+        ):
+            if value is not None and not isinstance(value, kinds):
+                raise TypeError(f"{name}: expected {what}, got {type(value).__name__}")
         if isinstance(optimizer, str) and optimizer != "self":
             raise ValueError(f"optimizer must be an LLM, 'self' or None, not {optimizer!r}")
         if optimizer == "self" and model is None:

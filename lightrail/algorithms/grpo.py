@@ -51,7 +51,7 @@ import logging
 import math
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -78,7 +78,7 @@ from lightrail.algorithms.run.policy import (
     success_rate,
     validate,
 )
-from lightrail.algorithms.settings import GRPOSection
+from lightrail.algorithms.settings import GRPOSection, agents_argument, credit_argument, tool_rewards_argument
 from lightrail.model.mismatch import MismatchError, stop_cause, summarize, unserved_cause
 from lightrail.types import AGENT_HEADER, LLM, Attr, Rollout, Span, Task, Transition
 
@@ -166,9 +166,9 @@ class GRPO:
         section: GRPOSection | None = None,
         *,
         config: UpdateConfig | None = None,
-        credit: CreditAssignment | None = None,
-        tool_rewards: ToolRewardRule | None = None,
-        agents: AgentFilter | None = None,
+        credit: CreditAssignment | str | None = None,
+        tool_rewards: ToolRewardRule | bool | dict[str, Any] | None = None,
+        agents: AgentFilter | Sequence[str] | str | None = None,
         gateway: GatewaySettings | None = None,
         **settings: Any,
     ) -> None:
@@ -176,7 +176,11 @@ class GRPO:
         keywords win), hold every plain setting, its default and its check (`GRPOSection`); the keywords above take
         the objects a config names: ``config`` (else the section's ``config``), ``credit`` (else ``credit`` and
         ``credit_args``), ``tool_rewards`` (else the section's), ``agents`` (else ``agents`` and
-        ``agents_pattern``)."""
+        ``agents_pattern``). ``credit`` also takes a scheme's name (``"identical"``, made with ``credit_args``),
+        ``agents`` an agent's name or a list of names, ``tool_rewards`` true or a mapping of its fields; any other
+        kind is a one-line error here, before any rollout (`lightrail.algorithms.settings.credit_argument`...)."""
+        if isinstance(credit, str):  # a scheme's name is the section's setting, checked there with credit_args
+            settings["credit"], credit = credit, None
         base = msgspec.structs.asdict(section) if section is not None else {}
         s = GRPOSection(**{**base, **settings})
         config = config if config is not None else s.update_config()
@@ -190,15 +194,17 @@ class GRPO:
             raise ValueError(f"config.ranks: advantage 'gae' trains its value head in one process, not {config.ranks}")
         if config is not None and (mismatch := config.schedule_mismatch(s.steps * config.mini_batches)):
             log.warning("GRPO: %s", mismatch)
-        agents = agents if agents is not None else s.agent_filter()
+        selection: Callable[[str | None], bool] | None = (
+            agents_argument(agents) if agents is not None else s.agent_filter()
+        )
         self.policies = PolicyMap(s.policies) if s.policies is not None else None
         if self.policies is not None:
             check_policies_engine(s.rollout_engine, lora=config is not None and config.lora is not None)
-            if agents is not None:
+            if selection is not None:
                 raise ValueError("give agents or policies, not both: the policies name the agents they train")
             if config is not None and config.ranks > 1:
                 raise ValueError("policies train in this process: config.ranks must be 1")
-            agents = self.policies.filter()
+            selection = self.policies.filter()
         self.folder = RunFolder(s.out_dir, "GRPO", keep_checkpoints=s.keep_checkpoints, seed=s.seed)
         self.settings = s
         """The checked ``grpo:`` section: the plain settings are read from it, never copied."""
@@ -208,9 +214,9 @@ class GRPO:
         self.config = config
         self.sampling = {"temperature": 1.0, "max_tokens": 64, **(s.sampling or {})}
         self.val_sampling = {"temperature": 0.0, "max_tokens": 64, **(s.val_sampling or {})}
-        self.credit = credit if credit is not None else s.credit_scheme()
-        self.tool_rewards = tool_rewards if tool_rewards is not None else s.tool_rule()
-        self.agents = agents
+        self.credit = credit_argument(credit, s.credit_args) if credit is not None else s.credit_scheme()
+        self.tool_rewards = tool_rewards_argument(tool_rewards) if tool_rewards is not None else s.tool_rule()
+        self.agents = selection
         self.gateway = gateway
         # what a `Chain` reads of its stages: their folder, resuming, whether a stage's val_after is this one's start
         self.out_dir = Path(s.out_dir)
@@ -227,7 +233,7 @@ class GRPO:
             s.mode, s.max_staleness, s.ahead, s.is_cap, config=config, filter_groups=s.filter_groups,
             policies=s.policies, advantage=s.advantage,
         )  # fmt: skip
-        self._guard = RunGuard(s.guard, selection=describe_selection(agents))
+        self._guard = RunGuard(s.guard, selection=describe_selection(selection))
         self._pipeline: list[_Batch] = []
         """Async mode: the batches enqueued for the next steps, oldest first."""
         self._pending: list[list[int]] = []

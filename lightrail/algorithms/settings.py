@@ -32,7 +32,10 @@ __all__ = [
     "GuardSection",
     "SFTSection",
     "ToolRewards",
+    "agents_argument",
     "convert",
+    "credit_argument",
+    "tool_rewards_argument",
     "unknown_keys",
     "update_config",
 ]
@@ -246,6 +249,59 @@ def _rule_default(name: str) -> Any:
     from lightrail.adapters import ToolRewardRule
 
     return {field.name: field.default for field in dataclasses.fields(ToolRewardRule)}[name]
+
+
+def _kind(value: Any) -> str:
+    return f"{type(value).__name__} {value!r}"[:120]
+
+
+def credit_argument(value: Any, options: dict[str, Any] | None = None) -> Any:
+    """A constructor's ``credit``: a `CreditAssignment` (any callable) as it is, or a built-in scheme's name
+    (``"identical"``, ``"per_turn"``, ``"discounted"``) made with ``options`` (the section's ``credit_args``).
+    Anything else is a one-line TypeError naming what was given, raised at construction, before any rollout."""
+    from lightrail.adapters.credit import credit_by_name
+
+    if isinstance(value, str):
+        try:
+            return credit_by_name(value, **(options or {}))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"credit: {exc}") from None
+    if callable(value):
+        return value
+    raise TypeError(f"credit: expected a scheme's name ('identical', ...) or a CreditAssignment callable, got "
+                    f"{_kind(value)}")  # fmt: skip
+
+
+def agents_argument(value: Any) -> Any:
+    """A constructor's ``agents``: an `AgentFilter` (or any callable ``agent_name -> bool``) as it is, an agent's
+    name or a list of names as the `AgentFilter` of those names. Anything else is a one-line TypeError at
+    construction."""
+    from lightrail.adapters import AgentFilter
+
+    if isinstance(value, str):
+        return AgentFilter([value])
+    if isinstance(value, list | tuple | set | frozenset):
+        if not all(isinstance(name, str) for name in value):
+            raise TypeError(f"agents: expected agent names (strings), got {_kind(value)}")
+        return AgentFilter(value)
+    if callable(value):
+        return value
+    raise TypeError(f"agents: expected an AgentFilter, an agent's name or a list of names, got {_kind(value)}")
+
+
+def tool_rewards_argument(value: Any) -> Any:
+    """A constructor's ``tool_rewards``: a `ToolRewardRule` as it is, ``True`` for the default rule, ``False`` for
+    none, or a mapping of ``grpo.tool_rewards`` fields. Anything else is a one-line error at construction."""
+    from lightrail.adapters import ToolRewardRule
+
+    if isinstance(value, ToolRewardRule) or value is None:
+        return value
+    if isinstance(value, bool):
+        return ToolRewards().rule() if value else None
+    if isinstance(value, dict):
+        return convert(value, ToolRewards, "tool_rewards").rule()
+    raise TypeError(f"tool_rewards: expected a ToolRewardRule, true/false or a mapping of its fields, got "
+                    f"{_kind(value)}")  # fmt: skip
 
 
 class ToolRewards(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

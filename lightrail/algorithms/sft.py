@@ -63,7 +63,7 @@ from lightrail.algorithms.run.guard import RunGuard, RunStopped, update_health
 from lightrail.algorithms.run.loop import run_steps
 from lightrail.algorithms.run.policy import ServedPolicy, last_attempt_spans, policy_resources, validate
 from lightrail.algorithms.run.progress import StepBar
-from lightrail.algorithms.settings import SFTSection
+from lightrail.algorithms.settings import SFTSection, agents_argument
 from lightrail.engine.chat import ChatFormat
 from lightrail.types import LLM, Rollout, Task, TrainingRow
 
@@ -229,7 +229,7 @@ class SFT:
         *,
         teacher: LLM | Backend | Literal["self"] | None = None,
         traces: TraceFilter | None = None,
-        agents: AgentFilter | None = None,
+        agents: AgentFilter | Sequence[str] | str | None = None,
         config: UpdateConfig | None = None,
         out_dir: str | Path = "runs/sft",
         gateway: GatewaySettings | None = None,
@@ -238,7 +238,8 @@ class SFT:
     ) -> None:
         """``section`` (a config's ``sft:`` section) or ``settings``, its fields as keyword arguments (both: the
         keywords win), hold every plain setting, its default and its check (`SFTSection`); the keywords above take
-        objects (``config`` and ``agents`` else the section's)."""
+        objects (``config`` and ``agents`` else the section's; ``agents`` also an agent's name or a list of names). An
+        object of the wrong kind is a one-line error here, before any rollout."""
         base = msgspec.structs.asdict(section) if section is not None else {}
         s = SFTSection(**{**base, **settings})
         backend = s.backend
@@ -255,6 +256,14 @@ class SFT:
         if s.sampling is not None and teacher != SELF:
             raise ValueError("sampling sets how the student samples itself (teacher='self'); an LLM teacher's "
                              "sampling is its own (LLM.sampling)")  # fmt: skip
+        if traces is not None and not isinstance(traces, TraceFilter):
+            raise TypeError(f"traces: expected a TraceFilter, got {type(traces).__name__} {traces!r}"[:160])
+        if (
+            teacher is not None
+            and not isinstance(teacher, LLM | str)
+            and not callable(getattr(teacher, "model_names", None))
+        ):
+            raise TypeError(f"teacher: expected an LLM, a gateway Backend or 'self', got {type(teacher).__name__}")
         if isinstance(teacher, str) and teacher != SELF:
             raise ValueError(
                 f"teacher is an LLM, a gateway Backend or 'self' (the student's own samples), not {teacher!r}"
@@ -270,7 +279,7 @@ class SFT:
         self.teacher = teacher
         self.traces = traces if traces is not None or teacher is not None else TraceFilter()
         self.sampling = {"temperature": 1.0, "max_tokens": 64, **(s.sampling or {})}
-        self.agents = agents if agents is not None else s.agent_filter()
+        self.agents = agents_argument(agents) if agents is not None else s.agent_filter()
         self.config = config
         self.val_sampling = {"temperature": 0.0, "max_tokens": 64, **(s.val_sampling or {})}
         self.success_threshold = s.success_threshold

@@ -10,10 +10,19 @@ Notation, per response token t (a token the policy generated, ``loss_mask == 1``
 
 Per-token loss::
 
-    r_t    = exp(logp_t - old_t)
+    r_t    = exp(clamp(logp_t - old_t, -20, 20))
     pg_t   = -min(r_t * A_t, clip(r_t, 1 - eps_low, 1 + eps_high) * A_t)
-    kl_t   = exp(ref_t - logp_t) - (ref_t - logp_t) - 1              (k3 estimator of KL(pi_theta || pi_ref), >= 0)
+    pg_t   = min(pg_t, -A_t * c)           for A_t < 0, with dual-clip's c (``clip_ratio_c``; None: no such bound)
+    kl_t   = k(logp_t, ref_t)              a KL estimator of `lightrail.model.kl` (default ``low_var_kl``: k3,
+                                           exp(x) - x - 1 with x = ref_t - logp_t, clamped as verl does)
     l_t    = pg_t + beta * kl_t
+
+The clamp of the log-ratio to [-20, 20] before ``exp`` is verl's (``compute_policy_loss_vanilla``): a ratio beyond
+e^20 is numerical breakage, not a policy change, and would overflow float32 gradients. Dual-clip PPO (Ye et al.
+2020, "Mastering Complex Control in MOBA Games with Deep RL", arXiv:1912.09729; verl's ``clip_ratio_c``, default
+3.0 there) bounds the loss of a token with a negative advantage whose ratio ran far above 1: without it,
+``-A_t * r_t`` grows without bound (A = -1, r = 4: loss 4, gradient 4); with c = 3 it is 3 with gradient 0. The
+whole per-token loss is verl's: tests/trainer/test_verl_parity.py compares it with verl's functions.
 
 Batch loss ``L = sum_t w_t * l_t`` with normalisation weights ``w_t`` (`loss_weights`, `LossNorm`; N tokens in
 the step, S segments = rows or rollouts, ``n_s`` tokens in segment s)::
@@ -67,6 +76,8 @@ from typing import Literal
 
 import torch
 
+from lightrail.model.kl import kl_estimator as kl_estimator_by_name
+
 __all__ = [
     "LOSS_AGG",
     "LOSS_NORMS",
@@ -96,6 +107,9 @@ LOSS_AGG: dict[str, LossNorm] = {
     "seq_mean_token_sum_norm": "sequence_sum_norm",
 }
 """verl's ``loss_agg_mode`` names (with ``_`` for ``-``) and the `LossNorm` each one is."""
+
+_LOG_RATIO_CLAMP = 20.0
+"""verl's bound on ``logp - old_logp`` before ``exp`` in the policy loss (``compute_policy_loss_vanilla``)."""
 
 
 def resolve_loss_norm(name: str) -> LossNorm:
@@ -156,8 +170,14 @@ def policy_loss(
     ref_logp: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     is_cap: float | None = None,
+    clip_ratio_c: float | None = None,
+    kl_estimator: str = "low_var_kl",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO-clipped policy-gradient loss with an optional k3 KL penalty; see the module docstring for the formula.
+    """PPO-clipped policy-gradient loss with an optional KL penalty; see the module docstring for the formula.
+
+    ``clip_ratio_c = c`` (> 1) dual-clips tokens with a negative advantage: their loss is at most ``-A * c``
+    (None: off). ``kl_estimator`` names the penalty's estimator in `lightrail.model.kl.KL_ESTIMATORS` (used with
+    ``ref_logp`` and ``kl_coef != 0``).
 
     ``is_cap = C`` corrects stale tokens by truncated importance sampling (module docstring, "Stale tokens"): the
     ratio is taken against ``logp`` detached and each token weighted by `tis_weights`; stats then add
@@ -169,7 +189,7 @@ def policy_loss(
     weights sliced to a micro-batch makes the micro-batch losses add up to the step loss.
 
     Returns ``(loss, stats)``; stats are detached means over the selected tokens (not weighted by ``weights``):
-    ``pg_loss``, ``kl_ref`` (k3 to the reference, 0 without one), ``clip_frac`` (tokens whose clipped term is
+    ``pg_loss``, ``kl_ref`` (the KL estimator's value to the reference, 0 without one), ``clip_frac`` (tokens whose clipped term is
     active, i.e. that get no gradient), ``approx_kl = mean((r - 1) - log r)`` (the k3 estimator of
     KL(pi_old || pi_theta) from pi_old's samples; 0 while nothing changed), ``ratio_mean``, ``ratio_max`` and
     ``tokens`` (the count).
@@ -178,6 +198,9 @@ def policy_loss(
         >>> float(loss)            # r = 1, no clipping: -(1 * 2)
         -2.0
     """
+    if clip_ratio_c is not None and not clip_ratio_c > 1.0:
+        raise ValueError(f"clip_ratio_c must be > 1 (dual-clip's lower bound on the loss), not {clip_ratio_c}")
+    estimate_kl = kl_estimator_by_name(kl_estimator)
     if mask is not None:
         sel = mask.bool()
         logp, old_logp, advantages = logp[sel], old_logp[sel], advantages[sel]
@@ -196,17 +219,19 @@ def policy_loss(
         log_ratio = logp - prox
     else:
         log_ratio = logp - old_logp
+    log_ratio = torch.clamp(log_ratio, min=-_LOG_RATIO_CLAMP, max=_LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
     unclipped = ratio * advantages
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
     pg = -torch.minimum(unclipped, clipped)
+    if clip_ratio_c is not None:
+        pg = torch.where(advantages < 0, torch.minimum(pg, -advantages * clip_ratio_c), pg)
     if is_cap is not None:
         pg = is_weight * pg
     per_token = pg
     kl_ref = None
     if ref_logp is not None and kl_coef != 0.0:
-        d = ref_logp.to(logp.dtype) - logp
-        kl_ref = torch.exp(d) - d - 1.0
+        kl_ref = estimate_kl(logp, ref_logp.to(logp.dtype))
         per_token = per_token + kl_coef * kl_ref
     loss = (weights * per_token).sum()
 
@@ -215,6 +240,8 @@ def policy_loss(
         # The clipped branch is the minimum (so it carries no gradient) exactly when the ratio left the trust region
         # in the direction the advantage pushes it.
         is_clipped = ((advantages > 0) & (ratio > 1.0 + clip_high)) | ((advantages < 0) & (ratio < 1.0 - clip_low))
+        if clip_ratio_c is not None:  # dual-clip's bound is the loss: no gradient either
+            is_clipped |= (advantages < 0) & (ratio > clip_ratio_c)
         stats = {
             "pg_loss": pg.sum() / denom,
             "kl_ref": kl_ref.sum() / denom if kl_ref is not None else logp.new_zeros(()),

@@ -60,6 +60,7 @@ from lightrail.model._loss import (
     token_entropy,
 )
 from lightrail.model.checkpoint import atomic_directory, capture_rng_state, restore_rng_state
+from lightrail.model.kl import KL_ESTIMATORS
 from lightrail.model.mismatch import RowMismatch
 from lightrail.types import TrainingRow, Transition
 
@@ -129,8 +130,16 @@ class UpdateConfig:
     """PPO ratio clip below 1: the ratio is kept above ``1 - clip_low``."""
     clip_high: float = 0.2
     """``clip_high > clip_low`` is DAPO's "clip-higher"."""
+    clip_ratio_c: float | None = None
+    """Dual-clip PPO's c (> 1; verl's ``clip_ratio_c``): a token with a negative advantage loses at most ``-A * c``
+    however far its ratio ran above 1 (`lightrail.model._loss`). None (the default): off, lightrail's loss as before
+    dual-clip existed, since a synchronous on-policy step keeps ratios near 1; `lightrail.VERL` sets verl's 3.0."""
     kl_coef: float = 0.0
-    """beta of the k3 KL penalty to the frozen reference (the base model); 0 switches it off and costs nothing."""
+    """beta of the KL penalty to the frozen reference (the base model); 0 switches it off and costs nothing."""
+    kl_estimator: str = "low_var_kl"
+    """The penalty's estimator, a name of `lightrail.model.kl.KL_ESTIMATORS` (verl's ``kl_loss_type`` names: ``kl``/
+    ``k1``, ``abs``, ``mse``/``k2``, ``low_var_kl``/``k3``, and ``<name>+`` straight-through); default k3 with
+    verl's clamps."""
     loss_norm: LossNorm = "token"
     """token | sequence | rollout | sequence_sum_norm (`lightrail.model._loss.LossNorm`). verl's names
     (``token_mean``, ``seq_mean_token_mean``, ``seq_mean_token_sum_norm``) given in Python are stored as the
@@ -216,6 +225,10 @@ class UpdateConfig:
             raise ValueError("is_cap weighs against the weights before the optimizer step: needs mini_batches 1")
         if not 0 <= self.clip_low < 1 or self.clip_high < 0:
             raise ValueError("need 0 <= clip_low < 1 and clip_high >= 0")
+        if self.clip_ratio_c is not None and not self.clip_ratio_c > 1:
+            raise ValueError(f"clip_ratio_c must be > 1 (or None: off), not {self.clip_ratio_c}")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(f"kl_estimator: expected one of {list(KL_ESTIMATORS)}, got {self.kl_estimator!r}")
         try:
             object.__setattr__(self, "loss_norm", resolve_loss_norm(self.loss_norm))
         except ValueError as exc:
@@ -852,6 +865,8 @@ class PolicyUpdater:
                     ref_logp=ref,
                     kl_coef=cfg.kl_coef,
                     is_cap=cfg.is_cap,
+                    clip_ratio_c=cfg.clip_ratio_c,
+                    kl_estimator=cfg.kl_estimator,
                 )
                 loss = loss + self._critic_loss(mb)
                 # The weights have not moved yet this step, so for on-policy rows this is the train–inference gap.

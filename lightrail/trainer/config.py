@@ -258,10 +258,15 @@ def _from_verl(config: TrainConfig) -> TrainConfig:
     except ValueError as exc:
         raise ConfigError(f"verl: {exc}") from None
     twice = sorted(set(settings.grpo) & set(config.grpo))
+    if twice == ["config"]:  # verl sets grpo.config keys (always clip_ratio_c): the section may add the others
+        twice = [f"config.{k}" for k in sorted(set(settings.grpo["config"]) & set(config.grpo["config"] or {}))]
     if twice:
         raise ConfigError(f"grpo: {', '.join(twice)} set by the verl section already; give each setting once")
     defaults = TrainConfig(agent="", data="")
-    changes: dict[str, Any] = {"algorithm": "grpo", "grpo": {**config.grpo, **settings.grpo}}
+    grpo = {**config.grpo, **settings.grpo}
+    if "config" in settings.grpo and config.grpo.get("config"):
+        grpo["config"] = {**config.grpo["config"], **settings.grpo["config"]}
+    changes: dict[str, Any] = {"algorithm": "grpo", "grpo": grpo}
     for name, value, verl_key in (
         ("model", settings.model, "actor_rollout_ref.model.path"),
         ("name", settings.name, "trainer.experiment_name"),

@@ -170,6 +170,10 @@ class Trainer:
             n_runners = 0 if ray is not None else 2
         if n_runners < 0 or concurrency < 1:
             raise ValueError("n_runners must be >= 0 and concurrency >= 1")
+        if algorithm is not None and not all(callable(getattr(algorithm, m, None)) for m in ("setup", "run", "close")):
+            raise TypeError(
+                f"algorithm: expected an Algorithm (GRPO(...), SFT(...), APO(...)), got {algorithm!r}"[:160]
+            )
         if not 0 <= store_port < 65536:
             raise ValueError(f"store_port must be a port number (0 for any free one), not {store_port}")
         if otel and runner_python is None:

@@ -3,7 +3,13 @@
 `VERL_KEYS` is the one table: every verl key lightrail accepts, the lightrail setting it sets (or, for a key that
 only tunes verl's GPU machinery, why it has no effect here), checked value by value. A key outside the table, or a
 value lightrail cannot honour (``rollout.name: sglang``), is a one-line `ValueError` naming the key: nothing is
-ignored silently. Keys the dict leaves out keep lightrail's defaults, not verl's.
+ignored silently. Keys the dict leaves out keep lightrail's defaults, except where verl's default changes what is
+trained: such a key carries verl's default (`VerlKey.default`: dual-clip's ``clip_ratio_c`` 3.0; with ``gae``,
+``algorithm.gamma`` and ``lam`` 1.0; with ``lora_rank``, ``lora_alpha`` 16), applied as if the dict had said it.
+
+The loss a verl dict describes is verl's own: tests/trainer/test_verl_parity.py runs verl's
+``verl.trainer.ppo.core_algos`` (installed by scripts/_env_verl.sh) and lightrail's `policy_loss` on the same
+tensors, values and gradients; ``bench/verl_parity.py`` prints the largest difference.
 
 Two ways in, one mapping (`verl_settings`):
 
@@ -66,6 +72,8 @@ class VerlKey:
     how: str
     """How the value maps, or why it has no effect."""
     apply: Apply
+    default: Any = None
+    """verl's default, applied when the dict leaves the key out (None: the key is then not applied at all)."""
 
 
 def _to(setting: str, convert: Callable[[Any], Any] = lambda v: v) -> Apply:
@@ -116,15 +124,102 @@ _ESTIMATORS = {
     "rloo": "rloo",
     "reinforce_plus_plus": "reinforce_pp",
     "reinforce_plus_plus_baseline": "reinforce_pp_baseline",
+    "gae": "gae",
 }
 
 
 def _estimator(value: Any) -> str:
     if value not in _ESTIMATORS:
-        raise _Refused(
-            f"lightrail's estimators are {', '.join(_ESTIMATORS)} (gae needs a critic, which lightrail does not train)"
-        )
+        raise _Refused(f"lightrail's estimators are {', '.join(_ESTIMATORS)}")
     return _ESTIMATORS[value]
+
+
+def _uses_gae(whole: Mapping[str, Any]) -> bool:
+    return whole.get("algorithm.adv_estimator") == "gae"
+
+
+def _gamma(value: Any, whole: Mapping[str, Any], out: VerlSettings) -> None:
+    gamma = _number(value)
+    if _uses_gae(whole):
+        out.set("config.gamma", gamma)
+    elif gamma != 1.0:  # verl's reinforce_plus_plus discounts token returns by it; lightrail's estimators do not
+        raise _Refused("lightrail discounts only inside GAE (adv_estimator gae): only 1.0 is accepted otherwise")
+
+
+def _lam(value: Any, whole: Mapping[str, Any], out: VerlSettings) -> None:
+    lam = _number(value)
+    if _uses_gae(whole):
+        out.set("config.lam", lam)
+
+
+def _kl_type(value: Any) -> str:
+    from lightrail.model.kl import KL_ESTIMATORS
+
+    if value not in KL_ESTIMATORS:
+        raise _Refused(f"lightrail's KL estimators are {', '.join(KL_ESTIMATORS)}")
+    return str(value)
+
+
+def _clip_ratio_c(value: Any) -> float:
+    c = _number(value)
+    if not c > 1.0:
+        raise _Refused("dual-clip's bound must be > 1 (verl asserts it too)")
+    return c
+
+
+_LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
+def _loss_agg(value: Any) -> str:
+    if value not in _LOSS_AGG_MODES:
+        raise _Refused(f"lightrail aggregates by {', '.join(_LOSS_AGG_MODES)}")
+    return str(value).replace("-", "_")
+
+
+def _loss_scale_factor(value: Any, whole: Mapping[str, Any], out: VerlSettings) -> None:
+    if value is not None:  # verl's null: the padded response length, which is lightrail's default L (max_tokens)
+        out.set("config.loss_norm_tokens", _positive(value))
+
+
+def _engine_kwargs_vllm(value: Any, whole: Mapping[str, Any], out: VerlSettings) -> None:
+    if not isinstance(value, Mapping):
+        raise _Refused(f"expected a mapping of vLLM engine arguments, got {value!r}")
+    if not _uses_vllm(whole):
+        return  # verl reads the sub-dict of the engine in use only
+    args = out.grpo.setdefault("vllm", {}).setdefault("args", [])
+    for name, arg in value.items():
+        flag = f"--{str(name).replace('_', '-')}"
+        if arg is True:
+            args.append(flag)
+        elif arg is False or arg is None:
+            raise _Refused(f"{name}: {arg!r}: lightrail passes vllm serve flags, not their absence; leave {name} out")
+        else:
+            args.extend([flag, str(arg)])
+
+
+def _lora(value: Any, whole: Mapping[str, Any], out: VerlSettings) -> None:
+    rank = _int(whole.get(f"{_MODEL}.lora_rank", 0))
+    if rank < 0:
+        raise _Refused(f"expected lora_rank >= 0, got {rank}")
+    alpha = _positive(whole[f"{_MODEL}.lora_alpha"])
+    modules = whole.get(f"{_MODEL}.target_modules", "all-linear")
+    if modules != "all-linear":
+        modules = [modules] if isinstance(modules, str) else modules
+        if not isinstance(modules, list) or not all(isinstance(m, str) for m in modules) or not modules:
+            raise _Refused(f"expected all-linear or a list of module names, got {modules!r}")
+    if rank == 0:  # verl's 0: full fine-tuning; lora_alpha and target_modules then have no effect there either
+        return
+    lora: dict[str, Any] = {"r": rank, "alpha": alpha}
+    if modules != "all-linear":
+        lora["target_modules"] = list(modules)
+    out.set("config.lora", lora)
+
+
+def _aggregation_level(value: Any, whole: Mapping[str, Any], out: VerlSettings) -> None:
+    levels = {"transition": False, "trajectory": True}
+    if value not in levels:
+        raise _Refused(f"lightrail's levels are {', '.join(levels)}")
+    out.set("merge_calls", levels[value])
 
 
 def _rollout_engine(value: Any, whole: Mapping[str, Any], out: VerlSettings) -> None:
@@ -229,13 +324,20 @@ def _set_name(value: Any, whole: Mapping[str, Any], out: VerlSettings) -> None:
 
 _ACTOR = "actor_rollout_ref.actor"
 _ROLLOUT = "actor_rollout_ref.rollout"
+_MODEL = "actor_rollout_ref.model"
+_AGL = "agentlightning"
 _NO_OFFLOAD = (
     "no effect: nothing is offloaded to the host (sharding is `grpo.config.sharding: fsdp`, not set from verl)"
 )
 
 VERL_KEYS: tuple[VerlKey, ...] = (
     VerlKey("algorithm.adv_estimator", "grpo.advantage", "grpo, rloo, reinforce_plus_plus (reinforce_pp), "
-            "reinforce_plus_plus_baseline (reinforce_pp_baseline); others refused", _to("advantage", _estimator)),
+            "reinforce_plus_plus_baseline (reinforce_pp_baseline), gae (PPO with a critic: a value head on the "
+            "policy, `lightrail.model.ppo`); others refused", _to("advantage", _estimator)),
+    VerlKey("algorithm.gamma", "grpo.config.gamma", "GAE's discount with adv_estimator gae (absent: verl's 1.0); "
+            "otherwise 1.0 only", _gamma, default=1.0),
+    VerlKey("algorithm.lam", "grpo.config.lam", "GAE's lambda with adv_estimator gae (absent: verl's 1.0, not "
+            "lightrail's 0.95); no effect otherwise (verl reads it only in GAE)", _lam, default=1.0),
     VerlKey("algorithm.use_kl_in_reward", "", "false only: lightrail's KL term is in the loss (actor.use_kl_loss)",
             _no_effect(lambda v: v is False, "lightrail puts the KL term in the loss (actor.use_kl_loss), not the "
                        "reward")),
@@ -264,6 +366,13 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     VerlKey(f"{_ROLLOUT}.gpu_memory_utilization", "grpo.vllm.args",
             "--gpu-memory-utilization with rollout.name vllm; no effect with hf (it allocates as it goes)",
             _vllm_arg("--gpu-memory-utilization", _number)),
+    VerlKey(f"{_ROLLOUT}.engine_kwargs.vllm", "grpo.vllm.args", "with rollout.name vllm each entry a `vllm serve` "
+            "flag (`tool_call_parser: hermes` -> `--tool-call-parser hermes`, true -> the flag alone; the user's flags "
+            "win over lightrail's own); no effect with hf (verl reads only the engine in use's sub-dict)",
+            _engine_kwargs_vllm),
+    VerlKey(f"{_ROLLOUT}.engine_kwargs.sglang", "", "no effect: tunes verl's SGLang engine, which lightrail does not "
+            "run (rollout.name sglang is refused)", _no_effect(lambda v: isinstance(v, Mapping),
+                                                               "expected a mapping of SGLang engine arguments")),
     VerlKey(f"{_ROLLOUT}.log_prob_micro_batch_size_per_gpu", "", "no effect: lightrail takes the old logprobs "
             "from the sampler (no recompute pass to batch)", _no_effect()),
     VerlKey(f"{_ACTOR}.ppo_mini_batch_size", "grpo.config.mini_batches", "data.train_batch_size / "
@@ -271,9 +380,18 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     VerlKey(f"{_ACTOR}.ppo_micro_batch_size_per_gpu", "", "no effect: it only splits gradient accumulation; "
             "lightrail sizes micro-batches in tokens (grpo.config.micro_batch_tokens)", _no_effect()),
     VerlKey(f"{_ACTOR}.optim.lr", "grpo.config.lr", "learning rate (AdamW)", _to("config.lr", _number)),
-    VerlKey(f"{_ACTOR}.use_kl_loss", "grpo.config.kl_coef", "true: kl_coef = actor.kl_loss_coef (k3, verl's "
-            "low_var_kl); false: 0", _kl),
+    VerlKey(f"{_ACTOR}.use_kl_loss", "grpo.config.kl_coef", "true: kl_coef = actor.kl_loss_coef; false: 0", _kl),
     VerlKey(f"{_ACTOR}.kl_loss_coef", "grpo.config.kl_coef", "with actor.use_kl_loss true", _kl),
+    VerlKey(f"{_ACTOR}.kl_loss_type", "grpo.config.kl_estimator", "the KL estimator, by verl's name (`lightrail."
+            "model.kl.KL_ESTIMATORS`; absent: low_var_kl, verl's default and lightrail's)",
+            _to("config.kl_estimator", _kl_type)),
+    VerlKey(f"{_ACTOR}.clip_ratio_c", "grpo.config.clip_ratio_c", "dual-clip PPO's bound for negative advantages "
+            "(absent: verl's 3.0; lightrail's own default is off)", _to("config.clip_ratio_c", _clip_ratio_c),
+            default=3.0),
+    VerlKey(f"{_ACTOR}.loss_agg_mode", "grpo.loss_agg", "token-mean, seq-mean-token-mean, seq-mean-token-sum-norm "
+            "(as token_mean...); token-sum and seq-mean-token-sum refused", _to("loss_agg", _loss_agg)),
+    VerlKey(f"{_ACTOR}.loss_scale_factor", "grpo.config.loss_norm_tokens", "seq-mean-token-sum-norm's constant L; "
+            "null: the response length (data.max_response_length), as in verl", _loss_scale_factor),
     VerlKey(f"{_ACTOR}.entropy_coeff", "", "0 only: lightrail's loss has no entropy bonus",
             _no_effect(lambda v: v == 0, "lightrail's loss has no entropy bonus: only 0 is accepted")),
     VerlKey(f"{_ACTOR}.clip_ratio", "grpo.config.clip_low, grpo.config.clip_high", "both PPO clip ranges",
@@ -290,6 +408,13 @@ VERL_KEYS: tuple[VerlKey, ...] = (
             _no_effect(lambda v: isinstance(v, bool))),
     VerlKey("actor_rollout_ref.model.path", "model", "the model: a local Hugging Face directory (or smollm2)",
             _set_model),
+    VerlKey(f"{_MODEL}.lora_rank", "grpo.config.lora.r", "LoRA's rank; 0 (verl's default): full fine-tuning",
+            _lora),
+    VerlKey(f"{_MODEL}.lora_alpha", "grpo.config.lora.alpha", "LoRA's alpha with lora_rank > 0 (absent: verl's 16, "
+            "not lightrail's 32)", _lora, default=16),
+    VerlKey(f"{_MODEL}.target_modules", "grpo.config.lora.target_modules", "with lora_rank > 0: a list of module "
+            "names; all-linear (verl's default): lightrail's default, the attention and MLP projections of "
+            "Llama/Qwen-family models (their every linear layer but lm_head)", _lora),
     VerlKey("actor_rollout_ref.model.use_remove_padding", "", "no effect: a verl kernel option (packed sequences); "
             "lightrail's micro-batches are sized in padded tokens", _no_effect(lambda v: isinstance(v, bool))),
     VerlKey("actor_rollout_ref.model.enable_gradient_checkpointing", "", "no effect: lightrail keeps activations; "
@@ -308,13 +433,29 @@ VERL_KEYS: tuple[VerlKey, ...] = (
             "train_batch_size) steps, unless total_training_steps", _epochs),
     VerlKey("trainer.total_training_steps", "grpo.steps", "the step count (wins over total_epochs, as in verl)",
             _steps),
-    VerlKey("trainer.critic_warmup", "", "0 only: GRPO has no critic",
-            _no_effect(lambda v: v == 0, "GRPO trains no critic: only 0 is accepted")),
+    VerlKey("trainer.critic_warmup", "", "0 only: with gae lightrail trains the value head with the policy from "
+            "the first step", _no_effect(lambda v: v == 0, "lightrail has no critic-only warm-up: only 0 is accepted")),
     VerlKey("trainer.logger", "trainer.loggers", "tensorboard, mlflow, wandb (offline unless configured); console: "
             "lightrail always prints progress", _loggers),
     VerlKey("trainer.project_name", "trainer.loggers[].experiment", "the MLflow experiment / W&B project",
             _no_effect()),  # read by trainer.logger
     VerlKey("trainer.experiment_name", "name", "the run's name (its folder under runs/)", _set_name),
+    VerlKey(f"{_AGL}.port", "", "no effect: Agent Lightning's LLM server port; lightrail's gateway takes a free port "
+            "(`GRPO(gateway=GatewaySettings(port=...))`) and agents get its URL in their LLM resource",
+            _no_effect(lambda v: isinstance(v, int), "expected a port number")),
+    VerlKey(f"{_AGL}.trace_aggregator.level", "grpo.merge_calls", "transition -> false (one row per LLM call), "
+            "trajectory -> true (an episode's calls merged where each prompt extends the previous turn)",
+            _aggregation_level),
+    VerlKey(f"{_AGL}.trace_aggregator.trajectory_max_prompt_length", "", "no effect: lightrail never truncates a "
+            "merged row", _no_effect(lambda v: isinstance(v, int) and v > 0, "expected an integer >= 1")),
+    VerlKey(f"{_AGL}.trace_aggregator.trajectory_max_response_length", "", "no effect: as "
+            "trajectory_max_prompt_length", _no_effect(lambda v: isinstance(v, int) and v > 0,
+                                                       "expected an integer >= 1")),
+    VerlKey(f"{_AGL}.trace_aggregator.debug", "", "false only: lightrail logs no merge mismatches (a call whose "
+            "prompt does not extend the previous turn starts a new row)",
+            _no_effect(lambda v: v is False, "lightrail has no merge-mismatch log: only false is accepted")),
+    VerlKey(f"{_AGL}.trace_aggregator.mismatch_log_dir", "", "no effect: with debug false, as in Agent Lightning",
+            _no_effect()),
 )  # fmt: skip
 
 _BY_PATH = {key.path: key for key in VERL_KEYS}
@@ -354,6 +495,7 @@ def verl_settings(config: Mapping[str, Any]) -> VerlSettings:
     if not isinstance(config, Mapping):
         raise ValueError(f"a verl config is a mapping, got {type(config).__name__}")
     whole = _flatten(config)
+    whole.update({key.path: key.default for key in VERL_KEYS if key.default is not None and key.path not in whole})
     out = VerlSettings()
     for path, value in whole.items():
         try:

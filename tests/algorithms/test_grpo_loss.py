@@ -97,3 +97,52 @@ def test_on_policy_ratio_is_one_and_loss_is_minus_mean_advantage():
     assert loss.item() == pytest.approx(-2.0)
     assert float(stats["clip_frac"]) == 0.0
     assert float(stats["approx_kl"]) == 0.0
+
+
+def test_dual_clip_bounds_a_negative_advantage_tokens_loss():
+    """The issue's example: A = -1, ratio 4. Plain PPO-clip: loss 4, gradient 4; dual-clip with c = 3: loss 3,
+    gradient 0. A positive advantage is untouched by c."""
+    old = torch.tensor([-1.0, -1.0], dtype=torch.float64)
+    adv = torch.tensor([-1.0, 1.0], dtype=torch.float64)
+    for c, loss_want, grad_want in ((None, (4.0 - 1.2) / 2, [2.0, 0.0]), (3.0, (3.0 - 1.2) / 2, [0.0, 0.0])):
+        logp = (old + math.log(4.0)).requires_grad_(True)
+        loss, stats = policy_loss(logp, old, adv, clip_ratio_c=c)
+        loss.backward()
+        assert float(loss) == pytest.approx(loss_want)
+        assert logp.grad is not None and logp.grad.tolist() == pytest.approx(grad_want)
+        assert float(stats["clip_frac"]) == (1.0 if c else 0.5)  # dual-clipped tokens get no gradient either
+    with pytest.raises(ValueError, match="clip_ratio_c must be > 1"):
+        policy_loss(old, old, adv, clip_ratio_c=1.0)
+
+
+def test_the_kl_penalty_uses_the_named_estimator_with_verls_clamp():
+    """k3 (the default, verl's low_var_kl) at ref - logp = 3 is clamped to 10 (not e^3 - 4 = 16.09), gradient 0;
+    k1 is logp - ref; k3+ keeps k3's value with k2's gradient (logp - ref)."""
+    zero = torch.zeros(1, dtype=torch.float64)
+    for name, value, grad in (("low_var_kl", 10.0, 0.0), ("k1", -3.0, 1.0), ("k3+", 10.0, -3.0)):
+        logp = torch.tensor([-4.0], dtype=torch.float64, requires_grad=True)
+        loss, stats = policy_loss(logp, logp.detach(), zero, ref_logp=torch.tensor([-1.0]), kl_coef=1.0,
+                                  kl_estimator=name)  # fmt: skip
+        loss.backward()
+        assert float(stats["kl_ref"]) == pytest.approx(value) and float(loss) == pytest.approx(value)
+        assert logp.grad is not None and float(logp.grad) == pytest.approx(grad)
+    with pytest.raises(ValueError, match=r"unknown KL estimator 'k4'; choose from \['kl', 'k1', 'abs'"):
+        policy_loss(zero, zero, zero, kl_estimator="k4")
+
+
+def test_the_log_ratio_is_clamped_before_exp_as_verl_does():
+    """logp - old = -30 with A > 0: the ratio is e^-20 (verl's clamp), the loss -A e^-20 and the gradient 0."""
+    logp = torch.tensor([-31.0], dtype=torch.float64, requires_grad=True)
+    loss, _ = policy_loss(logp, torch.tensor([-1.0], dtype=torch.float64), torch.tensor([1e8], dtype=torch.float64))
+    loss.backward()
+    assert float(loss) == pytest.approx(-1e8 * math.exp(-20)) and float(logp.grad) == 0.0
+
+
+def test_update_config_checks_dual_clip_and_the_estimators_name():
+    from lightrail.model.updater import UpdateConfig
+
+    assert UpdateConfig().clip_ratio_c is None and UpdateConfig().kl_estimator == "low_var_kl"
+    with pytest.raises(ValueError, match="clip_ratio_c must be > 1"):
+        UpdateConfig(clip_ratio_c=0.5)
+    with pytest.raises(ValueError, match=r"^kl_estimator: expected one of \['kl', 'k1', "):
+        UpdateConfig(kl_estimator="k4")

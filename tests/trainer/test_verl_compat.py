@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import lightrail
+from lightrail.model.updater import LoraSettings
 from lightrail.trainer.config import ConfigError, load_config, train
 from lightrail.trainer.verl_compat import VERL_KEYS, markdown_table, verl_settings
 from tests._frameworks import needs_langgraph
@@ -109,6 +110,8 @@ def test_the_seed_dict_becomes_these_grpo_settings(tmp_path):
     assert config is not None
     assert (config.lr, config.kl_coef, config.clip_low, config.clip_high) == (1e-6, 0.0, 0.2, 0.3)
     assert (config.ranks, config.device) == (1, "auto")  # trainer.n_gpus_per_node
+    # absent keys whose verl default changes the loss carry verl's default: dual-clip at 3; k3 as in verl
+    assert (config.clip_ratio_c, config.kl_estimator, config.lam) == (3.0, "low_var_kl", 0.95)
     assert config.mini_batches == 1  # train_batch_size 32 / ppo_mini_batch_size 32
     assert grpo.settings.validate_before is True and grpo.settings.val_every == 32  # val_before_train, test_freq
     assert grpo.settings.epochs == 2  # total_epochs: steps = 2 x (train tasks // 32), counted when the run starts
@@ -130,6 +133,48 @@ def test_the_seed_dict_becomes_these_grpo_settings(tmp_path):
     assert grpo.config is not None and grpo.config.kl_coef == 0.05 and grpo.settings.advantage == "reinforce_pp"
 
 
+def test_agent_lightning_example_keys_map_onto_lightrail_settings(tmp_path):
+    """What Agent Lightning's own examples add to the seed dict: ``engine_kwargs`` (every example), ``lora_rank``
+    (calc_x ``--lora``), the ``agentlightning`` section (calc_x ``--trajectory-level``); and PPO with a critic."""
+    config = copy.deepcopy(SEED)
+    rollout, actor, model = (config["actor_rollout_ref"][k] for k in ("rollout", "actor", "model"))
+    rollout["engine_kwargs"] = {"vllm": {"enable_auto_tool_choice": True, "tool_call_parser": "hermes"},
+                                "sglang": {"attention_backend": "triton"}}  # fmt: skip
+    model.update(lora_rank=32)
+    actor.update(clip_ratio_c=10.0, kl_loss_type="k3+", use_kl_loss=True, kl_loss_coef=0.01,
+                 loss_agg_mode="seq-mean-token-mean")  # fmt: skip
+    config["agentlightning"] = {
+        "port": 9999,
+        "trace_aggregator": {
+            "level": "transition",
+            "debug": False,
+            "trajectory_max_prompt_length": 2048,
+            "trajectory_max_response_length": 8192,
+        },
+    }
+    grpo = lightrail.VERL(config, out_dir=tmp_path / "run")
+    assert grpo.vllm["args"][-3:] == ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    assert grpo.config is not None and grpo.config.lora is not None
+    assert (grpo.config.lora.r, grpo.config.lora.alpha) == (32, 16)  # verl's lora_alpha default, not lightrail's 32
+    assert grpo.config.lora.target_modules == LoraSettings().target_modules  # verl's all-linear
+    assert (grpo.config.clip_ratio_c, grpo.config.kl_estimator, grpo.config.kl_coef) == (10.0, "k3+", 0.01)
+    assert grpo.settings.loss_agg == "seq_mean_token_mean" and grpo.settings.merge_calls is False
+
+    config["agentlightning"]["trace_aggregator"]["level"] = "trajectory"
+    model.update(lora_rank=0, lora_alpha=64, target_modules=["q_proj", "v_proj"])  # rank 0: full fine-tuning
+    grpo = lightrail.VERL(config, out_dir=tmp_path / "run")
+    assert grpo.settings.merge_calls is True and grpo.config is not None and grpo.config.lora is None
+
+    gae = copy.deepcopy(SEED)
+    gae["algorithm"]["adv_estimator"] = "gae"
+    grpo = lightrail.VERL(gae, out_dir=tmp_path / "gae")
+    assert grpo.settings.advantage == "gae"
+    assert grpo.config is not None and (grpo.config.gamma, grpo.config.lam) == (1.0, 1.0)  # verl's, not lightrail's
+    gae["algorithm"].update(gamma=0.99, lam=0.9)
+    grpo = lightrail.VERL(gae, out_dir=tmp_path / "gae")
+    assert grpo.config is not None and (grpo.config.gamma, grpo.config.lam) == (0.99, 0.9)
+
+
 def _with(path: str, value) -> dict:
     config = copy.deepcopy(SEED)
     node = config
@@ -148,7 +193,23 @@ def _with(path: str, value) -> dict:
         ("critic.optim.lr", 1e-5, "verl key critic is not supported by lightrail (supported sections: "),
         ("actor_rollout_ref.rollout.name", "sglang", "verl key actor_rollout_ref.rollout.name: 'sglang' is not "
          "supported by lightrail (lightrail samples with vllm or hf"),
-        ("algorithm.adv_estimator", "gae", "verl key algorithm.adv_estimator: 'gae' is not supported"),
+        ("algorithm.adv_estimator", "remax", "verl key algorithm.adv_estimator: 'remax' is not supported by "
+         "lightrail (lightrail's estimators are grpo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline, gae)"),
+        ("algorithm.gamma", 0.9, "algorithm.gamma: 0.9 is not supported by lightrail (lightrail discounts only inside "
+         "GAE"),
+        ("actor_rollout_ref.actor.clip_ratio_c", 1.0, "clip_ratio_c: 1.0 is not supported by lightrail (dual-clip's "
+         "bound must be > 1"),
+        ("actor_rollout_ref.actor.kl_loss_type", "full", "kl_loss_type: 'full' is not supported by lightrail "
+         "(lightrail's KL estimators are kl, k1, abs, mse, k2, low_var_kl, k3, "),
+        ("actor_rollout_ref.actor.loss_agg_mode", "token-sum", "lightrail aggregates by token-mean, "),
+        ("actor_rollout_ref.rollout.engine_kwargs.vllm", {"enable_prefix_caching": False}, "enable_prefix_caching: "
+         "False: lightrail passes vllm serve flags, not their absence"),
+        ("actor_rollout_ref.rollout.engine_kwargs.trtllm", {}, "verl key actor_rollout_ref.rollout.engine_kwargs.trtllm "
+         "is not supported by lightrail (supported under actor_rollout_ref.rollout.engine_kwargs: sglang, vllm)"),
+        ("actor_rollout_ref.model.target_modules", 5, "expected all-linear or a list of module names"),
+        ("agentlightning.reward_fillna_value", 0.0, "verl key agentlightning.reward_fillna_value is not supported by "
+         "lightrail (supported under agentlightning: port, trace_aggregator.debug, "),
+        ("agentlightning.trace_aggregator.level", "trajectory-strict", "lightrail's levels are transition, trajectory"),
         ("actor_rollout_ref.actor.entropy_coeff", 0.01, "actor_rollout_ref.actor.entropy_coeff: 0.01 is not"),
         ("actor_rollout_ref.actor.ppo_mini_batch_size", 5, "it must divide data.train_batch_size (32)"),
         ("actor_rollout_ref.rollout.multi_turn.format", "qwen25", "tool-call formats are hermes, llama3_json"),
@@ -168,6 +229,11 @@ def test_a_config_file_with_a_bad_verl_key_is_a_one_line_config_error(tmp_path):
         load_config(VERL_CONFIG, ["verl.actor_rollout_ref.rollout.name=sglang"])
     with pytest.raises(ConfigError, match="grpo: n_samples set by the verl section already"):
         load_config(VERL_CONFIG, ["grpo.n_samples=2"])
+    with pytest.raises(ConfigError, match=r"^grpo: config\.lr set by the verl section already"):
+        load_config(VERL_CONFIG, ["grpo.config.lr=0.1"])
+    # a grpo.config key the verl dict leaves unset is added beside verl's (clip_ratio_c: verl's default 3.0)
+    config = load_config(VERL_CONFIG, ["grpo.config.micro_batch_tokens=1024"])
+    assert config.grpo["config"]["micro_batch_tokens"] == 1024 and config.grpo["config"]["clip_ratio_c"] == 3.0
     with pytest.raises(ConfigError, match="runs with algorithm: verl"):
         load_config(VERL_CONFIG, ["algorithm=grpo"])
 

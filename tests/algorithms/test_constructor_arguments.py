@@ -1,0 +1,81 @@
+"""Constructors check what they are given when they are called: a name where a name is documented (``credit=
+"identical"``, ``agents=[...]``) becomes the object it names, and an object of the wrong kind is one line naming the
+argument, before any rollout runs (it used to be ``'list' object is not callable`` after the first step's rollouts)."""
+
+from __future__ import annotations
+
+import pytest
+
+import lightrail
+from lightrail.adapters import AgentFilter, ToolRewardRule
+from lightrail.adapters.credit import Discounted, Identical
+from lightrail.algorithms import APO, GRPO, SFT
+from lightrail.types import LLM
+
+VERL_DICT = {"actor_rollout_ref": {"model": {"path": "smollm2"}}}
+
+
+def test_grpo_and_verl_take_a_credit_schemes_name_and_a_list_of_agent_names(tmp_path):
+    for grpo in (
+        GRPO("m", credit="identical", agents=["write_query"], out_dir=str(tmp_path)),
+        lightrail.VERL(VERL_DICT, credit="identical", agents=["write_query"], out_dir=str(tmp_path)),
+    ):
+        assert isinstance(grpo.credit, Identical)
+        assert grpo.credit([object(), object()], 1.0, []) == [1.0, 1.0]  # type: ignore[list-item]
+        assert isinstance(grpo.agents, AgentFilter)
+        assert grpo.agents("write_query") and not grpo.agents("rewrite_query")
+    grpo = GRPO("m", credit="discounted", credit_args={"gamma": 0.5}, agents="write_query", tool_rewards=True)
+    assert isinstance(grpo.credit, Discounted) and grpo.credit.gamma == 0.5
+    assert grpo.agents is not None and grpo.agents("write_query")
+    assert grpo.tool_rewards == ToolRewardRule()
+    assert GRPO("m", tool_rewards={"error": -0.5}).tool_rewards == ToolRewardRule(error=-0.5)
+    mine = AgentFilter(pattern="write.*")
+    assert GRPO("m", agents=mine).agents is mine  # an object is kept as it is
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"credit": 3}, TypeError, "credit: expected a scheme's name ('identical', ...) or a CreditAssignment callable, "
+         "got int 3"),
+        ({"credit": "identicle"}, ValueError, "grpo.credit: expected one of ['identical', 'per_turn', 'discounted'], "
+         "got 'identicle'"),
+        ({"agents": 5}, TypeError, "agents: expected an AgentFilter, an agent's name or a list of names, got int 5"),
+        ({"agents": ["a", 1]}, TypeError, "agents: expected agent names (strings), got list ['a', 1]"),
+        ({"tool_rewards": "yes"}, TypeError, "tool_rewards: expected a ToolRewardRule, true/false or a mapping"),
+        ({"tool_rewards": {"eror": 1.0}}, ValueError, "tool_rewards: unknown setting(s) ['eror']; did you mean"),
+    ],
+)  # fmt: skip
+def test_grpo_and_verl_refuse_the_wrong_kind_in_one_line(tmp_path, kwargs, error, message):
+    for build in (lambda: GRPO("m", out_dir=str(tmp_path), **kwargs),
+                  lambda: lightrail.VERL(VERL_DICT, out_dir=str(tmp_path), **kwargs)):  # fmt: skip
+        with pytest.raises(error) as caught:
+            build()
+        text = str(caught.value)
+        assert text.startswith(message) and "\n" not in text
+
+
+def test_sft_takes_agent_names_and_refuses_the_wrong_kind(tmp_path):
+    sft = SFT("m", agents=["write_query"], out_dir=tmp_path)
+    assert sft.agents is not None and sft.agents("write_query") and not sft.agents("other")
+    for kwargs, message in (
+        ({"agents": 5}, "agents: expected an AgentFilter"),
+        ({"traces": {"store": "x.db"}}, "traces: expected a TraceFilter, got dict"),
+        ({"teacher": 5}, "teacher: expected an LLM, a gateway Backend or 'self', got int"),
+    ):
+        with pytest.raises(TypeError, match=f"^{message}"):
+            SFT("m", out_dir=tmp_path, **kwargs)
+
+
+def test_apo_and_trainer_refuse_the_wrong_kind_in_one_line(tmp_path):
+    for kwargs, message in (
+        ({"llm": "http://localhost:8000/v1"}, "llm: expected an LLM, got str"),
+        ({"model": "m", "demo_traces": "runs/x"}, "demo_traces: expected a TraceFilter, got str"),
+        ({"model": "m", "optimizer": {"model": "gpt"}}, "optimizer: expected an LLM or 'self', got dict"),
+    ):
+        with pytest.raises(TypeError, match=f"^{message}$"):
+            APO(prompts={"system": "x"}, **kwargs)
+    assert APO(llm=LLM(endpoint="http://127.0.0.1:1/v1", model="m"), prompts={"system": "x"}).llm is not None
+    with pytest.raises(TypeError, match=r"^algorithm: expected an Algorithm \(GRPO\(...\), SFT\(...\), APO\(...\)\), "
+                       r"got 'grpo'$"):  # fmt: skip
+        lightrail.Trainer(n_runners=1, store=str(tmp_path / "s.db"), algorithm="grpo")  # type: ignore[arg-type]
