@@ -64,16 +64,19 @@ from lightrail.store._wire import (
     TokenResponse,
     TokensResponse,
     WaitRequest,
+    WaitResponse,
     WhoamiResponse,
 )
 from lightrail.store.base import (
     ConflictError,
     ForbiddenError,
+    InvalidIdError,
     NotFoundError,
     StaleAttemptError,
     StoreError,
     StoreUnavailableError,
     UnauthorizedError,
+    WaitResult,
     check_page,
 )
 from lightrail.store.sessions import Feedback, FeedbackResult
@@ -108,6 +111,7 @@ _ERRORS: dict[str, type[Exception]] = {
     "StaleAttemptError": StaleAttemptError,
     "IllegalTransitionError": IllegalTransitionError,
     "ForbiddenError": ForbiddenError,
+    "InvalidIdError": InvalidIdError,
 }
 _BY_STATUS: dict[int, type[StoreError]] = {403: ForbiddenError, 404: NotFoundError, 409: ConflictError}
 _FIXED_PATHS = frozenset(r.path for r in ROUTES if "{" not in r.path)
@@ -128,6 +132,7 @@ class _Call(NamedTuple):
 _Op = Generator[_Call, Any, T]
 
 _dec_rollouts = msgspec.json.Decoder(RolloutsResponse)
+_dec_wait = msgspec.json.Decoder(WaitResponse)
 _dec_page = msgspec.json.Decoder(RolloutPage)
 _dec_rollout = msgspec.json.Decoder(Rollout)
 _dec_lease = msgspec.json.Decoder(LeaseResponse)
@@ -260,17 +265,19 @@ def _query_attempts(rollout_id: str) -> _Op[list[Attempt]]:
     return (yield _Call("GET", f"/v1/rollouts/{_id(rollout_id)}/attempts", _dec_attempts)).attempts
 
 
-def _wait(rollout_ids: Iterable[str], timeout_s: float | None) -> _Op[list[Rollout]]:
+def _wait(rollout_ids: Iterable[str], timeout_s: float | None) -> _Op[WaitResult]:
     ids = list(rollout_ids)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
         remaining = MAX_WAIT_S if deadline is None else max(deadline - time.monotonic(), 0.0)
         chunk = min(remaining, MAX_WAIT_S)
         body = _encode(WaitRequest(rollout_ids=ids, timeout_s=chunk))
-        answer = yield _Call("POST", "/v1/rollouts/wait", _dec_rollouts, body, timeout_s=chunk + _LONG_POLL_SLACK_S)
+        answer = yield _Call("POST", "/v1/rollouts/wait", _dec_wait, body, timeout_s=chunk + _LONG_POLL_SLACK_S)
         done = answer.rollouts
         if len(done) == len(ids) or (deadline is not None and deadline - time.monotonic() <= 0):
-            return done
+            # in the order listed; a server from before `pending` sends only the terminal ones
+            states = {r.rollout_id: r for r in (*answer.pending, *done)}
+            return WaitResult((states[r] for r in ids if r in states), timed_out=len(done) < len(ids))
 
 
 def _counts() -> _Op[dict[RolloutStatus, int]]:
@@ -598,8 +605,10 @@ class StoreClient(_Base):
         """Attempts of a rollout, first to last."""
         return await self._run(_query_attempts(rollout_id))
 
-    async def wait(self, rollout_ids: Iterable[str], *, timeout_s: float | None = None) -> list[Rollout]:
-        """Block until every listed rollout is terminal or the timeout passes; returns the terminal ones."""
+    async def wait(self, rollout_ids: Iterable[str], *, timeout_s: float | None = None) -> WaitResult:
+        """Block until every listed rollout is terminal or the timeout passes (re-polling past the server's
+        `MAX_WAIT_S` cap); returns the terminal ones with the others' current states in ``.pending`` and
+        ``.timed_out`` (`WaitResult`). Unknown ids raise `NotFoundError` naming them."""
         return await self._run(_wait(rollout_ids, timeout_s))
 
     async def counts(self) -> dict[RolloutStatus, int]:
@@ -762,7 +771,7 @@ class SyncStoreClient(_Base):
         """See `StoreClient.query_attempts`."""
         return self._run(_query_attempts(rollout_id))
 
-    def wait(self, rollout_ids: Iterable[str], *, timeout_s: float | None = None) -> list[Rollout]:
+    def wait(self, rollout_ids: Iterable[str], *, timeout_s: float | None = None) -> WaitResult:
         """See `StoreClient.wait`."""
         return self._run(_wait(rollout_ids, timeout_s))
 

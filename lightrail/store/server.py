@@ -68,9 +68,10 @@ from lightrail.store._wire import (
     TokenResponse,
     TokensResponse,
     WaitRequest,
+    WaitResponse,
     WhoamiResponse,
 )
-from lightrail.store.base import ForbiddenError, Store, StoreError
+from lightrail.store.base import ForbiddenError, InvalidIdError, Store, StoreError
 from lightrail.store.sessions import give_feedback
 from lightrail.store.tokens import (
     ADMIN,
@@ -146,6 +147,8 @@ class _ClientGone(Exception):
 
 def _error_response(exc: BaseException) -> Response:
     """Map an exception raised by a handler to its HTTP answer (the one place that does)."""
+    if isinstance(exc, InvalidIdError):  # raised by the store, which names the field as its argument's path
+        return _error(400, str(exc), "InvalidIdError", None if exc.field is None else f"$.{exc.field}")
     if isinstance(exc, StoreError):
         return _error(exc.http_status, str(exc), type(exc).__name__)
     if isinstance(exc, IllegalTransitionError):
@@ -298,7 +301,8 @@ def _handlers(get_store: Callable[[], Store], tokens: TokenVerifier) -> dict[str
     async def wait(request: Request) -> Response:
         req: WaitRequest = await body(request, "wait")
         work = get_store().wait(req.rollout_ids, timeout_s=_wait_cap(req.timeout_s))
-        return _ok(RolloutsResponse(rollouts=await _unless_disconnected(request, work)))
+        waited = await _unless_disconnected(request, work)
+        return _ok(WaitResponse(rollouts=list(waited), pending=waited.pending, timed_out=waited.timed_out))
 
     async def get_rollout(request: Request) -> Response:
         return _ok(await get_store().get_rollout(_param(request, "rollout_id")))
