@@ -38,6 +38,7 @@ from lightrail.types import (
 
 __all__ = [
     "ConflictError",
+    "ID_RULE",
     "IllegalTransitionError",
     "InvalidIdError",
     "MAX_ID_CHARS",
@@ -130,6 +131,9 @@ class StaleAttemptError(ConflictError):
 MAX_ID_CHARS = 256
 """The longest id a store takes (`check_id`)."""
 
+ID_RULE = f"a non-blank string of at most {MAX_ID_CHARS} printable characters (no control characters)"
+"""`check_id`'s rule in words, as its refusals and the store server's OpenAPI document state it."""
+
 
 class InvalidIdError(StoreError, ValueError):
     """An id that breaks `check_id`'s rule (HTTP 400). The message starts with the field as the caller wrote it
@@ -155,11 +159,7 @@ def check_id(field: str, value: object) -> str:
     if type(value) is str and 0 < len(value) <= MAX_ID_CHARS and value.isprintable() and not value.isspace():
         return value
     shown = repr(value) if not isinstance(value, str) or len(value) <= 40 else repr(value[:40]) + "..."
-    raise InvalidIdError(
-        f"{field}: must be a non-blank string of at most {MAX_ID_CHARS} printable characters (no control "
-        f"characters), got {shown}",
-        field,
-    )
+    raise InvalidIdError(f"{field}: must be {ID_RULE}, got {shown}", field)
 
 
 def check_ids(field: str, values: Iterable[str]) -> list[str]:

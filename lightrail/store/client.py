@@ -77,6 +77,7 @@ from lightrail.store.base import (
     StoreUnavailableError,
     UnauthorizedError,
     WaitResult,
+    check_id,
     check_page,
 )
 from lightrail.store.sessions import Feedback, FeedbackResult
@@ -153,8 +154,10 @@ _dec_tokens = msgspec.json.Decoder(TokensResponse)
 _dec_whoami = msgspec.json.Decoder(WhoamiResponse)
 
 
-def _id(value: str) -> str:
-    return quote(value, safe="")
+def _id(field: str, value: str) -> str:
+    """An id for a URL path, checked first (`check_id`): an empty one would change the route, not reach the
+    server's check."""
+    return quote(check_id(field, value), safe="")
 
 
 # -- operations (each written once; see the module docstring) ---------------------------------------------------
@@ -167,7 +170,7 @@ def _enqueue(specs: Sequence[RolloutSpec]) -> _Op[list[Rollout]]:
 
 def _lease(worker_id: str, wait_s: float, attempt_id: str | None) -> _Op[Lease | None]:
     # Chosen before the first try: a retry after a lost response gets the attempt the first try started.
-    attempt_id = attempt_id or new_id("at")
+    attempt_id = attempt_id if attempt_id is not None else new_id("at")  # an empty one goes to the server's check
     deadline = time.monotonic() + wait_s
     while True:
         chunk = min(max(deadline - time.monotonic(), 0.0), MAX_WAIT_S)
@@ -179,12 +182,12 @@ def _lease(worker_id: str, wait_s: float, attempt_id: str | None) -> _Op[Lease |
 
 
 def _heartbeat(attempt_id: str) -> _Op[Attempt]:
-    return (yield _Call("POST", f"/v1/attempts/{_id(attempt_id)}/heartbeat", _dec_attempt))
+    return (yield _Call("POST", f"/v1/attempts/{_id('attempt_id', attempt_id)}/heartbeat", _dec_attempt))
 
 
 def _finish(attempt_id: str, status: AttemptStatus, reward: float | None, error: ErrorInfo | None) -> _Op[Attempt]:
     body = _encode(FinishRequest(status=AttemptStatus(status), reward=reward, error=error))
-    return (yield _Call("POST", f"/v1/attempts/{_id(attempt_id)}/finish", _dec_attempt, body))
+    return (yield _Call("POST", f"/v1/attempts/{_id('attempt_id', attempt_id)}/finish", _dec_attempt, body))
 
 
 def _cancel(rollout_ids: Iterable[str]) -> _Op[list[Rollout]]:
@@ -215,7 +218,7 @@ def _feedback(feedback: Feedback) -> _Op[FeedbackResult]:
 
 def _query_spans(rollout_id: str, attempt_id: str | None) -> _Op[list[Span]]:
     params = None if attempt_id is None else {"attempt_id": attempt_id}
-    answer = yield _Call("GET", f"/v1/rollouts/{_id(rollout_id)}/spans", _dec_spans, params=params)
+    answer = yield _Call("GET", f"/v1/rollouts/{_id('rollout_id', rollout_id)}/spans", _dec_spans, params=params)
     return answer.spans
 
 
@@ -230,7 +233,7 @@ def _get_resources(version: int | None) -> _Op[Resources | None]:
 
 
 def _get_rollout(rollout_id: str) -> _Op[Rollout]:
-    return (yield _Call("GET", f"/v1/rollouts/{_id(rollout_id)}", _dec_rollout))
+    return (yield _Call("GET", f"/v1/rollouts/{_id('rollout_id', rollout_id)}", _dec_rollout))
 
 
 def _query_rollouts(status: Iterable[RolloutStatus] | None, rollout_ids: Iterable[str] | None) -> _Op[list[Rollout]]:
@@ -262,7 +265,7 @@ def _page_rollouts(
 
 
 def _query_attempts(rollout_id: str) -> _Op[list[Attempt]]:
-    return (yield _Call("GET", f"/v1/rollouts/{_id(rollout_id)}/attempts", _dec_attempts)).attempts
+    return (yield _Call("GET", f"/v1/rollouts/{_id('rollout_id', rollout_id)}/attempts", _dec_attempts)).attempts
 
 
 def _wait(rollout_ids: Iterable[str], timeout_s: float | None) -> _Op[WaitResult]:
@@ -290,7 +293,7 @@ def _put_token(record: TokenRecord) -> _Op[None]:
 
 
 def _get_token(token_id: str) -> _Op[TokenRecord | None]:
-    return (yield _Call("GET", f"/v1/tokens/{_id(token_id)}", _dec_token_opt)).token
+    return (yield _Call("GET", f"/v1/tokens/{_id('token_id', token_id)}", _dec_token_opt)).token
 
 
 def _list_tokens() -> _Op[list[TokenRecord]]:

@@ -71,7 +71,15 @@ from lightrail.store._wire import (
     WaitResponse,
     WhoamiResponse,
 )
-from lightrail.store.base import ForbiddenError, InvalidIdError, Store, StoreError
+from lightrail.store.base import (
+    ID_RULE,
+    MAX_ID_CHARS,
+    ForbiddenError,
+    InvalidIdError,
+    Store,
+    StoreError,
+    check_token_ids,
+)
 from lightrail.store.sessions import give_feedback
 from lightrail.store.tokens import (
     ADMIN,
@@ -382,6 +390,7 @@ def _handlers(get_store: Callable[[], Store], tokens: TokenVerifier) -> dict[str
 
     async def put_token(request: Request) -> Response:
         record: TokenRecord = await body(request, "put_token")
+        check_token_ids(record)  # the rule every store keeps, first; a server's tokens are stricter still
         if parse_token(f"lrt_{record.token_id}_{'x' * 20}") is None or not re.fullmatch(
             r"[0-9a-f]{64}", record.secret_sha256
         ):
@@ -624,6 +633,20 @@ def create_app(
 # ---------------------------------------------------------------------------------------------------------------
 
 
+_ID_CONSTRAINTS = {"minLength": 1, "maxLength": MAX_ID_CHARS, "description": f"An id: {ID_RULE}."}
+
+
+def _constrain_ids(schema: dict[str, Any]) -> None:
+    """State `check_id`'s rule on every id of a component schema (``*_id`` strings, ``rollout_ids`` items), so the
+    document says what the stores refuse (the stores stay the authority: control characters are not expressed)."""
+    for name, prop in schema.get("properties", {}).items():
+        for option in prop.get("anyOf", [prop]):
+            if name.endswith("_id") and option.get("type") == "string":
+                option.update({k: v for k, v in _ID_CONSTRAINTS.items() if k not in option})
+            elif name == "rollout_ids" and option.get("type") == "array" and option["items"].get("type") == "string":
+                option["items"].update(_ID_CONSTRAINTS)
+
+
 def openapi_document() -> dict[str, Any]:
     """An OpenAPI 3.1 document built from `ROUTES` and the msgspec schemas of the request/response structs."""
     wire_types = {t for r in ROUTES for t in (r.request, r.response) if isinstance(t, type) and t is not dict}
@@ -631,6 +654,8 @@ def openapi_document() -> dict[str, Any]:
     ordered = sorted(wire_types, key=lambda t: t.__name__)
     schemas, components = msgspec.json.schema_components(ordered, ref_template="#/components/schemas/{name}")
     ref = dict(zip(ordered, schemas, strict=True))
+    for component in components.values():
+        _constrain_ids(component)
     error = {"description": "Error", "content": {"application/json": {"schema": ref[ErrorResponse]}}}
     paths: dict[str, dict[str, Any]] = {}
     for r in ROUTES:
@@ -643,6 +668,9 @@ def openapi_document() -> dict[str, Any]:
             {"name": q, "in": "query", "required": False, "description": d, "schema": {"type": "string"}}
             for q, d in r.query
         ]
+        for param in params:
+            if param["name"].endswith("_id"):
+                param["schema"].update(_ID_CONSTRAINTS)
         if params:
             op["parameters"] = params
         if r.request is not None:
