@@ -78,6 +78,7 @@ from lightrail.store.base import (
     InvalidIdError,
     Store,
     StoreError,
+    check_id,
     check_token_ids,
 )
 from lightrail.store.sessions import give_feedback
@@ -328,6 +329,8 @@ def _handlers(get_store: Callable[[], Store], tokens: TokenVerifier) -> dict[str
         wait_s = _wait_cap(req.wait_s)
         attempt_id, principal = req.attempt_id, _principal(request)
         if principal.role is Role.RUNNER:  # the attempt carries its runner token's id: see lightrail.store.tokens
+            if attempt_id is not None:  # as asked for: with the prefix, an empty one would pass the store's check
+                check_id("attempt_id", attempt_id)
             attempt_id = runner_attempt_id(principal.token_id or "", attempt_id)
         work = get_store().lease(req.worker_id, wait_s=wait_s, attempt_id=attempt_id)
         got = await (_unless_disconnected(request, work) if wait_s > 0 else work)
