@@ -6,7 +6,8 @@ every operation.
     .venv/bin/python bench/fuzz.py --examples 200
 
 Progress and the first failures go to stderr; one JSON object is the last line of stdout: ``fuzz_cases`` (target
->= 2,000 across both servers), ``fuzz_5xx`` (target 0), ``fuzz_unexplained_4xx`` (4xx without a reason; target 0).
+>= 2,000 across both servers), ``fuzz_5xx`` (target 0), ``fuzz_unexplained_4xx`` (4xx without a reason, or a
+blanked id accepted; target 0), ``fuzz_id_refusals`` (valid requests with their ids blanked, each refused with a 4xx).
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ def main() -> None:
     out["fuzz_cases"] = sum(r.cases for r in results.values())
     out["fuzz_5xx"] = sum(r.server_errors for r in results.values())
     out["fuzz_unexplained_4xx"] = sum(len(r.failures) for r in results.values()) - out["fuzz_5xx"]
+    out["fuzz_id_refusals"] = sum(r.id_refusals for r in results.values())  # blanked ids, each refused with a 4xx
     out["minutes"] = round((time.monotonic() - started) / 60, 2)
     out["targets_met"] = {
         "fuzz_cases>=2000": out["fuzz_cases"] >= 2000,

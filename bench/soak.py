@@ -19,7 +19,9 @@ itself after the run:
 
 Then, on the soaked server (10,000 rollouts in it): the role matrix (``tests/_role_matrix.py``: every route ×
 every role; ``unauthorized_accepted`` counts requests beyond their token's role that succeeded) and the fuzzer
-(``tests/_fuzz.py``, as ``bench/fuzz.py`` runs it; the gateway on a fresh server): ``fuzz_cases``, ``fuzz_5xx``.
+(``tests/_fuzz.py``, as ``bench/fuzz.py`` runs it; the gateway on a fresh server): ``fuzz_cases``, ``fuzz_5xx``,
+``fuzz_unexplained_4xx`` and ``fuzz_id_refusals`` (valid requests with blanked ids, each refused with a 4xx). The
+fuzzer reads past every server cap, so a run does not fail on a slow answer.
 
 Progress goes to stderr; one JSON object is the last line of stdout.
 """
@@ -228,6 +230,7 @@ def main() -> None:
             "fuzz_cases": sum(r.cases for r in fuzzed.values()),
             "fuzz_5xx": sum(r.server_errors for r in fuzzed.values()),
             "fuzz_unexplained_4xx": sum(len(r.failures) - r.server_errors for r in fuzzed.values()),
+            "fuzz_id_refusals": sum(r.id_refusals for r in fuzzed.values()),
         }
     )
     out["targets_met"] = {
@@ -240,6 +243,7 @@ def main() -> None:
         "unauthorized_accepted==0": out["unauthorized_accepted"] == 0 and out["matrix_problems"] == 0,
         "fuzz_cases>=2000": out["fuzz_cases"] >= 2000,
         "fuzz_5xx==0": out["fuzz_5xx"] == 0,
+        "fuzz_unexplained_4xx==0": out["fuzz_unexplained_4xx"] == 0,  # a blanked id accepted counts here
         **({"quick_minutes<5": minutes < 5} if args.quick else {}),
     }
     log(f"work dir (store file, runner logs): {work}")

@@ -62,7 +62,14 @@ from lightrail.gateway.openapi import openapi_document
 from lightrail.gateway.recording import SESSION_HEADER, SessionRecorder, session_attributes
 from lightrail.gateway.responses_api import RESPONSES
 from lightrail.gateway.sse import CHUNK_CHARS
-from lightrail.store.base import ForbiddenError, NotFoundError, Store, UnauthorizedError
+from lightrail.store.base import (
+    ForbiddenError,
+    InvalidIdError,
+    NotFoundError,
+    Store,
+    UnauthorizedError,
+    check_id,
+)
 from lightrail.store.tokens import Role, TokenVerifier, owns_attempt
 from lightrail.tracing import SpanBatcher
 from lightrail.types import (
@@ -185,7 +192,10 @@ class _Gateway:
         if key in self._known_attempts:
             return None
         try:
+            check_id("attempt_id", attempt_id)
             attempts = await self.store.query_attempts(rollout_id)
+        except InvalidIdError as exc:  # the store's id rule: the route names no attempt that could exist
+            return InvalidRequest(str(exc), status=400, param=exc.field, code="invalid_id")
         except NotFoundError:
             return InvalidRequest(
                 f"Unknown rollout {rollout_id!r}.", status=404, param="rollout_id", code="rollout_not_found"

@@ -20,18 +20,21 @@ from urllib.parse import urlsplit
 from lightrail.store.base import (
     ConflictError,
     ForbiddenError,
+    InvalidIdError,
     NotFoundError,
     StaleAttemptError,
     Store,
     StoreError,
     StoreUnavailableError,
     UnauthorizedError,
+    WaitResult,
 )
 from lightrail.store.memory import MemoryStore
 
 __all__ = [
     "ConflictError",
     "ForbiddenError",
+    "InvalidIdError",
     "MemoryStore",
     "NotFoundError",
     "PostgresStore",
@@ -44,6 +47,7 @@ __all__ = [
     "StoreUnavailableError",
     "SyncStoreClient",
     "UnauthorizedError",
+    "WaitResult",
     "check_store",
     "open_store",
 ]

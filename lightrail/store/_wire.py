@@ -30,7 +30,8 @@ from lightrail.types import (
 
 MAX_WAIT_S = 60.0
 """Server-side cap of one long poll (`lease` ``wait_s``, `wait` ``timeout_s``); clients re-poll for longer waits,
-so no request outlives proxies' idle timeouts."""
+so no request outlives proxies' idle timeouts. A client's read timeout must exceed it (the store clients wait
+the poll's length plus a margin)."""
 
 
 class EnqueueRequest(msgspec.Struct, kw_only=True):
@@ -62,7 +63,8 @@ class RolloutIdsRequest(msgspec.Struct, kw_only=True):
 
 
 class WaitRequest(msgspec.Struct, kw_only=True):
-    """Body of ``POST /v1/rollouts/wait``; ``timeout_s`` is capped at `MAX_WAIT_S` by the server."""
+    """Body of ``POST /v1/rollouts/wait``; ``timeout_s`` (seconds; none means the cap) is capped at `MAX_WAIT_S`
+    by the server. Every id must be stored: unknown ones are a 404 naming them, before any waiting."""
 
     rollout_ids: list[str]
     timeout_s: float | None = None
@@ -114,6 +116,18 @@ class RolloutsResponse(msgspec.Struct, kw_only=True):
     rollouts: list[Rollout]
 
 
+class WaitResponse(msgspec.Struct, kw_only=True):
+    """Answer of ``POST /v1/rollouts/wait``: the state of every listed rollout (`lightrail.store.base.WaitResult`).
+
+    ``rollouts`` holds the terminal ones in the order listed (all that clients before ``pending`` read);
+    ``pending`` the current state of the others (``queued``/``running``); ``timed_out`` is true when the wait
+    ended at its ``timeout_s`` (or the `MAX_WAIT_S` cap) with rollouts still pending."""
+
+    rollouts: list[Rollout]
+    pending: list[Rollout] = []
+    timed_out: bool = False
+
+
 class LeaseResponse(msgspec.Struct, kw_only=True):
     lease: Lease | None
 
@@ -147,7 +161,8 @@ class ErrorDetail(msgspec.Struct, kw_only=True, omit_defaults=True):
     type: str = "StoreError"
     """The lightrail exception class (``NotFoundError``, ``StaleAttemptError``, ...); clients re-raise it."""
     field: str | None = None
-    """JSON path of the offending field of the request body (``$.spans[0].seq``) for validation errors."""
+    """JSON path of the offending field of the request body (``$.spans[0].seq``) for validation errors; for an id
+    refused in the path or query, ``$.`` and the parameter's name (``$.attempt_id``)."""
 
 
 class ErrorResponse(msgspec.Struct, kw_only=True):
@@ -224,9 +239,10 @@ ROUTES: tuple[RouteSpec, ...] = (
         "POST",
         "/v1/rollouts/wait",
         "wait",
-        "Long-poll until the rollouts are terminal (capped at 60 s).",
+        "Long-poll until the rollouts are terminal (capped at 60 s); answers every listed rollout's state "
+        "(terminal ones in rollouts, the others in pending) and timed_out; unknown ids are a 404 naming them.",
         WaitRequest,
-        RolloutsResponse,
+        WaitResponse,
     ),
     RouteSpec("GET", "/v1/rollouts/{rollout_id}", "get_rollout", "One rollout.", None, Rollout),
     RouteSpec(

@@ -12,6 +12,8 @@ Semantics every implementation keeps:
 * An attempt whose lease is not renewed within ``policy.lease_s`` becomes `lost`; its rollout is requeued
   while attempts remain, else it ends as `infra_error`. Infrastructure failures never end as a reward.
 * Terminal statuses are sticky; late reports about a finished attempt raise `StaleAttemptError`.
+* Every id that enters a store (written or looked up) keeps `check_id`'s rule, or the call raises `InvalidIdError`
+  naming the field (HTTP 400) before anything is read or written.
 """
 
 from __future__ import annotations
@@ -36,15 +38,25 @@ from lightrail.types import (
 
 __all__ = [
     "ConflictError",
+    "ID_RULE",
     "IllegalTransitionError",
+    "InvalidIdError",
+    "MAX_ID_CHARS",
     "NotFoundError",
     "StaleAttemptError",
     "Store",
     "StoreError",
     "StoreUnavailableError",
     "MAX_PAGE",
+    "WaitResult",
+    "check_id",
+    "check_ids",
     "check_page",
+    "check_span_ids",
+    "check_spec_ids",
+    "check_token_ids",
     "metadata_path",
+    "unknown_rollouts",
 ]
 
 MAX_PAGE = 1000
@@ -114,6 +126,103 @@ class StoreUnavailableError(StoreError):
 
 class StaleAttemptError(ConflictError):
     """A report about an attempt that has already ended (lost, cancelled, timed out or finished)."""
+
+
+MAX_ID_CHARS = 256
+"""The longest id a store takes (`check_id`)."""
+
+ID_RULE = f"a non-blank string of at most {MAX_ID_CHARS} printable characters (no control characters)"
+"""`check_id`'s rule in words, as its refusals and the store server's OpenAPI document state it."""
+
+
+class InvalidIdError(StoreError, ValueError):
+    """An id that breaks `check_id`'s rule (HTTP 400). The message starts with the field as the caller wrote it
+    (``specs[2].task.task_id: must be ...``); ``field`` holds it where known (the store server reports it as the
+    JSON path ``$.<field>``; a client re-raising a server's 400 has only the message)."""
+
+    http_status = 400
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
+
+
+def check_id(field: str, value: object) -> str:
+    """``value`` if it is an id a store takes, else `InvalidIdError` naming ``field``: the one rule for every id
+    (rollout, task, attempt, worker, span, trace, resources, token, feedback). A non-blank `str` of at most
+    `MAX_ID_CHARS` characters, all printable (`str.isprintable`: no control characters, tabs or line breaks).
+
+    Why: an empty id was stored and then never matched anything (a ``wait`` on it long-polled to its cap), and a
+    control character breaks logs, URLs and the dashboard. Ids are otherwise opaque: ``/`` is allowed, though ids in
+    URL paths (rollout, attempt, token) that contain one cannot be addressed over HTTP.
+    """
+    if type(value) is str and 0 < len(value) <= MAX_ID_CHARS and value.isprintable() and not value.isspace():
+        return value
+    shown = repr(value) if not isinstance(value, str) or len(value) <= 40 else repr(value[:40]) + "..."
+    raise InvalidIdError(f"{field}: must be {ID_RULE}, got {shown}", field)
+
+
+def check_ids(field: str, values: Iterable[str]) -> list[str]:
+    """The ids of a list argument (``rollout_ids``) as a list, each checked by `check_id` (``field[i]`` named)."""
+    ids = list(values)
+    for i, value in enumerate(ids):
+        check_id(f"{field}[{i}]", value)
+    return ids
+
+
+def check_spec_ids(spec: RolloutSpec, field: str = "spec") -> None:
+    """`check_id` on a rollout spec's ids: ``rollout_id`` and ``task.task_id``."""
+    check_id(f"{field}.rollout_id", spec.rollout_id)
+    check_id(f"{field}.task.task_id", spec.task.task_id)
+
+
+def check_span_ids(spans: Sequence[Span]) -> None:
+    """`check_id` on every id of a batch of spans (``spans[i].span_id``, its rollout, attempt, trace and parent)."""
+    for i, span in enumerate(spans):
+        check_id(f"spans[{i}].rollout_id", span.rollout_id)
+        check_id(f"spans[{i}].attempt_id", span.attempt_id)
+        check_id(f"spans[{i}].span_id", span.span_id)
+        check_id(f"spans[{i}].trace_id", span.trace_id)
+        if span.parent_id is not None:
+            check_id(f"spans[{i}].parent_id", span.parent_id)
+
+
+def check_token_ids(record: TokenRecord) -> None:
+    """`check_id` on a scoped token's record: ``token_id`` and the ``attempts`` it may write into."""
+    check_id("token_id", record.token_id)
+    check_ids("attempts", record.attempts)
+
+
+def unknown_rollouts(missing: Iterable[str]) -> NotFoundError:
+    """The `NotFoundError` of a call listing rollouts the store does not have, naming them (at most 10)."""
+    ids = list(dict.fromkeys(missing))
+    named = ", ".join(repr(r) for r in ids[:10]) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
+    return NotFoundError(f"unknown rollout{'s' if len(ids) > 1 else ''} {named}")
+
+
+class WaitResult(list[Rollout]):
+    """What `Store.wait` returns: a list of the listed rollouts that are terminal, in the order listed (all a
+    caller needs when the wait ended because they all are), plus:
+
+    * ``pending``: the current state (``queued`` or ``running``) of every listed rollout that is not terminal yet,
+      in the order listed;
+    * ``timed_out``: whether the wait ended at its timeout (or the server's cap, `MAX_WAIT_S` of
+      ``lightrail.store._wire``) with rollouts still pending.
+
+    So a wait never answers with less than every listed rollout's state. Build it from every listed rollout's
+    current state: ``WaitResult(states)`` sorts them into the two lists.
+    """
+
+    __slots__ = ("pending", "timed_out")
+
+    def __init__(self, states: Iterable[Rollout] = (), *, timed_out: bool | None = None):
+        states = list(states)
+        super().__init__(r for r in states if r.status.terminal)
+        self.pending: list[Rollout] = [r for r in states if not r.status.terminal]
+        self.timed_out: bool = bool(self.pending) if timed_out is None else timed_out
+
+    def __repr__(self) -> str:
+        return f"WaitResult({list.__repr__(self)}, pending={self.pending!r}, timed_out={self.timed_out})"
 
 
 @runtime_checkable
@@ -207,8 +316,10 @@ class Store(Protocol):
         """Attempts of a rollout, first to last."""
         ...
 
-    async def wait(self, rollout_ids: Iterable[str], *, timeout_s: float | None = None) -> list[Rollout]:
-        """Block until every listed rollout is terminal or the timeout passes; returns the terminal ones."""
+    async def wait(self, rollout_ids: Iterable[str], *, timeout_s: float | None = None) -> WaitResult:
+        """Block until every listed rollout is terminal or the timeout passes; returns the terminal ones (a list, in
+        the order listed) with the others' current states in ``.pending`` and ``.timed_out`` (`WaitResult`). An
+        unknown id raises `NotFoundError` naming every unknown one, before waiting."""
         ...
 
     async def counts(self) -> dict[RolloutStatus, int]:

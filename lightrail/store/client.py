@@ -64,16 +64,20 @@ from lightrail.store._wire import (
     TokenResponse,
     TokensResponse,
     WaitRequest,
+    WaitResponse,
     WhoamiResponse,
 )
 from lightrail.store.base import (
     ConflictError,
     ForbiddenError,
+    InvalidIdError,
     NotFoundError,
     StaleAttemptError,
     StoreError,
     StoreUnavailableError,
     UnauthorizedError,
+    WaitResult,
+    check_id,
     check_page,
 )
 from lightrail.store.sessions import Feedback, FeedbackResult
@@ -108,6 +112,7 @@ _ERRORS: dict[str, type[Exception]] = {
     "StaleAttemptError": StaleAttemptError,
     "IllegalTransitionError": IllegalTransitionError,
     "ForbiddenError": ForbiddenError,
+    "InvalidIdError": InvalidIdError,
 }
 _BY_STATUS: dict[int, type[StoreError]] = {403: ForbiddenError, 404: NotFoundError, 409: ConflictError}
 _FIXED_PATHS = frozenset(r.path for r in ROUTES if "{" not in r.path)
@@ -128,6 +133,7 @@ class _Call(NamedTuple):
 _Op = Generator[_Call, Any, T]
 
 _dec_rollouts = msgspec.json.Decoder(RolloutsResponse)
+_dec_wait = msgspec.json.Decoder(WaitResponse)
 _dec_page = msgspec.json.Decoder(RolloutPage)
 _dec_rollout = msgspec.json.Decoder(Rollout)
 _dec_lease = msgspec.json.Decoder(LeaseResponse)
@@ -148,8 +154,10 @@ _dec_tokens = msgspec.json.Decoder(TokensResponse)
 _dec_whoami = msgspec.json.Decoder(WhoamiResponse)
 
 
-def _id(value: str) -> str:
-    return quote(value, safe="")
+def _id(field: str, value: str) -> str:
+    """An id for a URL path, checked first (`check_id`): an empty one would change the route, not reach the
+    server's check."""
+    return quote(check_id(field, value), safe="")
 
 
 # -- operations (each written once; see the module docstring) ---------------------------------------------------
@@ -162,7 +170,7 @@ def _enqueue(specs: Sequence[RolloutSpec]) -> _Op[list[Rollout]]:
 
 def _lease(worker_id: str, wait_s: float, attempt_id: str | None) -> _Op[Lease | None]:
     # Chosen before the first try: a retry after a lost response gets the attempt the first try started.
-    attempt_id = attempt_id or new_id("at")
+    attempt_id = attempt_id if attempt_id is not None else new_id("at")  # an empty one goes to the server's check
     deadline = time.monotonic() + wait_s
     while True:
         chunk = min(max(deadline - time.monotonic(), 0.0), MAX_WAIT_S)
@@ -174,12 +182,12 @@ def _lease(worker_id: str, wait_s: float, attempt_id: str | None) -> _Op[Lease |
 
 
 def _heartbeat(attempt_id: str) -> _Op[Attempt]:
-    return (yield _Call("POST", f"/v1/attempts/{_id(attempt_id)}/heartbeat", _dec_attempt))
+    return (yield _Call("POST", f"/v1/attempts/{_id('attempt_id', attempt_id)}/heartbeat", _dec_attempt))
 
 
 def _finish(attempt_id: str, status: AttemptStatus, reward: float | None, error: ErrorInfo | None) -> _Op[Attempt]:
     body = _encode(FinishRequest(status=AttemptStatus(status), reward=reward, error=error))
-    return (yield _Call("POST", f"/v1/attempts/{_id(attempt_id)}/finish", _dec_attempt, body))
+    return (yield _Call("POST", f"/v1/attempts/{_id('attempt_id', attempt_id)}/finish", _dec_attempt, body))
 
 
 def _cancel(rollout_ids: Iterable[str]) -> _Op[list[Rollout]]:
@@ -210,7 +218,7 @@ def _feedback(feedback: Feedback) -> _Op[FeedbackResult]:
 
 def _query_spans(rollout_id: str, attempt_id: str | None) -> _Op[list[Span]]:
     params = None if attempt_id is None else {"attempt_id": attempt_id}
-    answer = yield _Call("GET", f"/v1/rollouts/{_id(rollout_id)}/spans", _dec_spans, params=params)
+    answer = yield _Call("GET", f"/v1/rollouts/{_id('rollout_id', rollout_id)}/spans", _dec_spans, params=params)
     return answer.spans
 
 
@@ -225,7 +233,7 @@ def _get_resources(version: int | None) -> _Op[Resources | None]:
 
 
 def _get_rollout(rollout_id: str) -> _Op[Rollout]:
-    return (yield _Call("GET", f"/v1/rollouts/{_id(rollout_id)}", _dec_rollout))
+    return (yield _Call("GET", f"/v1/rollouts/{_id('rollout_id', rollout_id)}", _dec_rollout))
 
 
 def _query_rollouts(status: Iterable[RolloutStatus] | None, rollout_ids: Iterable[str] | None) -> _Op[list[Rollout]]:
@@ -257,20 +265,22 @@ def _page_rollouts(
 
 
 def _query_attempts(rollout_id: str) -> _Op[list[Attempt]]:
-    return (yield _Call("GET", f"/v1/rollouts/{_id(rollout_id)}/attempts", _dec_attempts)).attempts
+    return (yield _Call("GET", f"/v1/rollouts/{_id('rollout_id', rollout_id)}/attempts", _dec_attempts)).attempts
 
 
-def _wait(rollout_ids: Iterable[str], timeout_s: float | None) -> _Op[list[Rollout]]:
+def _wait(rollout_ids: Iterable[str], timeout_s: float | None) -> _Op[WaitResult]:
     ids = list(rollout_ids)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
         remaining = MAX_WAIT_S if deadline is None else max(deadline - time.monotonic(), 0.0)
         chunk = min(remaining, MAX_WAIT_S)
         body = _encode(WaitRequest(rollout_ids=ids, timeout_s=chunk))
-        answer = yield _Call("POST", "/v1/rollouts/wait", _dec_rollouts, body, timeout_s=chunk + _LONG_POLL_SLACK_S)
+        answer = yield _Call("POST", "/v1/rollouts/wait", _dec_wait, body, timeout_s=chunk + _LONG_POLL_SLACK_S)
         done = answer.rollouts
         if len(done) == len(ids) or (deadline is not None and deadline - time.monotonic() <= 0):
-            return done
+            # in the order listed; a server from before `pending` sends only the terminal ones
+            states = {r.rollout_id: r for r in (*answer.pending, *done)}
+            return WaitResult((states[r] for r in ids if r in states), timed_out=len(done) < len(ids))
 
 
 def _counts() -> _Op[dict[RolloutStatus, int]]:
@@ -283,7 +293,7 @@ def _put_token(record: TokenRecord) -> _Op[None]:
 
 
 def _get_token(token_id: str) -> _Op[TokenRecord | None]:
-    return (yield _Call("GET", f"/v1/tokens/{_id(token_id)}", _dec_token_opt)).token
+    return (yield _Call("GET", f"/v1/tokens/{_id('token_id', token_id)}", _dec_token_opt)).token
 
 
 def _list_tokens() -> _Op[list[TokenRecord]]:
@@ -598,8 +608,10 @@ class StoreClient(_Base):
         """Attempts of a rollout, first to last."""
         return await self._run(_query_attempts(rollout_id))
 
-    async def wait(self, rollout_ids: Iterable[str], *, timeout_s: float | None = None) -> list[Rollout]:
-        """Block until every listed rollout is terminal or the timeout passes; returns the terminal ones."""
+    async def wait(self, rollout_ids: Iterable[str], *, timeout_s: float | None = None) -> WaitResult:
+        """Block until every listed rollout is terminal or the timeout passes (re-polling past the server's
+        `MAX_WAIT_S` cap); returns the terminal ones with the others' current states in ``.pending`` and
+        ``.timed_out`` (`WaitResult`). Unknown ids raise `NotFoundError` naming them."""
         return await self._run(_wait(rollout_ids, timeout_s))
 
     async def counts(self) -> dict[RolloutStatus, int]:
@@ -762,7 +774,7 @@ class SyncStoreClient(_Base):
         """See `StoreClient.query_attempts`."""
         return self._run(_query_attempts(rollout_id))
 
-    def wait(self, rollout_ids: Iterable[str], *, timeout_s: float | None = None) -> list[Rollout]:
+    def wait(self, rollout_ids: Iterable[str], *, timeout_s: float | None = None) -> WaitResult:
         """See `StoreClient.wait`."""
         return self._run(_wait(rollout_ids, timeout_s))
 

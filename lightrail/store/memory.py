@@ -22,7 +22,19 @@ from lightrail.store._lifecycle import (
     new_session,
     rollout_status_after,
 )
-from lightrail.store.base import ConflictError, NotFoundError, StaleAttemptError, check_page
+from lightrail.store.base import (
+    ConflictError,
+    NotFoundError,
+    StaleAttemptError,
+    WaitResult,
+    check_id,
+    check_ids,
+    check_page,
+    check_span_ids,
+    check_spec_ids,
+    check_token_ids,
+    unknown_rollouts,
+)
 from lightrail.store.tokens import TokenRecord
 from lightrail.types import (
     Attempt,
@@ -64,6 +76,8 @@ class MemoryStore:
     # -- rollouts -------------------------------------------------------------------------------------------
 
     async def enqueue(self, specs: Sequence[RolloutSpec]) -> list[Rollout]:
+        for i, spec in enumerate(specs):  # the whole batch first: a refused batch stores nothing
+            check_spec_ids(spec, f"specs[{i}]")
         now = time.time()
         latest = self._resources[-1].version if self._resources else None
         out = []
@@ -90,6 +104,9 @@ class MemoryStore:
         return out
 
     async def lease(self, worker_id: str, *, wait_s: float = 0.0, attempt_id: str | None = None) -> Lease | None:
+        check_id("worker_id", worker_id)
+        if attempt_id is not None:
+            check_id("attempt_id", attempt_id)
         self._reaper.ensure_running()
         if attempt_id is not None and attempt_id in self._attempts:
             attempt = self._attempts[attempt_id]
@@ -179,7 +196,9 @@ class MemoryStore:
 
     async def cancel(self, rollout_ids: Iterable[str]) -> list[Rollout]:
         now = time.time()
-        rollouts = [self._rollout(rollout_id) for rollout_id in rollout_ids]  # all-or-nothing on unknown ids
+        rollouts = [
+            self._rollout(rollout_id) for rollout_id in check_ids("rollout_ids", rollout_ids)
+        ]  # all-or-nothing on unknown ids
         out = []
         for rollout in rollouts:
             rollout_id = rollout.rollout_id
@@ -200,6 +219,9 @@ class MemoryStore:
     # -- served sessions ------------------------------------------------------------------------------------
 
     async def open_session(self, spec: RolloutSpec, *, attempt_id: str, worker_id: str = "gateway") -> Lease:
+        check_spec_ids(spec)
+        check_id("attempt_id", attempt_id)
+        check_id("worker_id", worker_id)
         existing = self._rollouts.get(spec.rollout_id)
         if existing is not None:
             if existing.mode != "served":
@@ -238,6 +260,7 @@ class MemoryStore:
     # -- spans ----------------------------------------------------------------------------------------------
 
     async def add_spans(self, spans: Sequence[Span]) -> int:
+        check_span_ids(spans)
         for span in spans:  # validate the whole batch first: a rejected batch stores nothing
             if span.attempt_id not in self._attempts:
                 raise NotFoundError(f"span {span.span_id}: unknown attempt {span.attempt_id!r}")
@@ -252,6 +275,9 @@ class MemoryStore:
         return added
 
     async def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:
+        check_id("rollout_id", rollout_id)
+        if attempt_id is not None:
+            check_id("attempt_id", attempt_id)
         attempt_ids = self._attempts_of.get(rollout_id)
         if attempt_ids is None:
             raise NotFoundError(f"unknown rollout {rollout_id!r}")
@@ -267,6 +293,7 @@ class MemoryStore:
     # -- resources ------------------------------------------------------------------------------------------
 
     async def put_resources(self, resources: Resources) -> Resources:
+        check_id("resources_id", resources.resources_id)
         if resources.resources_id in self._resources_ids:
             stored = self._resources[self._resources_ids[resources.resources_id] - 1]
             if stored.items != resources.items:
@@ -287,9 +314,11 @@ class MemoryStore:
     # -- scoped tokens ----------------------------------------------------------------------------------------
 
     async def put_token(self, record: TokenRecord) -> None:
+        check_token_ids(record)
         self._tokens[record.token_id] = record
 
     async def get_token(self, token_id: str) -> TokenRecord | None:
+        check_id("token_id", token_id)
         return self._tokens.get(token_id)
 
     async def list_tokens(self) -> list[TokenRecord]:
@@ -304,7 +333,11 @@ class MemoryStore:
         self, *, status: Iterable[RolloutStatus] | None = None, rollout_ids: Iterable[str] | None = None
     ) -> list[Rollout]:
         wanted = None if status is None else set(status)
-        pool = self._rollouts.values() if rollout_ids is None else (self._rollout(r) for r in rollout_ids)
+        pool = (
+            self._rollouts.values()
+            if rollout_ids is None
+            else [self._rollout(r) for r in check_ids("rollout_ids", rollout_ids)]
+        )
         return [_copy(r) for r in pool if wanted is None or r.status in wanted]
 
     async def query_rollouts_page(
@@ -338,17 +371,18 @@ class MemoryStore:
         self._rollout(rollout_id)
         return [_copy(self._attempts[a]) for a in self._attempts_of[rollout_id]]
 
-    async def wait(self, rollout_ids: Iterable[str], *, timeout_s: float | None = None) -> list[Rollout]:
-        ids = list(rollout_ids)
-        for rollout_id in ids:
-            self._rollout(rollout_id)
+    async def wait(self, rollout_ids: Iterable[str], *, timeout_s: float | None = None) -> WaitResult:
+        ids = check_ids("rollout_ids", rollout_ids)
+        missing = [r for r in ids if r not in self._rollouts]
+        if missing:
+            raise unknown_rollouts(missing)
         self._reaper.ensure_running()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
-            done = [self._rollouts[r] for r in ids if self._rollouts[r].status.terminal]
+            done = sum(1 for r in ids if self._rollouts[r].status.terminal)
             remaining = None if deadline is None else deadline - time.monotonic()
-            if len(done) == len(ids) or (remaining is not None and remaining <= 0):
-                return [_copy(r) for r in done]
+            if done == len(ids) or (remaining is not None and remaining <= 0):
+                return WaitResult(_copy(self._rollouts[r]) for r in ids)
             await self._ended.wait(remaining)
 
     async def counts(self) -> dict[RolloutStatus, int]:
@@ -363,12 +397,14 @@ class MemoryStore:
     # -- helpers --------------------------------------------------------------------------------------------
 
     def _rollout(self, rollout_id: str) -> Rollout:
+        check_id("rollout_id", rollout_id)
         try:
             return self._rollouts[rollout_id]
         except KeyError:
             raise NotFoundError(f"unknown rollout {rollout_id!r}") from None
 
     def _attempt(self, attempt_id: str) -> Attempt:
+        check_id("attempt_id", attempt_id)
         try:
             return self._attempts[attempt_id]
         except KeyError:

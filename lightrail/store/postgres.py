@@ -64,7 +64,14 @@ from lightrail.store.base import (
     NotFoundError,
     StaleAttemptError,
     StoreUnavailableError,
+    WaitResult,
+    check_id,
+    check_ids,
     check_page,
+    check_span_ids,
+    check_spec_ids,
+    check_token_ids,
+    unknown_rollouts,
 )
 from lightrail.store.sqlite import SchemaVersionError
 from lightrail.store.tokens import TokenRecord
@@ -452,6 +459,8 @@ class PostgresStore:
 
     async def enqueue(self, specs: Sequence[RolloutSpec]) -> list[Rollout]:
         """Queue rollouts; a spec whose ``rollout_id`` is already stored is returned as stored, not re-queued."""
+        for i, spec in enumerate(specs):  # the whole batch first: a refused batch stores nothing
+            check_spec_ids(spec, f"specs[{i}]")
         if not specs:
             return []
         now = time.time()
@@ -506,7 +515,9 @@ class PostgresStore:
 
     async def lease(self, worker_id: str, *, wait_s: float = 0.0, attempt_id: str | None = None) -> Lease | None:
         """Start an attempt on the first queued rollout (retries first, then FIFO), waiting up to ``wait_s``."""
+        check_id("worker_id", worker_id)
         if attempt_id is not None:
+            check_id("attempt_id", attempt_id)
             lease = await self._existing_lease(attempt_id)
             if lease is not None:  # a retried lease request: hand back the same lease
                 return lease
@@ -561,6 +572,7 @@ class PostgresStore:
 
     async def heartbeat(self, attempt_id: str) -> Attempt:
         """Renew the attempt's lease; a status other than `running` tells the runner to stop."""
+        check_id("attempt_id", attempt_id)
 
         async def work(conn: Any) -> Attempt:
             row = await conn.fetchrow(_HEARTBEAT, attempt_id, time.time())
@@ -581,6 +593,7 @@ class PostgresStore:
         error: ErrorInfo | None = None,
     ) -> Attempt:
         """End a running attempt and move its rollout (requeued when the policy retries this outcome)."""
+        check_id("attempt_id", attempt_id)
 
         async def optimistic(conn: Any) -> tuple[Attempt, RolloutStatus | None] | None:
             # The common case in two statements and no transaction: read, decide, then one conditional write that
@@ -654,7 +667,7 @@ class PostgresStore:
     async def cancel(self, rollout_ids: Iterable[str]) -> list[Rollout]:
         """Cancel queued or running rollouts (running attempts learn it at their next heartbeat). All or nothing:
         an unknown id cancels none."""
-        ids = list(rollout_ids)
+        ids = check_ids("rollout_ids", rollout_ids)
 
         async def work(conn: Any) -> tuple[dict[str, Rollout], bool]:
             now = time.time()
@@ -699,6 +712,9 @@ class PostgresStore:
 
     async def open_session(self, spec: RolloutSpec, *, attempt_id: str, worker_id: str = "gateway") -> Lease:
         """Record a served session (a running rollout and its one attempt, never leased, never expired)."""
+        check_spec_ids(spec)
+        check_id("attempt_id", attempt_id)
+        check_id("worker_id", worker_id)
 
         async def work(conn: Any) -> Lease:
             inserted = await conn.fetchrow(
@@ -781,6 +797,7 @@ class PostgresStore:
     async def add_spans(self, spans: Sequence[Span]) -> int:
         """Store spans in one statement, ignoring ones already stored (same attempt and span id); returns how
         many were new. The batch is validated first, so a rejected batch stores nothing."""
+        check_span_ids(spans)
         if not spans:
             return 0
         attempt_ids = [s.attempt_id for s in spans]
@@ -803,6 +820,9 @@ class PostgresStore:
 
     async def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:
         """Spans of a rollout (all attempts, or one), ordered by attempt then ``seq``."""
+        check_id("rollout_id", rollout_id)
+        if attempt_id is not None:
+            check_id("attempt_id", attempt_id)
 
         async def work(conn: Any) -> list[bytes]:
             if attempt_id is None:
@@ -832,6 +852,7 @@ class PostgresStore:
 
     async def put_resources(self, resources: Resources) -> Resources:
         """Store a new version of the resources; a retried put (same ``resources_id``) returns the stored one."""
+        check_id("resources_id", resources.resources_id)
 
         async def work(conn: Any) -> Resources:
             await conn.execute("SELECT pg_advisory_xact_lock($1)", _RESOURCES_LOCK)  # versions: one writer at a time
@@ -881,6 +902,8 @@ class PostgresStore:
     # -- scoped tokens ----------------------------------------------------------------------------------------
 
     async def put_token(self, record: TokenRecord) -> None:
+        check_token_ids(record)
+
         async def work(conn: Any) -> None:
             await conn.execute(
                 "INSERT INTO tokens (token_id, body) VALUES ($1, $2) "
@@ -892,6 +915,8 @@ class PostgresStore:
         await self._run(work)
 
     async def get_token(self, token_id: str) -> TokenRecord | None:
+        check_id("token_id", token_id)
+
         async def work(conn: Any) -> TokenRecord | None:
             body = await conn.fetchval("SELECT body FROM tokens WHERE token_id = $1", token_id)
             return None if body is None else _decode_token(body)
@@ -917,6 +942,7 @@ class PostgresStore:
 
     async def get_rollout(self, rollout_id: str) -> Rollout:
         """The rollout as stored now; `NotFoundError` for an unknown id."""
+        check_id("rollout_id", rollout_id)
         return await self._run(lambda conn: self._rollout(conn, rollout_id))
 
     async def query_rollouts(
@@ -926,7 +952,7 @@ class PostgresStore:
         raises `NotFoundError`). Listed ids come back in the order given, otherwise in enqueue order."""
         wanted = None if status is None else {RolloutStatus(s) for s in status}
         if rollout_ids is not None:
-            ids = list(rollout_ids)
+            ids = check_ids("rollout_ids", rollout_ids)
             stored = await self._run(lambda conn: self._rollouts_by_id(conn, ids))
             out = []
             for rollout_id in ids:
@@ -993,6 +1019,7 @@ class PostgresStore:
 
     async def query_attempts(self, rollout_id: str) -> list[Attempt]:
         """Attempts of a rollout, first to last."""
+        check_id("rollout_id", rollout_id)
 
         async def work(conn: Any) -> list[Any]:
             rows = await conn.fetch(
@@ -1004,10 +1031,10 @@ class PostgresStore:
 
         return [_to_attempt(row) for row in await self._run(work)]
 
-    async def wait(self, rollout_ids: Iterable[str], *, timeout_s: float | None = None) -> list[Rollout]:
+    async def wait(self, rollout_ids: Iterable[str], *, timeout_s: float | None = None) -> WaitResult:
         """Block until every listed rollout is terminal or the timeout passes; returns the terminal ones in the
-        order listed. Woken by rollouts ending on any server."""
-        ids = list(rollout_ids)
+        order listed, with the others' current states (`WaitResult`). Woken by rollouts ending on any server."""
+        ids = check_ids("rollout_ids", rollout_ids)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         pending = set(ids)
         existing = await self._run(
@@ -1015,7 +1042,7 @@ class PostgresStore:
         )
         missing = pending - {r[0] for r in existing}
         if missing:
-            raise NotFoundError(f"unknown rollout {next(r for r in ids if r in missing)!r}")
+            raise unknown_rollouts(r for r in ids if r in missing)
         while True:
             armed = self._ended.arm()  # before reading: a rollout ending meanwhile wakes the wait below
             # Only rollouts still pending are re-read after a wake-up: O(pending) per finished rollout.
@@ -1031,7 +1058,7 @@ class PostgresStore:
                 break
             await self._ended.wait(remaining, armed)
         stored = await self._run(lambda conn: self._rollouts_by_id(conn, ids))
-        return [msgspec.structs.replace(stored[r]) for r in ids if stored[r].status.terminal]
+        return WaitResult(msgspec.structs.replace(stored[r]) for r in ids)
 
     async def counts(self) -> dict[RolloutStatus, int]:
         """How many rollouts are in each status."""

@@ -68,9 +68,19 @@ from lightrail.store._wire import (
     TokenResponse,
     TokensResponse,
     WaitRequest,
+    WaitResponse,
     WhoamiResponse,
 )
-from lightrail.store.base import ForbiddenError, Store, StoreError
+from lightrail.store.base import (
+    ID_RULE,
+    MAX_ID_CHARS,
+    ForbiddenError,
+    InvalidIdError,
+    Store,
+    StoreError,
+    check_id,
+    check_token_ids,
+)
 from lightrail.store.sessions import give_feedback
 from lightrail.store.tokens import (
     ADMIN,
@@ -146,6 +156,8 @@ class _ClientGone(Exception):
 
 def _error_response(exc: BaseException) -> Response:
     """Map an exception raised by a handler to its HTTP answer (the one place that does)."""
+    if isinstance(exc, InvalidIdError):  # raised by the store, which names the field as its argument's path
+        return _error(400, str(exc), "InvalidIdError", None if exc.field is None else f"$.{exc.field}")
     if isinstance(exc, StoreError):
         return _error(exc.http_status, str(exc), type(exc).__name__)
     if isinstance(exc, IllegalTransitionError):
@@ -298,7 +310,8 @@ def _handlers(get_store: Callable[[], Store], tokens: TokenVerifier) -> dict[str
     async def wait(request: Request) -> Response:
         req: WaitRequest = await body(request, "wait")
         work = get_store().wait(req.rollout_ids, timeout_s=_wait_cap(req.timeout_s))
-        return _ok(RolloutsResponse(rollouts=await _unless_disconnected(request, work)))
+        waited = await _unless_disconnected(request, work)
+        return _ok(WaitResponse(rollouts=list(waited), pending=waited.pending, timed_out=waited.timed_out))
 
     async def get_rollout(request: Request) -> Response:
         return _ok(await get_store().get_rollout(_param(request, "rollout_id")))
@@ -316,6 +329,8 @@ def _handlers(get_store: Callable[[], Store], tokens: TokenVerifier) -> dict[str
         wait_s = _wait_cap(req.wait_s)
         attempt_id, principal = req.attempt_id, _principal(request)
         if principal.role is Role.RUNNER:  # the attempt carries its runner token's id: see lightrail.store.tokens
+            if attempt_id is not None:  # as asked for: with the prefix, an empty one would pass the store's check
+                check_id("attempt_id", attempt_id)
             attempt_id = runner_attempt_id(principal.token_id or "", attempt_id)
         work = get_store().lease(req.worker_id, wait_s=wait_s, attempt_id=attempt_id)
         got = await (_unless_disconnected(request, work) if wait_s > 0 else work)
@@ -378,6 +393,7 @@ def _handlers(get_store: Callable[[], Store], tokens: TokenVerifier) -> dict[str
 
     async def put_token(request: Request) -> Response:
         record: TokenRecord = await body(request, "put_token")
+        check_token_ids(record)  # the rule every store keeps, first; a server's tokens are stricter still
         if parse_token(f"lrt_{record.token_id}_{'x' * 20}") is None or not re.fullmatch(
             r"[0-9a-f]{64}", record.secret_sha256
         ):
@@ -620,6 +636,20 @@ def create_app(
 # ---------------------------------------------------------------------------------------------------------------
 
 
+_ID_CONSTRAINTS = {"minLength": 1, "maxLength": MAX_ID_CHARS, "description": f"An id: {ID_RULE}."}
+
+
+def _constrain_ids(schema: dict[str, Any]) -> None:
+    """State `check_id`'s rule on every id of a component schema (``*_id`` strings, ``rollout_ids`` items), so the
+    document says what the stores refuse (the stores stay the authority: control characters are not expressed)."""
+    for name, prop in schema.get("properties", {}).items():
+        for option in prop.get("anyOf", [prop]):
+            if name.endswith("_id") and option.get("type") == "string":
+                option.update({k: v for k, v in _ID_CONSTRAINTS.items() if k not in option})
+            elif name == "rollout_ids" and option.get("type") == "array" and option["items"].get("type") == "string":
+                option["items"].update(_ID_CONSTRAINTS)
+
+
 def openapi_document() -> dict[str, Any]:
     """An OpenAPI 3.1 document built from `ROUTES` and the msgspec schemas of the request/response structs."""
     wire_types = {t for r in ROUTES for t in (r.request, r.response) if isinstance(t, type) and t is not dict}
@@ -627,6 +657,8 @@ def openapi_document() -> dict[str, Any]:
     ordered = sorted(wire_types, key=lambda t: t.__name__)
     schemas, components = msgspec.json.schema_components(ordered, ref_template="#/components/schemas/{name}")
     ref = dict(zip(ordered, schemas, strict=True))
+    for component in components.values():
+        _constrain_ids(component)
     error = {"description": "Error", "content": {"application/json": {"schema": ref[ErrorResponse]}}}
     paths: dict[str, dict[str, Any]] = {}
     for r in ROUTES:
@@ -639,6 +671,9 @@ def openapi_document() -> dict[str, Any]:
             {"name": q, "in": "query", "required": False, "description": d, "schema": {"type": "string"}}
             for q, d in r.query
         ]
+        for param in params:
+            if param["name"].endswith("_id"):
+                param["schema"].update(_ID_CONSTRAINTS)
         if params:
             op["parameters"] = params
         if r.request is not None:

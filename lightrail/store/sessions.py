@@ -24,7 +24,7 @@ import time
 
 import msgspec
 
-from lightrail.store.base import ConflictError, NotFoundError, Store
+from lightrail.store.base import ConflictError, NotFoundError, Store, check_id
 from lightrail.types import JSON, AttemptStatus, Attr, RolloutStatus, Span, SpanStatus, StatusCode, new_id, next_seq
 
 __all__ = [
@@ -73,7 +73,8 @@ class Feedback(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         for response_id, value in self.intermediate.items():
             if not math.isfinite(value):
                 raise ValueError(f"intermediate reward of {response_id!r} must be a finite number")
-        if not self.feedback_id or len(self.feedback_id) > 200:
+        check_id("feedback_id", self.feedback_id)  # the store's one rule for ids (it names reward spans too)
+        if len(self.feedback_id) > 200:  # leaves room for the suffix of each reward span's id
             raise ValueError("feedback_id must be 1-200 characters")
         if self.note is not None and len(self.note) > 10_000:
             raise ValueError("note is longer than 10,000 characters")

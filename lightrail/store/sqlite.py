@@ -48,8 +48,15 @@ from lightrail.store.base import (
     NotFoundError,
     StaleAttemptError,
     StoreError,
+    WaitResult,
+    check_id,
+    check_ids,
     check_page,
+    check_span_ids,
+    check_spec_ids,
+    check_token_ids,
     metadata_path,
+    unknown_rollouts,
 )
 from lightrail.store.tokens import TokenRecord
 from lightrail.types import (
@@ -308,6 +315,8 @@ class SQLiteStore:
 
     async def enqueue(self, specs: Sequence[RolloutSpec]) -> list[Rollout]:
         """Queue rollouts; a spec whose ``rollout_id`` is already stored is returned as stored, not re-queued."""
+        for i, spec in enumerate(specs):  # the whole batch first: a refused batch stores nothing
+            check_spec_ids(spec, f"specs[{i}]")
         if not specs:
             return []
         now = time.time()
@@ -360,7 +369,9 @@ class SQLiteStore:
 
     async def lease(self, worker_id: str, *, wait_s: float = 0.0, attempt_id: str | None = None) -> Lease | None:
         """Start an attempt on the first queued rollout (retries first, then FIFO), waiting up to ``wait_s``."""
+        check_id("worker_id", worker_id)
         if attempt_id is not None:
+            check_id("attempt_id", attempt_id)
             with self._read() as db:
                 attempt = self._attempt_or_none(db, attempt_id)
                 if attempt is not None:  # a retried lease request: hand back the same lease
@@ -414,6 +425,7 @@ class SQLiteStore:
 
     async def heartbeat(self, attempt_id: str) -> Attempt:
         """Renew the attempt's lease; a status other than `running` tells the runner to stop."""
+        check_id("attempt_id", attempt_id)
         with self._write() as db:
             attempt = self._attempt(db, attempt_id)
             if attempt.status is AttemptStatus.RUNNING:
@@ -441,6 +453,7 @@ class SQLiteStore:
         error: ErrorInfo | None = None,
     ) -> Attempt:
         """End a running attempt and move its rollout (requeued when the policy retries this outcome)."""
+        check_id("attempt_id", attempt_id)
         with self._write() as db:
             attempt = self._attempt(db, attempt_id)
             if attempt.status.terminal:
@@ -506,7 +519,7 @@ class SQLiteStore:
         """Cancel queued or running rollouts (running attempts learn it at their next heartbeat). All or nothing:
         an unknown id cancels none."""
         now = time.time()
-        ids = list(rollout_ids)
+        ids = check_ids("rollout_ids", rollout_ids)
         cancelled = False
         with self._write() as db:
             for rollout_id in ids:
@@ -536,6 +549,9 @@ class SQLiteStore:
 
     async def open_session(self, spec: RolloutSpec, *, attempt_id: str, worker_id: str = "gateway") -> Lease:
         """Record a served session (a running rollout and its one attempt, never leased, never expired)."""
+        check_spec_ids(spec)
+        check_id("attempt_id", attempt_id)
+        check_id("worker_id", worker_id)
         with self._write() as db:
             row = db.execute(f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id = ?", (spec.rollout_id,))
             row = row.fetchone()
@@ -617,6 +633,7 @@ class SQLiteStore:
     async def add_spans(self, spans: Sequence[Span]) -> int:
         """Store spans in one transaction, ignoring ones already stored (same attempt and span id); returns how
         many were new. The batch is validated first, so a rejected batch stores nothing."""
+        check_span_ids(spans)
         if not spans:
             return 0
         db = self._db
@@ -649,6 +666,9 @@ class SQLiteStore:
 
     async def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:
         """Spans of a rollout (all attempts, or one), ordered by attempt then ``seq``."""
+        check_id("rollout_id", rollout_id)
+        if attempt_id is not None:
+            check_id("attempt_id", attempt_id)
         with self._read() as db:
             if attempt_id is None:
                 rows = db.execute(
@@ -671,6 +691,7 @@ class SQLiteStore:
 
     async def put_resources(self, resources: Resources) -> Resources:
         """Store a new version of the resources; a retried put (same ``resources_id``) returns the stored one."""
+        check_id("resources_id", resources.resources_id)
         with self._write() as db:
             row = db.execute(
                 "SELECT version, resources_id, created_at, items FROM resources WHERE resources_id = ?",
@@ -710,6 +731,7 @@ class SQLiteStore:
     # -- scoped tokens ----------------------------------------------------------------------------------------
 
     async def put_token(self, record: TokenRecord) -> None:
+        check_token_ids(record)
         with self._write() as db:
             db.execute(
                 "INSERT INTO tokens (token_id, body) VALUES (?, ?) "
@@ -718,6 +740,7 @@ class SQLiteStore:
             )
 
     async def get_token(self, token_id: str) -> TokenRecord | None:
+        check_id("token_id", token_id)
         row = self._db.execute("SELECT body FROM tokens WHERE token_id = ?", (token_id,)).fetchone()
         return None if row is None else _decode_token(row[0])
 
@@ -737,7 +760,7 @@ class SQLiteStore:
 
     async def get_rollout(self, rollout_id: str) -> Rollout:
         """The rollout as stored now; `NotFoundError` for an unknown id."""
-        return self._rollout(self._db, rollout_id)
+        return self._rollout(self._db, check_id("rollout_id", rollout_id))
 
     async def query_rollouts(
         self, *, status: Iterable[RolloutStatus] | None = None, rollout_ids: Iterable[str] | None = None
@@ -747,7 +770,7 @@ class SQLiteStore:
         wanted = None if status is None else {RolloutStatus(s) for s in status}
         with self._read() as db:
             if rollout_ids is not None:
-                ids = list(rollout_ids)
+                ids = check_ids("rollout_ids", rollout_ids)
                 stored = self._rollouts_by_id(db, ids)
                 out = []
                 for rollout_id in ids:
@@ -808,6 +831,7 @@ class SQLiteStore:
 
     async def query_attempts(self, rollout_id: str) -> list[Attempt]:
         """Attempts of a rollout, first to last."""
+        check_id("rollout_id", rollout_id)
         with self._read() as db:
             self._require_rollout(db, rollout_id)
             rows = db.execute(
@@ -815,16 +839,16 @@ class SQLiteStore:
             ).fetchall()
         return [self._to_attempt(row) for row in rows]
 
-    async def wait(self, rollout_ids: Iterable[str], *, timeout_s: float | None = None) -> list[Rollout]:
+    async def wait(self, rollout_ids: Iterable[str], *, timeout_s: float | None = None) -> WaitResult:
         """Block until every listed rollout is terminal or the timeout passes; returns the terminal ones in the
-        order listed."""
-        ids = list(rollout_ids)
+        order listed, with the others' current states (`WaitResult`)."""
+        ids = check_ids("rollout_ids", rollout_ids)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         pending = set(ids)
         with self._read() as db:
             missing = pending - self._existing(db, pending)
         if missing:
-            raise NotFoundError(f"unknown rollout {next(r for r in ids if r in missing)!r}")
+            raise unknown_rollouts(r for r in ids if r in missing)
         while True:
             # Only rollouts still pending are re-read after a wake-up: a trainer waiting on a large batch costs
             # O(pending) per finished rollout, not O(batch).
@@ -835,7 +859,7 @@ class SQLiteStore:
             await self._ended.wait(remaining)
         with self._read() as db:
             stored = self._rollouts_by_id(db, ids)
-        return [msgspec.structs.replace(stored[r]) for r in ids if stored[r].status.terminal]
+        return WaitResult(msgspec.structs.replace(stored[r]) for r in ids)
 
     async def counts(self) -> dict[RolloutStatus, int]:
         """How many rollouts are in each status."""

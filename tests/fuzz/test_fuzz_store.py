@@ -27,6 +27,24 @@ def test_no_request_makes_the_store_server_fail(tmp_path):
     assert result.server_errors == 0
     assert result.cases >= 20 * EXAMPLES  # every operation was reached, with and without valid input
     assert result.by_status.get(200, 0) > 0 and result.by_status.get(400, 0) > 0
+    assert result.id_refusals >= 10  # valid requests with their ids blanked, each refused with a reason
+
+
+def test_the_fuzzer_reads_past_every_long_poll_cap_and_asks_for_no_wait():
+    """The soak bench failed when a fuzz case waited (``POST /v1/rollouts/wait`` without ``timeout_s``: the 60 s
+    cap) longer than the fuzzer's 30 s read timeout. Its reads now outlast the cap, and its cases ask for no wait."""
+    from lightrail.store._wire import MAX_WAIT_S, ROUTES
+    from tests._fuzz import _LONG_POLLS, READ_TIMEOUT_S, _no_long_poll
+
+    assert READ_TIMEOUT_S > MAX_WAIT_S
+    waits = {r.path: key for r in ROUTES for key in ("timeout_s", "wait_s")
+             if key in getattr(r.request, "__struct_fields__", ())}  # fmt: skip
+    assert waits == _LONG_POLLS  # every long poll of the route table, so none is fuzzed at its cap
+
+    class Case:  # the two attributes `_no_long_poll` reads of a schemathesis case
+        path, body = "/v1/rollouts/wait", {"rollout_ids": ["ro-1"]}
+
+    assert _no_long_poll(Case()).body == {"rollout_ids": ["ro-1"], "timeout_s": 0}
 
 
 def test_numbers_beyond_64_bits_are_refused_with_the_field(tmp_path):

@@ -25,3 +25,4 @@ def test_no_request_makes_the_gateway_fail(make_gateway):
     assert result.failures == [], "\n".join(result.failures[:10])
     assert result.server_errors == 0 and result.cases >= 10 * EXAMPLES
     assert result.by_status.get(200, 0) > 0 and result.by_status.get(400, 0) > 0  # answered, and refused
+    assert result.id_refusals > 0  # routed calls naming a blank rollout or attempt: a 4xx saying why, never a 503

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 
 import msgspec
 import pytest
 
-from lightrail.store import NotFoundError, StaleAttemptError
+from lightrail.store import InvalidIdError, NotFoundError, StaleAttemptError, WaitResult
+from lightrail.store.base import MAX_ID_CHARS
 from lightrail.types import (
     LLM,
     AttemptStatus,
@@ -274,6 +276,102 @@ async def test_wait_timeout_returns_finished_subset(store):
     await store.finish(lease.attempt.attempt_id, AttemptStatus.SUCCEEDED, reward=1.0)
     done = await store.wait([a.rollout_id, b.rollout_id], timeout_s=0.1)
     assert [r.rollout_id for r in done] == [a.rollout_id]
+
+
+async def test_a_wait_that_times_out_answers_every_state_and_says_so(store):
+    """At its timeout a wait still answers for every listed rollout: the terminal ones (the list, as always), the
+    others' current states in ``pending``, and ``timed_out``; a wait that ends because all are done did not."""
+    a, b, c = await store.enqueue(specs(3))
+    lease = await store.lease("w")
+    await store.finish(lease.attempt.attempt_id, AttemptStatus.SUCCEEDED, reward=1.0)
+    await store.lease("w")  # b runs, c stays queued
+    started = time.monotonic()
+    waited = await store.wait([c.rollout_id, a.rollout_id, b.rollout_id], timeout_s=0.3)
+    assert 0.25 <= time.monotonic() - started < 10
+    assert isinstance(waited, WaitResult) and waited.timed_out
+    assert [(r.rollout_id, r.status) for r in waited] == [(a.rollout_id, RolloutStatus.SUCCEEDED)]
+    assert [(r.rollout_id, r.status) for r in waited.pending] == [
+        (c.rollout_id, RolloutStatus.QUEUED),
+        (b.rollout_id, RolloutStatus.RUNNING),
+    ]
+    finished = await store.wait([a.rollout_id], timeout_s=5)
+    assert not finished.timed_out and finished.pending == [] and [r.rollout_id for r in finished] == [a.rollout_id]
+
+
+async def test_a_wait_on_unknown_ids_is_refused_naming_every_one(store):
+    (known,) = await store.enqueue(specs(1))
+    started = time.monotonic()
+    with pytest.raises(NotFoundError, match="'ro-gone-1', 'ro-gone-2'"):
+        await store.wait(["ro-gone-1", known.rollout_id, "ro-gone-2"], timeout_s=30)
+    assert time.monotonic() - started < 10  # refused before any waiting
+
+
+BAD_IDS = ["", "   ", "a\nb", "tab\there", "nul\x00", "x" * (MAX_ID_CHARS + 1)]
+
+
+def refused(field: str):
+    """``pytest.raises`` for `InvalidIdError` whose message starts with the field (every store, HTTP included)."""
+    return pytest.raises(InvalidIdError, match=rf"^{re.escape(field)}: must be a non-blank string of at most")
+
+
+async def test_malformed_ids_are_refused_at_enqueue_naming_the_field_and_nothing_is_stored(store):
+    assert (await store.enqueue([RolloutSpec(task=Task(input=1), rollout_id="x" * MAX_ID_CHARS)]))[0].rollout_id
+    for bad in BAD_IDS:
+        with refused("specs[1].rollout_id"):
+            await store.enqueue([*specs(1), RolloutSpec(task=Task(input=1), rollout_id=bad)])
+        with refused("specs[0].task.task_id"):
+            await store.enqueue([RolloutSpec(task=Task(input=1, task_id=bad))])
+    assert sum((await store.counts()).values()) == 1  # a refused batch stored nothing, not even its good spec
+
+
+async def test_malformed_ids_are_refused_by_every_call_that_takes_one(store):
+    from lightrail.store.tokens import mint
+
+    (rollout,) = await store.enqueue(specs(1))
+    lease = await store.lease("w")
+    rid, aid = rollout.rollout_id, lease.attempt.attempt_id
+    for bad in BAD_IDS:
+        with refused("worker_id"):
+            await store.lease(bad)
+        with refused("attempt_id"):
+            await store.lease("w", attempt_id=bad)
+        with refused("rollout_ids[1]"):
+            await store.wait([rid, bad], timeout_s=0)
+        with refused("rollout_ids[0]"):
+            await store.cancel([bad])
+        with refused("rollout_ids[0]"):
+            await store.query_rollouts(rollout_ids=[bad])
+        with refused("attempt_id"):
+            await store.heartbeat(bad)
+        with refused("attempt_id"):
+            await store.finish(bad, AttemptStatus.SUCCEEDED)
+        with refused("rollout_id"):
+            await store.get_rollout(bad)
+        with refused("rollout_id"):
+            await store.query_attempts(bad)
+        with refused("rollout_id"):
+            await store.query_spans(bad)
+        with refused("attempt_id"):
+            await store.query_spans(rid, bad)
+        for field in ("rollout_id", "attempt_id", "span_id", "trace_id", "parent_id"):
+            span = msgspec.structs.replace(make_span(lease, 0), **{field: bad})
+            with refused(f"spans[1].{field}"):
+                await store.add_spans([make_span(lease, 1), span])
+        with refused("resources_id"):
+            await store.put_resources(Resources(items={}, resources_id=bad))
+        with refused("spec.rollout_id"):
+            await store.open_session(RolloutSpec(task=Task(input=1), mode="served", rollout_id=bad), attempt_id="a1")
+        with refused("attempt_id"):
+            await store.open_session(RolloutSpec(task=Task(input=1), mode="served"), attempt_id=bad)
+        _, record = mint("runner", now=1.0)
+        with refused("token_id"):
+            await store.put_token(msgspec.structs.replace(record, token_id=bad))
+        with refused("token_id"):
+            await store.get_token(bad)
+    assert await store.query_spans(rid) == []  # refused batches stored nothing
+    assert (await store.heartbeat(aid)).status is AttemptStatus.RUNNING
+    assert await store.get_resources() is None and await store.list_tokens() == []
+    assert [r.rollout_id for r in await store.query_rollouts()] == [rid]  # no session was opened
 
 
 async def test_queries_and_counts(store):

@@ -15,7 +15,7 @@ import msgspec
 import pytest
 
 from lightrail.store import NotFoundError, StaleAttemptError, StoreClient, StoreUnavailableError, SyncStoreClient
-from lightrail.store._wire import ROUTES
+from lightrail.store._wire import ROUTES, RolloutsResponse
 from lightrail.store.server import serve_in_thread
 from lightrail.types import (
     LLM,
@@ -166,6 +166,87 @@ async def test_unknown_rollout_and_attempt_are_404(http, store):
         await store.get_rollout("ro-nope")
     with pytest.raises(NotFoundError):
         await store.finish("at-nope", AttemptStatus.SUCCEEDED)
+
+
+async def test_an_empty_id_is_refused_with_a_400_naming_the_field_on_every_route(http, store):
+    """Found by the fuzzer: ``POST /v1/rollouts`` took ``rollout_id: ""``, and a wait on it long-polled to the cap."""
+    rule = "must be a non-blank string of at most 256 printable characters (no control characters)"
+    for spec, field in (({"task": {"input": 1}, "rollout_id": ""}, "specs[0].rollout_id"),
+                        ({"task": {"input": 1, "task_id": ""}}, "specs[0].task.task_id")):  # fmt: skip
+        r = await http.post("/v1/rollouts", json={"specs": [spec]}, headers=AUTH)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"] == {
+            "message": f"{field}: {rule}, got ''",
+            "type": "InvalidIdError",
+            "field": f"$.{field}",
+        }
+    assert (await http.get("/v1/counts", headers=AUTH)).json()["counts"]["queued"] == 0
+    (rollout,) = await store.enqueue(specs(1))
+    lease = await store.lease("w")
+    rid, aid = rollout.rollout_id, lease.attempt.attempt_id
+    span = msgspec.to_builtins(spans_for(lease, 1)[0])
+    cases = [
+        ("POST", "/v1/lease", {"worker_id": ""}, "worker_id"),
+        ("POST", "/v1/lease", {"worker_id": "w", "attempt_id": " "}, "attempt_id"),
+        ("POST", "/v1/rollouts/wait", {"rollout_ids": [rid, ""], "timeout_s": 0}, "rollout_ids[1]"),
+        ("POST", "/v1/rollouts/cancel", {"rollout_ids": [""]}, "rollout_ids[0]"),
+        ("POST", "/v1/rollouts/query", {"rollout_ids": ["a\u0000b"]}, "rollout_ids[0]"),
+        ("GET", "/v1/rollouts/%20", None, "rollout_id"),
+        ("GET", "/v1/rollouts/%20/attempts", None, "rollout_id"),
+        ("GET", f"/v1/rollouts/{rid}/spans?attempt_id=", None, "attempt_id"),
+        ("POST", "/v1/attempts/%0A/heartbeat", None, "attempt_id"),
+        ("POST", "/v1/attempts/%20/finish", {"status": "succeeded"}, "attempt_id"),
+        ("POST", "/v1/spans", {"spans": [{**span, "span_id": ""}]}, "spans[0].span_id"),
+        ("POST", "/v1/spans", {"spans": [{**span, "attempt_id": ""}]}, "spans[0].attempt_id"),
+        ("POST", "/v1/resources", {"items": {}, "resources_id": ""}, "resources_id"),
+        ("POST", "/v1/sessions", {"spec": {"task": {"input": 1}, "mode": "served"}, "attempt_id": ""}, "attempt_id"),
+        ("POST", "/v1/sessions", {"spec": {"task": {"input": 1}, "mode": "served", "rollout_id": ""},
+                                  "attempt_id": "a1"}, "spec.rollout_id"),
+    ]  # fmt: skip
+    for method, path, body, field in cases:
+        r = await http.request(method, path, json=body, headers=AUTH)
+        assert r.status_code == 400, (path, body, r.text)
+        error = r.json()["error"]
+        assert error["type"] == "InvalidIdError" and error["field"] == f"$.{field}", (path, error)
+        assert error["message"].startswith(f"{field}: {rule}, got "), (path, error)
+    assert (await store.heartbeat(aid)).status is AttemptStatus.RUNNING and await store.query_spans(rid) == []
+
+
+async def test_a_wait_at_the_servers_cap_answers_the_states_and_says_it_timed_out(tmp_path, monkeypatch):
+    """A wait without ``timeout_s`` runs to the server's cap (`MAX_WAIT_S`, made short here), then answers every
+    listed rollout's state with ``timed_out``; a client that reads only ``rollouts`` (before ``pending``) reads the
+    same terminal ones. `StoreClient.wait` re-polls past the cap and surfaces the same answer."""
+    monkeypatch.setattr("lightrail.store.server.MAX_WAIT_S", 0.3)
+    server = serve_in_thread(tmp_path / "store.db", token=TOKEN)
+    try:
+        async with httpx.AsyncClient(base_url=server.url) as http, StoreClient(server.url, token=TOKEN) as store:
+            done, queued = await store.enqueue(specs(2))
+            lease = await store.lease("w")
+            await store.finish(lease.attempt.attempt_id, AttemptStatus.SUCCEEDED, reward=1.0)
+            started = time.monotonic()
+            r = await http.post("/v1/rollouts/wait", json={"rollout_ids": [queued.rollout_id, done.rollout_id]},
+                                headers=AUTH)  # fmt: skip
+            assert r.status_code == 200 and 0.25 <= time.monotonic() - started < 10
+            body = r.json()
+            assert body["timed_out"] is True
+            assert [(x["rollout_id"], x["status"]) for x in body["rollouts"]] == [(done.rollout_id, "succeeded")]
+            assert [(x["rollout_id"], x["status"]) for x in body["pending"]] == [(queued.rollout_id, "queued")]
+            old = msgspec.json.decode(r.content, type=RolloutsResponse)  # what a client from before pending reads
+            assert [x.rollout_id for x in old.rollouts] == [done.rollout_id]
+            r = await http.post("/v1/rollouts/wait", json={"rollout_ids": [done.rollout_id]}, headers=AUTH)
+            assert r.json()["timed_out"] is False and r.json()["pending"] == []
+
+            started = time.monotonic()
+            waited = await store.wait([queued.rollout_id, done.rollout_id], timeout_s=0.8)  # three polls of <= 0.3 s
+            assert 0.75 <= time.monotonic() - started < 10
+            assert waited.timed_out and [r.rollout_id for r in waited] == [done.rollout_id]
+            assert [(r.rollout_id, r.status) for r in waited.pending] == [(queued.rollout_id, RolloutStatus.QUEUED)]
+            with pytest.raises(NotFoundError, match="'ro-unknown'"):
+                await store.wait([done.rollout_id, "ro-unknown"], timeout_s=30)
+            r = await http.post("/v1/rollouts/wait", json={"rollout_ids": ["ro-x", "ro-y"]}, headers=AUTH)
+            assert r.status_code == 404 and r.json()["error"]["message"] == "unknown rollouts 'ro-x', 'ro-y'"
+    finally:
+        server.stop()
 
 
 async def test_unknown_route_is_json_404(http):

@@ -13,7 +13,7 @@ import httpx
 import msgspec
 import pytest
 
-from lightrail.store import ForbiddenError, SyncStoreClient
+from lightrail.store import ForbiddenError, InvalidIdError, SyncStoreClient
 from lightrail.store._wire import ROUTES
 from lightrail.store.server import serve_in_thread
 from lightrail.store.tokens import ROUTE_ROLES, Role, TokenRecord, mint, parse_duration
@@ -74,6 +74,8 @@ def test_a_runner_token_works_only_on_the_attempts_it_leased(server, admin):
         SyncStoreClient(server.url, token=_minted(admin, "runner")) as one,
         SyncStoreClient(server.url, token=_minted(admin, "runner")) as two,
     ):
+        with pytest.raises(InvalidIdError, match="^attempt_id: must be"):  # not the bare prefix "<token id>."
+            one.lease("w1", attempt_id="")
         first = one.lease("w1", attempt_id="at-fixed")
         again = one.lease("w1", attempt_id="at-fixed")
         assert first.attempt.attempt_id == again.attempt.attempt_id == f"{one.whoami().token_id}.at-fixed"
