@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from openai import AuthenticationError, OpenAI
@@ -84,3 +85,23 @@ def constant(task, llm):
 def nan(task, llm):
     _ask(llm, task)
     return float("nan")
+
+
+@rollout
+def image_part(task, llm):
+    """Sends an image part to a text-only model: the gateway refuses the field by name (the agent raises its 400)."""
+    client = OpenAI(base_url=llm.endpoint, api_key=llm.api_key or "none", max_retries=0)
+    content = [{"type": "text", "text": task["question"]}, {"type": "image_url", "image_url": {"url": "data:,"}}]
+    client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": content}], **llm.sampling)
+    return 1.0
+
+
+@rollout
+def impatient(task, llm):
+    """Gives up on its first call (a 10 ms client timeout), then asks again patiently: the first call was never
+    received, so only the retry may be trained on."""
+    from openai import APITimeoutError
+
+    with contextlib.suppress(APITimeoutError):
+        _ask(llm, task, timeout=0.01)
+    return float(len(_ask(llm, task)) % 2)

@@ -3,9 +3,11 @@
 Each drill is a real GRPO run on the tiny model (built here) through a SQLite store server, a runner process, the
 gateway and the embedded engine, with one fault planted: an agent that raises; a typo in the sampling settings; a
 resource asked for by another name; a selection matching nothing; a refused key; an upstream that returns no token
-ids; a constant reward; a NaN reward; a broken weight sync. A drill is caught when the run stops (or refuses to
-start) with a one-line cause naming the fault, and ``steps_to_catch`` is the first step whose output names it (0: the
-settings were refused before any rollout). The healthy runs (a varying reward, 3 seeds) count false alarms: any step
+ids; a constant reward; a NaN reward; a broken weight sync; a request field the model's template would drop (an
+image part to a text model); a client that disconnects mid-call (a 10 ms timeout, then a patient retry). A drill is
+caught when the run stops (or refuses to start) with a one-line cause naming the fault (the disconnect: when its
+abandoned calls are counted at step 1 and only the retries are calls of the episodes), and ``steps_to_catch`` is the
+first step whose output names it (0: the settings were refused before any rollout). The healthy runs (a varying reward, 3 seeds) count false alarms: any step
 the guard says trained nothing, or a stop. ``guard_overhead_ratio`` is their step time with the guard's own time (the
 health record and its rules, ``guard_s``) over the step time without it, from the same steps.
 
@@ -119,6 +121,8 @@ def main() -> None:
         "constant_reward": ("constant", {}),
         "nan_reward": ("nan", {}),
         "broken_weight_sync": ("healthy", {}),
+        "field_the_template_drops": ("image_part", {}),
+        "client_disconnects": ("impatient", {}),
     }
     results: dict[str, dict] = {}
     import asyncio
@@ -159,6 +163,11 @@ def main() -> None:
                 EmbeddedRollouts.sync = original_sync  # type: ignore[method-assign]
             at = _first_step(cause, printed)
             caught = cause is not None and at is not None and "\n" not in cause
+            if name == "client_disconnects":  # caught when every abandoned call is counted and none is trained
+                first = steps[0] if steps else {}
+                abandoned, received = first.get("calls_abandoned", 0), first.get("calls", 0)
+                caught = cause is None and abandoned > 0 and received == first.get("rollouts", -1)
+                at, cause = (1, f"{abandoned} abandoned calls counted, not trained") if caught else (None, cause)
             results[name] = {"caught": caught, "step": at, "cause": cause, "seconds": round(time.monotonic() - t0, 1)}
             log(f"{name}: {'caught' if caught else 'MISSED'} at step {at} ({results[name]['seconds']}s): {cause}")
         alarms, step_s, guard_s = 0, [], []

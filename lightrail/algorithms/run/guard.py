@@ -81,6 +81,9 @@ class StepHealth(msgspec.Struct, kw_only=True):
     keys_refused: int = 0
     """Rollouts in which the gateway refused a call for its key (`Attr.SPAN_KEY_REFUSED`)."""
     calls: int = 0
+    """Calls the agents received (abandoned ones are not calls of an episode)."""
+    calls_abandoned: int = 0
+    """Calls whose client disconnected before the answer (`Attr.ABANDONED`): counted, never trained."""
     calls_with_token_ids: int = 0
     calls_selected: int = 0
     """Calls with token ids whose agent the run trains (its ``agents``/``agents_pattern``/policies)."""
@@ -117,6 +120,7 @@ class StepHealth(msgspec.Struct, kw_only=True):
             "rollouts_trainable": self.trainable,
             "keys_refused": self.keys_refused,
             "calls": self.calls,
+            "calls_abandoned": self.calls_abandoned,
             "calls_per_rollout": self.calls_per_rollout,
             "calls_with_token_ids": self.calls_with_token_ids,
             "calls_selected": self.calls_selected,
@@ -131,7 +135,8 @@ class StepHealth(msgspec.Struct, kw_only=True):
         bad = [f"{n} {what}" for n, what in ((self.failed, "failed"), (self.timed_out, "timed out"),
                                                (self.infra, "infra")) if n]  # fmt: skip
         ok = f"ok {self.succeeded}/{self.rollouts}" + (f" ({', '.join(bad)})" if bad else "")
-        return f"{ok}  calls {self.calls_per_rollout:.1f}/rollout  trained {self.transitions}"
+        abandoned = f" (+{self.calls_abandoned} abandoned)" if self.calls_abandoned else ""
+        return f"{ok}  calls {self.calls_per_rollout:.1f}/rollout{abandoned}  trained {self.transitions}"
 
     def problem(self, *, selection: str | None = None) -> str | None:
         """Why this step trained nothing, in one line (None when it trained). ``selection`` describes the run's
@@ -213,6 +218,7 @@ def step_health(
         episode = episodes.get(rollout.rollout_id)
         if episode is None or rollout.mode != "train":
             continue
+        health.calls_abandoned += episode.report.abandoned
         for call in episode.calls:
             health.calls += 1
             names.add(call.agent_name or "(unnamed)")
