@@ -319,9 +319,17 @@ def check_response_format(fmt: JSON, param: str = "response_format") -> dict[str
 
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+_AS_ROLE = {"developer": "system"}
+"""Roles the backend gets under another name: open-weight chat templates have no ``developer`` turn (Qwen2.5's and
+Qwen3's skip it), and OpenAI defines it as the system prompt of its newer models."""
 
 
-def _check_messages(messages: list[dict[str, JSON]]) -> None:
+def _chat_messages(messages: list[dict[str, JSON]]) -> list[dict[str, JSON]]:
+    """The messages the backend renders, checked: ``developer`` as ``system``; content parts as text (``text``
+    parts, and an assistant's ``refusal`` parts as the text it refused with). A part the model cannot be shown
+    (images, audio, files) and the deprecated ``function`` role are refused with a 400 naming them: dropping them
+    would record a call for training on a prompt the agent did not send. Messages are copied only when changed."""
+    out = []
     for i, message in enumerate(messages):
         role = message.get("role")
         if not isinstance(role, str):
@@ -329,6 +337,12 @@ def _check_messages(messages: list[dict[str, JSON]]) -> None:
         if role not in _ROLES:
             raise InvalidRequest(
                 f"Invalid value for 'messages[{i}].role': {role!r}; expected one of {sorted(_ROLES)}.",
+                param=f"messages[{i}].role",
+            )
+        if role == "function":
+            raise InvalidRequest(
+                f"messages[{i}].role 'function' (deprecated) is not supported by this gateway; send tool results "
+                "as role 'tool' with a 'tool_call_id'.",
                 param=f"messages[{i}].role",
             )
         content = message.get("content")
@@ -341,6 +355,31 @@ def _check_messages(messages: list[dict[str, JSON]]) -> None:
             raise InvalidRequest(
                 f"messages[{i}] has role 'tool' but no 'tool_call_id'.", param=f"messages[{i}].tool_call_id"
             )
+        if role in _AS_ROLE:
+            message = {**message, "role": _AS_ROLE[role]}
+        if isinstance(content, list):
+            message = {**message, "content": _text_parts(content, i, role)}
+        out.append(message)
+    return out
+
+
+def _text_parts(parts: list[JSON], i: int, role: str) -> list[dict[str, JSON]]:
+    out = []
+    for j, part in enumerate(parts):
+        at = f"messages[{i}].content[{j}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        key = "refusal" if kind == "refusal" and role == "assistant" else "text" if kind == "text" else None
+        if key is None:
+            raise InvalidRequest(
+                f"{at}.type {kind!r} is not supported by this gateway: the model is shown text only "
+                f"({'text and refusal parts' if role == 'assistant' else 'text parts'}).",
+                param=f"{at}.type",
+            )
+        text = part.get(key)
+        if not isinstance(text, str):
+            raise InvalidRequest(f"Invalid type for '{at}.{key}': expected a string.", param=f"{at}.{key}")
+        out.append({"type": "text", "text": text})
+    return out
 
 
 def _check_tools(tools: list[dict[str, JSON]] | None, tool_choice: JSON) -> None:
@@ -381,12 +420,12 @@ def parse_chat(data: dict[str, JSON]) -> tuple[ChatCompletionBody, ChatRequest]:
     if body.top_logprobs and not body.logprobs:
         raise InvalidRequest("logprobs must be true when top_logprobs is set.", param="top_logprobs")
     response_format = check_response_format(body.response_format)
-    _check_messages(body.messages)
+    messages = _chat_messages(body.messages)
     _check_tools(body.tools, body.tool_choice)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     request = ChatRequest(
         model=body.model,
-        messages=body.messages,
+        messages=messages,
         tools=body.tools or None,
         tool_choice=body.tool_choice,
         response_format=response_format,
