@@ -16,6 +16,10 @@ with a 400 when set to a non-default value: silently ignoring them would record 
 different distribution than the agent asked for. A field OpenAI does not know is refused as OpenAI refuses it
 ("Unrecognized request argument supplied"), except vLLM's ``return_token_ids`` / ``return_tokens_as_token_ids``.
 
+Messages: ``developer`` reaches the backend as ``system`` (open-weight chat templates have no developer turn), text
+parts (and an assistant's ``refusal`` parts) as text; any other content part and the deprecated ``function`` role
+are refused by name (`_chat_messages`). Every field's treatment is listed in `lightrail.gateway.fields`.
+
 A ``json_schema`` response format is checked to be a valid JSON Schema here (`check_response_format`), so a
 malformed schema is a 400 that says what is wrong before any backend sees it.
 
