@@ -124,3 +124,12 @@ def test_answered_calls_are_not_marked(make_gateway, engine):
     spans = server.spans(lease)
     assert [Attr.ABANDONED in s.attributes for s in spans] == [False, False]
     assert [s.status.code for s in spans] == [StatusCode.OK, StatusCode.OK]
+
+
+def test_a_served_call_is_cancelled_too(make_gateway, engine):
+    """An unrouted call (served traffic, recorded only under sessions) frees the engine the same way."""
+    server = make_gateway(engine, token="t")
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="t", max_retries=0)
+    with pytest.raises(openai.APITimeoutError):
+        client.chat.completions.create(**_long_answer(engine), timeout=PATIENCE_S)
+    _assert_engine_stopped(server, engine)
