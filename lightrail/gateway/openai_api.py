@@ -17,8 +17,10 @@ different distribution than the agent asked for. A field OpenAI does not know is
 ("Unrecognized request argument supplied"), except vLLM's ``return_token_ids`` / ``return_tokens_as_token_ids``.
 
 Messages: ``developer`` reaches the backend as ``system`` (open-weight chat templates have no developer turn), text
-parts (and an assistant's ``refusal`` parts) as text; any other content part and the deprecated ``function`` role
-are refused by name (`_chat_messages`). Every field's treatment is listed in `lightrail.gateway.fields`.
+parts (and an assistant's ``refusal``, part or field) as text, ``reasoning`` as ``reasoning_content``; any other
+content part, the deprecated ``function`` role and ``function_call``, ``audio`` and keys a chat message does not have
+are refused by name (`_chat_messages`; null values are ignored, as clients dump them back from a response). Every
+field's treatment is listed in `lightrail.gateway.fields`.
 
 A ``json_schema`` response format is checked to be a valid JSON Schema here (`check_response_format`), so a
 malformed schema is a 400 that says what is wrong before any backend sees it.
@@ -43,7 +45,7 @@ import msgspec
 
 from lightrail.gateway.dialect import Dialect, Exchange
 from lightrail.gateway.logprobs import chat_logprobs, completion_logprobs
-from lightrail.types import Attr, ChatRequest, Choice, CompletionRequest, Generation, SamplingParams
+from lightrail.types import Attr, ChatRequest, Choice, CompletionRequest, Generation, SamplingParams, content_text
 
 __all__ = [
     "CHAT",
@@ -359,12 +361,44 @@ def _chat_messages(messages: list[dict[str, JSON]]) -> list[dict[str, JSON]]:
             raise InvalidRequest(
                 f"messages[{i}] has role 'tool' but no 'tool_call_id'.", param=f"messages[{i}].tool_call_id"
             )
+        for key, value in message.items():
+            if value is None or key in _MESSAGE_KEYS:
+                continue  # null keys are what clients dump back from a response object (refusal, audio, ...)
+            if key in _UNSERVABLE_KEYS:
+                raise InvalidRequest(
+                    f"messages[{i}].{key} is not supported by this gateway ({_UNSERVABLE_KEYS[key]}).",
+                    param=f"messages[{i}].{key}",
+                )
+            raise InvalidRequest(
+                f"Unrecognized argument messages[{i}].{key}: a chat message has {', '.join(_MESSAGE_KEYS)}.",
+                param=f"messages[{i}].{key}",
+            )
         if role in _AS_ROLE:
             message = {**message, "role": _AS_ROLE[role]}
         if isinstance(content, list):
             message = {**message, "content": _text_parts(content, i, role)}
+        reasoning = message.get("reasoning")
+        if reasoning is not None:  # newer vLLM releases name it so; templates read reasoning_content
+            message = {k: v for k, v in message.items() if k != "reasoning"}
+            message.setdefault("reasoning_content", reasoning)
+        refusal = message.get("refusal")
+        if role == "assistant" and isinstance(refusal, str) and refusal:
+            # the text the assistant refused with is what it said: shown as its content
+            text = content_text(message.get("content"))
+            message = {k: v for k, v in message.items() if k != "refusal"}
+            message["content"] = f"{text}{refusal}" if text else refusal
         out.append(message)
     return out
+
+
+_MESSAGE_KEYS = (
+    "role", "content", "name", "tool_calls", "tool_call_id", "refusal", "reasoning_content", "reasoning", "annotations",
+)  # fmt: skip
+"""Message keys the gateway reads; ``name`` and ``annotations`` are recorded, the others shown to the model."""
+_UNSERVABLE_KEYS = {
+    "audio": "no audio: send the transcript as content",
+    "function_call": "deprecated; use tool_calls",
+}
 
 
 def _text_parts(parts: list[JSON], i: int, role: str) -> list[dict[str, JSON]]:

@@ -26,20 +26,11 @@ ROOT = Path(__file__).parents[2]
 
 
 @pytest.fixture(scope="module")
-def gateway():
-    import asyncio
-
-    from conftest import GatewayServer
-
-    from lightrail.gateway import create_gateway_app
-    from lightrail.store import MemoryStore
-
+def gateway(make_module_gateway):
     engine = Engine.from_pretrained(prepare_model("tiny"))
-    store = MemoryStore()
-    server = GatewayServer(create_gateway_app(engine, store, token="t"), store).start()
+    server = make_module_gateway(engine, token="t")
     yield server, engine, server.lease()
-    asyncio.run(engine.close())
-    server.stop()
+    server.call(engine.close())
 
 
 def _send(server, lease, path: str, body: dict) -> httpx.Response:
