@@ -648,6 +648,12 @@ class Attr:
     AGENT_NAME = "gen_ai.agent.name"
     CALLER_AGENT = "lightrail.caller_agent"
     """On LLM-call spans: the agent the caller said made the call (`AGENT_HEADER`), which picked its policy."""
+    ABANDONED = "lightrail.abandoned"
+    """On LLM-call spans: True when the client disconnected before its answer was sent (a client timeout, a closed
+    stream). The gateway cancelled the call in its backend (the engine frees its rows, an upstream's request is
+    closed) and records the span with status ERROR (and no choices, unless the generation had just ended); the
+    adapters leave the call out of the episode (`lightrail.adapters.AdapterReport.abandoned`): the agent never saw
+    it, so it is never trained on. Absent on every call whose answer was sent."""
 
     # attribution of spans that arrive over OpenTelemetry (span or resource attributes)
     ROLLOUT_ID = "lightrail.rollout_id"

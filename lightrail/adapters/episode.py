@@ -75,7 +75,9 @@ def build_episode(
     """Read the spans of one attempt (any order) into an `Episode`.
 
     * every `Attr.SPAN_LLM_CALL` span is a call; ``turn`` = rank by ``seq``. Its prompt ids are None when
-      `Attr.TOKEN_IDS_AVAILABLE` is False or `Attr.PROMPT_IDS` is missing.
+      `Attr.TOKEN_IDS_AVAILABLE` is False or `Attr.PROMPT_IDS` is missing. A call the client abandoned
+      (`Attr.ABANDONED`: it disconnected before the answer, e.g. timed out and retried) is no call of the episode:
+      it is counted in `AdapterReport.abandoned`, takes no turn and is never trained on.
     * agent name: `Attr.AGENT_NAME` on the call span, else the agent the call named when it was made
       (`Attr.CALLER_AGENT`: the gateway's ``/agents/<name>`` route, `lightrail.as_agent`, a runner's OpenTelemetry
       guess — the name that picked the call's policy), else the nearest ancestor (by ``parent_id``, the call
@@ -105,12 +107,16 @@ def build_episode(
     by_response: dict[str, list[Span]] = {}
     genai_rid = Attr.GENAI_RESPONSE_ID
     llm_name, reward_name, exc_name = Attr.SPAN_LLM_CALL, Attr.SPAN_REWARD, Attr.SPAN_EXCEPTION
+    abandoned = Attr.ABANDONED
     for s in spans:
         if s.attempt_id != attempt_id:
             raise ValueError(f"spans of several attempts ({attempt_id!r}, {s.attempt_id!r}): pass one attempt")
         name = s.name
         if name == llm_name:
-            call_spans.append(s)
+            if s.attributes.get(abandoned) is True:  # the agent never received it: not a turn it took
+                report.abandoned += 1
+            else:
+                call_spans.append(s)
         elif name == reward_name:
             reward_spans.append(s)
         elif name == exc_name:

@@ -23,7 +23,8 @@ class LLMCall(msgspec.Struct, kw_only=True, gc=False):
     """One LLM-call span of an attempt, as the adapters read it.
 
     ``turn`` is the call's position among all LLM calls of the attempt, ordered by the gateway's ``seq``
-    (every call counts, including ones of agents that are not trained and ones without token ids).
+    (every call the agent received counts, including ones of agents that are not trained and ones without token
+    ids; abandoned calls, which it never received, do not).
     """
 
     span: Span
@@ -55,7 +56,9 @@ class AdapterReport(msgspec.Struct, kw_only=True):
     """What an adapter did and left out, so nothing is dropped silently. Add reports with ``+=``/`merge`."""
 
     calls: int = 0
-    """LLM-call spans seen."""
+    """LLM-call spans read as calls (abandoned ones are not)."""
+    abandoned: int = 0
+    """LLM-call spans left out because the client disconnected before the answer (`Attr.ABANDONED`)."""
     choices: int = 0
     """Choices seen over all calls (n > 1 gives several per call)."""
     transitions: int = 0

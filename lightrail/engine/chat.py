@@ -128,6 +128,21 @@ class ChatFormat:
                 return self._apply(self.format.tool.prepare(msgs), native_tools)
         return self._apply(self.format.tool.prepare(self._calls_as_text(msgs)), native_tools)
 
+    def dropped(self, messages: list[dict[str, Any]], prompt: str) -> int | None:
+        """The index of the first message the rendered ``prompt`` does not show, else None.
+
+        A chat template skips what it has no markup for (Qwen2.5's and Qwen3's skip a ``developer`` turn, any role
+        they do not name): a message other than the assistant's whose text (stripped, as Llama's templates trim
+        it) is absent from the prompt was dropped. Assistant turns are not checked: templates rewrite them on
+        purpose (Qwen3 drops the reasoning of earlier turns)."""
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict) or message.get("role") == "assistant":
+                continue
+            text = content_text(message.get("content")).strip()
+            if text and text not in prompt:
+                return i
+        return None
+
     def _calls_as_text(self, msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out = []
         for m in msgs:

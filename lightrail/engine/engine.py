@@ -348,6 +348,15 @@ class Engine:
             raise
         except Exception as exc:  # template errors are the caller's message shapes, not engine crashes
             raise BackendError(f"could not render the chat template: {exc}", param="messages") from exc
+        dropped = self.chat_format.dropped(request.messages, text)
+        if dropped is not None:  # trained on, the call would teach an answer to a prompt the agent did not send
+            role = request.messages[dropped].get("role")
+            raise BackendError(
+                f"messages[{dropped}]: the model's chat template drops this {role!r} message (its text is not in the "
+                "rendered prompt); send it in a role the template renders",
+                param=f"messages[{dropped}].role",
+                code="message_dropped_by_template",
+            )
         return list(self._tokenizer(text, add_special_tokens=False)["input_ids"])
 
     async def _constraint(self, request: ChatRequest) -> Constraint | None:

@@ -29,6 +29,15 @@ span is stored (concurrent calls share the write), so the runner's finish, which
 always finds every call of the attempt in the store, and a gateway killed after answering has lost nothing it
 acknowledged. Served (session) calls are recorded in the background: their answer does not wait for the store.
 
+A call whose client disconnects before its answer is sent (a client timeout, a stream closed before its first
+event: streams are replayed from complete generations, so nothing reaches the client before the generation ends)
+is abandoned: the backend call is cancelled (the embedded engine drops the request's rows at its next step; an
+upstream's HTTP request is closed, which vLLM and another lightrail gateway take as a cancellation), and the span
+is recorded with status ERROR, no choices and ``Attr.ABANDONED`` true, which the adapters never train on. The
+disconnect is seen by a task awaiting the ASGI ``receive`` once the body is read (the server answers it with
+``http.disconnect`` when the connection closes). A client that leaves during the few milliseconds its answer's
+span is being stored is recorded as answered: the span is written before the answer, by design (above).
+
 Concurrency model: single event loop; the state shared between requests (attempt cache, seq counter) is
 only touched between awaits; span seqs come from `lightrail.types.next_seq`, the counter the runner uses too. Nothing is logged per request at INFO.
 """
@@ -41,7 +50,7 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -98,6 +107,10 @@ DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 _encode = msgspec.json.encode
 _JSON = "application/json"
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+CLIENT_CLOSED_STATUS = 499
+"""The status of an abandoned call's answer (nginx's "client closed request"); nobody receives it, the span and the
+access log show it."""
 
 
 def _json(obj: Any, status: int = 200) -> Response:
@@ -314,17 +327,19 @@ class _Gateway:
         response: dict[str, Any] | None = None
         failure: str | None = None
         session: tuple[str | None, str] | None = None
+        client_gone: asyncio.Task[None] | None = None
         try:
             data = decode_json(await self.read_body(request))
+            client_gone = asyncio.ensure_future(_client_gone(request.receive))
             if attempt is None and self.sessions is not None:
                 session = self.sessions.session_of(request.headers, data)
             exchange = dialect.exchange(data)
             backend_request = exchange.request
             backend_request.agent = _caller_agent(request)
             if isinstance(backend_request, ChatRequest):
-                generation = await self.backend.chat(backend_request)
+                generation = await _unless_gone(self.backend.chat(backend_request), client_gone)
             else:
-                generation = await self.backend.complete(backend_request)
+                generation = await _unless_gone(self.backend.complete(backend_request), client_gone)
             response = exchange.respond(generation, new_response_id(exchange.id_prefix))
             exchange.answered(response)
             if exchange.stream:
@@ -335,6 +350,9 @@ class _Gateway:
         except InvalidRequest as exc:
             failure = exc.message
             http = _refusal(exc, dialect)
+        except _ClientGone:
+            failure = _ABANDONED
+            http = _error(CLIENT_CLOSED_STATUS, _ABANDONED, code="client_closed_request", dialect=dialect)
         except BackendError as exc:
             failure = exc.message
             http = _error(exc.status, exc.message, param=exc.param, code=exc.code, dialect=dialect)
@@ -346,9 +364,16 @@ class _Gateway:
             failure = f"{type(exc).__name__}: {exc}"
             log.exception("backend failed on %s", dialect.path)
             http = _error(500, "The model backend failed; see the gateway's log.", type="server_error", dialect=dialect)
+        abandoned = False
+        if client_gone is not None:
+            # gone before its span is written (during the backend call, or between its end and now): abandoned
+            abandoned = client_gone.done() and not client_gone.cancelled()
+            client_gone.cancel()
+            if abandoned and failure is None:
+                failure, http = _ABANDONED, _error(CLIENT_CLOSED_STATUS, _ABANDONED, dialect=dialect)
         if attempt is not None:
             await self.recorder.wait_capacity()  # backpressure: agents slow down to the store's pace
-            span = _call_span(attempt, seq, dialect, start, data, exchange, generation, response, failure)
+            span = _call_span(attempt, seq, dialect, start, data, exchange, generation, response, failure, abandoned)
             _link_to_caller(span, request)
             self.recorder.submit(span)
             # Answer only once the span is stored: a call the agent saw is in the store before the agent can
@@ -371,6 +396,7 @@ class _Gateway:
                     generation,
                     response,
                     failure,
+                    abandoned,
                 )
                 span.attributes.update(session_attributes(session_id, source))
                 _link_to_caller(span, request)
@@ -380,6 +406,42 @@ class _Gateway:
                     self.sessions.record(redacted, session_id, source, self.recorder)
                 http.headers[SESSION_HEADER] = session_id
         return http
+
+
+_ABANDONED = "The client disconnected before its answer was sent; the call was cancelled and is never trained on."
+
+
+class _ClientGone(Exception):
+    """The client disconnected while its call was being answered."""
+
+
+async def _client_gone(receive: Receive) -> None:
+    """Return when the client disconnects. Called once the request body has been read: the server then answers
+    ``receive`` only with ``http.disconnect`` (uvicorn, Starlette's and httpx's test transports wait for it)."""
+    while True:
+        try:
+            message = await receive()
+        except Exception:  # the connection broke under the server: as gone as a disconnect
+            return
+        if message["type"] == "http.disconnect":
+            return
+        await asyncio.sleep(0.05)  # a server that answers with empty body messages must not spin this loop
+
+
+async def _unless_gone(call: Awaitable[Any], client_gone: asyncio.Task[None]) -> Any:
+    """The result of the backend ``call``, or `_ClientGone` once the client has disconnected, the call then
+    cancelled (and awaited, so the backend has let go of it). Cancelling the caller cancels the call too."""
+    work = asyncio.ensure_future(call)
+    try:
+        await asyncio.wait((work, client_gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not work.done():
+            work.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await work
+    if not work.cancelled():
+        return work.result()
+    raise _ClientGone
 
 
 def _caller_agent(request: Request) -> str | None:
@@ -456,6 +518,7 @@ def _call_span(
     generation: Any,
     response: dict[str, Any] | None,
     failure: str | None,
+    abandoned: bool = False,
 ) -> Span:
     end = time.time()
     attributes: dict[str, Any] = {
@@ -487,6 +550,8 @@ def _call_span(
         attributes[Attr.RESPONSE_ID] = response["id"]
     if exchange is not None and exchange.request.agent is not None:
         attributes[Attr.CALLER_AGENT] = exchange.request.agent
+    if abandoned:
+        attributes[Attr.ABANDONED] = True
     status = SpanStatus(code=StatusCode.OK) if failure is None else SpanStatus(code=StatusCode.ERROR, message=failure)
     return Span(
         rollout_id=attempt[0],

@@ -16,6 +16,12 @@ with a 400 when set to a non-default value: silently ignoring them would record 
 different distribution than the agent asked for. A field OpenAI does not know is refused as OpenAI refuses it
 ("Unrecognized request argument supplied"), except vLLM's ``return_token_ids`` / ``return_tokens_as_token_ids``.
 
+Messages: ``developer`` reaches the backend as ``system`` (open-weight chat templates have no developer turn), text
+parts (and an assistant's ``refusal``, part or field) as text, ``reasoning`` as ``reasoning_content``; any other
+content part, the deprecated ``function`` role and ``function_call``, ``audio`` and keys a chat message does not have
+are refused by name (`_chat_messages`; null values are ignored, as clients dump them back from a response). Every
+field's treatment is listed in `lightrail.gateway.fields`.
+
 A ``json_schema`` response format is checked to be a valid JSON Schema here (`check_response_format`), so a
 malformed schema is a 400 that says what is wrong before any backend sees it.
 
@@ -39,7 +45,7 @@ import msgspec
 
 from lightrail.gateway.dialect import Dialect, Exchange
 from lightrail.gateway.logprobs import chat_logprobs, completion_logprobs
-from lightrail.types import Attr, ChatRequest, Choice, CompletionRequest, Generation, SamplingParams
+from lightrail.types import Attr, ChatRequest, Choice, CompletionRequest, Generation, SamplingParams, content_text
 
 __all__ = [
     "CHAT",
@@ -319,9 +325,17 @@ def check_response_format(fmt: JSON, param: str = "response_format") -> dict[str
 
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+_AS_ROLE = {"developer": "system"}
+"""Roles the backend gets under another name: open-weight chat templates have no ``developer`` turn (Qwen2.5's and
+Qwen3's skip it), and OpenAI defines it as the system prompt of its newer models."""
 
 
-def _check_messages(messages: list[dict[str, JSON]]) -> None:
+def _chat_messages(messages: list[dict[str, JSON]]) -> list[dict[str, JSON]]:
+    """The messages the backend renders, checked: ``developer`` as ``system``; content parts as text (``text``
+    parts, and an assistant's ``refusal`` parts as the text it refused with). A part the model cannot be shown
+    (images, audio, files) and the deprecated ``function`` role are refused with a 400 naming them: dropping them
+    would record a call for training on a prompt the agent did not send. Messages are copied only when changed."""
+    out = []
     for i, message in enumerate(messages):
         role = message.get("role")
         if not isinstance(role, str):
@@ -329,6 +343,12 @@ def _check_messages(messages: list[dict[str, JSON]]) -> None:
         if role not in _ROLES:
             raise InvalidRequest(
                 f"Invalid value for 'messages[{i}].role': {role!r}; expected one of {sorted(_ROLES)}.",
+                param=f"messages[{i}].role",
+            )
+        if role == "function":
+            raise InvalidRequest(
+                f"messages[{i}].role 'function' (deprecated) is not supported by this gateway; send tool results "
+                "as role 'tool' with a 'tool_call_id'.",
                 param=f"messages[{i}].role",
             )
         content = message.get("content")
@@ -341,6 +361,63 @@ def _check_messages(messages: list[dict[str, JSON]]) -> None:
             raise InvalidRequest(
                 f"messages[{i}] has role 'tool' but no 'tool_call_id'.", param=f"messages[{i}].tool_call_id"
             )
+        for key, value in message.items():
+            if value is None or key in _MESSAGE_KEYS:
+                continue  # null keys are what clients dump back from a response object (refusal, audio, ...)
+            if key in _UNSERVABLE_KEYS:
+                raise InvalidRequest(
+                    f"messages[{i}].{key} is not supported by this gateway ({_UNSERVABLE_KEYS[key]}).",
+                    param=f"messages[{i}].{key}",
+                )
+            raise InvalidRequest(
+                f"Unrecognized argument messages[{i}].{key}: a chat message has {', '.join(_MESSAGE_KEYS)}.",
+                param=f"messages[{i}].{key}",
+            )
+        if role in _AS_ROLE:
+            message = {**message, "role": _AS_ROLE[role]}
+        if isinstance(content, list):
+            message = {**message, "content": _text_parts(content, i, role)}
+        reasoning = message.get("reasoning")
+        if reasoning is not None:  # newer vLLM releases name it so; templates read reasoning_content
+            message = {k: v for k, v in message.items() if k != "reasoning"}
+            message.setdefault("reasoning_content", reasoning)
+        refusal = message.get("refusal")
+        if role == "assistant" and isinstance(refusal, str) and refusal:
+            # the text the assistant refused with is what it said: shown as its content
+            text = content_text(message.get("content"))
+            message = {k: v for k, v in message.items() if k != "refusal"}
+            message["content"] = f"{text}{refusal}" if text else refusal
+        out.append(message)
+    return out
+
+
+_MESSAGE_KEYS = (
+    "role", "content", "name", "tool_calls", "tool_call_id", "refusal", "reasoning_content", "reasoning", "annotations",
+)  # fmt: skip
+"""Message keys the gateway reads; ``name`` and ``annotations`` are recorded, the others shown to the model."""
+_UNSERVABLE_KEYS = {
+    "audio": "no audio: send the transcript as content",
+    "function_call": "deprecated; use tool_calls",
+}
+
+
+def _text_parts(parts: list[JSON], i: int, role: str) -> list[dict[str, JSON]]:
+    out = []
+    for j, part in enumerate(parts):
+        at = f"messages[{i}].content[{j}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        key = "refusal" if kind == "refusal" and role == "assistant" else "text" if kind == "text" else None
+        if key is None:
+            raise InvalidRequest(
+                f"{at}.type {kind!r} is not supported by this gateway: the model is shown text only "
+                f"({'text and refusal parts' if role == 'assistant' else 'text parts'}).",
+                param=f"{at}.type",
+            )
+        text = part.get(key)
+        if not isinstance(text, str):
+            raise InvalidRequest(f"Invalid type for '{at}.{key}': expected a string.", param=f"{at}.{key}")
+        out.append({"type": "text", "text": text})
+    return out
 
 
 def _check_tools(tools: list[dict[str, JSON]] | None, tool_choice: JSON) -> None:
@@ -381,12 +458,12 @@ def parse_chat(data: dict[str, JSON]) -> tuple[ChatCompletionBody, ChatRequest]:
     if body.top_logprobs and not body.logprobs:
         raise InvalidRequest("logprobs must be true when top_logprobs is set.", param="top_logprobs")
     response_format = check_response_format(body.response_format)
-    _check_messages(body.messages)
+    messages = _chat_messages(body.messages)
     _check_tools(body.tools, body.tool_choice)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     request = ChatRequest(
         model=body.model,
-        messages=body.messages,
+        messages=messages,
         tools=body.tools or None,
         tool_choice=body.tool_choice,
         response_format=response_format,

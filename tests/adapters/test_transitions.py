@@ -57,6 +57,18 @@ def test_calls_without_ids_are_skipped_and_counted_but_keep_their_turn():
     assert report.missing_token_ids == 3 and report.transitions == 2
 
 
+def test_abandoned_calls_take_no_turn_and_are_never_trained():
+    # an agent timed out on "a" (the gateway cancelled it: no ids, or ids that had just been generated) and retried
+    gone = llm_call("a", [1], [2])
+    gone.attributes[Attr.ABANDONED] = True
+    spans = [gone, llm_call("retry", [1], [3]), reward(1.0)]
+    episode = build_episode(spans)
+    assert [(c.turn, c.response_id) for c in episode.calls] == [(0, "retry")]
+    transitions, report = spans_to_transitions(spans)
+    assert [(t.turn, t.metadata["response_id"]) for t in transitions] == [(0, "retry")]
+    assert report.abandoned == 1 and report.calls == 1 and report.transitions == 1
+
+
 def test_bad_logprobs_are_dropped_not_the_transition():
     spans = [
         llm_call("a", [1], [2, 3], logprobs=[[-0.1]]),  # wrong length

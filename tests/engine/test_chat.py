@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from engine_cases import ADD_TOOL
+from transformers import AutoTokenizer
 
+from lightrail.engine import Engine
 from lightrail.engine.chat import ChatFormat, parse_tool_calls
+from lightrail.types import BackendError, ChatRequest, SamplingParams
 
 # SmolLM2's template: ChatML turns, no notion of tools.
 PLAIN_TEMPLATE = (
@@ -109,3 +113,27 @@ def test_hermes_fallback_for_a_template_without_tools(tiny_tokenizer):
 def test_content_parts_are_joined(tiny_tokenizer):
     msgs = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
     assert "<|im_start|>user\nab<|im_end|>" in ChatFormat(tiny_tokenizer).render(msgs)
+
+
+QWEN25 = (Path(__file__).parent / "templates" / "qwen2.5.jinja").read_text()
+
+
+async def test_a_message_the_template_drops_is_refused_not_swallowed(tiny_dir, tiny_model):
+    # Qwen2.5's template renders system, user, assistant and tool turns and skips any other role: without the
+    # check, the developer text would vanish and Qwen's default system prompt take its place, silently
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
+    tokenizer.chat_template = QWEN25
+    chat = ChatFormat(tokenizer)
+    dropped = [{"role": "user", "content": "hi"}, {"role": "developer", "content": "Answer in French."}]
+    assert chat.dropped(dropped, chat.render(dropped)) == 1
+    kept = [{"role": "system", "content": "Answer in French."}, {"role": "user", "content": "hi"}]
+    assert chat.dropped(kept, chat.render(kept)) is None
+    engine = Engine(tiny_model, tokenizer, name="qwen-template")
+    try:
+        with pytest.raises(BackendError) as refused:
+            await engine.chat(ChatRequest(model="m", messages=dropped, sampling=SamplingParams(max_tokens=2)))
+        assert refused.value.param == "messages[1].role" and "drops this 'developer' message" in refused.value.message
+        answered = await engine.chat(ChatRequest(model="m", messages=kept, sampling=SamplingParams(max_tokens=2)))
+        assert "Answer in French." in engine.decode(answered.prompt_ids)
+    finally:
+        await engine.close()

@@ -90,6 +90,16 @@ class GatewayServer:
 def make_gateway() -> Iterator[Callable[..., GatewayServer]]:
     """Factory: ``make_gateway(backend=ScriptedBackend(), store=None, uvicorn_config=None, **app_kwargs)`` starts
     a gateway server (over a fresh `MemoryStore` by default); all are stopped at teardown."""
+    yield from _gateways()
+
+
+@pytest.fixture(scope="module")
+def make_module_gateway() -> Iterator[Callable[..., GatewayServer]]:
+    """As `make_gateway`, for servers the tests of a module share (stopped after its last test)."""
+    yield from _gateways()
+
+
+def _gateways() -> Iterator[Callable[..., GatewayServer]]:
     servers: list[GatewayServer] = []
 
     def make(
