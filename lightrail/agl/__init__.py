@@ -48,6 +48,7 @@ MAPPED: dict[str, str] = {
             "setup_logging",
             "setup_module_logging",
             "configure_logger",
+            "build_component",
         ],
         "lightrail.agl._types",
     ),  # fmt: skip
@@ -159,7 +160,7 @@ REFUSED: dict[str, str] = {
         ],
         "lightrail builds training rows from the gateway's records; select agents with adapter={'agent_match': ...}",
     ),  # fmt: skip
-    **dict.fromkeys(["Algorithm", "algo", "build_component"], _ALGO),
+    **dict.fromkeys(["Algorithm", "algo"], _ALGO),
     **dict.fromkeys(
         [
             "AgentLightningClient",

@@ -118,6 +118,24 @@ def _use_gateway_keys(resources: Mapping[str, Any]) -> tuple[tuple[str, str], ..
 _METHODS = ("rollout", "training_rollout", "validation_rollout")
 
 
+class _Flag:
+    """A truth value that is also callable (returns itself as a bool)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: bool) -> None:
+        self.value = value
+
+    def __bool__(self) -> bool:
+        return self.value
+
+    def __call__(self) -> bool:
+        return self.value
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
 class LitAgent(_LitAgent, Generic[T]):
     """Agent Lightning's ``LitAgent[T]``: override ``rollout(task, resources, rollout)`` (or ``rollout_async``, or
     ``training_rollout[_async]`` / ``validation_rollout[_async]``) and return a float reward or None (the last
@@ -183,8 +201,28 @@ class LitAgent(_LitAgent, Generic[T]):
         return any(getattr(cls, f"{m}_async") is not getattr(LitAgent, f"{m}_async") for m in _METHODS)
 
     @property
-    def is_async(self) -> bool:
-        return self.is_async_agent()
+    def is_async(self) -> _Flag:  # type: ignore[override]
+        """lightrail's runner reads ``agent.is_async`` as a flag, Agent Lightning's code calls ``agent.is_async()``:
+        both work."""
+        return _Flag(self.is_async_agent())
+
+    def set_trainer(self, trainer: Any) -> None:
+        pass
+
+    def get_trainer(self) -> None:
+        return None
+
+    def set_runner(self, runner: Any) -> None:
+        pass
+
+    def get_runner(self) -> None:
+        return None
+
+    def on_rollout_start(self, task: Any, runner: Any, store: Any) -> None:
+        """Agent Lightning's deprecated agent hook: not called here (use ``Trainer(hooks=[...])``)."""
+
+    def on_rollout_end(self, task: Any, rollout: Any, runner: Any, store: Any) -> None:
+        """Agent Lightning's deprecated agent hook: not called here (use ``Trainer(hooks=[...])``)."""
 
     def _method(self, mode: str | None) -> Callable[..., Any]:
         prefix = "training" if mode == "train" else "validation"
@@ -303,17 +341,18 @@ def _first(resources: Mapping[str, Any], kind: type, name: str) -> Any:
     raise LookupError(f"the agent asks for `{name}` but the rollout's resources have no {kind.__name__}")
 
 
-def rollout(fn: Callable[..., Any]) -> FunctionalLitAgent:
+def rollout(func: Callable[..., Any]) -> FunctionalLitAgent:
     """Agent Lightning's ``@rollout``: a function ``(task, llm | prompt_template[, rollout])``, sync or async,
     made an agent (see `FunctionalLitAgent`)."""
-    return FunctionalLitAgent(fn)
+    return FunctionalLitAgent(func)
 
 
-def llm_rollout(fn: Callable[..., Any] | None = None, *, strip_proxy: bool = True) -> Any:
-    """Agent Lightning's ``@llm_rollout``: `rollout` for a function ``(task, llm[, rollout])``."""
-    return rollout(fn) if fn is not None else rollout
+def llm_rollout(func: Callable[..., Any] | None = None, *, strip_proxy: bool = True) -> Any:
+    """Agent Lightning's ``@llm_rollout``: `rollout` for a function ``(task, llm[, rollout])`` (the LLM is always
+    routed to the attempt here: ``strip_proxy`` changes nothing)."""
+    return rollout(func) if func is not None else rollout
 
 
-def prompt_rollout(fn: Callable[..., Any] | None = None) -> Any:
+def prompt_rollout(func: Callable[..., Any] | None = None) -> Any:
     """Agent Lightning's ``@prompt_rollout``: `rollout` for a function ``(task, prompt_template[, rollout])``."""
-    return rollout(fn) if fn is not None else rollout
+    return rollout(func) if func is not None else rollout

@@ -58,10 +58,11 @@ def emit_message(message: str, attributes: Mapping[str, Any] | None = None, prop
     return tracing.emit_message(message, **dict(attributes or {})) if propagate else None
 
 
-def emit_object(obj: Any, attributes: Mapping[str, Any] | None = None, propagate: bool = True) -> Span | None:
+def emit_object(object: Any, attributes: Mapping[str, Any] | None = None, propagate: bool = True) -> Span | None:  # noqa: A002
     """Any JSON-serialisable object (bytes base64-encoded) as an event span named ``object``."""
     if not propagate:
         return None
+    obj = object
     body: dict[str, Any]
     if isinstance(obj, (bytes, bytearray)):
         body = {"agl.object.type": "bytes", "agl.object.bytes": base64.b64encode(obj).decode()}
@@ -72,8 +73,10 @@ def emit_object(obj: Any, attributes: Mapping[str, Any] | None = None, propagate
     return tracing.emit_event("object", **body, **dict(attributes or {}))
 
 
-def emit_exception(exc: BaseException, attributes: Mapping[str, Any] | None = None, propagate: bool = True) -> Any:
-    return tracing.emit_exception(exc, **dict(attributes or {})) if propagate else None
+def emit_exception(
+    exception: BaseException, attributes: Mapping[str, Any] | None = None, propagate: bool = True
+) -> Any:
+    return tracing.emit_exception(exception, **dict(attributes or {})) if propagate else None
 
 
 def _flat(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -88,7 +91,9 @@ def _flat(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def operation(fn: Callable[..., Any] | str | None = None, *, name: str | None = None, **attrs: Any) -> Any:
+def operation(
+    fn: Callable[..., Any] | str | None = None, *, propagate: bool = True, name: str | None = None, **attrs: Any
+) -> Any:
     """A span around a function call (``@operation``, ``@operation(name=...)``: its bound arguments as
     ``agl.operation.input.*``, its return value as ``agl.operation.output``) or a block (``with operation("x"):``).
     Methods work too (the decorator returns a plain function)."""

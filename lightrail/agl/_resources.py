@@ -14,10 +14,20 @@ from typing import Any, Literal
 from lightrail.types import LLM as _LLM
 from lightrail.types import PromptTemplate as _PromptTemplate
 
-__all__ = ["LLM", "NamedResources", "PromptTemplate", "ProxyLLM", "from_lightrail", "to_lightrail"]
+__all__ = ["LLM", "NamedResources", "PromptTemplate", "ProxyLLM", "Resource", "from_lightrail", "to_lightrail"]
 
 
-class LLM:
+class Resource:
+    """Base of Agent Lightning's resources; ``resource_type`` names the kind."""
+
+    resource_type: str = "resource"
+
+    def __init__(self, *, resource_type: str | None = None) -> None:
+        if resource_type is not None:
+            self.resource_type = resource_type
+
+
+class LLM(Resource):
     """An OpenAI-compatible endpoint (Agent Lightning's ``LLM``): ``endpoint``, ``model``, ``api_key``,
     ``sampling_parameters`` (a dict: ``{"temperature": 0.7}``). Converted to `lightrail.types.LLM` (its
     ``sampling``) when published."""
@@ -31,11 +41,8 @@ class LLM:
         model: str,
         api_key: str | None = None,
         sampling_parameters: Mapping[str, Any] | None = None,
-        **extra: Any,
+        resource_type: str | None = None,
     ) -> None:
-        if extra:
-            raise TypeError(f"agl.LLM: unknown argument {sorted(extra)[0]!r} (endpoint, model, api_key, "
-                            "sampling_parameters)")  # fmt: skip
         self.endpoint = endpoint
         self.model = model
         self.api_key = api_key
@@ -66,14 +73,14 @@ class ProxyLLM(LLM):
 Engine = Literal["f-string", "jinja", "poml"]
 
 
-class PromptTemplate:
+class PromptTemplate(Resource):
     """A prompt template (Agent Lightning's ``PromptTemplate``): ``engine="f-string"`` formats with `str.format`,
     ``engine="jinja"`` renders with Jinja2 (an undefined variable is an error, never an empty string); ``"poml"``
     is refused at construction (lightrail does not render POML)."""
 
     resource_type: str = "prompt_template"
 
-    def __init__(self, *, template: str, engine: Engine = "f-string") -> None:
+    def __init__(self, *, template: str, engine: Engine = "f-string", resource_type: str | None = None) -> None:
         if engine not in ("f-string", "jinja"):
             raise ValueError(f"agl.PromptTemplate engine {engine!r}: lightrail formats 'f-string' and 'jinja' only")
         self.template = template

@@ -136,6 +136,9 @@ class Baseline(FastAlgorithm):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         pass
 
+    def run(self, train_dataset: Any = None, val_dataset: Any = None) -> None:
+        raise TypeError("agl.Baseline runs under Trainer.dev, which runs each task once (lightrail.Trainer.dev)")
+
 
 _HARMLESS_STORES = ("InMemoryLightningStore",)
 

@@ -7,12 +7,12 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar, Union
 
-from lightrail.agl._resources import LLM, PromptTemplate, ProxyLLM
+from lightrail.agl._resources import LLM, PromptTemplate, ProxyLLM, Resource
 
 __all__ = [
     "AttemptStatus", "Dataset", "Hook", "Resource", "ResourceUnion", "ResourcesUpdate", "RolloutConfig",
     "RolloutMode", "RolloutRawResult", "RolloutStatus", "TaskInput", "Triplet", "configure_logger", "setup_logging",
-    "setup_module_logging",
+    "setup_module_logging", "build_component",
 ]  # fmt: skip
 
 T_co = TypeVar("T_co", covariant=True)
@@ -22,8 +22,7 @@ RolloutMode = Literal["train", "val", "test"]
 RolloutStatus = Literal["queuing", "preparing", "running", "failed", "succeeded", "cancelled", "requeuing"]
 AttemptStatus = Literal["preparing", "running", "failed", "succeeded", "unresponsive", "timeout"]
 RolloutRawResult = Union[None, float, list[Any]]  # noqa: UP007 - an alias, as Agent Lightning's
-Resource = Union[LLM, ProxyLLM, PromptTemplate]  # noqa: UP007
-ResourceUnion = Resource
+ResourceUnion = Union[LLM, ProxyLLM, PromptTemplate]  # noqa: UP007
 
 
 class Dataset(Protocol[T_co]):
@@ -98,3 +97,25 @@ def setup_module_logging(level: int | str = "INFO", name: str = "agentlightning"
 
 
 configure_logger = setup_logging
+
+
+def build_component(spec: Any, *args: Any, **kwargs: Any) -> Any:
+    """Agent Lightning's component spec made an object: an instance is returned as it is, a class or a zero-argument
+    factory is called, a ``"module.Name"`` string is imported and called, a dict's ``"type"`` (a class or string) is
+    called with the dict's other keys; None stays None. The other arguments (expected type, defaults) are accepted."""
+    import importlib
+    import inspect
+
+    if spec is None:
+        default = kwargs.get("default_factory")
+        return default() if default is not None else None
+    if isinstance(spec, dict):
+        options = dict(spec)
+        kind = options.pop("type")
+        return build_component(kind)(**options) if not isinstance(kind, type) else kind(**options)
+    if isinstance(spec, str):
+        module, _, name = spec.rpartition(".")
+        spec = getattr(importlib.import_module(module), name)
+    if inspect.isclass(spec) or inspect.isfunction(spec):
+        return spec()
+    return spec
