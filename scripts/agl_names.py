@@ -19,6 +19,8 @@ import re
 import sys
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network fetch at import
+import contextlib
+
 import agentlightning as agl  # noqa: E402
 
 SCOPE = ("litagent", "types.resources", "emitter", "trainer", "algorithm")
@@ -32,10 +34,8 @@ def _signatures(obj: object) -> str:
     for target in targets:
         target = getattr(target, "__func__", target)
         if callable(target):
-            try:
+            with contextlib.suppress(TypeError, ValueError):
                 out.append(str(inspect.signature(target)))
-            except (TypeError, ValueError):
-                pass
     return " ".join(out)
 
 
