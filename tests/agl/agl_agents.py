@@ -65,3 +65,48 @@ class AsyncAgent(agl.LitAgent[dict]):
 def prompt_agent(task, prompt_template: agl.PromptTemplate, rollout: agl.Rollout):
     agl.emit_message(prompt_template.format(**task))
     return 1.0 if rollout.attempt.attempt_id else 0.0
+
+
+class SpiderLikeAgent(agl.LitAgent[dict]):
+    """A LangGraph loop shaped like the reference's Spider agent: write_query -> check_query -> rewrite_query, each
+    node one chat-model call; the reward is the final answer's length parity (it varies on a random model)."""
+
+    def rollout(self, task: dict, resources: agl.NamedResources, rollout: agl.Rollout) -> float:
+        from langchain_openai import ChatOpenAI
+        from langgraph.graph import END, START, StateGraph
+        from typing_extensions import TypedDict
+
+        llm: agl.LLM = resources["main_llm"]
+        chat = ChatOpenAI(
+            model=llm.model,
+            base_url=llm.get_base_url(rollout.rollout_id, rollout.attempt.attempt_id),
+            api_key="dummy",  # as the reference's agents do: its proxy takes any key
+            max_completion_tokens=4,
+            temperature=llm.sampling_parameters.get("temperature", 1.0),
+            max_retries=0,
+        )
+
+        class State(TypedDict):
+            question: str
+            query: str
+            feedback: str
+
+        def write_query(state: State) -> dict:
+            return {"query": chat.invoke(f"write: {state['question']}").content}
+
+        def check_query(state: State) -> dict:
+            return {"feedback": chat.invoke(f"check: {state['query']}").content}
+
+        def rewrite_query(state: State) -> dict:
+            return {"query": chat.invoke(f"rewrite: {state['query']} {state['feedback']}").content}
+
+        graph = StateGraph(State)
+        for node in (write_query, check_query, rewrite_query):
+            graph.add_node(node.__name__, node)
+        graph.add_edge(START, "write_query")
+        graph.add_edge("write_query", "check_query")
+        graph.add_edge("check_query", "rewrite_query")
+        graph.add_edge("rewrite_query", END)
+        app = graph.compile()
+        out = app.invoke({"question": task["question"]}, {"callbacks": [self.tracer.get_langchain_handler()]})
+        return float(len(out["query"]) % 2)
