@@ -110,3 +110,13 @@ class SpiderLikeAgent(agl.LitAgent[dict]):
         app = graph.compile()
         out = app.invoke({"question": task["question"]}, {"callbacks": [self.tracer.get_langchain_handler()]})
         return float(len(out["query"]) % 2)
+
+
+class MarkHook(agl.Hook):
+    """Marks the attempt's trace at the start and end of each rollout (runs in the runner process)."""
+
+    async def on_rollout_start(self, *, agent, runner, rollout):
+        agl.emit_annotation({"hook": "start", "rollout": rollout.rollout_id})
+
+    async def on_rollout_end(self, *, agent, runner, rollout, spans):
+        agl.emit_annotation({"hook": "end", "rollout": rollout.rollout_id})

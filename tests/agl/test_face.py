@@ -102,17 +102,22 @@ def test_training_and_validation_methods_are_dispatched_as_agent_lightning_does(
         assert [train, val] == expected, type(agent).__name__
 
 
-def test_a_rollout_function_gets_its_prompt_template_formatted_by_its_engine(tmp_path):
+def test_a_rollout_function_gets_its_prompt_template_formatted_by_its_engine_and_hooks_run_around_it(tmp_path):
     trainer = agl.Trainer(
-        n_runners=1, runs_dir=tmp_path, **quiet(),
-        initial_resources={"prompt_template": agl.PromptTemplate(template="{{ a }} and {{ b|upper }}",
-                                                                 engine="jinja")},
-    )  # fmt: skip
+        n_runners=1,
+        runs_dir=tmp_path,
+        **quiet(),
+        initial_resources={"prompt_template": agl.PromptTemplate(template="{{ a }} and {{ b|upper }}", engine="jinja")},
+        hooks=[agl_agents.MarkHook()],
+    )
     report = trainer.dev(agl_agents.prompt_agent, dev_dataset=[{"a": "x", "b": "y"}])
     assert report.rows[0].reward == 1.0
-    (message,) = [agl.get_message_value(s) for s in spans_of(report, report.rows[0].rollout_id)
-                  if agl.get_message_value(s) is not None]  # fmt: skip
+    spans = spans_of(report, report.rows[0].rollout_id)
+    (message,) = [agl.get_message_value(s) for s in spans if agl.get_message_value(s) is not None]
     assert message == "x and Y"
+    marks = [s.attributes["hook"] for s in sorted(spans, key=lambda s: s.seq) if "hook" in s.attributes]
+    assert marks == ["start", "end"]
+    assert {s.attributes["rollout"] for s in spans if "hook" in s.attributes} == {report.rows[0].rollout_id}
 
 
 def test_prompt_templates_format_in_both_engines_and_refuse_poml():
