@@ -3,7 +3,9 @@
 Processes are started with the ``spawn`` method (no ``fork`` assumptions: works the same on Linux, macOS and
 Windows, and nothing of the parent's threads or event loops leaks into children). A child receives only
 picklable arguments: the store URL and token, and the agent as an import reference (``"module:object"``) or a
-picklable object. The token travels through the spawn pipe, never the command line.
+picklable object. The token travels through the spawn pipe, never the command line. An agent whose class sets
+``send_by_value = True`` (`lightrail.agl`'s) is cloudpickled instead and its runners are started as ``PYTHON -c``
+under this interpreter (below): spawn would run the parent's script again in each child.
 
 ``runner_python`` runs the runners under another interpreter (an environment where the agent's framework is
 installed, e.g. CrewAI's own venv): each runner is then ``PYTHON -c ...`` reading the same arguments, pickled,

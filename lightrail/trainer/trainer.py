@@ -223,7 +223,8 @@ class Trainer:
         ``agent`` must be importable by the runner processes: a ``"module:object"`` string, or an object whose
         ``__module__``/``__qualname__`` lead back to it (see `agent_reference`; agents of a script run as
         ``__main__`` are loaded from the script's path, so guard its entry point with
-        ``if __name__ == "__main__":``). ``tasks`` are `Task` objects or bare task inputs. ``resources`` (if
+        ``if __name__ == "__main__":``; an agent whose class sets ``send_by_value = True``, as `lightrail.agl`'s do,
+        is sent by value instead). ``tasks`` are `Task` objects or bare task inputs. ``resources`` (if
         given) are published first and used by every rollout. ``llm``: a model `Backend` (`ScriptedBackend()`,
         `OpenAIUpstream(url)`, a rollout engine's) to start a gateway in front of, recording into the run's store;
         its endpoint is published as the ``llm`` resource (or ``llm_name``; with ``sampling`` as its defaults), as
