@@ -152,6 +152,9 @@ class LitAgent(_LitAgent, Generic[T]):
     resource_aliases: Mapping[str, str] = {}
     """Resource name -> the published name it stands for: set by the face's `Trainer` (under GRPO, Agent
     Lightning's ``main_llm`` is the policy LLM GRPO publishes as ``llm``)."""
+    fixed_resources: Mapping[str, Any] = {}
+    """Resources handed to every rollout when the published ones lack them: set by the face's `Trainer` under GRPO
+    (which publishes the policy LLM only) from ``initial_resources``' prompt templates, which GRPO never changes."""
     hooks: Sequence[Any] = ()
     """Agent Lightning ``Hook`` objects: set by the face's `Trainer` from ``hooks``."""
 
@@ -231,6 +234,8 @@ class LitAgent(_LitAgent, Generic[T]):
     def invoke(self, task: Any, resources: Any, rollout: _Rollout, attempt: _Attempt) -> Any:
         keys = _use_gateway_keys(resources)
         named = from_lightrail(resources, self.resource_engines)
+        for fixed, item in self.fixed_resources.items():
+            named.setdefault(fixed, item)
         for alias, name in self.resource_aliases.items():
             if alias not in named and name in named:
                 named[alias] = named[name]

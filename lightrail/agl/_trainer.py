@@ -239,6 +239,7 @@ class Trainer:
         if type(algorithm).__name__ == "GRPO":  # Agent Lightning's VERL publishes the policy as ``main_llm``
             llm_names = [n for n, r in self.initial_resources.items() if isinstance(r, LLM)]
             agent.resource_aliases = dict.fromkeys(["main_llm", *llm_names], "llm")
+            agent.fixed_resources = {n: r for n, r in self.initial_resources.items() if isinstance(r, PromptTemplate)}
         trainer = self._lightrail(algorithm)
         trainer.fit(agent, list(train_dataset or ()), list(val_dataset or ()))
         return algorithm

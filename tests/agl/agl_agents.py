@@ -92,7 +92,7 @@ class SpiderLikeAgent(agl.LitAgent[dict]):
             feedback: str
 
         def write_query(state: State) -> dict:
-            return {"query": chat.invoke(f"write: {state['question']}").content}
+            return {"query": chat.invoke(resources["prompt"].format(question=state["question"])).content}
 
         def check_query(state: State) -> dict:
             return {"feedback": chat.invoke(f"check: {state['query']}").content}

@@ -28,12 +28,14 @@ def test_one_grpo_step_trains_only_the_calls_agent_match_searches_with_identical
     }
     algorithm = agl.VERL(config, out_dir=tmp_path / "run")
     trainer = agl.Trainer(n_runners=1, algorithm=algorithm, adapter={"agent_match": "write|rewrite"},
+        initial_resources={"prompt": agl.PromptTemplate(template="write: {{ question }}", engine="jinja")},
                           runs_dir=tmp_path, console=Console(file=io.StringIO()))  # fmt: skip
     trainer.fit(agl_agents.SpiderLikeAgent(), train_dataset=[{"question": "a"}, {"question": "b"}],
                 val_dataset=[{"question": "c"}])  # fmt: skip
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     (step,) = [m for m in metrics if m["kind"] == "train"]
-    assert step["rollouts"] == 8 and step["excluded"] == 0  # resources["main_llm"] reached GRPO's policy
+    # resources["main_llm"] reached GRPO's policy; the initial prompt template (not published by GRPO) is there too
+    assert step["rollouts"] == 8 and step["excluded"] == 0
     # three calls a rollout; check_query is not searched by "write|rewrite" (a full match would take neither)
     assert step["transitions"] == 2 * 8
     assert set(step["mismatch_by_agent"]) == {"write_query", "rewrite_query"}
