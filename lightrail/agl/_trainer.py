@@ -184,6 +184,8 @@ class Trainer:
                              "records (GRPO)")  # fmt: skip
         if tracer is not None and not _named(tracer, "Tracer"):
             raise ValueError(f"agl.Trainer(tracer={type(tracer).__name__}): give an Agent Lightning tracer or none")
+        self.dev_mode = dev
+        """Agent Lightning's ``Trainer(dev=True)``: ``fit`` is a `dev` run (each task once, no training)."""
         self.n_runners = n_workers if n_runners is None and n_workers is not None else n_runners
         self.max_rollouts = max_rollouts if max_rollouts is not None else max_tasks
         self.initial_resources = dict(initial_resources or {})
@@ -220,6 +222,8 @@ class Trainer:
         if isinstance(train_dataset, str):
             raise ValueError("agl.Trainer.fit with a server URL is Agent Lightning's v0 mode; lightrail runs its "
                              "own runners: pass the dataset")  # fmt: skip
+        if self.dev_mode:
+            return self.dev(agent, train_dataset, val_dataset=val_dataset)
         if self.algorithm is None:
             raise ValueError("agl.Trainer.fit needs an algorithm (agl.VERL(config), agl.APO(client)); "
                              "to run the agent without training use Trainer.dev")  # fmt: skip

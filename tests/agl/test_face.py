@@ -95,6 +95,8 @@ def test_the_articles_agent_dry_runs_against_a_hosted_endpoint_with_its_calls_re
 
 def test_training_and_validation_methods_are_dispatched_as_agent_lightning_does(tmp_path):
     trainer = agl.Trainer(n_runners=1, runs_dir=tmp_path, **quiet())
+    fit_in_dev = agl.Trainer(dev=True, n_runners=1, runs_dir=tmp_path, **quiet())
+    assert fit_in_dev.fit(agl_agents.SyncSplitAgent(), [{"x": 1}]).rows[0].reward == 4.0  # no algorithm: a dev run
     for agent, expected in ((agl_agents.AsyncSplitAgent(), [1.0, 2.0]), (agl_agents.SyncSplitAgent(), [4.0, 5.0]),
                             (agl_agents.AsyncAgent(), [0.5, 0.25])):  # fmt: skip
         train = trainer.dev(agent, [{"x": 1}]).rows[0].reward
