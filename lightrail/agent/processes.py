@@ -3,7 +3,9 @@
 Processes are started with the ``spawn`` method (no ``fork`` assumptions: works the same on Linux, macOS and
 Windows, and nothing of the parent's threads or event loops leaks into children). A child receives only
 picklable arguments: the store URL and token, and the agent as an import reference (``"module:object"``) or a
-picklable object. The token travels through the spawn pipe, never the command line.
+picklable object. The token travels through the spawn pipe, never the command line. An agent whose class sets
+``send_by_value = True`` (`lightrail.agl`'s) is cloudpickled instead and its runners are started as ``PYTHON -c``
+under this interpreter (below): spawn would run the parent's script again in each child.
 
 ``runner_python`` runs the runners under another interpreter (an environment where the agent's framework is
 installed, e.g. CrewAI's own venv): each runner is then ``PYTHON -c ...`` reading the same arguments, pickled,
@@ -82,6 +84,8 @@ async def serve_runner(
 
         otel.setup(exporter="otlp", store_url=store_url, token=token)
         runner_kwargs = {**runner_kwargs, "otel": True}
+    if isinstance(agent, bytes):  # an agent sent by value (`pickled_agent`)
+        agent = pickle.loads(agent)
     store = open_store(store_url, token=token)
     try:
         runner = Runner(store, agent, concurrency=concurrency, **runner_kwargs)
@@ -91,6 +95,20 @@ async def serve_runner(
     finally:
         await store.close()
     return runner
+
+
+def pickled_agent(agent: Any) -> bytes:
+    """``agent`` pickled by value with cloudpickle (classes and functions of a script run as ``__main__`` travel
+    with it; a runner unpickles it without running the script); a ValueError naming what cannot be sent."""
+    import cloudpickle
+
+    try:
+        return bytes(cloudpickle.dumps(agent))
+    except Exception as exc:
+        raise ValueError(
+            f"cannot send the agent {type(agent).__name__} to the runner processes: {type(exc).__name__}: {exc} "
+            "(an attribute holding an open client, lock or thread? create it inside rollout instead)"
+        ) from None
 
 
 def otel_option(otel: bool | str, *, check_installed: bool = True) -> bool | str:
@@ -247,7 +265,12 @@ def run_runners(
     """
     from lightrail.agent.agent import LitAgent, agent_reference
 
-    if isinstance(agent_ref, LitAgent) and not isinstance(agent_ref, str):
+    if getattr(agent_ref, "send_by_value", False) is True:
+        # sent by value to children started with `-c` (not spawn: spawn re-runs the parent's script as
+        # ``__mp_main__``, which a script without a ``__main__`` guard turns into a recursive start)
+        agent_ref = pickled_agent(agent_ref)
+        runner_python = runner_python or sys.executable
+    elif isinstance(agent_ref, LitAgent) and not isinstance(agent_ref, str):
         # an importable reference is cheaper and safer than pickling the object; else fall back to pickling
         with contextlib.suppress(ValueError):
             agent_ref = agent_reference(agent_ref)
@@ -256,7 +279,12 @@ def run_runners(
     ctx = multiprocessing.get_context("spawn")
     run_kwargs = {"max_rollouts": max_rollouts, "idle_exit_s": idle_exit_s}
     args = (store_url, agent_ref, concurrency, token, runner_kwargs, run_kwargs, log_level)
-    python = _checked_interpreter(runner_python) if runner_python is not None else None
+    if runner_python is None:
+        python = None
+    elif runner_python == sys.executable:
+        python = sys.executable  # this interpreter imports lightrail: no probe
+    else:
+        python = _checked_interpreter(runner_python)
     processes: list[BaseProcess | InterpreterProcess] = []
     try:
         for i in range(n):

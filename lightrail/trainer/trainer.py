@@ -46,7 +46,7 @@ from lightrail.algorithms.protocol import Algorithm, TrainerContext, cancel_unfi
 from lightrail.inspection.report import DevReport, build_report
 from lightrail.store import check_store, redact_url
 from lightrail.store.base import Store
-from lightrail.types import LLM, PromptTemplate, Resources, RetryPolicy, Task
+from lightrail.types import LLM, Mode, PromptTemplate, Resources, RetryPolicy, Task
 
 if TYPE_CHECKING:
     from lightrail.agent.ray import RaySettings
@@ -217,20 +217,28 @@ class Trainer:
         timeout_s: float | None = None,
         llm: Backend | None = None,
         sampling: Mapping[str, Any] | None = None,
+        llm_name: str = "llm",
+        mode: Mode = "val",
     ) -> DevReport:
-        """Run ``agent`` once on each task (mode ``val``) with real runner processes, print a per-rollout table
+        """Run ``agent`` once on each task (mode ``val``, or ``mode``) with real runner processes, print a per-rollout table
         and a failure digest, and return them as a `DevReport`. Rollouts that succeeded but captured nothing to
         train on (no LLM call through ``llm.endpoint``, calls without token ids, no reward) are named in the table.
 
         ``agent`` must be importable by the runner processes: a ``"module:object"`` string, or an object whose
         ``__module__``/``__qualname__`` lead back to it (see `agent_reference`; agents of a script run as
         ``__main__`` are loaded from the script's path, so guard its entry point with
-        ``if __name__ == "__main__":``). ``tasks`` are `Task` objects or bare task inputs. ``resources`` (if
+        ``if __name__ == "__main__":``; an agent whose class sets ``send_by_value = True``, as `lightrail.agl`'s do,
+        is sent by value instead). ``tasks`` are `Task` objects or bare task inputs. ``resources`` (if
         given) are published first and used by every rollout. ``llm``: a model `Backend` (`ScriptedBackend()`,
         `OpenAIUpstream(url)`, a rollout engine's) to start a gateway in front of, recording into the run's store;
-        its endpoint is published as the ``llm`` resource (with ``sampling`` as its defaults), as training does.
+        its endpoint is published as the ``llm`` resource (or ``llm_name``; with ``sampling`` as its defaults), as
+        training does.
         """
-        return _run_sync(self.dev_async(agent, tasks, resources, timeout_s=timeout_s, llm=llm, sampling=sampling))
+        return _run_sync(
+            self.dev_async(
+                agent, tasks, resources, timeout_s=timeout_s, llm=llm, sampling=sampling, llm_name=llm_name, mode=mode
+            )
+        )
 
     async def dev_async(
         self,
@@ -241,6 +249,8 @@ class Trainer:
         timeout_s: float | None = None,
         llm: Backend | None = None,
         sampling: Mapping[str, Any] | None = None,
+        llm_name: str = "llm",
+        mode: Mode = "val",
     ) -> DevReport:
         """`dev` for callers already inside an event loop."""
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -263,7 +273,7 @@ class Trainer:
                 if refresh is not None:  # an upstream names its models once asked
                     await refresh()
                 names = llm.model_names() or ["default"]
-                items["llm"] = served.llm(dict(sampling or {}), names[0])
+                items[llm_name] = served.llm(dict(sampling or {}), names[0])
             if resources is not None or llm is not None:
                 await ctx.publish(items)
             with Progress(
@@ -276,7 +286,7 @@ class Trainer:
             ) as progress:
                 bar = progress.add_task("rollouts", total=len(task_list))
                 ctx.on_progress = lambda done, total: progress.update(bar, completed=done)
-                rollouts = await ctx.run_rollouts(task_list, mode="val", timeout_s=timeout_s)
+                rollouts = await ctx.run_rollouts(task_list, mode=mode, timeout_s=timeout_s)
             await session.stop_runners()
             report = await build_report(
                 session.store, rollouts, store_label=session.label, seconds=time.monotonic() - started
@@ -361,9 +371,11 @@ class Trainer:
             async with self._in_process_session(agent, self.store) as session:
                 yield session
             return
-        ref = agent_reference(agent)
-        check_agent_file(ref)  # a script that is not there fails here, not in every runner
-        if self.runner_python is None and not ref.rpartition(":")[0].endswith(".py"):
+        by_value = getattr(agent, "send_by_value", False) is True  # `run_runners` pickles it (cloudpickle)
+        ref = agent if by_value else agent_reference(agent)
+        if not by_value:
+            check_agent_file(ref)  # a script that is not there fails here, not in every runner
+        if not by_value and self.runner_python is None and not ref.rpartition(":")[0].endswith(".py"):
             # fail here, with the real error, rather than in every runner process (a script is not loaded a
             # second time in this process: it may be the one running us; an agent for another interpreter
             # may not import in this one)
