@@ -98,10 +98,15 @@ def image_part(task, llm):
 
 @rollout
 def impatient(task, llm):
-    """Gives up on its first call (a 10 ms client timeout), then asks again patiently: the first call was never
-    received, so only the retry may be trained on."""
+    """Gives up on a long first answer (a 0.5 s client timeout on 480 tokens, end-of-sequence banned), then asks
+    again patiently: the first call was never received, so only the retry may be trained on."""
     from openai import APITimeoutError
 
+    client = OpenAI(base_url=llm.endpoint, api_key=llm.api_key or "none", max_retries=0)
+    eos = {os.environ["LIGHTRAIL_DRILL_EOS"]: -100}
     with contextlib.suppress(APITimeoutError):
-        _ask(llm, task, timeout=0.01)
+        client.chat.completions.create(
+            model=llm.model, messages=[{"role": "user", "content": task["question"]}], max_tokens=480,
+            logit_bias=eos, timeout=0.5,
+        )  # fmt: skip
     return float(len(_ask(llm, task)) % 2)

@@ -4,7 +4,7 @@ Each drill is a real GRPO run on the tiny model (built here) through a SQLite st
 gateway and the embedded engine, with one fault planted: an agent that raises; a typo in the sampling settings; a
 resource asked for by another name; a selection matching nothing; a refused key; an upstream that returns no token
 ids; a constant reward; a NaN reward; a broken weight sync; a request field the model's template would drop (an
-image part to a text model); a client that disconnects mid-call (a 10 ms timeout, then a patient retry). A drill is
+image part to a text model); a client that disconnects mid-call (a 0.5 s timeout on a long answer, then a patient retry). A drill is
 caught when the run stops (or refuses to start) with a one-line cause naming the fault (the disconnect: when its
 abandoned calls are counted at step 1 and only the retries are calls of the episodes), and ``steps_to_catch`` is the
 first step whose output names it (0: the settings were refused before any rollout). The healthy runs (a varying reward, 3 seeds) count false alarms: any step
@@ -143,6 +143,9 @@ def main() -> None:
 
     threading.Thread(target=loop.run_forever, daemon=True).start()
     os.environ["LIGHTRAIL_DRILL_UPSTREAM"], os.environ["LIGHTRAIL_DRILL_KEY"] = front.url, "front"
+    from transformers import AutoTokenizer
+
+    os.environ["LIGHTRAIL_DRILL_EOS"] = str(AutoTokenizer.from_pretrained(model).eos_token_id)
     original_sync = EmbeddedRollouts.sync
     try:
         for name, (agent, overrides) in drills.items():
