@@ -351,8 +351,7 @@ class _Gateway:
             failure = exc.message
             http = _refusal(exc, dialect)
         except _ClientGone:
-            failure = _ABANDONED
-            http = _error(CLIENT_CLOSED_STATUS, _ABANDONED, code="client_closed_request", dialect=dialect)
+            failure, http = _ABANDONED, _client_closed(dialect)
         except BackendError as exc:
             failure = exc.message
             http = _error(exc.status, exc.message, param=exc.param, code=exc.code, dialect=dialect)
@@ -370,7 +369,7 @@ class _Gateway:
             abandoned = client_gone.done() and not client_gone.cancelled()
             client_gone.cancel()
             if abandoned and failure is None:
-                failure, http = _ABANDONED, _error(CLIENT_CLOSED_STATUS, _ABANDONED, dialect=dialect)
+                failure, http = _ABANDONED, _client_closed(dialect)
         if attempt is not None:
             await self.recorder.wait_capacity()  # backpressure: agents slow down to the store's pace
             span = _call_span(attempt, seq, dialect, start, data, exchange, generation, response, failure, abandoned)
@@ -411,6 +410,10 @@ class _Gateway:
 _ABANDONED = "The client disconnected before its answer was sent; the call was cancelled and is never trained on."
 
 
+def _client_closed(dialect: Dialect) -> Response:
+    return _error(CLIENT_CLOSED_STATUS, _ABANDONED, code="client_closed_request", dialect=dialect)
+
+
 class _ClientGone(Exception):
     """The client disconnected while its call was being answered."""
 
@@ -439,9 +442,9 @@ async def _unless_gone(call: Awaitable[Any], client_gone: asyncio.Task[None]) ->
             work.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await work
-    if not work.cancelled():
-        return work.result()
-    raise _ClientGone
+    if client_gone.done() and (work.cancelled() or not work.done()):
+        raise _ClientGone
+    return work.result()  # a call its backend cancelled re-raises CancelledError, as an awaited call would
 
 
 def _caller_agent(request: Request) -> str | None:
