@@ -72,6 +72,7 @@ from lightrail.algorithms.run.folder import RunFolder
 from lightrail.algorithms.run.loop import run_steps
 from lightrail.algorithms.run.policy import ServedPolicy, last_attempt_spans, success_rate, validate
 from lightrail.algorithms.settings import GRPOSection
+from lightrail.engine.models import check_model_dir, resolve_model
 from lightrail.model.mismatch import MismatchError, stop_cause, summarize, unserved_cause
 from lightrail.types import AGENT_HEADER, LLM, Attr, Rollout, Span, Task, Transition
 
@@ -89,7 +90,8 @@ __all__ = ["GRPO"]
 class GRPO:
     """Group Relative Policy Optimization over real agent rollouts.
 
-    ``model`` is a local Hugging Face directory (see `lightrail.engine.models.prepare_model`). Each step samples
+    ``model`` is a name or a folder as a config's ``model:`` takes it (``tiny``, ``small``, ``smollm2``, a local
+    Hugging Face directory: `lightrail.engine.models.resolve_model`). Each step samples
     ``tasks_per_step`` training tasks and runs ``n_samples`` rollouts of each (a GRPO group), with the engine
     sampling by ``sampling`` (OpenAI parameters handed to the agent through its `LLM` resource). Validation runs
     every val task once with ``val_sampling`` (greedy by default) before training, every ``val_every`` steps and
@@ -197,7 +199,7 @@ class GRPO:
         """The checked ``grpo:`` section: the plain settings are read from it, never copied."""
         self.steps = s.steps
         """The step count: ``steps``, or with ``epochs`` counted from the training tasks when the run starts."""
-        self.model = Path(model)
+        self.model = resolve_model(model)
         self.config = config
         self.sampling = {"temperature": 1.0, "max_tokens": 64, **(s.sampling or {})}
         self.val_sampling = {"temperature": 0.0, "max_tokens": 64, **(s.val_sampling or {})}
@@ -251,6 +253,7 @@ class GRPO:
         from lightrail.model.rollout_engines import make_rollout_engine
         from lightrail.model.updater import PolicyUpdater, UpdateConfig
 
+        check_model_dir(self.model)  # a missing folder is one line, not a minute of model hub retries
         self.out_dir.mkdir(parents=True, exist_ok=True)  # (before the engine: vLLM's files go in it)
         config = self.config or UpdateConfig()
         if "temperature" in self.sampling and self.sampling["temperature"] > 0:

@@ -224,6 +224,13 @@ def load_config(path: str | os.PathLike[str], overrides: list[str] | tuple[str, 
     """Read and check a YAML config; ``overrides`` are ``dotted.path=value`` strings applied first."""
     config = read_yaml_config(path, overrides, TrainConfig)
     check_store_field(path, config.store)
+    if config.algorithm != "verl":  # (verl's model is its actor_rollout_ref.model.path, checked by VERL)
+        from lightrail.engine.models import check_model_name
+
+        try:
+            check_model_name(config.model)
+        except FileNotFoundError as exc:
+            raise ConfigError(f"{path}: model: {exc}") from None
     if config.algorithm == "verl":
         config = _from_verl(config)
     elif config.verl:
@@ -450,13 +457,13 @@ def _teacher_program(make: Any, reference: str, train_tasks: list[dict], seed: i
 
 
 def _build_model(config: TrainConfig, data_module: str) -> Path:
-    from lightrail.engine.models import build_tiny_model, prepare_model
+    from lightrail.engine.models import check_model_dir, resolve_model
 
     if config.model not in ("tiny", "small"):
-        return prepare_model(config.model)
+        return check_model_dir(resolve_model(config.model))  # the config's model exists before the run starts
     corpus_fn = getattr(importlib.import_module(data_module), "tokenizer_corpus", None)
     corpus = list(corpus_fn()) if callable(corpus_fn) else None
-    return build_tiny_model(config.run_dir / "base", size=config.model, seed=config.seed, extra_corpus=corpus)
+    return resolve_model(config.model, out=config.run_dir / "base", seed=config.seed, extra_corpus=corpus)
 
 
 def _check_formats(model: Path, config: TrainConfig) -> None:

@@ -46,6 +46,7 @@ from lightrail.algorithms.protocol import Algorithm, TrainerContext, cancel_unfi
 from lightrail.inspection.report import DevReport, build_report
 from lightrail.store import check_store, redact_url
 from lightrail.store.base import Store
+from lightrail.trainer.result import FitResult
 from lightrail.types import LLM, PromptTemplate, Resources, RetryPolicy, Task
 
 if TYPE_CHECKING:
@@ -201,6 +202,8 @@ class Trainer:
 
             console = Console()
         self.console = console
+        self.token_source = f"Trainer(token=...) or ${TOKEN_ENV}"
+        """Where the store's token comes from, as the token errors name it (a command sets its flag here)."""
 
     # -- dev ------------------------------------------------------------------------------------------------
 
@@ -283,15 +286,27 @@ class Trainer:
     # -- fit ------------------------------------------------------------------------------------------------
 
     def fit(
-        self, agent: str | LitAgent | Callable[..., Any], train_tasks: Iterable[Any], val_tasks: Iterable[Any] = ()
-    ) -> None:
+        self,
+        agent: str | LitAgent | Callable[..., Any],
+        train_tasks: Iterable[Any],
+        val_tasks: Iterable[Any] = (),
+        *,
+        summary: bool = True,
+    ) -> FitResult:
         """Train ``agent`` with the trainer's ``algorithm``: ``setup``, ``run``, ``close`` (see `Algorithm`),
-        with runners serving the rollouts the algorithm enqueues."""
-        _run_sync(self.fit_async(agent, train_tasks, val_tasks))
+        with runners serving the rollouts the algorithm enqueues. Returns a `FitResult` (held-out success before
+        and after, the checkpoint, the report and the store) and, with ``summary``, prints it as ``lightrail train``
+        does. Without a ``store``, the run's store is ``store.db`` in the algorithm's ``out_dir``."""
+        return _run_sync(self.fit_async(agent, train_tasks, val_tasks, summary=summary))
 
     async def fit_async(
-        self, agent: str | LitAgent | Callable[..., Any], train_tasks: Iterable[Any], val_tasks: Iterable[Any] = ()
-    ) -> None:
+        self,
+        agent: str | LitAgent | Callable[..., Any],
+        train_tasks: Iterable[Any],
+        val_tasks: Iterable[Any] = (),
+        *,
+        summary: bool = True,
+    ) -> FitResult:
         """`fit` for callers already inside an event loop."""
         if self.algorithm is None:
             raise ValueError("Trainer.fit needs an algorithm: Trainer(algorithm=...)")
@@ -300,7 +315,8 @@ class Trainer:
         trackers = await asyncio.to_thread(self._open_trackers, algorithm, run)
         failed = True
         try:
-            async with self._session(agent, run) as session:
+            async with self._session(agent, run, out_dir=getattr(algorithm, "out_dir", None)) as session:
+                label = session.label
                 ctx = TrainerContext(
                     store=session.store, train_tasks=as_tasks(train_tasks), val_tasks=as_tasks(val_tasks),
                     retry=self.retry, health_check=session.health_check, log=self._log, track=trackers.log, run=run,
@@ -315,6 +331,13 @@ class Trainer:
         finally:
             report = None if failed else getattr(algorithm, "report", None)
             await asyncio.to_thread(trackers.finish, report, failed=failed)
+        out_dir = getattr(algorithm, "out_dir", None)
+        result = FitResult.of(
+            getattr(algorithm, "report", None) or {}, store=label, out_dir=None if out_dir is None else Path(out_dir)
+        )
+        if summary:  # one line per output, never wrapped: a piped log keeps each path whole
+            self.console.print(result.summary(), markup=False, highlight=False, soft_wrap=True)
+        return result
 
     def _open_trackers(self, algorithm: Algorithm, run: str) -> Trackers:
         """The experiment trackers of a fit (`lightrail.tracking`): ``loggers``, by default TensorBoard when it is
@@ -338,9 +361,10 @@ class Trainer:
     # -- plumbing -------------------------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def _session(self, agent: Any, run: str) -> AsyncIterator[_Session]:
+    async def _session(self, agent: Any, run: str, *, out_dir: Any = None) -> AsyncIterator[_Session]:
         """Store (+ server process) and runners for one dev/fit run; everything is stopped on exit. Before any
-        runner starts, the rollouts an earlier session of ``run`` left unfinished are cancelled (`cancel_unfinished`)."""
+        runner starts, the rollouts an earlier session of ``run`` left unfinished are cancelled (`cancel_unfinished`).
+        Without a ``store``, a fit's is ``store.db`` in its algorithm's ``out_dir``."""
         if os.environ.get(RUNNER_ENV):
             raise RuntimeError(
                 "Trainer started inside a runner process: the agent's script starts training at import time; "
@@ -377,11 +401,11 @@ class Trainer:
                 url, label, token = self.store, self.store, self.token
                 store = owned_store = StoreClient(url, token=token)
             else:
-                db = self._db_path()
+                db = self._db_path(out_dir)
                 if (external or not is_loopback_host(self.store_host)) and not self.token:
                     raise ValueError(
-                        "runners started elsewhere need the store's token: pass Trainer(token=...) or set "
-                        f"${TOKEN_ENV} (the trainer's store server then uses it)"
+                        f"runners started elsewhere need the store's token: give {self.token_source} "
+                        "(the trainer's store server then uses it)"
                     )
                 server = await asyncio.to_thread(
                     StoreServerProcess, db, host=self.store_host, port=self.store_port, token=self.token
@@ -392,7 +416,7 @@ class Trainer:
                 store = owned_store = StoreClient(url, token=token)
                 self.console.print(f"[dim]watch it live: lightrail dashboard --store {db}[/dim]")
             await check_store(store, ("enqueue", "query_rollouts", "cancel", "put_resources"),
-                              token_hint="the store's admin token: Trainer(token=...) or $LIGHTRAIL_TOKEN")  # fmt: skip
+                              token_hint=f"the store's admin token: {self.token_source}")  # fmt: skip
             await cancel_unfinished(store, run)
             if self.n_runners:
                 runner_sets.append(
@@ -478,9 +502,13 @@ class Trainer:
         finally:
             await stop_runners()
 
-    def _db_path(self) -> str:
-        """The store the trainer's own server opens: a new SQLite file per run by default, or the URL or path
-        given (a file's directory is created)."""
+    def _db_path(self, out_dir: Any = None) -> str:
+        """The store the trainer's own server opens: ``out_dir/store.db`` (a fit's run folder: a resumed run finds
+        its rollouts again), else a new SQLite file per run by default, or the URL or path given (a file's directory
+        is created)."""
+        if self.store is None and out_dir is not None:
+            Path(out_dir).mkdir(parents=True, exist_ok=True)
+            return str(Path(out_dir) / "store.db")
         if self.store is None:
             run_dir = self.runs_dir / time.strftime("%Y%m%d-%H%M%S")
             while run_dir.exists():  # two runs in one second: keep both
