@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = argv  # the command line as typed (less --debug): what a hint to run it again repeats
     if not getattr(args, "handler", None):
         parser.print_help()
         return 2

@@ -444,17 +444,16 @@ def resolve_model(
 
     ``tiny``/``small`` are built into ``out`` with ``seed`` and ``extra_corpus`` when ``out`` is given (a run's own
     model, its tokenizer trained on the task's text: what ``lightrail train`` does), else prepared once in the cache
-    (`prepare_model`). A path that does not exist yet is returned as is when it names a folder (it holds a
-    separator: the model a previous stage of a `Chain` will write there, checked by `check_model_dir` when the run
-    starts); a bare word that is neither a name nor a folder raises `FileNotFoundError` naming the known models.
+    (`prepare_model`). Any other value is a folder, returned as is: it may not exist yet (the model an earlier stage
+    of a `Chain` writes), so the algorithms check it with `check_model_dir` when their run starts (a config's
+    ``model:`` is checked when it is loaded, `check_model_name`).
     """
     name = str(model)
     if name in ("tiny", "small") and out is not None:
         return build_tiny_model(out, size=name, seed=seed, extra_corpus=extra_corpus)
-    path = Path(name).expanduser()
-    if name not in _registry() and not path.exists() and (os.sep in name or "/" in name):
-        return path  # written by an earlier stage; `check_model_dir` says so when the run starts if it is not
-    return prepare_model(name)
+    if name in _registry():
+        return prepare_model(name)
+    return Path(name).expanduser()
 
 
 def check_model_dir(path: str | os.PathLike) -> Path:
@@ -465,4 +464,4 @@ def check_model_dir(path: str | os.PathLike) -> Path:
     if (folder / "config.json").is_file() or (folder / "adapter_config.json").is_file():
         return folder
     what = "does not exist" if not folder.exists() else "holds no config.json (a model) or adapter_config.json"
-    raise FileNotFoundError(f"model folder {folder} {what}; give tiny, small, smollm2 or a model folder")
+    raise FileNotFoundError(f"model {str(path)!r}: the folder {what}; give {', '.join(_registry())} or a model folder")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from lightrail.agent.cli import DEFAULT_CONCURRENCY
@@ -91,6 +92,7 @@ def _train(args: argparse.Namespace) -> int:
             overrides.append(f"{key}={value}")
     try:
         config = load_config(args.config, overrides)
+        args.on_interrupt = lambda: _interrupted(config.run_dir, args.argv)
         if args.resume:
             stages = [config.algorithm] if isinstance(config.algorithm, str) else config.algorithm
             overrides += [f"{stage}.resume=true" for stage in stages if stage in ("grpo", "sft")]
@@ -107,6 +109,22 @@ def _train(args: argparse.Namespace) -> int:
         print(f"lightrail train: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _interrupted(run_dir: Path, argv: list[str]) -> str:
+    """The line a Ctrl-C of ``lightrail train`` ends with: where the run can continue from (its newest complete
+    checkpoint, any stage's) and the command that continues it."""
+    import shlex
+
+    from lightrail.algorithms.run.folder import LOOP_STATE
+
+    saved = sorted(run_dir.glob(f"**/checkpoints/step-*/{LOOP_STATE}"), key=lambda p: p.stat().st_mtime)
+    again = shlex.join(["lightrail", *argv, *([] if "--resume" in argv else ["--resume"])])
+    if not saved:
+        return f"interrupted before the first checkpoint; start again with: {again}"
+    checkpoint = saved[-1].parent
+    step = checkpoint.name.removeprefix("step-")
+    return f"interrupted; continue from step {step} (checkpoint {checkpoint}) with: {again}"
 
 
 def add_dev_parser(subparsers: argparse._SubParsersAction) -> None:

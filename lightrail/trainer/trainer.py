@@ -46,6 +46,7 @@ from lightrail.algorithms.protocol import Algorithm, TrainerContext, cancel_unfi
 from lightrail.inspection.report import DevReport, build_report
 from lightrail.store import check_store, redact_url
 from lightrail.store.base import Store
+from lightrail.trainer.children import ChildWatch
 from lightrail.trainer.result import FitResult
 from lightrail.types import LLM, PromptTemplate, Resources, RetryPolicy, Task
 
@@ -83,7 +84,9 @@ class StoreServerProcess:
         env = {**os.environ, TOKEN_ENV: self.token}
         cmd = [sys.executable, "-m", "lightrail.cli", "store", "serve", "--db", str(db), "--host", host]
         cmd += ["--port", str(port), "--exit-with-parent"]  # the server must not outlive a trainer killed hard
-        self.process = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, text=True)
+        # its own session: a Ctrl-C at the terminal reaches the trainer alone, which stops the server last, once its
+        # runners and gateway no longer need it (`--exit-with-parent` covers a trainer killed hard)
+        self.process = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, text=True, start_new_session=True)
         stdout = self.process.stdout
         assert stdout is not None  # stdout=PIPE
         line: list[str] = []
@@ -391,6 +394,7 @@ class Trainer:
         server: StoreServerProcess | None = None
         owned_store = None
         runner_sets: list[Any] = []
+        watch = ChildWatch()  # every process started here: one that exits on its own stops the run in seconds
         try:
             if isinstance(self.store, Store):
                 store, url, label = self.store, self.store.url, self.store.url
@@ -413,6 +417,7 @@ class Trainer:
                 from lightrail.store.client import StoreClient
 
                 url, label, token = server.url, redact_url(db), server.token
+                watch.add(f"the store server (pid {server.process.pid})", server.process.poll)
                 store = owned_store = StoreClient(url, token=token)
                 self.console.print(f"[dim]watch it live: lightrail dashboard --store {db}[/dim]")
             await check_store(store, ("enqueue", "query_rollouts", "cancel", "put_resources"),
@@ -453,20 +458,31 @@ class Trainer:
                     f"  {TOKEN_ENV}=<admin token> lightrail token create --store {url} --role runner --expires 7d"
                 )
             stopped = False
+            for runners in runner_sets[:1] if not self.ray else []:
+                for p in runners.processes:
+                    watch.add(f"runner process {p.name} (pid {p.pid})", lambda p=p: p.exitcode)
 
             async def stop_runners() -> None:
                 nonlocal stopped
+                await watch.stop()
                 if not stopped:
                     stopped = True
-                    for runners in runner_sets:
-                        await asyncio.to_thread(runners.stop, self.grace_s)
+                    for runners in runner_sets:  # after a child died, no grace: the run is over (a resume cancels
+                        # what they held), and without their store they could only retry
+                        stop = (0, 1) if watch.died else (self.grace_s,)
+                        await asyncio.to_thread(runners.stop, *stop)
 
             try:
                 check = _runners_alive_check(runner_sets[0]) if runner_sets and not self.ray else (lambda: None)
+                watch.start()
                 yield _Session(store, label, check, stop_runners)
+            except asyncio.CancelledError:
+                watch.raise_if_died()
+                raise
             finally:
                 await stop_runners()
         finally:
+            await watch.stop()
             for runners in runner_sets:  # a failed start: the sets already started must not outlive the session
                 await asyncio.to_thread(runners.stop, 0)
             if owned_store is not None:
