@@ -531,9 +531,9 @@ class Trainer:
                 run_dir = run_dir.with_name(run_dir.name + "-" + secrets.token_hex(2))
             run_dir.mkdir(parents=True)
             return str(run_dir / "store.db")
-        from lightrail.store import sqlite_path, store_kind
+        from lightrail.store import resolve_store, sqlite_path, store_kind
 
-        db = str(self.store)
+        db = resolve_store(str(self.store))  # a run folder means its store.db, as for every command
         if store_kind(db) == "sqlite":  # a URL lightrail does not serve is a one-line ValueError here
             sqlite_path(db)
         return db
