@@ -598,7 +598,7 @@ class GRPO:
         val = await validate(ctx, ctx.val_tasks, llm, self.success_threshold, metadata={"step": self.step})
         from lightrail.inspection.report import print_failure_digest
 
-        await print_failure_digest(ctx.store, val.rollouts, title=f"validation at step {self.step}: failure digest")
+        await print_failure_digest(ctx.store, val.rollouts, title=f"{val.line('GRPO', self.step)}; failure digest")
         self.folder.record(val.metrics(self.step, policy_version=self._policy_version()))
         return val.success
 
@@ -780,11 +780,15 @@ def _plot(history: list[dict[str, Any]], path: Path) -> Path:
             label="held-out success (greedy)",
             linewidth=2,
         )
+    from matplotlib.ticker import MaxNLocator
+
     ax.set_xlabel("GRPO step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole: no 0.5 ticks on a short run
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
-    ax.set_title("lightrail GRPO")
+    # the legend above the axes, never over the curves (a curve ending bottom-right sat under "lower right")
+    ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.02), ncol=3, frameon=False, fontsize="small")
+    ax.set_title("lightrail GRPO", pad=24)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -635,6 +635,9 @@ class SFT:
         student = await self._serve_student(ctx)
         await student.engine.sync(self._updater, student.engine.policy_version + 1)
         val = await validate(ctx, ctx.val_tasks, student.llm(self.val_sampling), self.success_threshold)
+        from rich import get_console
+
+        get_console().print(val.line("SFT", self.step), markup=False, highlight=False, soft_wrap=True)
         self.folder.record(val.metrics(self.step))
         return val.success
 

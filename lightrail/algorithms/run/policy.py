@@ -103,6 +103,13 @@ class Validation:
     success: float
     rollouts: list[Rollout]
 
+    def line(self, stage: str, step: int) -> str:
+        """What a log shows of it: ``GRPO validation at step 3: held-out success 0.40 (4 of 10 tasks)`` (the tasks
+        with a policy outcome: `success_rate`'s denominator)."""
+        counted = sum(1 for r in self.rollouts if r.status in POLICY_OUTCOMES)
+        won = round(self.success * counted)
+        return f"{stage} validation at step {step}: held-out success {self.success:.2f} ({won} of {counted} tasks)"
+
     def metrics(self, step: int, **extra: Any) -> dict[str, Any]:
         """Its ``metrics.jsonl`` record (``val_infra_excluded``: rollouts with no policy outcome)."""
         excluded = sum(1 for r in self.rollouts if r.status not in POLICY_OUTCOMES)
