@@ -224,7 +224,9 @@ def load_config(path: str | os.PathLike[str], overrides: list[str] | tuple[str, 
     """Read and check a YAML config; ``overrides`` are ``dotted.path=value`` strings applied first."""
     config = read_yaml_config(path, overrides, TrainConfig)
     check_store_field(path, config.store)
-    if config.algorithm != "verl":  # (verl's model is its actor_rollout_ref.model.path, checked by VERL)
+    # a bare word is a model's name: one that is neither a name nor a folder here is a typo (`tiny2`), said now; a
+    # path may name a folder of another machine (the GPU configs), checked when the run starts (`train`)
+    if config.algorithm != "verl" and "/" not in config.model and os.sep not in config.model:
         from lightrail.engine.models import check_model_name
 
         try:
@@ -484,6 +486,13 @@ def train(config: TrainConfig) -> TrainResult:
     from lightrail.algorithms.grpo import GRPO
     from lightrail.trainer.trainer import Trainer
 
+    if config.algorithm != "verl":  # before anything is made or imported (verl's: VERL checks its own)
+        from lightrail.engine.models import check_model_name
+
+        try:
+            check_model_name(config.model)
+        except FileNotFoundError as exc:
+            raise ConfigError(f"model: {exc}") from None
     splits = _resolve(config.data, "data")
     if not config.trainer.runner_python:  # under another interpreter the agent may not import here
         _resolve(config.agent, "agent")  # fail here, not in every runner

@@ -122,7 +122,8 @@ class _Session:
 class Trainer:
     """Run agents on tasks with a store and runner processes; train them with an `Algorithm`.
 
-    ``store``: None (a fresh SQLite file under ``./runs/<timestamp>/store.db``), a SQLite path, ``memory:``, a
+    ``store``: None (a fit's: ``store.db`` in its algorithm's ``out_dir``; a dev run's: a fresh SQLite file under
+    ``./runs/<timestamp>/store.db``), a SQLite path (a folder means its ``store.db``), ``memory:``, a
     store server URL (``http://...``; its token from ``token`` or ``$LIGHTRAIL_TOKEN``), or a `Store` object
     (one with a ``url`` attribute, like `StoreClient`, is shared with runner processes; any other runs the
     runners in this process). ``n_runners`` processes each run up to ``concurrency`` rollouts at once, under
@@ -458,9 +459,8 @@ class Trainer:
                     f"  {TOKEN_ENV}=<admin token> lightrail token create --store {url} --role runner --expires 7d"
                 )
             stopped = False
-            for runners in runner_sets[:1] if not self.ray else []:
-                for p in runners.processes:
-                    watch.add(f"runner process {p.name} (pid {p.pid})", lambda p=p: p.exitcode)
+            for process in runner_sets[0].processes if self.n_runners else []:  # (Ray's actors come and go)
+                watch.add(f"runner process {process.name} (pid {process.pid})", _exitcode(process))
 
             async def stop_runners() -> None:
                 nonlocal stopped
@@ -564,6 +564,10 @@ def _reachable(url: str) -> str:
     if host.strip("[]") in ("0.0.0.0", "::"):
         return parts._replace(netloc=f"{socket.gethostname()}:{parts.port}").geturl()
     return url
+
+
+def _exitcode(process: Any) -> Callable[[], int | None]:
+    return lambda: process.exitcode
 
 
 def _runners_alive_check(runners: RunnerProcesses) -> Callable[[], None]:
