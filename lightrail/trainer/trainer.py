@@ -395,7 +395,8 @@ class Trainer:
         server: StoreServerProcess | None = None
         owned_store = None
         runner_sets: list[Any] = []
-        watch = ChildWatch()  # every process started here: one that exits on its own stops the run in seconds
+        # every process started here: one that exits on its own stops the run in seconds (the runners killed at once)
+        watch = ChildWatch(on_exit=lambda: _kill_runners(runner_sets))
         try:
             if isinstance(self.store, Store):
                 store, url, label = self.store, self.store.url, self.store.url
@@ -482,7 +483,7 @@ class Trainer:
             finally:
                 await stop_runners()
         finally:
-            await watch.stop()
+            watch.close()
             for runners in runner_sets:  # a failed start: the sets already started must not outlive the session
                 await asyncio.to_thread(runners.stop, 0)
             if owned_store is not None:
@@ -564,6 +565,13 @@ def _reachable(url: str) -> str:
     if host.strip("[]") in ("0.0.0.0", "::"):
         return parts._replace(netloc=f"{socket.gethostname()}:{parts.port}").geturl()
     return url
+
+
+def _kill_runners(runner_sets: Sequence[Any]) -> None:
+    for runners in runner_sets:
+        if isinstance(runners, RunnerProcesses):  # (Ray's actors are Ray's to stop)
+            for process in runners.alive():
+                process.kill()
 
 
 def _exitcode(process: Any) -> Callable[[], int | None]:
