@@ -240,7 +240,9 @@ def test_a_store_server_killed_under_training_stops_the_run_in_seconds(tmp_path)
     assert_one_line(
         subprocess.CompletedProcess([], 1, "", err),
         f"lightrail train: the store server (pid {server}) exited unexpectedly with code -9 (SIGKILL)",
+        f"(traceback in {run_dir / 'error.log'})",
     )
+    assert "ChildExited" in (run_dir / "error.log").read_text()  # the traceback, kept with the run
 
 
 def test_a_runner_that_dies_stops_the_run_naming_it(tmp_path):

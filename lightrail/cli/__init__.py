@@ -65,11 +65,26 @@ DEBUG_ENV = "LIGHTRAIL_DEBUG"
 _BUGS = (KeyError, AttributeError, TypeError, IndexError, NameError, AssertionError, ArithmeticError)
 
 
+def _traceback_kept(exc: BaseException, log: str | os.PathLike[str] | None) -> str:
+    """Where the traceback of ``exc`` can be read: appended to ``log`` (a run's ``error.log``) when its folder
+    exists (a run that made nothing gets no folder for it), else shown by ``--debug``."""
+    if log is None or not os.path.isdir(os.path.dirname(os.path.abspath(log))):
+        return "--debug shows the traceback"
+    import time
+    import traceback
+
+    with open(log, "a", encoding="utf-8") as f:
+        f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(sys.argv)}\n")
+        f.write("".join(traceback.format_exception(exc)) + "\n")
+    return f"traceback in {log}"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command. Every command's errors end here the same way: one line ``lightrail COMMAND: what went wrong``
     on stderr and exit code 1 (`lightrail._errors.one_line`: a syntax error as ``file:line: message``); Ctrl-C is one
     line too (the command's ``args.on_interrupt()`` says how to continue, e.g. ``--resume``), exit code 130. With
-    ``--debug`` (anywhere on the line) or ``$LIGHTRAIL_DEBUG=1`` the traceback is shown instead."""
+    ``--debug`` (anywhere on the line) or ``$LIGHTRAIL_DEBUG=1`` the traceback is shown instead; a command that names
+    ``args.error_log`` (``lightrail train``: its run's ``error.log``) has it appended there."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get(DEBUG_ENV, "") not in ("", "0")
     argv = [a for a in argv if a != "--debug"]  # accepted after the command too, where users type it
@@ -99,5 +114,5 @@ def main(argv: list[str] | None = None) -> int:
         line = one_line(exc)
         if isinstance(exc, _BUGS):  # a message that means little without its type (KeyError: 'x')
             line = f"{type(exc).__name__}: {line}"
-        print(f"{prog}: {line} (--debug shows the traceback)", file=sys.stderr)
+        print(f"{prog}: {line} ({_traceback_kept(exc, getattr(args, 'error_log', None))})", file=sys.stderr)
         return 1

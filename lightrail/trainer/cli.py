@@ -93,6 +93,7 @@ def _train(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config, overrides)
         args.on_interrupt = lambda: _interrupted(config.run_dir, args.argv)
+        args.error_log = config.run_dir / "error.log"  # the traceback of a failed run, kept with it
         if args.resume:
             stages = [config.algorithm] if isinstance(config.algorithm, str) else config.algorithm
             overrides += [f"{stage}.resume=true" for stage in stages if stage in ("grpo", "sft")]
