@@ -336,3 +336,49 @@ def test_a_missing_store_token_names_the_flag_and_the_variable(command, store_se
     (tmp_path / "tasks.jsonl").write_text('{"q": 1}\n')
     line = assert_one_line(run([*command, "--store", url], tmp_path), "no token was given")
     assert "--store-token" in line and "$LIGHTRAIL_TOKEN" in line, line
+
+
+# -- cosmetics a newcomer notices -----------------------------------------------------------------------------
+
+
+def test_charts_tick_whole_steps_and_fit_a_long_title():
+    import re
+
+    from lightrail.dashboard.charts import line_chart
+
+    title = "train–inference mismatch (k3 KL before each update)"  # the dashboard's longest: it was cut off
+    svg = str(line_chart(title, {"kl": [(1, 0.1), (2, 0.3), (3, 0.2)]}))
+    ticks = re.findall(r'class="tick" text-anchor="middle">([^<]*)<', svg)
+    assert ticks == ["1", "2", "3"]  # not 1, 1.5, 2, 2.5, 3
+    # from the chart's left edge (it began at the plot's, 44 px in, and ran past the right edge at 11 px a ~6.3 px glyph)
+    assert f'<text x="4" y="14" class="chart-title">{title}</text>' in svg and 4 + len(title) * 6.3 <= 360 - 4
+    longer = str(line_chart(title + " per agent and policy", {"kl": [(1, 0.1)]}))
+    assert 'class="chart-title" textLength="352" lengthAdjust="spacingAndGlyphs">' in longer  # squeezed, not cut
+    short = str(line_chart("KL and loss", {"kl": [(0.0, 0.1), (0.5, 0.2)]}))  # fractional x stays fractional
+    assert "textLength" not in short and ">0.5<" in short
+
+
+def test_the_reward_curve_keeps_its_legend_off_the_lines_and_its_steps_whole(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    from lightrail.algorithms import grpo
+
+    figures: list = []
+    real = plt.close
+    plt.close = lambda fig=None: figures.append(fig)  # keep the figure to look at
+    try:
+        history = [{"kind": "train", "step": s, "reward_mean": 0.2 * s, "success_rate": 0.1 * s} for s in (1, 2, 3)]
+        grpo._plot([*history, {"kind": "val", "step": 3, "val_success": 0.6}], tmp_path / "curve.png")
+    finally:
+        plt.close = real
+    [fig] = figures
+    ax = fig.axes[0]
+    fig.canvas.draw()
+    legend = ax.get_legend().get_window_extent()
+    assert legend.y0 >= ax.get_window_extent().y1  # above the axes, over no line
+    assert all(float(t).is_integer() for t in ax.get_xticks())
+    assert (tmp_path / "curve.png").is_file()
+    real(fig)
