@@ -542,6 +542,7 @@ def train(config: TrainConfig) -> TrainResult:
         run_config=msgspec.to_builtins(config),
         **runner_options,
     )
+    trainer.token_source = "$LIGHTRAIL_TOKEN"  # a config holds no token: the environment gives it
     trainer.fit(config.agent, train_tasks, val_tasks)  # by reference: spawned runners import it themselves
     return TrainResult(report=grpo.report, out_dir=config.run_dir, store=config.store_location)
 
