@@ -7,10 +7,12 @@ __all__ = ["one_line"]
 
 
 def one_line(exc: BaseException) -> str:
-    """``exc`` as one line: an `OSError` as ``<what>: <path>`` without its ``[Errno N]``, anything else as its
-    message's first line (its type name when it has none)."""
+    """``exc`` as one line: an `OSError` as ``<what>: <path>`` without its ``[Errno N]``, a `SyntaxError` as
+    ``<file>:<line>: <message>``, anything else as its message's first line (its type name when it has none)."""
     if isinstance(exc, OSError) and exc.strerror:
         return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
+    if isinstance(exc, SyntaxError) and exc.filename:  # where to look first: file:line, as compilers say it
+        return f"{exc.filename}:{exc.lineno}: {exc.msg}"
     lines = str(exc).strip().splitlines()
     return lines[0] if lines else type(exc).__name__
 

@@ -51,6 +51,9 @@ def _runner_main(
     log_level: int,
 ) -> None:
     os.environ[RUNNER_ENV] = "1"
+    # A session of its own: a Ctrl-C at the terminal reaches the parent alone, which stops its children once and in
+    # order (runners first, while their store still answers); a parent killed hard is the lifeline's business.
+    os.setsid()
     exit_with_parent()  # a trainer killed hard must not leave runners retrying a dead store forever
     logging.basicConfig(
         level=log_level, format=f"%(asctime)s runner[{os.getpid()}] %(levelname)s %(name)s: %(message)s"
@@ -171,7 +174,8 @@ class InterpreterProcess:
     def __init__(self, python: str, args: tuple[Any, ...], name: str) -> None:
         self.name = name
         code = "from lightrail.agent.processes import _runner_from_stdin; _runner_from_stdin()"
-        self._popen = subprocess.Popen([python, "-c", code], stdin=subprocess.PIPE)
+        # its own session, as `_runner_main` makes one: the parent stops it, a terminal's Ctrl-C does not
+        self._popen = subprocess.Popen([python, "-c", code], stdin=subprocess.PIPE, start_new_session=True)
         assert self._popen.stdin is not None
         with self._popen.stdin:  # the token travels here, never on the command line
             self._popen.stdin.write(pickle.dumps((_project_paths(), args), protocol=4))

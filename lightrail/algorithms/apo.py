@@ -91,6 +91,7 @@ from lightrail.algorithms.run.policy import (
     success_rate,
 )
 from lightrail.algorithms.settings import APOSection, convert
+from lightrail.engine.models import check_model_dir, resolve_model
 from lightrail.store.base import Store
 from lightrail.types import LLM, PromptTemplate, Resources, Rollout, RolloutSpec, RolloutStatus, Task
 
@@ -131,7 +132,7 @@ class APO:
     """Beam search over prompt candidates for the `PromptTemplate` resources of an agent.
 
     ``prompts`` maps resource names to the initial templates (an agent taking ``prompt_template`` gets the one
-    template, or the one named so). The policy model is ``model`` (a local model folder, served by the embedded
+    template, or the one named so). The policy model is ``model`` (a name or a local model folder as a config's ``model:`` takes it, served by the embedded
     engine behind a recording gateway, like `GRPO`) or ``llm`` (an `LLM` already served by a lightrail gateway that
     records into the same store). ``optimizer`` is an `LLM` (any OpenAI-compatible endpoint, ``routed=False``) or
     ``"self"`` for the policy model; None turns textual gradients off.
@@ -175,7 +176,7 @@ class APO:
             raise ValueError(f"prompts_dir {s.prompts_dir} is not a folder")
         self.settings = s
         self._guard = RunGuard(s.guard)
-        self.model = None if model is None else Path(model)
+        self.model = None if model is None else resolve_model(model)
         self.llm = llm
         self.prompts = dict(prompts)
         self.optimizer = optimizer
@@ -223,6 +224,8 @@ class APO:
         """Serve the policy (embedded engine + gateway) unless an `LLM` was given, load the run's state if there is
         one (resume), and publish the seed prompts."""
         self.folder.track = ctx.track
+        if self.model is not None:
+            check_model_dir(self.model)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self._load_state()
         self._state["session"] = self._state.get("session", 0) + 1

@@ -79,6 +79,7 @@ from lightrail.algorithms.run.policy import (
     validate,
 )
 from lightrail.algorithms.settings import GRPOSection, agents_argument, credit_argument, tool_rewards_argument
+from lightrail.engine.models import check_model_dir, resolve_model
 from lightrail.model.mismatch import MismatchError, stop_cause, summarize, unserved_cause
 from lightrail.types import AGENT_HEADER, LLM, Attr, Rollout, Span, Task, Transition
 
@@ -96,7 +97,8 @@ __all__ = ["GRPO"]
 class GRPO:
     """Group Relative Policy Optimization over real agent rollouts.
 
-    ``model`` is a local Hugging Face directory (see `lightrail.engine.models.prepare_model`). Each step samples
+    ``model`` is a name or a folder as a config's ``model:`` takes it (``tiny``, ``small``, ``smollm2``, a local
+    Hugging Face directory: `lightrail.engine.models.resolve_model`). Each step samples
     ``tasks_per_step`` training tasks and runs ``n_samples`` rollouts of each (a GRPO group), with the engine
     sampling by ``sampling`` (OpenAI parameters handed to the agent through its `LLM` resource). Validation runs
     every val task once with ``val_sampling`` (greedy by default) before training, every ``val_every`` steps and
@@ -210,7 +212,7 @@ class GRPO:
         """The checked ``grpo:`` section: the plain settings are read from it, never copied."""
         self.steps = s.steps
         """The step count: ``steps``, or with ``epochs`` counted from the training tasks when the run starts."""
-        self.model = Path(model)
+        self.model = resolve_model(model)
         self.config = config
         self.sampling = {"temperature": 1.0, "max_tokens": 64, **(s.sampling or {})}
         self.val_sampling = {"temperature": 0.0, "max_tokens": 64, **(s.val_sampling or {})}
@@ -265,6 +267,7 @@ class GRPO:
         from lightrail.model.rollout_engines import make_rollout_engine
         from lightrail.model.updater import PolicyUpdater, UpdateConfig
 
+        check_model_dir(self.model)  # a missing folder is one line, not a minute of model hub retries
         self.out_dir.mkdir(parents=True, exist_ok=True)  # (before the engine: vLLM's files go in it)
         config = self.config or UpdateConfig()
         if "temperature" in self.sampling and self.sampling["temperature"] > 0:
@@ -631,7 +634,7 @@ class GRPO:
         )
         from lightrail.inspection.report import print_failure_digest
 
-        await print_failure_digest(ctx.store, val.rollouts, title=f"validation at step {self.step}: failure digest")
+        await print_failure_digest(ctx.store, val.rollouts, title=f"{val.line('GRPO', self.step)}; failure digest")
         self.folder.record(val.metrics(self.step, policy_version=self._policy_version()))
         return val.success
 
@@ -813,11 +816,15 @@ def _plot(history: list[dict[str, Any]], path: Path) -> Path:
             label="held-out success (greedy)",
             linewidth=2,
         )
+    from matplotlib.ticker import MaxNLocator
+
     ax.set_xlabel("GRPO step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole: no 0.5 ticks on a short run
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
-    ax.set_title("lightrail GRPO")
+    # the legend above the axes, never over the curves (a curve ending bottom-right sat under "lower right")
+    ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.02), ncol=3, frameon=False, fontsize="small")
+    ax.set_title("lightrail GRPO", pad=24)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -65,6 +65,7 @@ from lightrail.algorithms.run.policy import ServedPolicy, last_attempt_spans, po
 from lightrail.algorithms.run.progress import StepBar
 from lightrail.algorithms.settings import SFTSection, agents_argument
 from lightrail.engine.chat import ChatFormat
+from lightrail.engine.models import check_model_dir, resolve_model
 from lightrail.types import LLM, Rollout, Task, TrainingRow
 
 log = logging.getLogger(__name__)
@@ -205,7 +206,8 @@ class SFT:
     """Supervised fine-tuning on the best recorded traces: rejection sampling from a store, or distillation from a
     teacher (an `LLM` endpoint or a gateway `Backend`) run through the runners (see the module docstring).
 
-    ``model`` is a local Hugging Face directory (the student). Kept rollouts: reward at least ``min_reward`` (None:
+    ``model`` is the student: a name or a folder as a config's ``model:`` takes it (``tiny``, ``small``, ``smollm2``,
+    a local directory: `lightrail.engine.models.resolve_model`). Kept rollouts: reward at least ``min_reward`` (None:
     any), at most ``best_of`` per task (None: all). With a ``teacher``, each training task is run ``n_samples``
     times with it (``tasks`` limits how many training tasks; None: all); ``teacher="self"`` samples the student itself
     at ``sampling`` (default temperature 1.0, 64 tokens); without a teacher, ``traces`` says which stored rollouts
@@ -275,7 +277,7 @@ class SFT:
             )
         self.settings = s
         self._guard = RunGuard(s.guard)
-        self.model = Path(model)
+        self.model = resolve_model(model)
         self.teacher = teacher
         self.traces = traces if traces is not None or teacher is not None else TraceFilter()
         self.sampling = {"temperature": 1.0, "max_tokens": 64, **(s.sampling or {})}
@@ -325,6 +327,7 @@ class SFT:
         from lightrail.model.updater import PolicyUpdater, UpdateConfig
 
         config = self.config or UpdateConfig()
+        check_model_dir(self.model)  # e.g. the folder an earlier stage of a chain was to write
         self._tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(self.model))
         self._updater = await asyncio.to_thread(PolicyUpdater, str(self.model), config)
         checkpoint, _ = self.folder.start(resume=self.resume, track=ctx.track)
@@ -651,6 +654,9 @@ class SFT:
         val = await validate(
             ctx, ctx.val_tasks, student.llm(self.val_sampling), self.success_threshold, name=self.settings.llm_name
         )
+        from rich import get_console
+
+        get_console().print(val.line("SFT", self.step), markup=False, highlight=False, soft_wrap=True)
         self.folder.record(val.metrics(self.step))
         return val.success
 

@@ -16,6 +16,7 @@ import os
 import sys
 
 from lightrail._net import add_tls_arguments, refuse_to_serve
+from lightrail.store.options import store_argument
 
 DEFAULT_PORT = 4747
 
@@ -54,8 +55,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--db",
         default="lightrail.db",
+        type=store_argument,
         metavar="URL",
-        help="the database: a SQLite file path (or sqlite:///PATH), created if missing; "
+        help="the database: a SQLite file path (or sqlite:///PATH; a folder means its store.db), created if missing; "
         "postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE (schema created on first use, shareable by several "
         "servers); or 'memory:' for a throwaway in-memory store (default: ./lightrail.db)",
     )

@@ -335,7 +335,7 @@ def evaluate(config: LearnConfig, model: str | Path, val_tasks: list[Any], *, co
         console=console,
         **options,
     )
-    trainer.fit(config.agent, [], val_tasks)
+    trainer.fit(config.agent, [], val_tasks, summary=False)  # a round reports its gate, not a training summary
     assert algorithm.success is not None
     return algorithm.success
 

@@ -27,11 +27,18 @@ def _step(lo: float, hi: float, n: int) -> float:
     return next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= raw)
 
 
-def _ticks(lo: float, hi: float, n: int = 4) -> list[float]:
-    """About ``n`` round tick values within [lo, hi]."""
-    step = _step(lo, hi, n)
+def _ticks(lo: float, hi: float, n: int = 4, *, integer: bool = False) -> list[float]:
+    """About ``n`` round tick values within [lo, hi]; with ``integer``, whole numbers only (steps: no 0.5)."""
+    step = max(1.0, _step(lo, hi, n)) if integer else _step(lo, hi, n)
     first = math.ceil(lo / step) * step
     return [first + i * step for i in range(int((hi - first) / step + 1e-9) + 1)]
+
+
+def _fit(title: str) -> str:
+    """The title's attributes that squeeze a long one into the chart's width (11 px bold: ~6.3 px a character)
+    rather than letting the SVG cut it off."""
+    room = _W - 8
+    return f' textLength="{room}" lengthAdjust="spacingAndGlyphs"' if len(title) * 6.3 > room else ""
 
 
 def _label(value: float) -> str:
@@ -66,13 +73,13 @@ def line_chart(title: str, series: Mapping[str, Series], *, x_label: str = "step
     parts = [
         f'<svg class="chart" viewBox="0 0 {_W} {_H}" role="img" aria-label="{escape(title)}: {escape(last)}">',
         f"<title>{escape(title)}</title>",
-        f'<text x="{_LEFT}" y="14" class="chart-title">{escape(title)}</text>',
+        f'<text x="4" y="14" class="chart-title"{_fit(title)}>{escape(title)}</text>',
     ]
     for tick in _ticks(y0, y1):
         y = sy(tick)
         parts.append(f'<line x1="{_LEFT}" x2="{_W - _RIGHT}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>')
         parts.append(f'<text x="{_LEFT - 4}" y="{y + 3:.1f}" class="tick" text-anchor="end">{_label(tick)}</text>')
-    for tick in _ticks(x0, x1, 5):
+    for tick in _ticks(x0, x1, 5, integer=all(float(x).is_integer() for x in xs)):
         x = sx(tick)
         parts.append(f'<text x="{x:.1f}" y="{_H - 10}" class="tick" text-anchor="middle">{_label(tick)}</text>')
     parts.append(f'<text x="{_W - _RIGHT}" y="{_H - 1}" class="tick" text-anchor="end">{escape(x_label)}</text>')

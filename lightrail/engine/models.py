@@ -35,9 +35,12 @@ __all__ = [
     "ModelInfo",
     "build_tiny_model",
     "cache_dir",
+    "check_model_dir",
+    "check_model_name",
     "list_models",
     "prepare_model",
     "prepare_smollm2",
+    "resolve_model",
     "TINY_CHAT_TEMPLATE",
 ]
 
@@ -411,10 +414,54 @@ def prepare_model(name_or_path: str | os.PathLike, *, force: bool = False) -> Pa
         if _is_prepared(path) and not force:
             return path
         return build_tiny_model(path, size=name)
+    check_model_name(name)
+    return Path(name).expanduser()
+
+
+def check_model_name(model: str | os.PathLike) -> None:
+    """That ``model`` is a registry name or a model or adapter folder, without building anything; else a one-line
+    `FileNotFoundError` naming the known models (a config is checked so before its run makes anything)."""
+    name = str(model)
     path = Path(name).expanduser()
-    if (path / "config.json").is_file() or (path / "adapter_config.json").is_file():
-        return path
+    if name in _registry() or (path / "config.json").is_file() or (path / "adapter_config.json").is_file():
+        return
     raise FileNotFoundError(
-        f"{name!r} is neither a known model ({', '.join(registry)}) nor a directory with a config.json "
+        f"{name!r} is neither a known model ({', '.join(_registry())}) nor a directory with a config.json "
         "(a model) or an adapter_config.json (a LoRA adapter)"
     )
+
+
+def resolve_model(
+    model: str | os.PathLike,
+    *,
+    out: str | os.PathLike | None = None,
+    seed: int = 0,
+    extra_corpus: list[str] | None = None,
+) -> Path:
+    """The one resolution of a model wherever lightrail takes one (a config's ``model:``, ``lightrail train --model``,
+    `GRPO`, `SFT`, `APO`, `VERL`, `PolicyUpdater`): a registry name (``tiny``, ``small``, ``smollm2``), or a local
+    model or adapter folder. Returns the folder; nothing is downloaded.
+
+    ``tiny``/``small`` are built into ``out`` with ``seed`` and ``extra_corpus`` when ``out`` is given (a run's own
+    model, its tokenizer trained on the task's text: what ``lightrail train`` does), else prepared once in the cache
+    (`prepare_model`). Any other value is a folder, returned as is: it may not exist yet (the model an earlier stage
+    of a `Chain` writes), so the algorithms check it with `check_model_dir` when their run starts (a config's
+    ``model:`` is checked when it is loaded, `check_model_name`).
+    """
+    name = str(model)
+    if name in ("tiny", "small") and out is not None:
+        return build_tiny_model(out, size=name, seed=seed, extra_corpus=extra_corpus)
+    if name in _registry():
+        return prepare_model(name)
+    return Path(name).expanduser()
+
+
+def check_model_dir(path: str | os.PathLike) -> Path:
+    """``path`` if it holds a model (``config.json``) or an adapter (``adapter_config.json``), else one-line
+    `FileNotFoundError`: checked before ``from_pretrained``, which would take a missing folder for a model hub id and
+    retry downloading it for a minute."""
+    folder = Path(path)
+    if (folder / "config.json").is_file() or (folder / "adapter_config.json").is_file():
+        return folder
+    what = "does not exist" if not folder.exists() else "holds no config.json (a model) or adapter_config.json"
+    raise FileNotFoundError(f"model {str(path)!r}: the folder {what}; give {', '.join(_registry())} or a model folder")

@@ -628,7 +628,7 @@ class BearerAuth:
                 refusal = await self._scoped_refusal(scope["path"], given.removeprefix(b"Bearer ") or key)
                 if refusal is not None:
                     if self.on_refused is not None and refusal.status_code in (401, 403):
-                        message = json.loads(refusal.body).get("error", {}).get("message", "")
+                        message = json.loads(bytes(refusal.body)).get("error", {}).get("message", "")
                         self.on_refused(scope["path"], refusal.status_code, message)
                     await refusal(scope, receive, send)
                     return

@@ -17,7 +17,7 @@ from typing import Any
 
 from lightrail._net import add_tls_arguments, refuse_to_serve
 from lightrail._serving import tls_options
-from lightrail.store.options import add_store_arguments, given_store
+from lightrail.store.options import TOKEN_ENV, add_store_arguments, given_store
 
 __all__ = ["add_parser"]
 
@@ -202,7 +202,7 @@ async def _run(args: argparse.Namespace, redact: Any = None) -> None:
     store = open_store(args.store, token=args.store_token)
     try:
         routes = ("query_attempts", "add_spans", *(("open_session", "delete_sessions") if args.record else ()))
-        await check_store(store, routes, token_hint="the store's admin token with --store-token")
+        await check_store(store, routes, token_hint=f"the store's admin token with --store-token or ${TOKEN_ENV}")
         backend = await _open_backend(args)
     except BaseException:
         sock.close()

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lightrail.store.options import STORE_ENV, add_store_arguments
+from lightrail.store.options import STORE_ENV, TOKEN_ENV, add_store_arguments
 
 __all__ = ["add_parser"]
 
@@ -168,7 +168,7 @@ def _with_store(command: str, args: argparse.Namespace, body: Any) -> int:
     """Open the store named by the arguments, run ``body(store, console)`` on an event loop, close the store."""
     import asyncio
 
-    from lightrail.store import NotFoundError, StoreError, open_store
+    from lightrail.store import NotFoundError, StoreError, check_store, open_store
 
     location = store_location(command, args)
     if location is None:
@@ -177,8 +177,9 @@ def _with_store(command: str, args: argparse.Namespace, body: Any) -> int:
     async def main() -> int:
         store = open_store(location, token=args.store_token)
         try:
-            if hasattr(store, "open"):  # PostgreSQL connects explicitly
-                await store.open()
+            # reachable, a store, the token accepted, a role that reads (PostgreSQL: connected)
+            await check_store(store, ("query_rollouts", "query_spans"),
+                              token_hint=f"a read token with --store-token or ${TOKEN_ENV}")  # fmt: skip
             return await body(store, _console(), location)
         finally:
             await store.close()

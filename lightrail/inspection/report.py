@@ -202,7 +202,7 @@ def render_digest(
         head = f"[bold]{escape(title)}[/bold]: {counted(failed, 'attempt')} in {counted(len(failures), 'group')}"
     if captures:
         head += f"; {counted(sum(g.count for g in captures), 'capture problem')} in succeeded rollouts"
-    out.print(head)
+    out.print(head, soft_wrap=True)  # one line however long: a piped log is read by grep
     for group in captures:
         out.print(
             f"  [bold]{group.count}x[/bold] [yellow]{group.type}[/yellow] in {counted(len(group.rollout_ids), 'rollout')}"

@@ -518,8 +518,10 @@ class PolicyUpdater:
         self.dtype = self._resolve_dtype(config.dtype, self.device)
         if config.autocast and self.dtype != torch.float32:
             raise ValueError(f"autocast keeps float32 master weights: set dtype to float32 on {self.device.type}")
-        if isinstance(model, str | os.PathLike):
-            model = AutoModelForCausalLM.from_pretrained(model, dtype=self.dtype)
+        if isinstance(model, str | os.PathLike):  # a name (tiny, smollm2...) or a folder, as a config's `model:`
+            from lightrail.engine.models import check_model_dir, resolve_model
+
+            model = AutoModelForCausalLM.from_pretrained(check_model_dir(resolve_model(model)), dtype=self.dtype)
         model = model.to(device=self.device, dtype=self.dtype)
         self.reference: Any = None
         if config.lora is not None:

@@ -127,10 +127,29 @@ def redact_url(url: str) -> str:
     return url
 
 
+RUN_STORE = "store.db"
+"""The store file of a run folder (``lightrail train``'s ``out_dir``, `Trainer.fit`'s default)."""
+
+
+def resolve_store(location: str) -> str:
+    """What a ``--store`` (or ``store:``) names, the one reading every command shares: a URL as it is (``memory:``,
+    ``http(s)://``, ``postgresql://``), a SQLite file, or a folder meaning its ``store.db`` (a run folder; a path
+    that ends with ``/`` or is an existing folder). A ``scheme://`` lightrail does not serve is a one-line
+    `ValueError` (`store_kind`). Nothing is created."""
+    kind = store_kind(location)
+    if kind != "sqlite":
+        return location
+    path = location.removeprefix("sqlite://")
+    if path != ":memory:" and (path.endswith(("/", os.sep)) or os.path.isdir(path)):
+        return os.path.join(path, RUN_STORE)
+    return location
+
+
 def sqlite_path(url: str) -> str:
-    """The file of a SQLite store URL (``sqlite:///PATH`` or a plain path), its folder created if missing (a
-    new store's ``runs/store.db`` should not need a ``mkdir`` first)."""
-    path = url.removeprefix("sqlite://")
+    """The file of a SQLite store URL (``sqlite:///PATH``, a plain path, or a folder meaning its ``store.db``:
+    `resolve_store`), its folder created if missing (a new store's ``runs/store.db`` should not need a ``mkdir``
+    first)."""
+    path = resolve_store(url).removeprefix("sqlite://")
     if path != ":memory:":
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     return path

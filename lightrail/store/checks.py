@@ -6,7 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from lightrail.store.base import ForbiddenError, Store, StoreError, StoreUnavailableError, UnauthorizedError
+from lightrail.store.base import (
+    ForbiddenError,
+    NotFoundError,
+    Store,
+    StoreError,
+    StoreUnavailableError,
+    UnauthorizedError,
+)
 
 __all__ = ["check_store", "is_auth_error"]
 
@@ -15,7 +22,7 @@ async def check_store(store: Store, routes: Iterable[str], *, token_hint: str = 
     """That ``store`` serves a process calling ``routes`` (names of `lightrail.store.tokens.ROUTE_ROLES`): it is
     reachable, and for a store server, its token is accepted and its role may call every route.
 
-    Raises `StoreUnavailableError` (nothing answers), `UnauthorizedError` (the token is refused) or
+    Raises `StoreUnavailableError` (nothing answers, or what answers is not a store server), `UnauthorizedError` (the token is refused) or
     `ForbiddenError` (the token's role is not enough), each with a one-line message saying what to do;
     ``token_hint`` names where the token comes from (``--store-token or $LIGHTRAIL_TOKEN``). A database store
     (SQLite, PostgreSQL) is opened, which is its check.
@@ -42,6 +49,11 @@ async def check_store(store: Store, routes: Iterable[str], *, token_hint: str = 
     except UnauthorizedError as exc:
         given = "no token was given" if not store.token else "the token given is wrong, expired or revoked"
         raise UnauthorizedError(f"{exc}: {given}; pass {token_hint}") from None
+    except NotFoundError:  # something answers, without a store's routes: a gateway's port, another service
+        raise StoreUnavailableError(
+            f"{store.url} answers but is not a lightrail store server (no /v1/whoami; a gateway's port?): give the "
+            "URL `lightrail store serve` prints"
+        ) from None
     needed = sorted(r.value for r in frozenset.intersection(*(ROUTE_ROLES[name] for name in routes)))
     if role.value not in needed:
         raise ForbiddenError(

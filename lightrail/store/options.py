@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 
-__all__ = ["STORE_ENV", "TOKEN_ENV", "add_store_arguments", "given_store"]
+__all__ = ["STORE_ENV", "TOKEN_ENV", "add_store_arguments", "given_store", "store_argument"]
 
 STORE_ENV = "LIGHTRAIL_STORE"
 TOKEN_ENV = "LIGHTRAIL_TOKEN"
@@ -30,7 +30,11 @@ def add_store_arguments(
     ``store_default`` describes what happens without a store (default: the command asks for one)."""
     default = f"${STORE_ENV}" + (f", else {store_default}" if store_default else "")
     parser.add_argument(
-        "--store", default=os.environ.get(STORE_ENV), metavar="PATH|URL", help=f"{store_help} (default: {default})"
+        "--store",
+        default=os.environ.get(STORE_ENV),
+        type=store_argument,
+        metavar="PATH|URL",
+        help=f"{store_help}; a folder means its store.db (default: {default})",
     )
     parser.add_argument(
         "--store-token",
@@ -46,6 +50,17 @@ def add_store_arguments(
             metavar="TOKEN",
             help="deprecated spelling of --store-token",
         )
+
+
+def store_argument(value: str) -> str:
+    """``--store`` as every command reads it (`lightrail.store.resolve_store`: a URL, a database file, or a folder
+    meaning its ``store.db``); a bad one is argparse's one-line error, with the accepted forms."""
+    from lightrail.store import resolve_store
+
+    try:
+        return resolve_store(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def given_store(command: str, args: argparse.Namespace) -> str | None:

@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any
 
-from lightrail.store.options import STORE_ENV, add_store_arguments
+from lightrail.store.options import STORE_ENV, TOKEN_ENV, add_store_arguments
 
 __all__ = ["add_parser"]
 
@@ -91,7 +91,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def _with_store(args: argparse.Namespace, work: Any) -> Any:
     """Run ``work(store)`` against the store the arguments name, closing it after."""
-    from lightrail.store import open_store
+    from lightrail.store import check_store, open_store
 
     if not args.store:
         raise ValueError(f"give --store PATH|URL or set ${STORE_ENV}")
@@ -99,6 +99,8 @@ def _with_store(args: argparse.Namespace, work: Any) -> Any:
     async def run() -> Any:
         store = open_store(args.store, token=args.store_token)
         try:
+            await check_store(store, ("list_tokens",),
+                              token_hint=f"the store's admin token with --store-token or ${TOKEN_ENV}")  # fmt: skip
             return await work(store)
         finally:
             await store.close()

@@ -9,10 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from lightrail.agent.cli import DEFAULT_CONCURRENCY
-from lightrail.store.options import add_store_arguments
+from lightrail.store.options import TOKEN_ENV, add_store_arguments
 
 __all__ = ["add_parser"]
 
@@ -85,7 +86,6 @@ def _train(args: argparse.Namespace) -> int:
         return 2
     from lightrail.algorithms.run.guard import RunStopped
     from lightrail.model.mismatch import MismatchError
-    from lightrail.store import redact_url
     from lightrail.trainer.config import ConfigError, load_config, train
 
     overrides = list(args.overrides)
@@ -94,6 +94,8 @@ def _train(args: argparse.Namespace) -> int:
             overrides.append(f"{key}={value}")
     try:
         config = load_config(args.config, overrides)
+        args.on_interrupt = lambda: _interrupted(config.run_dir, args.argv)
+        args.error_log = config.run_dir / "error.log"  # the traceback of a failed run, kept with it
         if args.resume:
             stages = [config.algorithm] if isinstance(config.algorithm, str) else config.algorithm
             overrides += [f"{stage}.resume=true" for stage in stages if stage in ("grpo", "sft")]
@@ -105,45 +107,30 @@ def _train(args: argparse.Namespace) -> int:
 
             sys.stdout.write(yaml.safe_dump(resolved_config(config), sort_keys=False, default_flow_style=None))
             return 0
-        result = train(config)
+        train(config)  # prints the summary (`lightrail.trainer.result.summary`), as `Trainer.fit` does
     except ConfigError as exc:
         print(f"lightrail train: {exc}", file=sys.stderr)
         return 2
     except (RunStopped, MismatchError) as exc:  # the cause was printed at its step; this is the run's last line
         print(f"lightrail train: stopped: {exc}", file=sys.stderr)
         return RunStopped.exit_code
-    report = result.report
-
-    print(summary(report, redact_url(result.store)))
     return 0
 
 
-def summary(report: dict[str, Any], store: str) -> str:
-    """What ``lightrail train`` prints at the end, for any algorithm's report (GRPO, SFT, APO, a chain): held-out
-    success before and after, the minutes, and where the outputs are (only those the algorithm wrote)."""
+def _interrupted(run_dir: Path, argv: list[str]) -> str:
+    """The line a Ctrl-C of ``lightrail train`` ends with: where the run can continue from (its newest complete
+    checkpoint, any stage's) and the command that continues it."""
+    import shlex
 
-    def shown(value: float | None) -> str:
-        return "not measured" if value is None else f"{value:.2f}"  # no held-out tasks, or none before SFT
+    from lightrail.algorithms.run.folder import LOOP_STATE
 
-    stages = report.get("stages") or {"": report}  # a chain: its stages' minutes add up, each lists its outputs
-    minutes = [m for r in stages.values() if (m := r.get("minutes", r.get("train_minutes"))) is not None]
-    lines = [
-        f"held-out success: {shown(report.get('val_before'))} -> {shown(report.get('val_after'))}"
-        + (f" in {sum(minutes):.1f} min" if minutes else "")
-    ]
-    outputs = {"reward curve": "reward_curve", "checkpoint": "checkpoint", "model": "model", "metrics": "metrics"}
-    rows = [
-        (f"{name} {label}" if name else label, str(stage[key]))
-        for name, stage in stages.items()
-        for label, key in outputs.items()
-        if stage.get(key)
-    ]
-    if report.get("best_candidate") is not None:
-        rows.append(("best prompt", f"candidate {report['best_candidate']} (score {shown(report.get('best_score'))})"))
-    rows.append(("store", store))
-    width = max(len(label) for label, _ in rows) + 2  # "grpo reward curve: " lines up with "store: "
-    lines += [f"{label + ':':<{width}}{value}" for label, value in rows]
-    return "\n".join(lines)
+    saved = sorted(run_dir.glob(f"**/checkpoints/step-*/{LOOP_STATE}"), key=lambda p: p.stat().st_mtime)
+    again = shlex.join(["lightrail", *argv, *([] if "--resume" in argv else ["--resume"])])
+    if not saved:
+        return f"interrupted before the first checkpoint; start again with: {again}"
+    checkpoint = saved[-1].parent
+    step = checkpoint.name.removeprefix("step-")
+    return f"interrupted; continue from step {step} (checkpoint {checkpoint}) with: {again}"
 
 
 def add_dev_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -223,6 +210,7 @@ def _dev(args: argparse.Namespace) -> int:
         trainer = Trainer(
             n_runners=args.runners, store=args.store, concurrency=args.concurrency, token=args.store_token
         )
+        trainer.token_source = f"--store-token or ${TOKEN_ENV}"  # what a shell user types, not Trainer(token=...)
         report = trainer.dev(args.agent, tasks, llm=_dev_backend(args.llm))
     except (ImportError, ValueError, RuntimeError, StoreError, OSError, UpstreamError) as exc:
         print(f"lightrail dev: {one_line(exc)}", file=sys.stderr)

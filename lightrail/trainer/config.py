@@ -224,6 +224,15 @@ def load_config(path: str | os.PathLike[str], overrides: list[str] | tuple[str, 
     """Read and check a YAML config; ``overrides`` are ``dotted.path=value`` strings applied first."""
     config = read_yaml_config(path, overrides, TrainConfig)
     check_store_field(path, config.store)
+    # a bare word is a model's name: one that is neither a name nor a folder here is a typo (`tiny2`), said now; a
+    # path may name a folder of another machine (the GPU configs), checked when the run starts (`train`)
+    if config.algorithm != "verl" and "/" not in config.model and os.sep not in config.model:
+        from lightrail.engine.models import check_model_name
+
+        try:
+            check_model_name(config.model)
+        except FileNotFoundError as exc:
+            raise ConfigError(f"{path}: model: {exc}") from None
     if config.algorithm == "verl":
         config = _from_verl(config)
     elif config.verl:
@@ -455,13 +464,13 @@ def _teacher_program(make: Any, reference: str, train_tasks: list[dict], seed: i
 
 
 def _build_model(config: TrainConfig, data_module: str) -> Path:
-    from lightrail.engine.models import build_tiny_model, prepare_model
+    from lightrail.engine.models import check_model_dir, resolve_model
 
     if config.model not in ("tiny", "small"):
-        return prepare_model(config.model)
+        return check_model_dir(resolve_model(config.model))  # the config's model exists before the run starts
     corpus_fn = getattr(importlib.import_module(data_module), "tokenizer_corpus", None)
     corpus = list(corpus_fn()) if callable(corpus_fn) else None
-    return build_tiny_model(config.run_dir / "base", size=config.model, seed=config.seed, extra_corpus=corpus)
+    return resolve_model(config.model, out=config.run_dir / "base", seed=config.seed, extra_corpus=corpus)
 
 
 def _check_formats(model: Path, config: TrainConfig) -> None:
@@ -482,6 +491,13 @@ def train(config: TrainConfig) -> TrainResult:
     from lightrail.algorithms.grpo import GRPO
     from lightrail.trainer.trainer import Trainer
 
+    if config.algorithm != "verl":  # before anything is made or imported (verl's: VERL checks its own)
+        from lightrail.engine.models import check_model_name
+
+        try:
+            check_model_name(config.model)
+        except FileNotFoundError as exc:
+            raise ConfigError(f"model: {exc}") from None
     splits = _resolve(config.data, "data")
     if not config.trainer.runner_python:  # under another interpreter the agent may not import here
         _resolve(config.agent, "agent")  # fail here, not in every runner
@@ -531,6 +547,7 @@ def train(config: TrainConfig) -> TrainResult:
         run_config=msgspec.to_builtins(config),
         **runner_options,
     )
+    trainer.token_source = "$LIGHTRAIL_TOKEN"  # a config holds no token: the environment gives it
     trainer.fit(config.agent, train_tasks, val_tasks)  # by reference: spawned runners import it themselves
     return TrainResult(report=grpo.report, out_dir=config.run_dir, store=config.store_location)
 

@@ -46,6 +46,8 @@ from lightrail.algorithms.protocol import Algorithm, TrainerContext, cancel_unfi
 from lightrail.inspection.report import DevReport, build_report
 from lightrail.store import check_store, redact_url
 from lightrail.store.base import Store
+from lightrail.trainer.children import ChildWatch
+from lightrail.trainer.result import FitResult
 from lightrail.types import LLM, Mode, PromptTemplate, Resources, RetryPolicy, Task
 
 if TYPE_CHECKING:
@@ -82,7 +84,9 @@ class StoreServerProcess:
         env = {**os.environ, TOKEN_ENV: self.token}
         cmd = [sys.executable, "-m", "lightrail.cli", "store", "serve", "--db", str(db), "--host", host]
         cmd += ["--port", str(port), "--exit-with-parent"]  # the server must not outlive a trainer killed hard
-        self.process = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, text=True)
+        # its own session: a Ctrl-C at the terminal reaches the trainer alone, which stops the server last, once its
+        # runners and gateway no longer need it (`--exit-with-parent` covers a trainer killed hard)
+        self.process = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, text=True, start_new_session=True)
         stdout = self.process.stdout
         assert stdout is not None  # stdout=PIPE
         line: list[str] = []
@@ -118,7 +122,8 @@ class _Session:
 class Trainer:
     """Run agents on tasks with a store and runner processes; train them with an `Algorithm`.
 
-    ``store``: None (a fresh SQLite file under ``./runs/<timestamp>/store.db``), a SQLite path, ``memory:``, a
+    ``store``: None (a fit's: ``store.db`` in its algorithm's ``out_dir``; a dev run's: a fresh SQLite file under
+    ``./runs/<timestamp>/store.db``), a SQLite path (a folder means its ``store.db``), ``memory:``, a
     store server URL (``http://...``; its token from ``token`` or ``$LIGHTRAIL_TOKEN``), or a `Store` object
     (one with a ``url`` attribute, like `StoreClient`, is shared with runner processes; any other runs the
     runners in this process). ``n_runners`` processes each run up to ``concurrency`` rollouts at once, under
@@ -205,6 +210,8 @@ class Trainer:
 
             console = Console()
         self.console = console
+        self.token_source = f"Trainer(token=...) or ${TOKEN_ENV}"
+        """Where the store's token comes from, as the token errors name it (a command sets its flag here)."""
 
     # -- dev ------------------------------------------------------------------------------------------------
 
@@ -297,15 +304,27 @@ class Trainer:
     # -- fit ------------------------------------------------------------------------------------------------
 
     def fit(
-        self, agent: str | LitAgent | Callable[..., Any], train_tasks: Iterable[Any], val_tasks: Iterable[Any] = ()
-    ) -> None:
+        self,
+        agent: str | LitAgent | Callable[..., Any],
+        train_tasks: Iterable[Any],
+        val_tasks: Iterable[Any] = (),
+        *,
+        summary: bool = True,
+    ) -> FitResult:
         """Train ``agent`` with the trainer's ``algorithm``: ``setup``, ``run``, ``close`` (see `Algorithm`),
-        with runners serving the rollouts the algorithm enqueues."""
-        _run_sync(self.fit_async(agent, train_tasks, val_tasks))
+        with runners serving the rollouts the algorithm enqueues. Returns a `FitResult` (held-out success before
+        and after, the checkpoint, the report and the store) and, with ``summary``, prints it as ``lightrail train``
+        does. Without a ``store``, the run's store is ``store.db`` in the algorithm's ``out_dir``."""
+        return _run_sync(self.fit_async(agent, train_tasks, val_tasks, summary=summary))
 
     async def fit_async(
-        self, agent: str | LitAgent | Callable[..., Any], train_tasks: Iterable[Any], val_tasks: Iterable[Any] = ()
-    ) -> None:
+        self,
+        agent: str | LitAgent | Callable[..., Any],
+        train_tasks: Iterable[Any],
+        val_tasks: Iterable[Any] = (),
+        *,
+        summary: bool = True,
+    ) -> FitResult:
         """`fit` for callers already inside an event loop."""
         if self.algorithm is None:
             raise ValueError("Trainer.fit needs an algorithm: Trainer(algorithm=...)")
@@ -314,7 +333,8 @@ class Trainer:
         trackers = await asyncio.to_thread(self._open_trackers, algorithm, run)
         failed = True
         try:
-            async with self._session(agent, run) as session:
+            async with self._session(agent, run, out_dir=getattr(algorithm, "out_dir", None)) as session:
+                label = session.label
                 ctx = TrainerContext(
                     store=session.store, train_tasks=as_tasks(train_tasks), val_tasks=as_tasks(val_tasks),
                     retry=self.retry, health_check=session.health_check, log=self._log, track=trackers.log, run=run,
@@ -329,6 +349,13 @@ class Trainer:
         finally:
             report = None if failed else getattr(algorithm, "report", None)
             await asyncio.to_thread(trackers.finish, report, failed=failed)
+        out_dir = getattr(algorithm, "out_dir", None)
+        result = FitResult.of(
+            getattr(algorithm, "report", None) or {}, store=label, out_dir=None if out_dir is None else Path(out_dir)
+        )
+        if summary:  # one line per output, never wrapped: a piped log keeps each path whole
+            self.console.print(result.summary(), markup=False, highlight=False, soft_wrap=True)
+        return result
 
     def _open_trackers(self, algorithm: Algorithm, run: str) -> Trackers:
         """The experiment trackers of a fit (`lightrail.tracking`): ``loggers``, by default TensorBoard when it is
@@ -352,9 +379,10 @@ class Trainer:
     # -- plumbing -------------------------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def _session(self, agent: Any, run: str) -> AsyncIterator[_Session]:
+    async def _session(self, agent: Any, run: str, *, out_dir: Any = None) -> AsyncIterator[_Session]:
         """Store (+ server process) and runners for one dev/fit run; everything is stopped on exit. Before any
-        runner starts, the rollouts an earlier session of ``run`` left unfinished are cancelled (`cancel_unfinished`)."""
+        runner starts, the rollouts an earlier session of ``run`` left unfinished are cancelled (`cancel_unfinished`).
+        Without a ``store``, a fit's is ``store.db`` in its algorithm's ``out_dir``."""
         if os.environ.get(RUNNER_ENV):
             raise RuntimeError(
                 "Trainer started inside a runner process: the agent's script starts training at import time; "
@@ -383,6 +411,8 @@ class Trainer:
         server: StoreServerProcess | None = None
         owned_store = None
         runner_sets: list[Any] = []
+        # every process started here: one that exits on its own stops the run in seconds (the runners killed at once)
+        watch = ChildWatch(on_exit=lambda: _kill_runners(runner_sets))
         try:
             if isinstance(self.store, Store):
                 store, url, label = self.store, self.store.url, self.store.url
@@ -393,11 +423,11 @@ class Trainer:
                 url, label, token = self.store, self.store, self.token
                 store = owned_store = StoreClient(url, token=token)
             else:
-                db = self._db_path()
+                db = self._db_path(out_dir)
                 if (external or not is_loopback_host(self.store_host)) and not self.token:
                     raise ValueError(
-                        "runners started elsewhere need the store's token: pass Trainer(token=...) or set "
-                        f"${TOKEN_ENV} (the trainer's store server then uses it)"
+                        f"runners started elsewhere need the store's token: give {self.token_source} "
+                        "(the trainer's store server then uses it)"
                     )
                 server = await asyncio.to_thread(
                     StoreServerProcess, db, host=self.store_host, port=self.store_port, token=self.token
@@ -405,10 +435,11 @@ class Trainer:
                 from lightrail.store.client import StoreClient
 
                 url, label, token = server.url, redact_url(db), server.token
+                watch.add(f"the store server (pid {server.process.pid})", server.process.poll)
                 store = owned_store = StoreClient(url, token=token)
                 self.console.print(f"[dim]watch it live: lightrail dashboard --store {db}[/dim]")
             await check_store(store, ("enqueue", "query_rollouts", "cancel", "put_resources"),
-                              token_hint="the store's admin token: Trainer(token=...) or $LIGHTRAIL_TOKEN")  # fmt: skip
+                              token_hint=f"the store's admin token: {self.token_source}")  # fmt: skip
             await cancel_unfinished(store, run)
             if self.n_runners:
                 runner_sets.append(
@@ -445,20 +476,30 @@ class Trainer:
                     f"  {TOKEN_ENV}=<admin token> lightrail token create --store {url} --role runner --expires 7d"
                 )
             stopped = False
+            for process in runner_sets[0].processes if self.n_runners else []:  # (Ray's actors come and go)
+                watch.add(f"runner process {process.name} (pid {process.pid})", _exitcode(process))
 
             async def stop_runners() -> None:
                 nonlocal stopped
+                await watch.stop()
                 if not stopped:
                     stopped = True
-                    for runners in runner_sets:
-                        await asyncio.to_thread(runners.stop, self.grace_s)
+                    for runners in runner_sets:  # after a child died, no grace: the run is over (a resume cancels
+                        # what they held), and without their store they could only retry
+                        stop = (0, 1) if watch.died else (self.grace_s,)
+                        await asyncio.to_thread(runners.stop, *stop)
 
             try:
                 check = _runners_alive_check(runner_sets[0]) if runner_sets and not self.ray else (lambda: None)
+                watch.start()
                 yield _Session(store, label, check, stop_runners)
+            except asyncio.CancelledError:
+                watch.raise_if_died()
+                raise
             finally:
                 await stop_runners()
         finally:
+            watch.close()
             for runners in runner_sets:  # a failed start: the sets already started must not outlive the session
                 await asyncio.to_thread(runners.stop, 0)
             if owned_store is not None:
@@ -494,18 +535,22 @@ class Trainer:
         finally:
             await stop_runners()
 
-    def _db_path(self) -> str:
-        """The store the trainer's own server opens: a new SQLite file per run by default, or the URL or path
-        given (a file's directory is created)."""
+    def _db_path(self, out_dir: Any = None) -> str:
+        """The store the trainer's own server opens: ``out_dir/store.db`` (a fit's run folder: a resumed run finds
+        its rollouts again), else a new SQLite file per run by default, or the URL or path given (a file's directory
+        is created)."""
+        if self.store is None and out_dir is not None:
+            Path(out_dir).mkdir(parents=True, exist_ok=True)
+            return str(Path(out_dir) / "store.db")
         if self.store is None:
             run_dir = self.runs_dir / time.strftime("%Y%m%d-%H%M%S")
             while run_dir.exists():  # two runs in one second: keep both
                 run_dir = run_dir.with_name(run_dir.name + "-" + secrets.token_hex(2))
             run_dir.mkdir(parents=True)
             return str(run_dir / "store.db")
-        from lightrail.store import sqlite_path, store_kind
+        from lightrail.store import resolve_store, sqlite_path, store_kind
 
-        db = str(self.store)
+        db = resolve_store(str(self.store))  # a run folder means its store.db, as for every command
         if store_kind(db) == "sqlite":  # a URL lightrail does not serve is a one-line ValueError here
             sqlite_path(db)
         return db
@@ -536,6 +581,17 @@ def _reachable(url: str) -> str:
     if host.strip("[]") in ("0.0.0.0", "::"):
         return parts._replace(netloc=f"{socket.gethostname()}:{parts.port}").geturl()
     return url
+
+
+def _kill_runners(runner_sets: Sequence[Any]) -> None:
+    for runners in runner_sets:
+        if isinstance(runners, RunnerProcesses):  # (Ray's actors are Ray's to stop)
+            for process in runners.alive():
+                process.kill()
+
+
+def _exitcode(process: Any) -> Callable[[], int | None]:
+    return lambda: process.exitcode
 
 
 def _runners_alive_check(runners: RunnerProcesses) -> Callable[[], None]:

@@ -161,7 +161,7 @@ def test_every_page_renders_the_run(server, trained, path):
         assert str(trained) in answer.text
     if path == "/ui/failures":
         # two validations x two failing tasks, one cause; the pattern is escaped HTML text
-        assert "4 failed attempts in 1 groups" in answer.text and "bad question &lt;n&gt; in &lt;str&gt;" in answer.text
+        assert "4 failed attempts in 1 group," in answer.text and "bad question &lt;n&gt; in &lt;str&gt;" in answer.text
 
 
 def test_a_trained_call_shows_its_step_and_advantage(server, trained):
@@ -224,7 +224,7 @@ def test_the_failure_digest_covers_a_time_window(server, trained):
     from lightrail.inspection.runs import failure_digest
 
     recent = get(server, "/ui/failures?minutes=60", ADMIN_TOKEN)
-    assert "4 failed attempts in 1 groups" in recent.text
+    assert "4 failed attempts in 1 group," in recent.text
     groups, read, candidates = read_store(trained / "store.db", lambda s: failure_digest(s, since=time.time() + 1))
     assert (groups, read, candidates) == ([], 0, 0)  # nothing was enqueued after now
     everything = read_store(trained / "store.db", lambda s: failure_digest(s))

@@ -76,7 +76,8 @@ def lightrail(capsys, *argv: str) -> tuple[int, str, str]:
 def test_grpo_prints_the_failure_digest_at_each_validation(run):
     _, printed = run
     for step in (0, 1):  # before training and after the one step
-        assert f"validation at step {step}: failure digest: 2 attempts in 1 group" in printed, printed
+        assert f"GRPO validation at step {step}: held-out success " in printed, printed  # the figure, each time
+        assert "tasks); failure digest: 2 attempts in 1 group" in printed, printed
     assert "2x failed in 2 rollouts  ValueError: bad question <n> in <str>" in printed
 
 

@@ -67,7 +67,13 @@ class RunFolder:
             version, internal, gauss = state.pop("rng")
             self.rng.setstate((version, tuple(internal), gauss))
             self.step, self.order, self.history = state.pop("step"), state.pop("order"), state.pop("history")
-        if resume:
+        if resume:  # said once, so a resumed run's log shows where it picked up
+            from rich import get_console
+
+            where = f"from step {self.step} ({checkpoint})" if checkpoint is not None else (
+                f"from step 0: no checkpoint in {self.path / 'checkpoints'} yet"
+            )  # fmt: skip
+            get_console().print(f"{self.stage}: resuming {where}", markup=False, highlight=False, soft_wrap=True)
             (self.path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in self.history))
         else:
             start_fresh(self.path, self.stage)

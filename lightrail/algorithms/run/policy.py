@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lightrail.adapters.selection import POLICY_OUTCOMES
-from lightrail.types import LLM, Rollout, Span, Task
+from lightrail.types import LLM, PromptTemplate, Rollout, Span, Task
 
 if TYPE_CHECKING:
     from lightrail.algorithms.protocol import TrainerContext
@@ -37,7 +37,7 @@ POLICY_RESOURCE_NAMES = ("llm", "main_llm")
 walkthroughs and examples read), so an agent finds it by either."""
 
 
-def policy_resources(llm: LLM, name: str = "llm") -> dict[str, LLM]:
+def policy_resources(llm: LLM, name: str = "llm") -> dict[str, LLM | PromptTemplate]:
     """The resources that publish ``llm`` as the policy: under ``name`` (a section's ``llm_name``) and
     `POLICY_RESOURCE_NAMES`; one resource under several names (agents that pick "the only LLM" still find one)."""
     return {n: llm for n in dict.fromkeys((name, *POLICY_RESOURCE_NAMES))}
@@ -121,6 +121,13 @@ class Validation:
 
     success: float
     rollouts: list[Rollout]
+
+    def line(self, stage: str, step: int) -> str:
+        """What a log shows of it: ``GRPO validation at step 3: held-out success 0.40 (4 of 10 tasks)`` (the tasks
+        with a policy outcome: `success_rate`'s denominator)."""
+        counted = sum(1 for r in self.rollouts if r.status in POLICY_OUTCOMES)
+        won = round(self.success * counted)
+        return f"{stage} validation at step {step}: held-out success {self.success:.2f} ({won} of {counted} tasks)"
 
     def metrics(self, step: int, **extra: Any) -> dict[str, Any]:
         """Its ``metrics.jsonl`` record (``val_infra_excluded``: rollouts with no policy outcome)."""

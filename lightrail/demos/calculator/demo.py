@@ -191,7 +191,7 @@ def run_demo(settings: DemoSettings, console: Any = None) -> dict[str, Any]:
         retry=RetryPolicy(lease_s=60, max_attempts=3),
         console=console,
     )
-    trainer.fit(settings.agent, train, val)
+    trainer.fit(settings.agent, train, val, summary=False)  # the demo's own summary follows, in points
     report = {**grpo.report, "model": settings.model, "wall_minutes": (time.monotonic() - started) / 60}
     (settings.out / "report.json").write_text(json.dumps(report, indent=2))
     before, after = report["val_before"], report["val_after"]
@@ -199,6 +199,7 @@ def run_demo(settings: DemoSettings, console: Any = None) -> dict[str, Any]:
         f"\n[bold]held-out success[/bold] ({settings.n_val} problems, greedy): "
         f"before GRPO [bold]{before:.1%}[/bold] → after [bold]{after:.1%}[/bold] ({(after - before) * 100:+.1f} points)\n"
         f"reward curve: {report['reward_curve']}\ncheckpoint:   {report['checkpoint']}\n"
-        f"metrics:      {report['metrics']} (TensorBoard: {settings.out / 'grpo' / 'tb'})"
+        f"metrics:      {report['metrics']} (TensorBoard: {settings.out / 'grpo' / 'tb'})",
+        soft_wrap=True,  # piped to a file, rich would wrap at 80 columns: "(+14.5 \npoints)"
     )
     return report
