@@ -23,7 +23,6 @@ Progress goes to stderr; the LAST stdout line is one JSON object.
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import sys
 import tempfile
@@ -63,10 +62,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=4)
     args = parser.parse_args()
-    from lightrail.algorithms.grpo import GRPO
+    from lightrail.algorithms.settings import GRPOSection
     from lightrail.engine import Engine, build_tiny_model
 
-    stop = inspect.signature(GRPO).parameters["mismatch_stop"].default
+    stop = GRPOSection().mismatch_stop
     result: dict = {**machine_facts(), "steps": args.steps, "mismatch_stop": stop}
     log(f"machine: {result}")
     started = time.monotonic()
