@@ -20,6 +20,14 @@ from lightrail.types import Attr, Span
 
 REPO = Path(__file__).resolve().parents[1]
 
+SMOKE_HELP = (
+    "tiny sizes, seconds: every code path of the bench runs and its JSON line carries the keys it declares (KEYS); "
+    "tests/test_bench_smoke.py runs it so the bench cannot rot. Its figures mean nothing"
+)
+"""Help of every bench's ``--smoke`` flag. A bench declares ``KEYS`` (the keys its JSON line always has) and, when
+a part needs a component that may be absent here (a framework's venv, vLLM, PostgreSQL, Chromium), ``NEEDS``
+(component -> the keys that part adds; ``--smoke`` leaves the part out when the component is missing)."""
+
 
 def log(*parts: object) -> None:
     """Progress line on stderr (stdout is reserved for the final JSON line)."""
