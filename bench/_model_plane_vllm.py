@@ -241,7 +241,7 @@ async def _measure(quick: bool) -> dict[str, Any]:
     return out
 
 
-def measure(quick: bool) -> dict:
+def measure(quick: bool, smoke: bool = False) -> dict:  # smoke: the quick sizes (vLLM's start dominates)
     """The figures named in the module docstring."""
     return asyncio.run(_measure(quick))
 

@@ -130,7 +130,9 @@ def main() -> None:
         out_dir=out,
         seed=args.seed,
     )
-    Trainer(n_runners=1 if args.smoke else 2, concurrency=8, store=str(out / "store.db"), algorithm=apo).fit(AGENT, train, val)
+    Trainer(n_runners=1 if args.smoke else 2, concurrency=8, store=str(out / "store.db"), algorithm=apo).fit(
+        AGENT, train, val
+    )
     report = apo.report
     result = {
         "optimizer": args.optimizer,
