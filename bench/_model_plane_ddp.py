@@ -33,8 +33,8 @@ def measure(quick: bool, smoke: bool = False) -> dict:
     import torch
     from transformers import AutoConfig
 
-    from lightrail.algorithms import PolicyUpdater, UpdateConfig
     from lightrail.engine.models import build_tiny_model, prepare_model
+    from lightrail.model import PolicyUpdater, UpdateConfig
     from lightrail.model.distributed import DistributedPolicyUpdater
 
     if quick or smoke:

@@ -135,8 +135,8 @@ def _gateway_answers(out: Path, questions: list[str], tmp: Path) -> list[tuple]:
 def measure(quick: bool, smoke: bool = False) -> dict:
     from transformers import AutoTokenizer
 
-    from lightrail.algorithms import LoraSettings, PolicyUpdater, UpdateConfig
     from lightrail.engine.models import build_tiny_model, prepare_model
+    from lightrail.model import LoraSettings, PolicyUpdater, UpdateConfig
     from lightrail.model.export import export_checkpoint
 
     n_val, steps = (2, 2) if smoke else (8, 12) if quick else (32, 8)

@@ -127,7 +127,7 @@ def run_arm(mode: str, model: Path, args: argparse.Namespace, train: list, val: 
 
     from lightrail import Trainer
     from lightrail.adapters import ToolRewardRule
-    from lightrail.algorithms import UpdateConfig
+    from lightrail.model import UpdateConfig
 
     durations = out / f"{mode}-durations.jsonl"
     durations.unlink(missing_ok=True)

@@ -43,8 +43,8 @@ def run(model: Path, out: Path, steps: int) -> tuple[list[dict], str | None]:
     """One GRPO run; its metrics.jsonl records and the cause it stopped with (None when it ran to the end)."""
     from examples.calculator.data import make_splits
     from lightrail import MemoryStore, Trainer
-    from lightrail.algorithms import UpdateConfig
     from lightrail.algorithms.grpo import GRPO
+    from lightrail.model import UpdateConfig
     from lightrail.model.mismatch import MismatchError
 
     train, val = make_splits(16, 2, seed=1)

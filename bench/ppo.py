@@ -46,8 +46,9 @@ FULL = dict(model="small", n_train=2000, n_val=200, sft_steps=300, steps=24, tas
 
 def run_arm(arm: str, model: Path, args: argparse.Namespace, seed: int, train: list, val: list, out: Path) -> dict:
     from lightrail.adapters import ToolRewardRule
-    from lightrail.algorithms import GRPO, UpdateConfig
+    from lightrail.algorithms import GRPO
     from lightrail.demos.calculator.demo import AGENT
+    from lightrail.model import UpdateConfig
 
     started = time.monotonic()
     grpo = GRPO(

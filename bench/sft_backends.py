@@ -81,7 +81,8 @@ def main() -> None:
     from examples.calculator.demo import DemoSettings, build_model
     from examples.calculator.teacher_server import TeacherServer
     from lightrail import Trainer
-    from lightrail.algorithms import SFT, UpdateConfig
+    from lightrail.algorithms import SFT
+    from lightrail.model import UpdateConfig
     from lightrail.store.sqlite import SQLiteStore
 
     python: str | None

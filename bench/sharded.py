@@ -70,8 +70,8 @@ def largest_unit_bytes(upd: Any) -> int:
 def measure(size: str, n_rows: int, lora: bool) -> dict:
     from transformers import AutoConfig
 
-    from lightrail.algorithms import LoraSettings, PolicyUpdater, UpdateConfig
     from lightrail.engine.models import build_tiny_model
+    from lightrail.model import LoraSettings, PolicyUpdater, UpdateConfig
     from lightrail.model.distributed import DistributedPolicyUpdater
 
     model = build_tiny_model(Path(tempfile.mkdtemp(prefix="sharded-bench-")) / size, size=size, seed=0)

@@ -48,8 +48,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ when run from a checkout
 
 from bench._util import SMOKE_HELP, cpu_amx, log, machine_facts  # noqa: E402
-from lightrail.algorithms import PolicyUpdater, UpdateConfig, pack_micro_batches  # noqa: E402
 from lightrail.engine import configure_threads  # noqa: E402
+from lightrail.model import PolicyUpdater, UpdateConfig, pack_micro_batches  # noqa: E402
 from lightrail.types import TrainingRow  # noqa: E402
 
 KEYS = ("update_tokens_per_s", "fwd_bwd_tokens_per_s", "update_over_fwd_bwd", "update_bf16_tokens_per_s",
