@@ -67,6 +67,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs") / time.strftime("bench-sft-backends-%Y%m%d-%H%M%S"))
     parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args()
+    args.out = args.out.resolve()  # LLaMA-Factory's process runs elsewhere: its train.yaml path must be absolute
     if args.smoke:
         args.steps, args.batch, args.n_train, args.n_val = 2, 4, 8, 2
     steps = args.steps or (20 if args.quick else 600)
