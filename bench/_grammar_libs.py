@@ -520,12 +520,12 @@ OVERHEAD_SCHEMA = {
 }
 
 
-async def engine_overhead(tokens: int, repeats: int) -> dict:
+async def engine_overhead(tokens: int, repeats: int, model: str = "smollm2") -> dict:
     from lightrail.engine import Engine
     from lightrail.engine.models import prepare_model
     from lightrail.types import ChatRequest, SamplingParams
 
-    engine = Engine.from_pretrained(prepare_model("smollm2"), device="cpu", gather_window_s=0.05)
+    engine = Engine.from_pretrained(prepare_model(model), device="cpu", gather_window_s=0.05)
 
     def reqs(constrained: bool, seed: int) -> list[ChatRequest]:
         fmt = {"type": "json_schema", "json_schema": {"name": "list", "schema": OVERHEAD_SCHEMA}}

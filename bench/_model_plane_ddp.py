@@ -29,19 +29,20 @@ from bench._util import log  # noqa: E402
 from bench.update import build_rows  # noqa: E402
 
 
-def measure(quick: bool) -> dict:
+def measure(quick: bool, smoke: bool = False) -> dict:
     import torch
     from transformers import AutoConfig
 
-    from lightrail.algorithms import PolicyUpdater, UpdateConfig
     from lightrail.engine.models import build_tiny_model, prepare_model
+    from lightrail.model import PolicyUpdater, UpdateConfig
     from lightrail.model.distributed import DistributedPolicyUpdater
 
-    if quick:
+    if quick or smoke:
         import tempfile
 
-        model = build_tiny_model(Path(tempfile.mkdtemp(prefix="ddp-bench-")) / "small", size="small", seed=0)
-        n_rows, lr = 33, 5e-4
+        size = "tiny" if smoke else "small"
+        model = build_tiny_model(Path(tempfile.mkdtemp(prefix="ddp-bench-")) / size, size=size, seed=0)
+        n_rows, lr = (5 if smoke else 33), 5e-4
     else:
         model = prepare_model("smollm2")
         n_rows, lr = 17, 1e-5
@@ -70,7 +71,7 @@ def measure(quick: bool) -> dict:
     torch.set_num_threads(threads_before)
     result = {
         "ddp_ranks": 2,
-        "ddp_model": "small" if quick else "smollm2-135m",
+        "ddp_model": "tiny" if smoke else "small" if quick else "smollm2-135m",
         "ddp_rows": n_rows,
         "ddp_step_tokens": int(single["tokens"]),
         "ddp_max_abs_diff": diff,

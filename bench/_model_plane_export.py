@@ -132,19 +132,19 @@ def _gateway_answers(out: Path, questions: list[str], tmp: Path) -> list[tuple]:
             proc.wait(30)
 
 
-def measure(quick: bool) -> dict:
+def measure(quick: bool, smoke: bool = False) -> dict:
     from transformers import AutoTokenizer
 
-    from lightrail.algorithms import LoraSettings, PolicyUpdater, UpdateConfig
     from lightrail.engine.models import build_tiny_model, prepare_model
+    from lightrail.model import LoraSettings, PolicyUpdater, UpdateConfig
     from lightrail.model.export import export_checkpoint
 
-    n_val, steps = (8, 12) if quick else (32, 8)
+    n_val, steps = (2, 2) if smoke else (8, 12) if quick else (32, 8)
     train, val = make_splits(16, n_val, seed=0)
     questions = [p["question"] for p in val]
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        base = build_tiny_model(tmp / "tiny") if quick else prepare_model("smollm2")
+        base = build_tiny_model(tmp / "tiny") if quick or smoke else prepare_model("smollm2")
         log(f"model {base.name}: {steps} LoRA SFT steps on {len(train)} training problems")
         updater = PolicyUpdater(str(base), UpdateConfig(lr=2e-3, lora=LoraSettings(r=16, alpha=32)))
         rows = _rows(AutoTokenizer.from_pretrained(base), train)

@@ -61,8 +61,8 @@ async def _sync_bench(model: str, workdir: Path, *, lora: bool, n_syncs: int) ->
     """Start vLLM, sync ``n_syncs`` times with requests in flight; timings, sampled calls and adapter states."""
     import openai
 
-    from lightrail.algorithms import LoraSettings, PolicyUpdater, UpdateConfig
     from lightrail.gateway.server import GatewayServer
+    from lightrail.model import LoraSettings, PolicyUpdater, UpdateConfig
     from lightrail.model.vllm_rollouts import VLLMRollouts
     from lightrail.store import MemoryStore
     from lightrail.types import ChatRequest, SamplingParams
@@ -169,7 +169,8 @@ def _grpo_steps_per_min(model: str, out: Path, *, engine: str, steps: int, quick
     from examples.calculator.demo import AGENT_ONE_SHOT
     from lightrail import Trainer
     from lightrail.adapters import ToolRewardRule
-    from lightrail.algorithms import GRPO, LoraSettings, UpdateConfig
+    from lightrail.algorithms import GRPO
+    from lightrail.model import LoraSettings, UpdateConfig
 
     train, val = make_splits(40, 2, seed=0)
     grpo = GRPO(
@@ -241,7 +242,7 @@ async def _measure(quick: bool) -> dict[str, Any]:
     return out
 
 
-def measure(quick: bool) -> dict:
+def measure(quick: bool, smoke: bool = False) -> dict:  # smoke: the quick sizes (vLLM's start dominates)
     """The figures named in the module docstring."""
     return asyncio.run(_measure(quick))
 

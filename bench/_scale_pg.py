@@ -116,8 +116,8 @@ def best(runs: list[dict]) -> dict:
     return max(runs, key=lambda r: r["spans_per_s"])
 
 
-async def measure_async(quick: bool, *, fsync: bool = True) -> dict:
-    n, m, reps = (400, 20, 2) if quick else (2000, 20, 3)
+async def measure_async(quick: bool, *, fsync: bool = True, smoke: bool = False) -> dict:
+    n, m, reps = (40, 5, 1) if smoke else (400, 20, 2) if quick else (2000, 20, 3)
     out: dict = {"pg_servers": 2, "pg_n": n, "pg_m": m, "pg_fsync": fsync}
     pg = PostgresServer.start(fsync=fsync)
     try:
@@ -155,8 +155,8 @@ async def measure_async(quick: bool, *, fsync: bool = True) -> dict:
             servers = [ServerProcess(url, token=TOKEN).start(timeout_s=60) for _ in range(2)]
             try:
                 duplicates, missed = 0, 0
-                for _ in range(3 if quick else 10):
-                    d, miss = await lease_duplicates(servers, 200)
+                for _ in range(1 if smoke else 3 if quick else 10):
+                    d, miss = await lease_duplicates(servers, 20 if smoke else 200)
                     duplicates, missed = duplicates + d, missed + miss
             finally:
                 for s in servers:
@@ -169,9 +169,9 @@ async def measure_async(quick: bool, *, fsync: bool = True) -> dict:
     return out
 
 
-def measure(quick: bool) -> dict:
+def measure(quick: bool, smoke: bool = False) -> dict:
     """The figures named in the module docstring (PostgreSQL with fsync on)."""
-    return asyncio.run(measure_async(quick))
+    return asyncio.run(measure_async(quick, smoke=smoke))
 
 
 def main() -> None:

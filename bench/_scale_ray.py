@@ -97,9 +97,9 @@ async def _counts(server: StoreServerProcess) -> dict[RolloutStatus, int]:
         await store.close()
 
 
-def measure(quick: bool) -> dict[str, Any]:
+def measure(quick: bool, smoke: bool = False) -> dict[str, Any]:
     """Both runs on one cluster; returns the figures named in the module docstring."""
-    total = 64 if quick else 256
+    total = 8 if smoke else 64 if quick else 256
     with tempfile.TemporaryDirectory(prefix="lr-bench-ray-") as tmp, LocalRayCluster(num_cpus=4) as cluster:
         t0 = time.monotonic()
         cluster.add_node(num_cpus=2, resources={"node2": 100})

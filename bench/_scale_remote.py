@@ -72,8 +72,8 @@ async def remote_pickup(server: ServerProcess, workdir: Path, trials: int) -> li
     return out
 
 
-def measure(quick: bool) -> dict:
-    trials = 20 if quick else 50
+def measure(quick: bool, smoke: bool = False) -> dict:
+    trials = 3 if smoke else 20 if quick else 50
     with tempfile.TemporaryDirectory() as tmp:
         server = ServerProcess(Path(tmp) / "remote.db", token=TOKEN).start()
         try:

@@ -203,9 +203,9 @@ async def _overhead_arms(url: str, rounds: int, per_block: int) -> dict[str, lis
     return times
 
 
-def measure_overhead(quick: bool) -> dict[str, Any]:
+def measure_overhead(quick: bool, smoke: bool = False) -> dict[str, Any]:
     """Per-call cost of lightrail's tracer and of OpenTelemetry (see the module docstring)."""
-    rounds, per_block = (6, 30) if quick else (20, 60)
+    rounds, per_block = (1, 5) if smoke else (6, 30) if quick else (20, 60)
     upstream = _FakeUpstream()
     try:
         upstream.wait_healthy()
@@ -221,7 +221,7 @@ def measure_overhead(quick: bool) -> dict[str, Any]:
         "otel_instrumentor_only_ms": med["otel_outside_attempt"] - med["baseline"],
         "calls_per_arm": rounds * per_block,
     }
-    result.update(_per_span_costs(2_000 if quick else 20_000))
+    result.update(_per_span_costs(100 if smoke else 2_000 if quick else 20_000))
     result["embedded_target_ms"], result["otel_target_ms"] = 0.1, 0.5
     return result
 
@@ -303,9 +303,9 @@ async def _attribution_run(url: str, n_tasks: int, exporter: str) -> dict[str, i
         await store.close()
 
 
-def measure_attribution(quick: bool) -> dict[str, Any]:
+def measure_attribution(quick: bool, smoke: bool = False) -> dict[str, Any]:
     """Spans stored under the wrong rollout, or missing, with 2 runner processes x 8 concurrent rollouts."""
-    n_tasks = 32 if quick else 128
+    n_tasks = 4 if smoke else 32 if quick else 128
     result: dict[str, Any] = {"runners": 2, "concurrency": 8}
     with tempfile.TemporaryDirectory() as tmp:
         server = ServerProcess(Path(tmp) / "store.db", token=TOKEN).start()

@@ -20,6 +20,14 @@ from lightrail.types import Attr, Span
 
 REPO = Path(__file__).resolve().parents[1]
 
+SMOKE_HELP = (
+    "tiny sizes, seconds: every code path of the bench runs and its JSON line carries the keys it declares (KEYS); "
+    "tests/test_bench_smoke.py runs it so the bench cannot rot. Its figures mean nothing"
+)
+"""Help of every bench's ``--smoke`` flag. A bench declares ``KEYS`` (the keys its JSON line always has) and, when
+a part needs a component that may be absent here (a framework's venv, vLLM, PostgreSQL, Chromium), ``NEEDS``
+(component -> the keys that part adds; ``--smoke`` leaves the part out when the component is missing)."""
+
 
 def log(*parts: object) -> None:
     """Progress line on stderr (stdout is reserved for the final JSON line)."""
@@ -121,24 +129,49 @@ def machine_facts() -> dict:
     return {"cores": os.cpu_count(), "load_1m": round(os.getloadavg()[0], 2), "python_loop_ms": python_loop_ms()}
 
 
-def run_parts(doc: str, parts: dict[str, str], targets: Callable[[dict], dict[str, bool]]) -> None:
-    """The main of a benchmark made of parts (modules with ``measure(quick) -> dict``): ``--quick``, ``--only NAME``;
-    progress on stderr, one JSON object last on stdout with the machine's facts, each part's time and the targets."""
+def missing_component(name: str) -> str | None:
+    """Why the component ``name`` a bench part needs (``vllm``, ``postgres``, ``ray``) is not here, or None when it
+    is (found as the tests find it: ``$LIGHTRAIL_VLLM_PYTHON``, ``tests/_postgres.py``'s binaries, the package)."""
+    import glob
+    import importlib.util
+    import shutil
+
+    if name == "vllm":
+        python = os.environ.get("LIGHTRAIL_VLLM_PYTHON") or str(REPO / ".venv-vllm" / "bin" / "python")
+        return None if Path(python).is_file() else f"no vLLM venv at {python} (set LIGHTRAIL_VLLM_PYTHON)"
+    if name == "postgres":
+        found = shutil.which("initdb") or glob.glob("/usr/lib/postgresql/*/bin/initdb")
+        return None if found else "no PostgreSQL (initdb) on PATH or under /usr/lib/postgresql/*/bin"
+    if name == "ray":
+        return None if importlib.util.find_spec("ray") else "ray is not installed"
+    raise ValueError(f"unknown component {name!r}: expected vllm, postgres or ray")
+
+
+def run_parts(
+    doc: str, parts: dict[str, str], targets: Callable[[dict], dict[str, bool]], needs: dict[str, str] | None = None
+) -> None:
+    """The main of a benchmark made of parts (modules with ``measure(quick, smoke) -> dict``): ``--quick``,
+    ``--smoke`` (parts whose component, ``needs[part]``, is missing are left out), ``--only NAME``; progress on
+    stderr, one JSON object last on stdout with the machine's facts, each part's time and the targets."""
     import argparse
     import importlib
     import json
 
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smaller workloads")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     parser.add_argument("--only", choices=sorted(parts), action="append", help="run only this part (repeatable)")
     args = parser.parse_args()
     out: dict = {"quick": args.quick, **machine_facts()}
     log(f"machine: {out}")
     started = time.monotonic()
     for name in args.only or parts:
+        if args.smoke and name in (needs or {}) and (why := missing_component(needs[name])):  # type: ignore[index]
+            log(f"-- {name} left out: {why}")
+            continue
         t0 = time.monotonic()
         log(f"-- {name}")
-        out.update(importlib.import_module(parts[name]).measure(args.quick))
+        out.update(importlib.import_module(parts[name]).measure(args.quick, smoke=args.smoke))
         out[f"{name}_bench_s"] = round(time.monotonic() - t0, 1)
     out["bench_s"] = round(time.monotonic() - started, 1)
     out["targets_met"] = targets(out)

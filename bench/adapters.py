@@ -18,11 +18,18 @@ import argparse
 import json
 import random
 import statistics
+import sys
 import time
+from pathlib import Path
 
-from lightrail.adapters import PerTurn, build_episode, episode_transitions, spans_to_transitions, to_rows
-from lightrail.types import Attr, Span, next_seq
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ when run from a checkout
 
+from bench._util import SMOKE_HELP  # noqa: E402
+from lightrail.adapters import PerTurn, build_episode, episode_transitions, spans_to_transitions, to_rows  # noqa: E402
+from lightrail.types import Attr, Span, next_seq  # noqa: E402
+
+KEYS = ("adapter_spans_per_s", "median_spans_per_s", "reference_spans_per_s", "ratio", "spans", "transitions",
+        "rows_per_s")  # fmt: skip
 REFERENCE_SPANS_PER_S = 15_042
 CALLS, REWARDS, OTHERS = 12, 4, 4  # 20 spans per rollout
 
@@ -171,7 +178,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rollouts", type=int, default=500)
     parser.add_argument("--passes", type=int, default=5)
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args()
+    if args.smoke:
+        args.rollouts, args.passes = 10, 1
     print(json.dumps(run(args.rollouts, args.passes, verbose=True)))
 
 

@@ -3,6 +3,7 @@
     python bench/apo.py                      # demonstrations path only (no optimizer LLM)
     python bench/apo.py --optimizer self     # + textual gradients written by SmolLM2 itself (reported, no target)
     python bench/apo.py --quick              # fewer rounds and held-out problems
+    python bench/apo.py --smoke              # the tiny random model, one round of 2 tasks, 1 runner (seconds)
     python bench/apo.py --teacher-traces 64  # demonstrations from the scripted teacher's recorded runs (demo_traces)
 
 Everything runs through the real loop: runner processes, the gateway, the embedded engine, a SQLite store.
@@ -21,10 +22,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/ and bench/ when run from a checkout
 
-from bench._util import log, machine_facts  # noqa: E402
+from bench._util import SMOKE_HELP, log, machine_facts  # noqa: E402
 from examples.calculator.agent import SYSTEM  # noqa: E402
 from examples.calculator.data import make_splits  # noqa: E402
 
+KEYS = ("val_before", "val_after", "gain", "minutes", "rounds", "candidates", "search_rollouts", "val_rollouts",
+        "optimizer_calls", "best_score", "best_prompt", "targets_met")  # fmt: skip
 AGENT = str(Path(__file__).resolve().parent / "_apo_agent.py") + ":calculator_prompted"
 
 
@@ -87,7 +90,10 @@ def main() -> None:
         "and give APO those traces (demo_traces) instead of bootstrapping",
     )  # fmt: skip
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args()
+    if args.smoke:
+        args.rounds, args.batch, args.n_val, args.bootstrap = 1, 2, 2, 4
     facts = machine_facts()
     log(f"machine: {facts}")
 
@@ -101,7 +107,7 @@ def main() -> None:
     out = args.out or Path("runs") / time.strftime(f"apo-{args.optimizer}-%Y%m%d-%H%M%S")
     train, val = make_splits(200, n_val, seed=args.seed)
     started = time.monotonic()
-    model = prepare_model("smollm2")
+    model = prepare_model("tiny" if args.smoke else "smollm2")
     traces = _teacher_traces(out, train, args) if args.teacher_traces else None
     apo = APO(
         model,
@@ -124,7 +130,9 @@ def main() -> None:
         out_dir=out,
         seed=args.seed,
     )
-    Trainer(n_runners=2, concurrency=8, store=str(out / "store.db"), algorithm=apo).fit(AGENT, train, val)
+    Trainer(n_runners=1 if args.smoke else 2, concurrency=8, store=str(out / "store.db"), algorithm=apo).fit(
+        AGENT, train, val
+    )
     report = apo.report
     result = {
         "optimizer": args.optimizer,

@@ -2,6 +2,7 @@
 
     python bench/async_rl.py            # small Llama, SFT warm start, 2 x 48 GRPO steps, max_staleness 2
     python bench/async_rl.py --quick    # tiny Llama, short warm start, 2 x 8 steps (what a busy machine allows)
+    python bench/async_rl.py --smoke    # tiny Llama, 2 SFT steps, 2 x 2 steps of 2 x 2 rollouts, short delays
 
 One warm start (the demo's model and SFT pass), then two GRPO runs from it in the same process, same seed, same task
 order and the same sample budget (steps x tasks x samples): ``mode="sync"`` and ``mode="async"``. Every calculator
@@ -44,7 +45,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench._util import fit_arm, log, machine_facts  # noqa: E402
+from bench._util import SMOKE_HELP, fit_arm, log, machine_facts  # noqa: E402
+
+KEYS = ("async_speedup", "train_time_ratio", "async_final_gap_pts", "staleness_max", "max_staleness",
+        "rows_stale_dropped", "long_rollout_share_ratio", "is_weight_mean", "is_clipped_frac", "sync", "async",
+        "settings", "wall_minutes")  # fmt: skip
 
 AGENT = "bench._async_agent:delayed_calculator_agent"
 
@@ -122,7 +127,7 @@ def run_arm(mode: str, model: Path, args: argparse.Namespace, train: list, val: 
 
     from lightrail import Trainer
     from lightrail.adapters import ToolRewardRule
-    from lightrail.algorithms import UpdateConfig
+    from lightrail.model import UpdateConfig
 
     durations = out / f"{mode}-durations.jsonl"
     durations.unlink(missing_ok=True)
@@ -183,13 +188,18 @@ def main() -> None:
     parser.add_argument("--delay", default="0.1,1.0,6.0", help="scale,alpha,cap of the tool delay (seconds)")
     parser.add_argument("--max-staleness", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("runs") / time.strftime("async-rl-%Y%m%d-%H%M%S"))
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args()
     quick = dict(model="tiny", n_train=400, n_val=60, sft_steps=60, steps=8, tasks_per_step=4, n_samples=4,
                  val_every=2, concurrency=32, lr=1e-4)  # fmt: skip
     full = dict(model="small", n_train=2000, n_val=200, sft_steps=300, steps=48, tasks_per_step=8, n_samples=8,
                 val_every=4, concurrency=64, lr=1e-4)  # fmt: skip
-    for key, value in (quick if args.quick else full).items():
+    smoke = dict(model="tiny", n_train=16, n_val=2, sft_steps=2, steps=2, tasks_per_step=2, n_samples=2,
+                 val_every=1, concurrency=4, lr=1e-4)  # fmt: skip
+    for key, value in (smoke if args.smoke else quick if args.quick else full).items():
         setattr(args, key, value)
+    if args.smoke:
+        args.delay = "0.01,1.0,0.05"
     os.environ["LIGHTRAIL_BENCH_DELAY"] = args.delay
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     from rich.console import Console

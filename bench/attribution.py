@@ -60,7 +60,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(1, str(REPO / "tests" / "examples"))  # the showcase tests' helpers (`one_step`, `showcase_by_sample`)
 
-from bench._util import log, machine_facts  # noqa: E402
+from bench._util import SMOKE_HELP, log, machine_facts  # noqa: E402
+
+KEYS = ("tasks_per_arm", "named_fraction_explicit", "calls_explicit", "named_fraction_min", "named_fraction_min_arm",
+        "arms_without_calls", "bench_s")  # fmt: skip
 
 SAMPLING = {"temperature": 1.0, "max_tokens": 16}
 CREWAI_PYTHON = os.environ.get("LIGHTRAIL_CREWAI_PYTHON", str(REPO / ".venv-crewai" / "bin" / "python"))
@@ -392,7 +395,10 @@ def main() -> None:
     parser.add_argument("--only", choices=frameworks, action="append", help="this framework only (repeatable)")
     parser.add_argument("--arm", action="append", help="this arm only, by its key (e.g. crewai_otel_off; repeatable)")
     parser.add_argument("--policies", action="store_true", help="also misrouted_calls (~30 minutes)")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP + " (the plain-Python arms, 1 task each)")
     args = parser.parse_args()
+    if args.smoke:  # the arms every machine can run: one runner path, no framework's environment
+        args.only, args.tasks = args.only or ["explicit"], 1
     n = args.tasks or (2 if args.quick else 6)
     out: dict[str, Any] = {"quick": args.quick, "tasks_per_arm": n, **machine_facts()}
     log(f"machine: {out}")

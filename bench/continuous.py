@@ -3,6 +3,7 @@
     python bench/continuous.py              # the full demo run (~25 min on 2 cores)
     python bench/continuous.py --quick      # the short one (under 15 min)
     python bench/continuous.py --only overhead
+    python bench/continuous.py --smoke      # 20 calls each way; a 15-second demo of 2 users (2 SFT steps)
 
 Figures (the last stdout line is one JSON object; progress on stderr):
 
@@ -33,10 +34,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/ and bench/ when run from a checkout
 
-from bench._util import log, machine_facts  # noqa: E402
+from bench._util import SMOKE_HELP, log, machine_facts  # noqa: E402
+
+KEYS = ("serve_p50_ms", "serve_recording_p50_ms", "record_overhead_p50_ms", "served_success_first",
+        "served_success_last", "swaps", "failed_requests", "served_sessions", "misversioned_calls", "served_calls",
+        "rounds", "bench_minutes", "targets_met")  # fmt: skip
 
 
-async def _latencies(urls: dict[str, str], n: int) -> dict[str, list[float]]:
+async def _latencies(urls: dict[str, str], n: int, warmup: int = 100) -> dict[str, list[float]]:
     import openai
 
     from lightrail.gateway.recording import SESSION_HEADER
@@ -44,7 +49,7 @@ async def _latencies(urls: dict[str, str], n: int) -> dict[str, list[float]]:
     clients = {name: openai.AsyncOpenAI(base_url=url, api_key="none", max_retries=0) for name, url in urls.items()}
     messages = [{"role": "user", "content": "What is 17 * 23? Use the calculator."}]
     latency: dict[str, list[float]] = {name: [] for name in urls}
-    for i in range(n + 100):  # the first 100 of each warm up connections and code paths
+    for i in range(n + warmup):  # the first calls of each warm up connections and code paths
         order = list(clients.items())
         for name, client in order if i % 2 else order[::-1]:  # interleaved, alternating who goes first
             t0 = time.perf_counter()
@@ -53,14 +58,14 @@ async def _latencies(urls: dict[str, str], n: int) -> dict[str, list[float]]:
                 messages=messages,
                 extra_headers={SESSION_HEADER: f"bench-{i // 4}"},  # 4-call sessions
             )
-            if i >= 100:
+            if i >= warmup:
                 latency[name].append(time.perf_counter() - t0)
     for client in clients.values():
         await client.close()
     return latency
 
 
-def _overhead(n: int) -> dict:
+def _overhead(n: int, warmup: int = 100) -> dict:
     """Two ``lightrail gateway serve --fake`` processes over one SQLite store, one with ``--record``."""
     from examples.continuous.demo import free_port, spawn
 
@@ -76,7 +81,7 @@ def _overhead(n: int) -> dict:
             ),
         ):
             urls = {name: f"http://127.0.0.1:{port}/v1" for name, port in ports.items()}
-            latency = asyncio.run(_latencies(urls, n))
+            latency = asyncio.run(_latencies(urls, n, warmup))
     p50 = {k: statistics.median(v) * 1000 for k, v in latency.items()}
     return {
         "serve_p50_ms": round(p50["plain"], 3),
@@ -124,21 +129,27 @@ def main() -> None:
     parser.add_argument("--only", choices=["overhead", "demo"], help="run one part")
     parser.add_argument("--overhead-calls", type=int, default=None, help="default: 2000 (1000 with --quick)")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args()
     out: dict = {"quick": args.quick, **machine_facts()}
     log(f"machine: {out}")
     started = time.monotonic()
-    args.overhead_calls = args.overhead_calls or (1000 if args.quick else 2000)
+    args.overhead_calls = args.overhead_calls or (20 if args.smoke else 1000 if args.quick else 2000)
     if args.only in (None, "overhead"):
         log(f"-- recording overhead: {args.overhead_calls} calls each way, interleaved")
-        out.update(_overhead(args.overhead_calls))
+        out.update(_overhead(args.overhead_calls, 4 if args.smoke else 100))
         log(json.dumps({k: v for k, v in out.items() if "p50" in k}))
     if args.only in (None, "demo"):
         from examples.continuous.demo import ContinuousSettings, run
         from lightrail.engine.promotions import PolicyRegistry
 
         overrides = {"out": args.out} if args.out else {}
-        settings = ContinuousSettings.quick(**overrides) if args.quick else ContinuousSettings(**overrides)
+        if args.smoke:
+            smoke = dict(minutes=0.25, users=2, think_s=0.1, feedback_delay_s=0.2, windows=2, min_sessions=4, updates=1,
+                         n_val=2, sft_steps=2)  # fmt: skip
+            settings = ContinuousSettings(**{**smoke, **overrides})
+        else:
+            settings = ContinuousSettings.quick(**overrides) if args.quick else ContinuousSettings(**overrides)
         from rich.console import Console
 
         report = run(settings, console=Console(stderr=True))  # stdout's last line is the JSON

@@ -1,6 +1,7 @@
 """Engine throughput and weight-swap latency on SmolLM2-135M-Instruct (CPU).
 
     .venv/bin/python bench/engine.py [--quick] [--tokens N] [--requests N]
+    .venv/bin/python bench/engine.py --smoke    # the tiny random model, 2 requests of 4 tokens (vLLM when present)
 
 1. the same 8 chat requests (sampling, ``--tokens`` new tokens each) one by one, then all at once (batched);
 2. ``swap_s``: wall time of `Engine.update_weights` with a full state dict while 8 requests are in flight
@@ -36,6 +37,13 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ when run from a checkout
+
+from bench._util import SMOKE_HELP  # noqa: E402
+
+KEYS = ("tokens_per_s_batched", "tokens_per_s_sequential", "batched_over_sequential", "swap_s", "swap_drain_s",
+        "swap_load_s", "vllm_tokens_per_s_batched", "engine_over_vllm")  # fmt: skip
+NEEDS = {"vllm": ("vllm_tokens_batched", "vllm_startup_s")}
 PROMPTS = [
     "Write a short story about a robot who learns to paint.",
     "Explain how a bicycle works to a ten year old.",
@@ -139,7 +147,7 @@ async def run(args: argparse.Namespace) -> dict:
     from lightrail.types import ChatRequest, SamplingParams
 
     t0 = time.perf_counter()
-    path = prepare_model("smollm2")
+    path = prepare_model("tiny" if args.smoke else "smollm2")
     engine = Engine.from_pretrained(path, dtype=args.dtype)
     log(f"loaded {path} in {time.perf_counter() - t0:.1f} s; torch threads {configure_threads()}")
 
@@ -189,7 +197,7 @@ async def run(args: argparse.Namespace) -> dict:
     await engine.close()
 
     result = {
-        "model": f"SmolLM2-135M-Instruct {args.dtype}",
+        "model": f"{'tiny random Llama' if args.smoke else 'SmolLM2-135M-Instruct'} {args.dtype}",
         "requests": n,
         "max_tokens": args.tokens,
         "torch_threads": torch.get_num_threads(),
@@ -228,7 +236,10 @@ def main() -> None:
     )
     parser.add_argument("--no-vllm", action="store_true", help="skip the vLLM arm even when its venv exists")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weights dtype")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args()
+    if args.smoke:
+        args.tokens, args.requests, args.swap_tokens = 4, 2, 4
     if args.tokens is None:
         args.tokens = 16 if args.quick else 64
     result = asyncio.run(run(args))

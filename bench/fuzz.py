@@ -4,6 +4,7 @@ every operation.
 
     .venv/bin/python bench/fuzz.py                 # 50 cases per operation and mode
     .venv/bin/python bench/fuzz.py --examples 200
+    .venv/bin/python bench/fuzz.py --smoke          # 2 cases per operation and mode
 
 Progress and the first failures go to stderr; one JSON object is the last line of stdout: ``fuzz_cases`` (target
 >= 2,000 across both servers), ``fuzz_5xx`` (target 0), ``fuzz_unexplained_4xx`` (4xx without a reason, or a
@@ -22,10 +23,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._util import log, machine_facts  # noqa: E402
+from bench._util import SMOKE_HELP, log, machine_facts  # noqa: E402
 from tests._fuzz import FuzzResult, fuzz  # noqa: E402
 
 TOKEN = {"authorization": "Bearer fuzz"}
+KEYS = ("store_cases", "gateway_cases", "fuzz_cases", "fuzz_5xx", "fuzz_unexplained_4xx", "targets_met")
 
 
 def fuzz_store(examples: int) -> FuzzResult:
@@ -53,7 +55,10 @@ async def fuzz_gateway(examples: int) -> FuzzResult:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--examples", type=int, default=50, help="cases per operation and mode (default: 50)")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args()
+    if args.smoke:
+        args.examples = 2
     out: dict = {"examples": args.examples, **machine_facts()}
     log(f"machine: {out}")
     started = time.monotonic()

@@ -25,6 +25,7 @@ Structured outputs (skip with ``--no-structured``):
   validate against their schema (``jsonschema``). Target: 1.0.
 
     .venv/bin/python bench/gateway.py [--quick]
+    .venv/bin/python bench/gateway.py --smoke   # 10 requests per arm, 1 throughput run, 4-token structured outputs
 
 Progress goes to stderr; the last line of stdout is one JSON object with ``overhead_p50_ms`` and
 ``throughput_ratio_c16`` and the raw figures.
@@ -53,6 +54,8 @@ SYSTEM = (
 USER = "A baker made 48 muffins, sold 3/4 of them in the morning and half of the rest after lunch. How many are left?"
 REPLY = "48 * 3/4 = 36 sold, 12 left; half of 12 is 6 sold after lunch, so 6 remain. ANSWER: 6"
 MESSAGES = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": USER}]
+KEYS = ("overhead_p50_ms", "responses_overhead_p50_ms", "throughput_ratio_c16", "gateway_cpu_ms_per_request",
+        "spans_expected", "constrained_overhead_ratio", "constrained_overhead_pct", "schema_valid_fraction")  # fmt: skip
 
 
 def log(message: str) -> None:
@@ -344,10 +347,13 @@ def structured(args: argparse.Namespace) -> dict[str, Any]:
     from bench._grammar_libs import engine_overhead
 
     log("structured outputs: constrained overhead on smollm2 (batch 8, 48 tokens) ...")
-    overhead = asyncio.run(engine_overhead(48, 2 if args.quick else 4))
+    if args.smoke:  # the same grammar path on the tiny random model
+        overhead = asyncio.run(engine_overhead(4, 1, model="tiny"))
+    else:
+        overhead = asyncio.run(engine_overhead(48, 2 if args.quick else 4))
     log(f"  {overhead}")
     log("structured outputs: json_schema answers of the tiny random model through the gateway ...")
-    validity = asyncio.run(schema_validity(4 if args.quick else 16))
+    validity = asyncio.run(schema_validity(1 if args.smoke else 4 if args.quick else 16))
     log(f"  {validity}")
     return {
         "constrained_overhead_ratio": overhead["ratio"],
@@ -364,8 +370,10 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--no-structured", action="store_true", help="skip the structured-output figures")
     parser.add_argument("--only-structured", action="store_true", help="only the structured-output figures")
+    from bench._util import SMOKE_HELP, machine_facts
+
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args()
-    from bench._util import machine_facts
 
     facts = machine_facts()
     if args.only_structured:
@@ -373,7 +381,7 @@ def main() -> int:
         print(json.dumps(figures))
         return 0
     args.warmup, args.sequential, args.concurrent_requests, args.reps = (
-        (50, 300, 400, 3) if args.quick else (200, 1500, 1000, 7)
+        (5, 10, 32, 1) if args.smoke else (50, 300, 400, 3) if args.quick else (200, 1500, 1000, 7)
     )
 
     ctx = mp.get_context("spawn")

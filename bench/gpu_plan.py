@@ -3,6 +3,7 @@ this CPU where the two overlap.
 
     .venv/bin/python bench/gpu_plan.py            # the tables of docs/gpus.md, then the CPU check (~2 min)
     .venv/bin/python bench/gpu_plan.py --no-check # the tables only
+    .venv/bin/python bench/gpu_plan.py --smoke    # the tables, then the CPU check on the tiny model, 64 tokens
 
 The model (each term is a function below, in bytes or FLOPs):
 
@@ -45,7 +46,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._util import log, machine_facts  # noqa: E402
+from bench._util import SMOKE_HELP, log, machine_facts  # noqa: E402
+
+KEYS = ("plan", "cpu_gemm_gflops", "memory_model_max_error")
 
 GB = 1e9
 
@@ -374,15 +377,16 @@ def updater_for(model, name: str, tokens: int, response_share: float = 0.25):
     return PolicyUpdater(model, UpdateConfig(**fields)), u
 
 
-def cpu_check(tokens: int = 1024) -> dict:
-    """lightrail's updater on SmolLM2 in the configs' three precisions: measured bytes and time against the model."""
+def cpu_check(tokens: int = 1024, model: str = "smollm2") -> dict:
+    """lightrail's updater on ``model`` (SmolLM2; ``--smoke``: the tiny random Llama) in the configs' three
+    precisions: measured bytes and time against the model."""
     import torch
 
-    from lightrail.engine.models import prepare_smollm2
+    from lightrail.engine.models import prepare_model
 
     torch.manual_seed(0)
-    path = prepare_smollm2()
-    arch = Arch.from_config("SmolLM2-135M-Instruct", json.loads((path / "config.json").read_text()))
+    path = prepare_model(model)
+    arch = Arch.from_config(path.name, json.loads((path / "config.json").read_text()))
     a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
     t0 = time.perf_counter()
     for _ in range(20):
@@ -411,13 +415,14 @@ def cpu_check(tokens: int = 1024) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--no-check", action="store_true", help="print the tables only (no CPU measurement)")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args()
     out: dict = {**machine_facts()}
     rows = plan()
     print(table(rows))
     out["plan"] = rows
     if not args.no_check:
-        out.update(cpu_check())
+        out.update(cpu_check(64, "tiny") if args.smoke else cpu_check())
     print(json.dumps(out))
 
 

@@ -13,6 +13,7 @@ on its upstream hop: each routed call crosses it once. What httpx would add ther
 an upstream of the gateway does not use; long generations are covered by the lean client's timeouts.
 
     .venv/bin/python bench/http_client.py [--quick]
+    .venv/bin/python bench/http_client.py --smoke   # 20 sequential, 32 concurrent requests per arm, 1 repetition
 
 Progress goes to stderr; the last line of stdout is one JSON object.
 """
@@ -31,8 +32,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ when run from a checkout
 
-from bench._util import machine_facts  # noqa: E402
+from bench._util import SMOKE_HELP, machine_facts  # noqa: E402
 from bench.gateway import MESSAGES, REPLY, _free_port, _wait_healthy, log, upstream_process  # noqa: E402
+
+KEYS = ("lean_p50_ms", "httpx_p50_ms", "lean_cpu_ms_per_request", "httpx_cpu_ms_per_request", "lean_rps_c16",
+        "httpx_rps_c16", "lean_vs_httpx_cpu_ratio", "lean_vs_httpx_p50_ratio", "lean_vs_httpx_rps_ratio",
+        "targets_met")  # fmt: skip
 
 BODY = json.dumps({"model": "policy", "messages": MESSAGES, "max_tokens": 256}).encode()
 
@@ -103,8 +108,9 @@ async def run(url: str, sequential: int, concurrent: int, reps: int) -> dict[str
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer requests (~10 s)")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args()
-    sequential, concurrent, reps = (300, 400, 3) if args.quick else (2000, 2000, 5)
+    sequential, concurrent, reps = (20, 32, 1) if args.smoke else (300, 400, 3) if args.quick else (2000, 2000, 5)
     facts = machine_facts()
     log(f"machine: {facts}")
     ctx = mp.get_context("spawn")

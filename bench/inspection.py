@@ -15,6 +15,7 @@ leased and finished, a tenth failed; 2,000,000 spans over those attempts, a few 
 
     .venv/bin/python bench/inspection.py            # 100,000 rollouts, 2,000,000 spans
     .venv/bin/python bench/inspection.py --quick    # 10,000 rollouts, 200,000 spans
+    .venv/bin/python bench/inspection.py --smoke    # 2,000 rollouts, 3,000 spans, 3 requests per figure
 
 Targets (issue 15's numbers for these reads): first page ≤ 100 ms, detail ≤ 50 ms. Progress goes to stderr; one JSON
 object is the last line of stdout.
@@ -34,10 +35,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ when run from a checkout
 
-from bench._util import ServerProcess, llm_call_span, log, machine_facts  # noqa: E402
+from bench._util import SMOKE_HELP, ServerProcess, llm_call_span, log, machine_facts  # noqa: E402
 from lightrail.store import SQLiteStore, StoreClient  # noqa: E402
 from lightrail.types import AttemptStatus, ErrorInfo, RolloutSpec, RolloutStatus, Task  # noqa: E402
 
+KEYS = ("rollouts_page_ms_p50", "full_read_page_ms_p50", "unfiltered_page_ms_p50", "unfiltered_full_read_ms_p50",
+        "tagged_page_ms_p50", "deep_page_ms_p50", "rollout_detail_ms_p50", "fill_s", "targets_met")  # fmt: skip
 TOKEN = "inspection-bench"
 RUNS = 10
 
@@ -158,8 +161,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="10,000 rollouts and 200,000 spans")
     parser.add_argument("--reps", type=int, default=50, help="requests per measurement (median kept)")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args()
-    rollouts, spans = (10_000, 200_000) if args.quick else (100_000, 2_000_000)
+    rollouts, spans = (2_000, 3_000) if args.smoke else (10_000, 200_000) if args.quick else (100_000, 2_000_000)
+    args.reps = 3 if args.smoke else args.reps
     out: dict = {"quick": args.quick, **machine_facts(), "rollouts": rollouts, "spans": spans}
     log(f"machine: {out}")
     work = Path(tempfile.mkdtemp(prefix="lightrail-inspection-"))

@@ -2,6 +2,7 @@
 weight sync is deliberately broken stopped within one step?
 
     .venv/bin/python bench/mismatch.py [--steps N]
+    .venv/bin/python bench/mismatch.py --smoke     # 2 steps: the fewest that still show the broken run stopped
 
 Two GRPO runs through the real trainer, gateway, embedded engine (float32) and one runner, on the tiny random Llama
 (`build_tiny_model`, seed 0), 2 tasks x 4 samples per step, lr 1e-2, the GRPO loop tests' `parity_agent`
@@ -23,7 +24,6 @@ Progress goes to stderr; the LAST stdout line is one JSON object.
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import sys
 import tempfile
@@ -32,8 +32,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/ and bench/ when run from a checkout
 
-from bench._util import log, machine_facts  # noqa: E402
+from bench._util import SMOKE_HELP, log, machine_facts  # noqa: E402
 
+KEYS = ("mismatch_stop", "healthy_steps", "mismatch_kl_mean", "mismatch_kl_max", "approx_kl_float32_max",
+        "broken_sync_detected", "broken_stop_kl", "broken_stop_cause")  # fmt: skip
 AGENT = str(Path(__file__).resolve().parents[1] / "tests" / "algorithms" / "loop_agents.py") + ":parity_agent"
 
 
@@ -41,8 +43,8 @@ def run(model: Path, out: Path, steps: int) -> tuple[list[dict], str | None]:
     """One GRPO run; its metrics.jsonl records and the cause it stopped with (None when it ran to the end)."""
     from examples.calculator.data import make_splits
     from lightrail import MemoryStore, Trainer
-    from lightrail.algorithms import UpdateConfig
     from lightrail.algorithms.grpo import GRPO
+    from lightrail.model import UpdateConfig
     from lightrail.model.mismatch import MismatchError
 
     train, val = make_splits(16, 2, seed=1)
@@ -62,11 +64,14 @@ def run(model: Path, out: Path, steps: int) -> tuple[list[dict], str | None]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args()
-    from lightrail.algorithms.grpo import GRPO
+    if args.smoke:
+        args.steps = 2
+    from lightrail.algorithms.settings import GRPOSection
     from lightrail.engine import Engine, build_tiny_model
 
-    stop = inspect.signature(GRPO).parameters["mismatch_stop"].default
+    stop = GRPOSection().mismatch_stop
     result: dict = {**machine_facts(), "steps": args.steps, "mismatch_stop": stop}
     log(f"machine: {result}")
     started = time.monotonic()

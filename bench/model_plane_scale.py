@@ -14,6 +14,7 @@ as the last line of stdout (progress on stderr), with the machine's speed and lo
 
     .venv/bin/python bench/model_plane_scale.py --quick      # < 5 minutes on a quiet machine
     .venv/bin/python bench/model_plane_scale.py --only ddp   # one part (vllm | ddp | export)
+    .venv/bin/python bench/model_plane_scale.py --smoke      # the tiny model; the vLLM part only with its venv
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._util import run_parts  # noqa: E402
 
 PARTS = {"ddp": "bench._model_plane_ddp", "export": "bench._model_plane_export", "vllm": "bench._model_plane_vllm"}
+KEYS = ("ddp_max_abs_diff", "ddp_update_tokens_per_s_2", "ddp_update_tokens_per_s_1", "export_greedy_match",
+        "ddp_bench_s", "export_bench_s", "bench_s", "targets_met")  # fmt: skip
+NEEDS = {"vllm": ("vllm_sync_s", "vllm_full_sync_s", "vllm_version_correct", "grpo_steps_per_min_vllm",
+                  "grpo_steps_per_min_embedded")}  # fmt: skip
 
 
 def targets(out: dict) -> dict[str, bool]:
@@ -42,4 +47,4 @@ def targets(out: dict) -> dict[str, bool]:
 
 
 if __name__ == "__main__":
-    run_parts(__doc__, PARTS, targets)
+    run_parts(__doc__, PARTS, targets, needs={"vllm": "vllm"})

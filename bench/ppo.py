@@ -3,6 +3,7 @@
     python bench/ppo.py                  # small Llama, 300-step SFT warm start, 2 x 24 steps x 8 tasks x 8 samples
     python bench/ppo.py --quick          # tiny Llama, shorter warm start and runs (what a busy 2-core machine allows)
     python bench/ppo.py --quick --seeds 3
+    python bench/ppo.py --smoke          # tiny Llama, 2 SFT steps, 2 x 2 steps of 2 x 2 rollouts
     python bench/ppo.py --warm runs/ppo/seed-0/warm   # reuse a warm start saved by an earlier run of the same seed
 
 Per seed: one warm start (the demo's model and its SFT pass on the imperfect teacher, so held-out success starts above
@@ -30,18 +31,24 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench._util import fit_arm, log, machine_facts, spread  # noqa: E402
+from bench._util import SMOKE_HELP, fit_arm, log, machine_facts, spread  # noqa: E402
+
+KEYS = ("grpo_val_before", "grpo_val_after", "ppo_val_after", "ppo_minus_grpo_pts", "ppo_value_loss_first",
+        "ppo_value_loss_last", "grpo_minutes", "ppo_minutes", "start_above_zero", "target_met", "wall_minutes")  # fmt: skip
 
 QUICK = dict(model="tiny", n_train=400, n_val=60, sft_steps=150, steps=8, tasks_per_step=4, n_samples=4,
              concurrency=16, lr=1e-4)  # fmt: skip
+SMOKE = dict(model="tiny", n_train=16, n_val=2, sft_steps=2, steps=2, tasks_per_step=2, n_samples=2, concurrency=4,
+             lr=1e-4)  # fmt: skip
 FULL = dict(model="small", n_train=2000, n_val=200, sft_steps=300, steps=24, tasks_per_step=8, n_samples=8,
             concurrency=24, lr=1e-4)  # fmt: skip
 
 
 def run_arm(arm: str, model: Path, args: argparse.Namespace, seed: int, train: list, val: list, out: Path) -> dict:
     from lightrail.adapters import ToolRewardRule
-    from lightrail.algorithms import GRPO, UpdateConfig
+    from lightrail.algorithms import GRPO
     from lightrail.demos.calculator.demo import AGENT
+    from lightrail.model import UpdateConfig
 
     started = time.monotonic()
     grpo = GRPO(
@@ -120,10 +127,11 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=1, help="runs with seeds SEED..SEED+N-1 (default: 1)")
     parser.add_argument("--warm", type=Path, default=None, help="a saved warm start to use instead (one seed only)")
     parser.add_argument("--out", type=Path, default=Path("runs") / time.strftime("ppo-%Y%m%d-%H%M%S"))
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args()
     if args.warm is not None and args.seeds != 1:
         parser.error("--warm: with one seed only (a warm start belongs to its seed)")
-    for key, value in (QUICK if args.quick else FULL).items():
+    for key, value in (SMOKE if args.smoke else QUICK if args.quick else FULL).items():
         setattr(args, key, value)
     from transformers.utils import logging as hf_logging
 

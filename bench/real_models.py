@@ -3,6 +3,7 @@
     .venv/bin/python bench/real_models.py                    # embedded engine, every family
     .venv/bin/python bench/real_models.py --vllm             # ... and vLLM's CPU build for Hermes and Llama 3 JSON
                                                              #     (needs .venv-vllm: tests/gateway/test_gateway_vllm.py)
+    .venv/bin/python bench/real_models.py --smoke            # the first family only (vLLM too when its venv exists)
     LIGHTRAIL_TORCH_THREADS=2 .venv/bin/python bench/real_models.py --showcases sql_agent --seeds 3
                                                              # SmolLM2 learning showcases instead (bench/_smollm2_showcases.py)
 
@@ -35,7 +36,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "engine"))
 
-from bench._util import log, machine_facts  # noqa: E402
+from bench._util import SMOKE_HELP, log, machine_facts  # noqa: E402
+
+KEYS = ("tool_format_families", "tool_format_roundtrip", "roundtrips", "seconds")
+NEEDS: dict[str, tuple[str, ...]] = {"vllm": ()}
+"""With vLLM's venv, ``--smoke`` also round-trips the first family through vLLM (into ``roundtrips``)."""
 
 WEATHER = {
     "type": "function",
@@ -132,7 +137,11 @@ async def main() -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
                         help="with --showcases: a config override for every run (as lightrail train --set)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / time.strftime("bench-smollm2-%Y%m%d-%H%M%S"))
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args()
+    if args.smoke:
+        args.vllm_python = os.environ.get("LIGHTRAIL_VLLM_PYTHON") or args.vllm_python
+        args.vllm = Path(args.vllm_python).is_file()
     if args.showcases:
         from bench._smollm2_showcases import RECIPES, measure
 
@@ -156,13 +165,13 @@ async def main() -> None:
     results: dict[str, bool] = {}
     formats = set()
     with tempfile.TemporaryDirectory() as tmp:
-        for name in FAMILIES:
+        for name in list(FAMILIES)[:1] if args.smoke else FAMILIES:
             t0 = time.monotonic()
             path = trained_family_model(name, Path(tmp))
             formats.add(formats_of(path).tool.name)
             results[f"{name}/embedded"] = await embedded_round_trip(path)
             log(f"{name}: embedded {'ok' if results[f'{name}/embedded'] else 'FAILED'} ({time.monotonic() - t0:.0f} s)")
-            if args.vllm and name in VLLM_FAMILIES:
+            if args.vllm and (name in VLLM_FAMILIES or args.smoke):
                 t0 = time.monotonic()
                 results[f"{name}/vllm"] = await vllm_round_trip(path, args.vllm_python, Path(tmp) / f"vllm-{name}")
                 log(f"{name}: vllm {'ok' if results[f'{name}/vllm'] else 'FAILED'} ({time.monotonic() - t0:.0f} s)")

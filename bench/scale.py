@@ -15,6 +15,7 @@ object as the last line of stdout (progress on stderr):
     .venv/bin/python bench/scale.py --quick     # < 3 minutes
     .venv/bin/python bench/scale.py             # larger workloads
     .venv/bin/python bench/scale.py --only pg   # one part (pg | ray | remote)
+    .venv/bin/python bench/scale.py --smoke     # tiny workloads; PostgreSQL and Ray parts only where installed
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._util import run_parts  # noqa: E402
 
 PARTS = {"pg": "bench._scale_pg", "ray": "bench._scale_ray", "remote": "bench._scale_remote"}
+KEYS = ("remote_runner_pickup_ms_p50", "client_pickup_ms_p50", "remote_bench_s", "bench_s", "targets_met")
+NEEDS = {
+    "postgres": ("pg_http_spans_per_s_c8", "sqlite_http_spans_per_s_c8", "pg_lease_duplicates", "pg_bench_s"),
+    "ray": ("ray_rollouts_total", "ray_rollouts_finished", "ray_rollouts_lost", "ray_bench_s"),
+}
 
 
 def targets(out: dict) -> dict[str, bool]:
@@ -44,4 +50,4 @@ def targets(out: dict) -> dict[str, bool]:
 
 
 if __name__ == "__main__":
-    run_parts(__doc__, PARTS, targets)
+    run_parts(__doc__, PARTS, targets, needs={"pg": "postgres", "ray": "ray"})

@@ -5,6 +5,7 @@
     LIGHTRAIL_TORCH_THREADS=2 .venv/bin/python bench/sft.py --quick      # fewer steps (a smoke run, targets not expected)
     LIGHTRAIL_TORCH_THREADS=2 .venv/bin/python bench/sft.py --only sft   # the distillation alone (algorithm: sft)
     ... bench/sft.py --sft-autocast none        # the SFT stage in float32 (the default on a CPU without AMX)
+    ... bench/sft.py --smoke                    # 2 SFT steps of 4 rows, 1 GRPO step of 2 x 2, 1 runner
 
 One `lightrail train` run with ``algorithm: [sft, grpo]``; its SFT stage gives the ``sft_*`` figures.
 
@@ -35,7 +36,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/ and bench/ when run from a checkout
 
-from bench._util import cpu_amx, log, machine_facts  # noqa: E402
+from bench._util import SMOKE_HELP, cpu_amx, log, machine_facts  # noqa: E402
+
+KEYS = ("sft_val", "sft_minutes", "sft_rows", "sft_kept_rollouts", "sft_loss_first", "sft_loss_last",
+        "chained_val_after", "chained_minutes", "targets_met")  # fmt: skip
 
 AGENT = "examples.calculator.train:calculator_agent"
 
@@ -71,15 +75,15 @@ def _config(model: Path, out: Path, teacher_url: str, teacher_key: str, args: ar
         "model": str(model),
         "out_dir": str(out),
         "seed": args.seed,
-        "trainer": {"n_runners": 2, "concurrency": args.concurrency},
+        "trainer": {"n_runners": 1 if args.smoke else 2, "concurrency": args.concurrency},
         "algorithm": ["sft", "grpo"] if chain else "sft",
         "sft": sft,
     }
     if chain:
         config["grpo"] = {  # the demo's recipe (examples/calculator/demo.py)
             "steps": args.grpo_steps,
-            "tasks_per_step": 12,
-            "n_samples": 8,
+            "tasks_per_step": 2 if args.smoke else 12,
+            "n_samples": 2 if args.smoke else 8,
             "val_every": 0,
             "checkpoint_every": 0,
             "sampling": {"temperature": args.grpo_temperature, "max_tokens": 48},
@@ -166,7 +170,11 @@ def main() -> None:
     parser.add_argument("--n-val", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("runs") / time.strftime("bench-sft-%Y%m%d-%H%M%S"))
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args()
+    if args.smoke:
+        args.sft_steps, args.sft_batch, args.grpo_steps, args.n_train, args.n_val = 2, 4, 1, 8, 2
+        args.sft_autocast, args.concurrency = "none", 4
     if args.sft_autocast == "auto":
         args.sft_autocast = "bfloat16" if cpu_amx() else "none"
     args.sft_autocast = None if args.sft_autocast == "none" else args.sft_autocast
@@ -185,7 +193,8 @@ def main() -> None:
     from lightrail.trainer.config import load_config, train
 
     train_tasks, val_tasks = make_splits(args.n_train, args.n_val, seed=args.seed)
-    model = build_model(DemoSettings(model="small", seed=args.seed, out=args.out), train_tasks, Console(stderr=True))
+    size = "tiny" if args.smoke else "small"
+    model = build_model(DemoSettings(model=size, seed=args.seed, out=args.out), train_tasks, Console(stderr=True))
     with TeacherServer(train_tasks + val_tasks, seed=args.seed) as teacher:
         if args.only == "sft":
             log("-- sft alone (algorithm: sft, distillation from the scripted teacher)")

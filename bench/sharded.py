@@ -2,6 +2,7 @@
 same rows and weights, in one run: the same weights after the step, and about half the training state per rank.
 
     .venv/bin/python bench/sharded.py [--size tiny|small] [--rows N] [--lora]
+    .venv/bin/python bench/sharded.py --smoke    # tiny, 5 rows
 
 The model is a random Llama from `build_tiny_model` (``small``: ~6 M parameters, the default; ``tiny`` for a quick
 look), full fine-tuning unless ``--lora``, fp32, one AdamW step over ``--rows`` rows of `bench.update.build_rows`
@@ -36,8 +37,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._util import log, machine_facts  # noqa: E402
+from bench._util import SMOKE_HELP, log, machine_facts  # noqa: E402
 from bench.update import build_rows  # noqa: E402
+
+KEYS = ("sharded_max_abs_diff", "sharded_loss_diff", "sharded_state_bytes_per_rank", "unsharded_state_bytes",
+        "sharded_state_bytes_per_rank_ratio", "sharded_gather_unit_bytes", "sharded_step_s", "unsharded_step_s")  # fmt: skip
 
 
 def _local(t: Any) -> Any:
@@ -66,8 +70,8 @@ def largest_unit_bytes(upd: Any) -> int:
 def measure(size: str, n_rows: int, lora: bool) -> dict:
     from transformers import AutoConfig
 
-    from lightrail.algorithms import LoraSettings, PolicyUpdater, UpdateConfig
     from lightrail.engine.models import build_tiny_model
+    from lightrail.model import LoraSettings, PolicyUpdater, UpdateConfig
     from lightrail.model.distributed import DistributedPolicyUpdater
 
     model = build_tiny_model(Path(tempfile.mkdtemp(prefix="sharded-bench-")) / size, size=size, seed=0)
@@ -124,7 +128,10 @@ def main() -> None:
     parser.add_argument("--size", choices=["tiny", "small"], default="small", help="the random Llama's size")
     parser.add_argument("--rows", type=int, default=17, help="rows in the step (odd: the ranks' shares differ)")
     parser.add_argument("--lora", action="store_true", help="a LoRA adapter instead of full fine-tuning")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args()
+    if args.smoke:
+        args.size, args.rows = "tiny", 5
     facts = machine_facts()
     log(f"machine: {facts}")
     print(json.dumps({**facts, **measure(args.size, args.rows, args.lora)}), flush=True)

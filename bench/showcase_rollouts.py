@@ -32,7 +32,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._util import REPO, free_port, log  # noqa: E402
+from bench._util import REPO, SMOKE_HELP, free_port, log  # noqa: E402
+
+KEYS = ()
+NEEDS = {
+    "langgraph": ("engine_rollouts_per_min", "engine_calls", "engine_reward_mean", "engine_prefix_rollouts_per_min",
+                  "prefix_cache_speedup", "python_loop_ms"),
+    "vllm": ("vllm_rollouts_per_min", "faster_engine", "rollout_engine_speedup"),
+}  # fmt: skip
+"""The agent is LangGraph's: every figure needs it; the vLLM arm also needs vLLM's venv."""
 
 
 def python_loop_ms() -> float:
@@ -130,7 +138,7 @@ async def main_async(args: argparse.Namespace) -> dict:
     from lightrail.engine.models import prepare_model
 
     figures: dict = {"python_loop_ms": python_loop_ms(), "load_1min": os.getloadavg()[0]}
-    model = str(prepare_model("smollm2"))
+    model = str(prepare_model("tiny" if args.smoke else "smollm2"))
     train, _ = splits(seed=0, n_train=400, n_val=48, tier="basic")
     tasks = train[: args.questions]
     figures.update(questions=len(tasks), samples=args.samples, concurrency=args.concurrency)
@@ -160,7 +168,11 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16, help="rollouts at once (default 16)")
     parser.add_argument("--no-vllm", action="store_true", help="skip the vLLM arm")
     parser.add_argument("--vllm-python", default=str(REPO / ".venv-vllm" / "bin" / "python"))
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP + " (the tiny random model, 1 question)")
     args = parser.parse_args()
+    if args.smoke:
+        args.questions, args.samples, args.concurrency = 1, 1, 2
+        args.vllm_python = os.environ.get("LIGHTRAIL_VLLM_PYTHON") or args.vllm_python
     print(json.dumps(asyncio.run(main_async(args))))
 
 

@@ -3,6 +3,7 @@
     LIGHTRAIL_TORCH_THREADS=2 .venv/bin/python bench/showcases.py --only calc_agent
     LIGHTRAIL_TORCH_THREADS=2 .venv/bin/python bench/showcases.py --only calc_agent --set grpo.steps=10   # shorter
     LIGHTRAIL_TORCH_THREADS=2 .venv/bin/python bench/showcases.py --only sql_agent --seeds 3   # a spread over seeds
+    .venv/bin/python bench/showcases.py --smoke     # calc_agent, the tests' SHORT_RECIPE (tiny model, 2 + 1 steps)
 
 Each showcase's config is its recipe (a small model distilled from an imperfect teacher through the agent's own
 framework, then GRPO through real runners, the gateway and the framework); this script runs it as
@@ -37,7 +38,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/ and bench/ when run from a checkout
 
-from bench._util import REPO, log, machine_facts, spread  # noqa: E402
+from bench._util import REPO, SMOKE_HELP, log, machine_facts, spread  # noqa: E402
+
+KEYS = ()
+NEEDS = {"autogen": ("calc_agent_val_before", "calc_agent_val_after", "calc_agent_minutes", "calc_agent_wall_minutes",
+                     "calc_agent_sft_val", "targets_met")}  # fmt: skip
+"""``--smoke`` runs calc_agent, AutoGen's showcase: every figure needs AutoGen."""
 
 RECIPES = {"calc_agent": 0.10, "crew_agent": 0.10, "rag_agent": 0.10, "sk_agent": 0.10, "sql_agent": 0.15}
 """Showcases with a CPU recipe in their config.yaml, and the gain each must reach."""
@@ -95,7 +101,14 @@ def main() -> None:
         help="also run the SQL showcase's GRPO stage with one policy per agent group (default: yes)",
     )  # fmt: skip
     parser.add_argument("--seeds", type=int, default=1, help="runs per showcase, seeds 0..N-1 (default: 1)")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args()
+    if args.smoke:  # the showcase tests' shortened recipe (tests/examples/one_step.py), one showcase
+        sys.path.insert(0, str(REPO / "tests" / "examples"))
+        from one_step import SHORT_RECIPE
+
+        args.only, args.two_policies = ["calc_agent"], False
+        args.overrides = [*SHORT_RECIPE, "data_args.n_train=8", "data_args.n_val=2", *args.overrides]
     if args.seeds > 1:
         return main_seeds(args)
     out: dict = {**machine_facts(), "overrides": args.overrides}

@@ -4,6 +4,7 @@ server's memory did not grow.
 
     .venv/bin/python bench/soak.py            # 10,000 rollouts
     .venv/bin/python bench/soak.py --quick    # 2,000 rollouts, under 5 minutes
+    .venv/bin/python bench/soak.py --smoke    # 40 short rollouts through 2 runners, 1 fuzz case per operation
 
 Each rollout (``bench/_soak_agent.py``) writes three events and a reward over ~1 s of awaits; runners hold 8 at
 once, so the run lasts minutes and the store server reaches its steady state. The checks read the SQLite file
@@ -43,13 +44,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._util import REPO, ServerProcess, log, machine_facts  # noqa: E402
+from bench._util import REPO, SMOKE_HELP, ServerProcess, log, machine_facts  # noqa: E402
 from bench.fuzz import fuzz_gateway  # noqa: E402
 from lightrail.store import SyncStoreClient  # noqa: E402
 from lightrail.types import RetryPolicy, RolloutSpec, Task  # noqa: E402
 from tests._fuzz import fuzz  # noqa: E402
 from tests._role_matrix import role_matrix  # noqa: E402
 
+KEYS = ("rollouts_finished", "rollouts_succeeded", "lost", "trained_twice", "runner_kills", "store_restarts",
+        "rss_growth_pct", "runner_rss_growth_pct", "rollouts_per_s", "matrix_requests", "unauthorized_accepted",
+        "fuzz_cases", "fuzz_5xx", "fuzz_unexplained_4xx", "targets_met")  # fmt: skip
 TOKEN = "soak-token"
 RUNNERS, CONCURRENCY = 8, 8
 POLICY = RetryPolicy(lease_s=3.0, max_attempts=6)  # a killed runner's rollouts come back within seconds
@@ -138,7 +142,11 @@ def main() -> None:
     parser.add_argument("--step-s", type=float, default=0.3, help="each of a rollout's 3 steps awaits this long")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--examples", type=int, default=50, help="fuzz cases per operation and mode (default: 50)")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args()
+    runners_n = RUNNERS
+    if args.smoke:
+        args.rollouts, args.step_s, args.kill_every_s, args.examples, runners_n = 40, 0.01, 1.0, 1, 2
     total = args.rollouts or (2_000 if args.quick else 10_000)
     rng = random.Random(args.seed)
     out: dict = {"quick": args.quick, **machine_facts()}
@@ -152,9 +160,9 @@ def main() -> None:
             specs = [RolloutSpec(task=Task(input={"n": n, "step_s": args.step_s}), policy=POLICY)
                      for n in range(i, min(i + 500, total))]  # fmt: skip
             client.enqueue(specs)
-    log(f"{total} rollouts queued; {RUNNERS} runners x {CONCURRENCY}, a runner SIGKILLed every {args.kill_every_s} s")
+    log(f"{total} rollouts queued; {runners_n} runners x {CONCURRENCY}, a runner SIGKILLed every {args.kill_every_s} s")
     runners = Runners(server.url, work)
-    for _ in range(RUNNERS):
+    for _ in range(runners_n):
         runners.start()
     kills = restarts = 0
     samples: list[tuple[float, float]] = []  # (seconds, RSS MB) of the current store server

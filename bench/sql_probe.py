@@ -30,8 +30,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._util import free_port, log  # noqa: E402
+from bench._util import SMOKE_HELP, free_port, log  # noqa: E402
 from bench.showcase_rollouts import python_loop_ms  # noqa: E402
+
+KEYS = ()
+NEEDS = {"langgraph": ("mixed_exact", "mixed_credit", "minutes", "tries", "temperature", "python_loop_ms")}
+"""The agent is LangGraph's (langchain_core): every figure needs it."""
 
 
 def probe(url: str, tasks: list[dict], args: argparse.Namespace) -> list[tuple[dict, float, float]]:
@@ -125,7 +129,10 @@ def main() -> None:
     parser.add_argument("--split", default="train", choices=["train", "val"],
                         help="train questions (default) or the recipe's 48 held-out ones")  # fmt: skip
     parser.add_argument("--dump", type=Path, help="append each try's question, gold SQL, SQL and scores (JSON lines)")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP + " (the tiny random model, 2 questions)")
     args = parser.parse_args()
+    if args.smoke:
+        args.questions, args.tries, args.model = 2, 1, "tiny"
     facts = {"python_loop_ms": python_loop_ms(), "load_1min": round(os.getloadavg()[0], 2)}
     log(f"probing {args.questions} questions x {args.tries} at T {args.temperature} / top-p {args.top_p}")
     settings = {k: getattr(args, k) for k in ("tier", "split", "nearest", "example", "temperature", "tries")}

@@ -38,10 +38,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._util import ServerProcess, llm_call_span, log, machine_busy_s  # noqa: E402
+from bench._util import SMOKE_HELP, ServerProcess, llm_call_span, log, machine_busy_s  # noqa: E402
 from lightrail.store import MemoryStore, SQLiteStore, Store, StoreClient  # noqa: E402
 from lightrail.types import AttemptStatus, RolloutSpec, RolloutStatus, Span, Task  # noqa: E402
 
+KEYS = ("import_s", "memory_spans_per_s", "sqlite_spans_per_s", "http_spans_per_s_c1", "http_spans_per_s_c8",
+        "pickup_latency_ms_p50", "server_start_s", "durability_lost", "targets_met")  # fmt: skip
 TOKEN = "bench-token"
 
 # Reference numbers (agentlightning 0.3.0, same machine class; anchor-bench.md medians).
@@ -336,11 +338,14 @@ def main() -> None:
         "--reps", type=int, default=None, help="HTTP runs per concurrency, best kept (default 5, 2 with --quick)"
     )
     parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio", help="the client's event loop")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args()
+    if args.smoke:
+        args.n, args.m, args.reps = 40, 5, 1
     args.n = args.n or (400 if args.quick else 2000)
     args.reps = args.reps or (2 if args.quick else 5)
-    args.pickup_trials = 20 if args.quick else 50
-    args.durability_n = 300 if args.quick else 1000
+    args.pickup_trials = 3 if args.smoke else 20 if args.quick else 50
+    args.durability_n = 20 if args.smoke else 300 if args.quick else 1000
     if args.loop == "uvloop":
         import uvloop
 

@@ -20,6 +20,7 @@ machine it is the noise-robust figure.
 
     .venv/bin/python bench/tracing.py                 # full
     .venv/bin/python bench/tracing.py --quick         # smaller
+    .venv/bin/python bench/tracing.py --smoke         # a few requests and calls of each part
     .venv/bin/python bench/tracing.py --only otlp     # one part (repeat --only for more)
 
 Progress goes to stderr; the last line of stdout is one JSON object.
@@ -40,11 +41,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx  # noqa: E402
 
-from bench._util import ServerProcess, log  # noqa: E402
+from bench._util import SMOKE_HELP, ServerProcess, log  # noqa: E402
 from lightrail.store import StoreClient  # noqa: E402
 from lightrail.types import Attr, RolloutSpec, Span, Task  # noqa: E402
 
 TOKEN = "bench-token"
+KEYS = ("otlp_spans_per_s", "json_route_spans_per_s", "otlp_vs_json_route", "baseline_call_ms",
+        "embedded_overhead_ms", "otel_overhead_ms", "misattributed_spans", "missing_spans", "targets_met")  # fmt: skip
 TARGET_OTLP_SPANS_PER_S = 20_000
 SPANS_PER_REQUEST = 512
 SPANS_PER_TRACE = 8
@@ -258,11 +261,11 @@ async def _one_arm(arm: str, tmp: Path, rep: int, n_requests: int, senders: int)
     return result
 
 
-async def measure_otlp(quick: bool) -> dict:
+async def measure_otlp(quick: bool, smoke: bool = False) -> dict:
     """``otlp_spans_per_s`` and its baseline, the JSON ``/v1/spans`` route, with the same spans (best of reps;
     arms alternate so a burst of load from other processes hits both)."""
-    n_requests = 24 if quick else 80
-    reps = 2 if quick else 3
+    n_requests = 4 if smoke else 24 if quick else 80
+    reps = 1 if smoke else 2 if quick else 3
     senders = 4
     best: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="lightrail-bench-tracing-") as tmp_name:
@@ -306,13 +309,14 @@ def main() -> None:
     parser.add_argument(
         "--only", choices=PARTS, action="append", help="run only this part (repeatable; default: all of them)"
     )
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args()
     parts = args.only or PARTS
     out: dict = {"quick": args.quick, "cores": os.cpu_count(), "load_1m": round(os.getloadavg()[0], 2)}
     targets: dict[str, bool] = {}
 
     if "otlp" in parts:
-        out.update(asyncio.run(measure_otlp(args.quick)))
+        out.update(asyncio.run(measure_otlp(args.quick, args.smoke)))
         targets[f"otlp_spans_per_s>={TARGET_OTLP_SPANS_PER_S}"] = out["otlp_spans_per_s"] >= TARGET_OTLP_SPANS_PER_S
 
     # The runner-side measurements (tracing overhead per LLM call, attribution under concurrency) live in
@@ -321,11 +325,11 @@ def main() -> None:
         from bench._tracing_runs import measure_attribution, measure_overhead
 
         if "overhead" in parts:
-            out.update(measure_overhead(args.quick))
+            out.update(measure_overhead(args.quick, args.smoke))
             targets["embedded_overhead_ms<=0.1"] = out["embedded_overhead_ms"] <= 0.1
             targets["otel_overhead_ms<=0.5"] = out["otel_overhead_ms"] <= 0.5
         if "attribution" in parts:
-            out.update(measure_attribution(args.quick))
+            out.update(measure_attribution(args.quick, args.smoke))
             targets["misattributed_spans==0"] = out.get("misattributed_spans") == 0
             targets["missing_spans==0"] = out.get("missing_spans") == 0
 

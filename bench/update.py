@@ -1,6 +1,7 @@
 """How fast is the GRPO policy update compared with a plain forward+backward+AdamW pass over the same tokens?
 
     .venv/bin/python bench/update.py [--quick] [--reps N] [--rows N] [--budget TOKENS] [--shared-only]
+    .venv/bin/python bench/update.py --smoke    # 4 rows, 1 repetition
 
 Model: a random ~6 M-parameter Llama (hidden 256, 6 layers, 4 heads, ffn 1024, vocab 1024), full fine-tuning.
 Rows: prompts of 60-120 tokens and responses of 20-40 tokens (loss mask on the response), advantages +-1, old
@@ -46,10 +47,14 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ when run from a checkout
 
-from bench._util import cpu_amx, log, machine_facts  # noqa: E402
-from lightrail.algorithms import PolicyUpdater, UpdateConfig, pack_micro_batches  # noqa: E402
+from bench._util import SMOKE_HELP, cpu_amx, log, machine_facts  # noqa: E402
 from lightrail.engine import configure_threads  # noqa: E402
+from lightrail.model import PolicyUpdater, UpdateConfig, pack_micro_batches  # noqa: E402
 from lightrail.types import TrainingRow  # noqa: E402
+
+KEYS = ("update_tokens_per_s", "fwd_bwd_tokens_per_s", "update_over_fwd_bwd", "update_bf16_tokens_per_s",
+        "shared_prefix_tokens_per_s", "shared_prefix_baseline_tokens_per_s", "shared_prefix_speedup",
+        "shared_prefix_grad_diff", "rows", "tokens_per_step")  # fmt: skip
 
 
 def build_model(vocab: int) -> LlamaForCausalLM:
@@ -169,7 +174,10 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=4096, help="micro-batch token budget")
     parser.add_argument("--vocab", type=int, default=1024)
     parser.add_argument("--shared-only", action="store_true", help="only the shared-prefix passes")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args()
+    if args.smoke:
+        args.reps, args.rows = 1, 4
     reps = args.reps or (2 if args.quick else 5)
     n_rows = args.rows or (16 if args.quick else 64)
 

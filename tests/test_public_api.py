@@ -131,3 +131,90 @@ def test_grpo_config_is_a_deprecated_name_of_update_config():
         with pytest.warns(DeprecationWarning, match="GRPOConfig is deprecated: use UpdateConfig"):
             assert module.GRPOConfig is updater.UpdateConfig
     assert "GRPOConfig" not in algorithms.__all__
+
+
+# -- every package face -----------------------------------------------------------------------------------------
+
+FACES = [
+    "lightrail.adapters",
+    "lightrail.agent",
+    "lightrail.algorithms",
+    "lightrail.dashboard",
+    "lightrail.engine",
+    "lightrail.gateway",
+    "lightrail.model",
+    "lightrail.store",
+    "lightrail.tracing",
+    "lightrail.trainer",
+]
+LAZY_FACES = ["lightrail", "lightrail.algorithms", "lightrail.dashboard", "lightrail.engine", "lightrail.model",
+              "lightrail.store"]  # fmt: skip
+"""The faces that load their names on first use, through `lightrail._lazy.lazy_face`."""
+
+
+@pytest.mark.parametrize("face", FACES)
+def test_every_name_a_face_lists_resolves(face):
+    import importlib
+
+    module = importlib.import_module(face)
+    for name in module.__all__:
+        assert getattr(module, name) is not None, f"{face}.{name}"
+    assert set(module.__all__) <= set(dir(module))
+    with pytest.raises(AttributeError, match=f"module '{face}' has no attribute 'NoSuchName'"):
+        module.NoSuchName  # noqa: B018
+
+
+@pytest.mark.parametrize("face", LAZY_FACES)
+def test_a_lazy_face_writes_its_export_list_once(face):
+    """The face's ``if TYPE_CHECKING:`` imports are its export list: ``_EXPORTS`` and ``__all__`` are read from them,
+    and each name is the object its defining module holds (not a copy kept by hand)."""
+    import importlib
+
+    from lightrail._lazy import exports_of
+
+    module = importlib.import_module(face)
+    table = exports_of(module.__file__)
+    assert {name: source for name, (source, _) in table.items()} == module._EXPORTS
+    assert set(table) <= set(module.__all__)
+    for name, (source, attribute) in table.items():
+        assert getattr(module, name) is getattr(importlib.import_module(source), attribute), f"{face}.{name}"
+
+
+@pytest.mark.parametrize("face", LAZY_FACES)
+def test_importing_a_lazy_face_stays_light(face):
+    probe = PROBE.replace("import lightrail\n", f"import {face}\n")
+    result = json.loads(
+        subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    )
+    assert result["heavy"] == [], face
+
+
+def test_algorithms_exports_no_model_plane_name():
+    """``lightrail.algorithms`` names the algorithms; the model plane's names are ``lightrail.model``'s. The old ones
+    still resolve through ``lightrail.algorithms``, with a `DeprecationWarning` naming ``lightrail.model``."""
+    import lightrail.algorithms as algorithms
+    import lightrail.model as model
+
+    assert not [n for n, source in algorithms._EXPORTS.items() if source.startswith("lightrail.model")]
+    assert sorted(model.__all__) == sorted(
+        ["LlamaFactorySettings", "LoraSettings", "LossNorm", "PolicyUpdater", "UpdateConfig", "drop_stale_rows",
+         "loss_weights", "pack_micro_batches", "policy_loss", "token_entropy"]
+    )  # fmt: skip
+    for name in model.__all__:
+        with pytest.warns(
+            DeprecationWarning, match=f"lightrail.algorithms.{name} moved: import it from lightrail.model"
+        ):
+            assert getattr(algorithms, name) is getattr(model, name)
+        assert name not in algorithms.__all__
+
+
+def test_the_version_has_one_source():
+    """``lightrail.__version__`` is the installed distribution's (pyproject.toml's ``version``), written nowhere in
+    the package."""
+    import importlib.metadata
+    import re
+    from pathlib import Path
+
+    assert lightrail.__version__ == importlib.metadata.version("lightrail")
+    package = Path(lightrail.__file__).parent
+    assert not [p for p in package.rglob("*.py") if re.search(r"__version__\s*=\s*['\"]", p.read_text())]

@@ -9,12 +9,11 @@ page reads.
 
 from __future__ import annotations
 
-__all__ = ["create_dashboard_app", "dashboard_routes"]
+from typing import TYPE_CHECKING
 
+from lightrail._lazy import lazy_face
 
-def __getattr__(name: str):  # lazily: the command line imports this package to build --help, not Starlette
-    if name in __all__:
-        from lightrail.dashboard import app
+if TYPE_CHECKING:  # the export list (read by `lazy_face`): the command line imports this package, not Starlette
+    from lightrail.dashboard.app import create_dashboard_app, dashboard_routes
 
-        return getattr(app, name)
-    raise AttributeError(name)
+_EXPORTS, __all__, __getattr__, __dir__ = lazy_face(__name__, __file__)

@@ -9,6 +9,19 @@
 * `checkpoint`, `export`: atomic checkpoint directories, and a checkpoint turned into a model folder.
 * `llamafactory`: LLaMA-Factory's trainer as an SFT backend.
 
-Nothing here imports `lightrail.algorithms`; the algorithms (`GRPO`, `SFT`, `APO`) compose these pieces and
-`lightrail.algorithms` re-exports the public names.
+Nothing here imports `lightrail.algorithms`; the algorithms (`GRPO`, `SFT`, `APO`) compose these pieces. This face
+exports the public names, loaded on first use (importing the package must not import torch).
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from lightrail._lazy import lazy_face
+
+if TYPE_CHECKING:  # the export list (read by `lazy_face`; names load on first use)
+    from lightrail.model._loss import LossNorm, loss_weights, policy_loss, token_entropy
+    from lightrail.model.llamafactory import LlamaFactorySettings
+    from lightrail.model.updater import LoraSettings, PolicyUpdater, UpdateConfig, drop_stale_rows, pack_micro_batches
+
+_EXPORTS, __all__, __getattr__, __dir__ = lazy_face(__name__, __file__)

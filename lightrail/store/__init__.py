@@ -11,12 +11,12 @@
 
 from __future__ import annotations
 
-import importlib
 import os
 import re
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlsplit
 
+from lightrail._lazy import lazy_face
 from lightrail.store.base import (
     ConflictError,
     ForbiddenError,
@@ -31,41 +31,30 @@ from lightrail.store.base import (
 )
 from lightrail.store.memory import MemoryStore
 
-__all__ = [
-    "ConflictError",
-    "ForbiddenError",
-    "InvalidIdError",
-    "MemoryStore",
-    "NotFoundError",
-    "PostgresStore",
-    "SQLiteStore",
-    "SchemaVersionError",
-    "StaleAttemptError",
-    "Store",
-    "StoreClient",
-    "StoreError",
-    "StoreUnavailableError",
-    "SyncStoreClient",
-    "UnauthorizedError",
-    "WaitResult",
-    "check_store",
-    "open_store",
-]
+if TYPE_CHECKING:  # the lazily loaded part of the export list (read by `lazy_face`): aiosqlite, asyncpg, the client
+    from lightrail.store.checks import check_store
+    from lightrail.store.client import StoreClient, SyncStoreClient
+    from lightrail.store.postgres import PostgresStore
+    from lightrail.store.sqlite import SchemaVersionError, SQLiteStore
 
-_LAZY = {
-    "check_store": "lightrail.store.checks",
-    "PostgresStore": "lightrail.store.postgres",
-    "SQLiteStore": "lightrail.store.sqlite",
-    "SchemaVersionError": "lightrail.store.sqlite",
-    "StoreClient": "lightrail.store.client",
-    "SyncStoreClient": "lightrail.store.client",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'lightrail.store' has no attribute {name!r}")
+_EXPORTS, _lazy_names, __getattr__, __dir__ = lazy_face(__name__, __file__)
+__all__ = sorted(
+    [
+        *_lazy_names,
+        "ConflictError",
+        "ForbiddenError",
+        "InvalidIdError",
+        "MemoryStore",
+        "NotFoundError",
+        "StaleAttemptError",
+        "Store",
+        "StoreError",
+        "StoreUnavailableError",
+        "UnauthorizedError",
+        "WaitResult",
+        "open_store",
+    ]
+)  # the eager names: the imports above, and `open_store` below
 
 
 STORE_URL_FORMS = (
@@ -153,10 +142,3 @@ def sqlite_path(url: str) -> str:
     if path != ":memory:":
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     return path
-
-
-if TYPE_CHECKING:  # pragma: no cover
-    from lightrail.store.checks import check_store
-    from lightrail.store.client import StoreClient, SyncStoreClient
-    from lightrail.store.postgres import PostgresStore
-    from lightrail.store.sqlite import SchemaVersionError, SQLiteStore

@@ -119,9 +119,9 @@ def warm_start(settings: DemoSettings, base: Path, train: list[dict], console: A
     """Supervised pass on the imperfect teacher's demonstrations; returns the warm model's directory."""
     from transformers import AutoTokenizer
 
-    from lightrail.algorithms import PolicyUpdater, UpdateConfig
     from lightrail.algorithms.run.progress import StepBar
     from lightrail.algorithms.sft import conversation_rows
+    from lightrail.model import PolicyUpdater, UpdateConfig
 
     tokenizer = AutoTokenizer.from_pretrained(base)
     rows = conversation_rows(tokenizer, demonstrations(train, seed=settings.seed), tools=[CALCULATOR], max_len=500)
@@ -144,7 +144,8 @@ def run_demo(settings: DemoSettings, console: Any = None) -> dict[str, Any]:
 
     from lightrail import Trainer
     from lightrail.adapters import ToolRewardRule
-    from lightrail.algorithms import GRPO, LoraSettings, UpdateConfig
+    from lightrail.algorithms import GRPO
+    from lightrail.model import LoraSettings, UpdateConfig
     from lightrail.types import RetryPolicy
 
     console = console or Console()
