@@ -104,3 +104,134 @@ def write_spider(root: Path) -> Path:
         columns = {"db_id": [r[0] for r in rows], "query": [r[2] for r in rows], "question": [r[1] for r in rows]}
         pq.write_table(pa.table(columns), root / f"{name}.parquet")
     return root
+
+
+def _paragraph(idx: int, title: str, text: str, supporting: bool = False) -> dict[str, Any]:
+    return {"idx": idx, "title": title, "paragraph_text": text, "is_supporting": supporting}
+
+
+#: MuSiQue records (fields and nesting as in musique_ans_v1.0_*.jsonl; facts made up where they are not real).
+#: Paragraphs are listed out of ``idx`` order, as a loader must not rely on the order; the Hamlet paragraph is
+#: shared by two questions (it is indexed once when pooled).
+HAMLET = _paragraph(0, "Hamlet (1948 film)", "Hamlet is a 1948 British film adaptation of William Shakespeare's play, "
+                    "adapted and directed by and starring Laurence Olivier.", True)  # fmt: skip
+MUSIQUE_TRAIN = [
+    {
+        "id": "2hop__1001_2002",
+        "paragraphs": [
+            _paragraph(2, "Dorking", "Dorking is a market town in Surrey in South East England."),
+            _paragraph(1, "Laurence Olivier", "Laurence Kerr Olivier was born in Dorking, Surrey, on 22 May 1907.", True),
+            HAMLET,
+            _paragraph(3, "Hamlet", "Hamlet is a tragedy written by William Shakespeare around 1600."),
+        ],
+        "question": "Where was the director of the 1948 film Hamlet born?",
+        "question_decomposition": [
+            {"id": 1001, "question": "Who directed the 1948 film Hamlet?", "answer": "Laurence Olivier",
+             "paragraph_support_idx": 0},
+            {"id": 2002, "question": "Where was #1 born?", "answer": "Dorking", "paragraph_support_idx": 1},
+        ],
+        "answer": "Dorking",
+        "answer_aliases": ["Dorking, Surrey"],
+        "answerable": True,
+    },
+    {
+        "id": "3hop1__1001_3003_4004",
+        "paragraphs": [
+            HAMLET,
+            _paragraph(1, "Olivier Theatre", "The Olivier Theatre, named after Laurence Olivier, is the largest "
+                       "stage of the Royal National Theatre in London.", True),
+            _paragraph(2, "Royal National Theatre", "The Royal National Theatre stands on the South Bank of the "
+                       "River Thames.", True),
+            _paragraph(3, "Thames", "The River Thames flows through southern England."),
+        ],
+        "question": "On the bank of which river stands the theatre whose largest stage is named after the director "
+        "of the 1948 Hamlet?",
+        "question_decomposition": [
+            {"id": 1001, "question": "Who directed the 1948 film Hamlet?", "answer": "Laurence Olivier",
+             "paragraph_support_idx": 0},
+            {"id": 3003, "question": "The largest stage of which theatre is named after #1?",
+             "answer": "Royal National Theatre", "paragraph_support_idx": 1},
+            {"id": 4004, "question": "On which river's bank does #2 stand?", "answer": "River Thames",
+             "paragraph_support_idx": 2},
+        ],
+        "answer": "River Thames",
+        "answer_aliases": ["Thames", "the Thames"],
+        "answerable": True,
+    },
+]  # fmt: skip
+MUSIQUE_DEV = [
+    {
+        "id": "2hop__5005_6006",
+        "paragraphs": [
+            _paragraph(0, "Kathmandu", "Kathmandu is the capital of Nepal.", True),
+            _paragraph(1, "Nepalese rupee", "The Nepalese rupee is the official currency of Nepal.", True),
+            _paragraph(2, "Lima", "Lima is the capital of Peru."),
+        ],
+        "question": "What is the currency of the country whose capital is Kathmandu?",
+        "question_decomposition": [
+            {"id": 5005, "question": "Kathmandu is the capital of which country?", "answer": "Nepal",
+             "paragraph_support_idx": 0},
+            {"id": 6006, "question": "What is the currency of #1?", "answer": "Nepalese rupee",
+             "paragraph_support_idx": 1},
+        ],
+        "answer": "Nepalese rupee",
+        "answer_aliases": ["NPR", "rupee"],
+        "answerable": True,
+    },
+    {  # as the musique_full files hold it: not answerable from its paragraphs, left out
+        "id": "2hop__7007_8008",
+        "paragraphs": [_paragraph(0, "Lima", "Lima is the capital of Peru.")],
+        "question": "What is the currency of the country whose capital is Thimphu?",
+        "question_decomposition": [
+            {"id": 7007, "question": "Thimphu is the capital of which country?", "answer": "Bhutan",
+             "paragraph_support_idx": None},
+            {"id": 8008, "question": "What is the currency of #1?", "answer": "ngultrum", "paragraph_support_idx": None},
+        ],
+        "answer": "ngultrum",
+        "answer_aliases": [],
+        "answerable": False,
+    },
+]  # fmt: skip
+
+
+def write_musique(root: Path) -> Path:
+    """MuSiQue's ``data/`` layout under ``root``: ``musique_ans_v1.0_train.jsonl`` and ``musique_ans_v1.0_dev.jsonl``
+    (one record a line). Returns ``root``."""
+    root.mkdir(parents=True, exist_ok=True)
+    for name, records in (("train", MUSIQUE_TRAIN), ("dev", MUSIQUE_DEV)):
+        text = "".join(json.dumps(r) + "\n" for r in records)
+        (root / f"musique_ans_v1.0_{name}.jsonl").write_text(text, encoding="utf-8")
+    return root
+
+
+#: Calc-X rows as Agent Lightning's parquet holds them (columns id, question, chain, result, source; from its
+#: examples/calc_x/data/sample.jsonl and made-up ones): a fraction, integers, a decimal and an option letter.
+CALCX_TRAIN = [
+    ("ape210k__00384263", "6.6 minus x (3/2) times equals 5.6.",
+     '<gadget id="calculator">1 / (3/2)</gadget>\n<output>2/3 = around 0.666667</output>\n<result>2/3 = around 0.666667</result>',
+     "2/3"),
+    ("ape210k__00469689", "How many degrees of 75° can form a right angle?",
+     '<gadget id="calculator">90 - 75</gadget>\n<output>15</output>\n<result>15</result>', "15"),
+    ("aqua_rat__0bgRP2fAiH8URR9A", "36 men can complete a piece of work in 18 days. In how many days will 108 men "
+     "complete the same work ?\nChoose the correct choice\nA) 24 B) 77 C) 6 D) 29 E) 21", "x = 6\n<result>C</result>",
+     "C"),
+]  # fmt: skip
+CALCX_TEST = [
+    ("gsm8k__aBcD1234", "A pen costs 2.5 dollars. How much do 3 pens cost?",
+     '<gadget id="calculator">2.5 * 3</gadget>\n<output>7.5</output>\n<result>7.5</result>', "7.5"),
+    ("ape210k__00935567", "Uncle Wang has 20 goats, 14 sheep, and 408 rabbits. How many times more rabbits are "
+     "there than sheep?", '<gadget id="calculator">408 / 34</gadget>\n<output>12</output>\n<result>12</result>', "12"),
+]  # fmt: skip
+
+
+def write_calcx(root: Path) -> Path:
+    """Agent Lightning's Calc-X files under ``root``: ``train.parquet`` and ``test.parquet``. Returns ``root``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root.mkdir(parents=True, exist_ok=True)
+    for name, rows in (("train", CALCX_TRAIN), ("test", CALCX_TEST)):
+        columns = {"id": [r[0] for r in rows], "question": [r[1] for r in rows], "chain": [r[2] for r in rows],
+                   "result": [r[3] for r in rows], "source": ["calc"] * len(rows)}  # fmt: skip
+        pq.write_table(pa.table(columns), root / f"{name}.parquet")
+    return root
