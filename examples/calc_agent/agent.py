@@ -212,6 +212,16 @@ class Solution:
 
     answer: int | None
     transcript: list[str]
+    reply: str | None = None
+    """The solver's last message with an ``Answer:`` (whatever follows it: a Calc-X result may be ``2/3``)."""
+
+
+def final_reply(messages: Sequence[Any]) -> str | None:
+    """The solver's last text message that has an ``Answer:``; None when it never gave one."""
+    for message in reversed(messages):
+        if isinstance(message, TextMessage) and message.source == SOLVER and "answer:" in message.content.lower():
+            return message.content
+    return None
 
 
 def final_answer(messages: Sequence[Any]) -> int | None:
@@ -249,7 +259,7 @@ async def solve(
     finally:
         await model_client.close()
     transcript = [f"{getattr(m, 'source', '?')}: {m.to_text()}" for m in result.messages]
-    return Solution(answer=final_answer(result.messages), transcript=transcript)
+    return Solution(answer=final_answer(result.messages), transcript=transcript, reply=final_reply(result.messages))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ them through ``data_args``::
 from __future__ import annotations
 
 from examples.calc_agent.agent import CALCULATOR_DESCRIPTION, CHECKER_SYSTEM, SOLVER_SYSTEM, TOOLS
+from examples.calculator.calcx import splits as calcx_splits
 from examples.calculator.data import make_splits
 
 
@@ -33,6 +34,30 @@ def splits(
     train, val = make_splits(n_train, n_val, seed=seed)
     run = {"tools": tools, "max_turns": max_turns, "one_shot": one_shot}
     return [{**t, **run} for t in train], [{**t, **run} for t in val]
+
+
+def calcx(
+    path: str,
+    train: str = "train.parquet",
+    val: str = "test.parquet",
+    n_train: int | None = None,
+    n_val: int | None = None,
+    seed: int = 0,
+    *,
+    tools: str = "local",
+    max_turns: int = 3,
+    one_shot: bool = False,
+) -> tuple[list[dict], list[dict]]:
+    """Calc-X as Agent Lightning ships it (`examples.calculator.calcx`: ``<path>/train.parquet``,
+    ``<path>/test.parquet``; ``n_train`` / ``n_val`` a seeded sample), with the run settings of `splits` copied into
+    every task. The rollout scores a task's ``result`` with `examples.calculator.calcx.numeric_reward`."""
+    if tools not in TOOLS:
+        raise ValueError(f"tools must be one of {TOOLS}, got {tools!r}")
+    if max_turns < 1:
+        raise ValueError(f"max_turns must be at least 1, got {max_turns}")
+    train_tasks, val_tasks = calcx_splits(path, train, val, n_train, n_val, seed)
+    run = {"tools": tools, "max_turns": max_turns, "one_shot": one_shot}
+    return [{**t, **run} for t in train_tasks], [{**t, **run} for t in val_tasks]
 
 
 def tokenizer_corpus() -> list[str]:

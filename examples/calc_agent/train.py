@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 from examples.calc_agent.agent import solve
+from examples.calculator.calcx import numeric_reward
 from lightrail import rollout
 
 # AutoGen's agent runtime traces its own message passing (~15 "autogen publish/process/ack" spans per agent
@@ -30,7 +31,8 @@ _SERVER_FAILURES = ("APIConnectionError", "APITimeoutError", "InternalServerErro
 
 @rollout
 async def calc_agent(task, llm):
-    """Run the solver/checker team on ``task["question"]`` with the calculator ``task["tools"]`` names.
+    """Run the solver/checker team on ``task["question"]`` with the calculator ``task["tools"]`` names; the reward
+    is `answer_reward`, or for a Calc-X problem (``task["result"]``) `examples.calculator.calcx.numeric_reward`.
 
     An AutoGen team re-raises an agent's exception as ``RuntimeError("<type>: <message>...")``, so the openai
     exception's type is lost on the way. It is read back from the text: a server that cannot be reached raises
@@ -56,4 +58,6 @@ async def calc_agent(task, llm):
         if kind == "BadRequestError" and "context" in message:
             return 0.0
         raise
+    if "result" in task:  # a Calc-X problem (`data.calcx`): Agent Lightning's numeric comparison of the text
+        return numeric_reward(solution.reply, task["result"])
     return answer_reward(solution.answer, task["answer"])

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 from agents import Agent, ModelSettings, OpenAIProvider, RunConfig, Runner, function_tool, trace
@@ -98,11 +99,16 @@ def model_settings(sampling: dict[str, Any]) -> ModelSettings:
     return ModelSettings(**known, extra_body=extra or None)
 
 
-def build_agents(model: str, *, k: int = 3, world: int = 0, **sampling: Any) -> tuple[Agent, Agent]:
+def build_agents(
+    model: str, *, k: int = 3, world: int = 0, corpus: Callable[[], Any] | None = None, **sampling: Any
+) -> tuple[Agent, Agent]:
     """The researcher (with the ``search`` tool returning the ``k`` best passages of ``world``'s corpus: 0 is the
-    real countries, see `examples.rag_agent.data.world`) and the editor, both calling ``model`` with the SDK's
+    real countries, see `examples.rag_agent.data.world`; or of ``corpus()``, a `retrieval.PassageIndex` made on
+    the first search, e.g. a MuSiQue question's paragraphs) and the editor, both calling ``model`` with the SDK's
     default model (the Responses API) through the run's client (`run_config`)."""
     from examples.rag_agent.retrieval import index
+
+    searched = corpus or (lambda: index(world))
 
     @function_tool
     async def search(query: str) -> str:
@@ -113,7 +119,7 @@ def build_agents(model: str, *, k: int = 3, world: int = 0, **sampling: Any) -> 
         """
         # in a worker thread: the first search of a process loads the encoder (and may embed the corpus), and
         # the event loop it would block also runs other rollouts and the runner's heartbeats
-        found = await asyncio.to_thread(lambda: index(world).search(query, k))
+        found = await asyncio.to_thread(lambda: searched().search(query, k))
         return "\n".join(found) if found else "No passages found: search for a country name or a capital."
 
     settings = model_settings(sampling)
@@ -156,16 +162,17 @@ async def answer(
     world: int = 0,
     examples: list[dict[str, Any]] | None = None,
     editor_examples: list[dict[str, Any]] | None = None,
+    corpus: Callable[[], Any] | None = None,
     **sampling: Any,
 ) -> str | None:
     """Run the workflow on one question: the researcher's notes (``max_turns`` model calls at most), then the
     editor's reply, which is returned (None when the editor gave none). ``examples`` (e.g. `ONE_SHOT`) come
     before the question in the researcher's conversation, ``editor_examples`` (`EDITOR_ONE_SHOT`) in the
-    editor's; ``world`` picks the search corpus (`build_agents`). Errors reaching the server propagate: they are
+    editor's; ``world`` or ``corpus`` picks the search corpus (`build_agents`). Errors reaching the server propagate: they are
     not the model's."""
     keep_traces_local()
     async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
-        researcher, editor = build_agents(model, k=k, world=world, **sampling)
+        researcher, editor = build_agents(model, k=k, world=world, corpus=corpus, **sampling)
         config = run_config(client)
         with trace(WORKFLOW_NAME):
             notes = await _final_output(researcher, _after(examples, question), max_turns, config)

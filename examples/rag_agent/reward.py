@@ -6,8 +6,15 @@ it states), or nothing when the reply never says ``Answer:``.
 
     reward = FORMAT_WEIGHT * format_ok + F1_WEIGHT * max(F1(answer, gold) for gold in answers)
 
-F1 is SQuAD's token F1 after normalising both sides: lower case, accents and punctuation removed, the articles
-"a", "an", "the" dropped. A question with several right answers (any neighbour's capital) takes the best match.
+F1 is SQuAD's token F1 after normalising both sides as SQuAD's evaluation script does (lower case, punctuation
+deleted, the articles "a", "an", "the" dropped, whitespace collapsed), with HotpotQA's rule for yes/no answers (a
+"yes", "no" or "noanswer" on either side scores 0 unless both sides are equal). A question with several right
+answers (any neighbour's capital; MuSiQue's ``answer`` and its ``answer_aliases``) takes the best match.
+
+This is Agent Lightning's RAG reward (``examples/rag_agent/utils.py`` of microsoft/agent-lightning:
+``0.1 + 0.9 * max(EM, F1)`` for a reply with an answer, EM implying F1 = 1) with two differences: accents are
+folded ("Bogotá" matches "Bogota"; there they are not), and the best match over every accepted answer is taken
+(there the one ``answer``). Its answer is wrapped in ``<answer>`` tags, here it is the ``Answer:`` line.
 """
 
 from __future__ import annotations
@@ -24,18 +31,23 @@ F1_WEIGHT = 0.9
 
 _ANSWER = re.compile(r"answer:", re.IGNORECASE)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
-_PUNCTUATION = str.maketrans({c: " " for c in string.punctuation})
+_PUNCTUATION = str.maketrans("", "", string.punctuation)  # deleted, as SQuAD's script does ("U.S." -> "us")
+_YES_NO = (["yes"], ["no"], ["noanswer"])
 
 
 def normalize(text: str) -> list[str]:
-    """The tokens F1 compares: accents stripped ("Bogotá" -> "bogota"), lower case, punctuation and articles out."""
+    """The tokens F1 compares: accents stripped ("Bogotá" -> "bogota"), lower case, punctuation deleted, articles
+    out (SQuAD's ``normalize_answer``, accents folded first)."""
     plain = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode()
     return _ARTICLES.sub(" ", plain.lower().translate(_PUNCTUATION)).split()
 
 
 def token_f1(prediction: str, gold: str) -> float:
-    """Harmonic mean of token precision and recall (0 when either side has no tokens)."""
+    """Harmonic mean of token precision and recall (0 when either side has no tokens, and when either side is a
+    bare "yes", "no" or "noanswer" the other is not: HotpotQA's and Agent Lightning's rule)."""
     pred, ref = normalize(prediction), normalize(gold)
+    if (pred in _YES_NO or ref in _YES_NO) and pred != ref:
+        return 0.0
     common = sum((Counter(pred) & Counter(ref)).values())
     if common == 0:
         return 0.0

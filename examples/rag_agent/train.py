@@ -3,22 +3,41 @@ endpoint, scored by `reward.py`. This is the only lightrail code the example nee
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from examples.rag_agent.agent import EDITOR_ONE_SHOT, ONE_SHOT, answer
 from examples.rag_agent.reward import reward
 from lightrail import rollout
+
+
+def corpus_of(task: dict) -> Callable[[], Any] | None:
+    """What a task searches, made on its first search (in the search tool's worker thread): a MuSiQue task's own
+    paragraphs (``"passages"``) or the pooled paragraphs of its files (``"corpus": {"files": [...]}``), see
+    `examples.rag_agent.musique`; None for a country task (its ``world``'s passages)."""
+    from examples.rag_agent.retrieval import pooled_index, question_index
+
+    if "passages" in task:
+        passages = tuple(task["passages"])
+        return lambda: question_index(passages)
+    if "corpus" in task:
+        files = tuple(task["corpus"]["files"])
+        return lambda: pooled_index(files)
+    return None
 
 
 @rollout
 async def rag_agent(task, llm):
     """Format bonus plus answer F1 against the accepted answers (see `examples.rag_agent.reward`); search-tool
     errors become intermediate rewards when GRPO's ``tool_rewards`` is on. A task of a renamed world
-    (``"world": k``) searches that world's passages."""
+    (``"world": k``) searches that world's passages; a MuSiQue task (`examples.rag_agent.musique`) its paragraphs."""
     reply = await answer(
         task["question"],
         base_url=llm.endpoint,
         model=llm.model,
         api_key=llm.api_key or "none",
         world=task.get("world", 0),
+        corpus=corpus_of(task),
         **llm.sampling,
     )
     return reward(reply, task["answers"])
@@ -37,6 +56,7 @@ async def rag_agent_one_shot(task, llm):
         world=task.get("world", 0),
         examples=ONE_SHOT,
         editor_examples=EDITOR_ONE_SHOT,
+        corpus=corpus_of(task),
         **llm.sampling,
     )
     return reward(reply, task["answers"])

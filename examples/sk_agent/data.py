@@ -7,6 +7,7 @@ rounds Semantic Kernel may run for the model copied into every task::
 
 from __future__ import annotations
 
+from examples.calculator.calcx import splits as calcx_splits
 from examples.calculator.data import make_splits
 from examples.sk_agent.prompts import EVALUATE_DESCRIPTION, EXPRESSION_DESCRIPTION, SOLVER_SYSTEM, TOOL
 
@@ -22,6 +23,27 @@ def splits(
     train, val = make_splits(n_train, n_val, seed=seed)
     run = {"max_tool_rounds": max_tool_rounds, "one_shot": one_shot}
     return [{**t, **run} for t in train], [{**t, **run} for t in val]
+
+
+def calcx(
+    path: str,
+    train: str = "train.parquet",
+    val: str = "test.parquet",
+    n_train: int | None = None,
+    n_val: int | None = None,
+    seed: int = 0,
+    *,
+    max_tool_rounds: int = 2,
+    one_shot: bool = False,
+) -> tuple[list, list]:
+    """Calc-X as Agent Lightning ships it (`examples.calculator.calcx`: ``<path>/train.parquet``,
+    ``<path>/test.parquet``; ``n_train`` / ``n_val`` a seeded sample), with the run settings of `splits` copied into
+    every task. The rollout scores a task's ``result`` with `examples.calculator.calcx.numeric_reward`."""
+    if max_tool_rounds < 1:
+        raise ValueError(f"max_tool_rounds must be at least 1, got {max_tool_rounds}")
+    train_tasks, val_tasks = calcx_splits(path, train, val, n_train, n_val, seed)
+    run = {"max_tool_rounds": max_tool_rounds, "one_shot": one_shot}
+    return [{**t, **run} for t in train_tasks], [{**t, **run} for t in val_tasks]
 
 
 def tokenizer_corpus() -> list[str]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 
 from examples.calculator.agent import parse_answer
+from examples.calculator.calcx import numeric_reward
 from examples.sk_agent.prompts import SOLVER
 from lightrail import rollout
 
@@ -37,7 +38,8 @@ def answer_reward(text: str | None, expected: int) -> float:
 
 @rollout
 async def sk_agent(task, llm):
-    """Run the solver on ``task["question"]`` on the attempt's endpoint; the reward is `answer_reward`.
+    """Run the solver on ``task["question"]`` on the attempt's endpoint; the reward is `answer_reward` (for a Calc-X
+    problem, ``task["result"]``: `examples.calculator.calcx.numeric_reward`).
     Connection errors (openai's ``APIConnectionError``) end the attempt as an infrastructure error: retried,
     never trained."""
     from semantic_kernel.utils.telemetry.agent_diagnostics.decorators import are_model_diagnostics_enabled
@@ -56,4 +58,6 @@ async def sk_agent(task, llm):
         one_shot=task.get("one_shot", False),
         **llm.sampling,
     )
+    if "result" in task:  # a Calc-X problem (`data.calcx`): Agent Lightning's numeric comparison of the text
+        return numeric_reward(text, task["result"])
     return answer_reward(text, task["answer"])

@@ -168,20 +168,22 @@ def build_graph(
     clip: int = 300,
     examples: Sequence[tuple[str, str]] | BaseExampleSelector = (),
     checker: Any = None,
+    schema: str | None = None,
 ) -> Any:
     """The compiled LangGraph app. ``llm`` (a LangChain chat model) writes and rewrites queries, ``checker``
     (default: the same model) judges them; ``conn`` is a read-only connection to the flights database;
     ``clip`` bounds each piece of model-made text a prompt shows (the result and the checker's words get
     two thirds of it); ``examples`` (question, SQL) pairs, e.g. `ONE_SHOT`, are shown to the writer and the
     rewriter as earlier turns of their conversations, or an example selector (e.g. `MaskedQuestionSelector`) picks
-    them for each question."""
+    them for each question; ``schema`` is the schema the prompts show (default: the flights database's,
+    `database.schema_text`; a Spider task carries its own database's)."""
     import openai
     from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
     from langgraph.graph import END, START, StateGraph
 
     if max_turns < 1 or clip < 10:
         raise ValueError(f"need max_turns >= 1 and clip >= 10, got {max_turns} and {clip}")
-    schema = schema_text()
+    schema = schema or schema_text()
     checker = checker or llm
     short = clip * 2 // 3
 
@@ -256,19 +258,21 @@ def answer(
     clip: int = 300,
     examples: Sequence[tuple[str, str]] | BaseExampleSelector = (),
     conn: sqlite3.Connection | None = None,
+    schema: str | None = None,
     **sampling: Any,
 ) -> SQLState:
     """Run the agent on one question; returns the final state (``sql`` is the query it settled on).
 
     ``sampling`` (``temperature``, ``max_tokens``, ``top_p``, ...) goes to every call. ``conn`` defaults to a
-    new read-only connection to the cached database."""
+    new read-only connection to the cached flights database; a Spider question (`examples.sql_agent.spider`) passes
+    a connection to its own database and that database's ``schema``."""
     from langchain_openai import ChatOpenAI
 
     llm = ChatOpenAI(model=model, base_url=base_url, api_key=api_key, max_retries=0, **sampling)
     own = conn is None
     conn = conn or connect(database_path())
     try:
-        app = build_graph(llm, conn, max_turns=max_turns, clip=clip, examples=examples)
+        app = build_graph(llm, conn, max_turns=max_turns, clip=clip, examples=examples, schema=schema)
         # each turn is 3 graph steps; the limit only guards against a routing bug
         return app.invoke({"question": question, "turns": 0}, {"recursion_limit": 3 * max_turns + 5})
     finally:

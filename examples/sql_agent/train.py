@@ -40,19 +40,26 @@ def example_selector(tier: str = "mixed") -> MaskedQuestionSelector:
     return MaskedQuestionSelector(splits(**EXAMPLE_POOL, tier=tier)[0])
 
 
-def _connection() -> sqlite3.Connection:
-    """One read-only connection per thread: sync rollouts run in the runner's threads, several at once."""
-    conn = getattr(_local, "conn", None)
-    if conn is None:
-        conn = _local.conn = connect(_database())
-    return conn
+def _connection(database: str | None = None) -> sqlite3.Connection:
+    """One read-only connection per thread and database: sync rollouts run in the runner's threads, several at
+    once. ``database`` is a task's own SQLite file (a Spider task's ``database``); None: the flights database."""
+    conns = getattr(_local, "conns", None)
+    if conns is None:
+        conns = _local.conns = {}
+    path = database or _database()
+    if path not in conns:
+        conns[path] = connect(path)
+    return conns[path]
 
 
 def _score(task: dict, llm, examples=(), max_turns: int = MAX_TURNS, reward=execution_match) -> float:
-    conn = _connection()
+    """Run the agent on the task's question against the task's database (``task["database"]`` with its
+    ``task["schema"]``, as `examples.sql_agent.spider` gives them; else the flights database) and score its final
+    query there against the gold ``task["sql"]``."""
+    conn = _connection(task.get("database"))
     state = answer(
         task["question"], base_url=llm.endpoint, model=llm.model, api_key=llm.api_key or "none",
-        max_turns=max_turns, examples=examples, conn=conn, **llm.sampling,
+        max_turns=max_turns, examples=examples, conn=conn, schema=task.get("schema"), **llm.sampling,
     )  # fmt: skip
     return reward(conn, state.get("sql"), task["sql"])
 

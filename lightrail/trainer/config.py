@@ -505,6 +505,8 @@ def train(config: TrainConfig) -> TrainResult:
         train_tasks, val_tasks = splits(**config.data_args)
     except TypeError as exc:
         raise ConfigError(f"data_args: {config.data}(**{config.data_args}) failed: {exc}") from None
+    except (ValueError, OSError) as exc:  # data that cannot be used (a file or field missing): one line naming it
+        raise ConfigError(f"data {config.data}: {exc}") from None
     config.run_dir.mkdir(parents=True, exist_ok=True)
     # the SFT section is settled before the model is built: a teacher program that fails, fails first
     sft_kwargs = _sft_kwargs(config, train_tasks) if config.algorithm in ("sft", list(_CHAIN)) else {}
