@@ -42,3 +42,25 @@ def test_every_requirement_an_environment_installs_is_pinned_there(constraints, 
     for extra in extras:
         wanted |= {_name(r) for r in project["optional-dependencies"][extra]}
     assert sorted(wanted - pinned) == [], f"{constraints} pins none of these"
+
+
+# What a GPU machine's image typically ships (the H200 image: CUDA torch 2.11, transformers 5.17): `pip install
+# lightrail[train]` there must keep them, not replace them with the test environment's pins.
+_GPU_IMAGE = {"torch": "2.11.0+cu128", "transformers": "5.17.0"}
+
+
+def test_train_declares_ranges_that_keep_a_gpu_images_torch_and_include_the_tests_pins():
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    train = {_name(r): Requirement(r) for r in project["optional-dependencies"]["train"]}
+    pins = {
+        _name(line): line.split("==", 1)[1].strip()
+        for line in (ROOT / "constraints.txt").read_text().splitlines()
+        if "==" in line and not line.lstrip().startswith("#")
+    }
+    for name, version in _GPU_IMAGE.items():
+        assert train[name].specifier.contains(version), f"{name} {version} is outside train's {train[name]}"
+    for name in ("torch", "transformers", "peft"):
+        assert train[name].specifier.contains(pins[name]), f"constraints.txt pins {name} outside {train[name]}"
+        assert "==" not in str(train[name].specifier), f"train pins {name} ({train[name]}): a range, not a pin"
