@@ -22,8 +22,15 @@ Concurrency model
 
 Decoding
 --------
-Left-padded batch with a per-row attention mask and explicit position ids over a `DynamicCache`; each step feeds
-one token per row. Per-row sampling parameters: temperature, top_p, seed (a private ``torch.Generator`` per row,
+Each prefill group is a left-padded batch with a per-row attention mask and explicit position ids over a
+`DynamicCache`, computing the last position's logits only; its keys and values then go to the next free rows of the
+running batch's `kv.SlotCache` (``kv_cache="slots"``, the default: preallocated per row, each step's keys and values
+written in place, finished rows' slots reused), and each decode step feeds one token per row. Llama-family models
+decode through `decode.FusedDecode` (the same arithmetic in fewer calls), and on a CPU every weight matrix is packed
+for oneDNN (`kernels`, ``packed_weights``). ``kv_cache="concat"`` is the engine before the slot cache (the
+`DynamicCache` concatenated every step, caches merged when rows join): what models whose cache is not plain full
+attention use, and the baseline of ``bench/engine.py``. The precision it samples in is the model's dtype
+(`CPU_DTYPE` by default on a CPU). Per-row sampling parameters: temperature, top_p, seed (a private ``torch.Generator`` per row,
 so a seeded request draws the same tokens whatever else shares the batch), stop strings, max_tokens, ``n`` (a
 request with ``n > 1`` becomes ``n`` rows, each its own choice), presence/frequency penalties and logit_bias
 (`sampling.LogitProcessors`: kept per batch only while some row uses them), structured-output masks, and
@@ -202,7 +209,12 @@ class Engine:
     >>> await engine.close()
 
     Safe to call from any event loop or thread (see the module docstring). ``stats`` counts requests, batches (prefill groups),
-    forward passes, tokens, weight updates and malformed tool calls.
+    forward passes, tokens, weight updates, malformed tool calls, decode steps and the microseconds they took.
+
+    Decoding settings (module docstring, "Decoding"): ``kv_cache`` (`KV_CACHES`), ``packed_weights`` (CPU: weight
+    matrices packed for oneDNN; one packed copy of each beside the parameters) and ``fused_decode`` (the lean
+    Llama-family step) change speed, not results: tokens and logprobs equal the transformers forward's to float32
+    rounding (tests/engine/test_decode.py).
     """
 
     def __init__(
