@@ -282,6 +282,7 @@ class GRPO:
                 lora_rank=config.lora.r if config.lora else None, engine_options=self.engine_options, vllm=self.vllm,
             )  # fmt: skip
             await self._rollouts.start()
+            config = sampler_correction(config, self.mode, getattr(self._rollouts, "sampling_dtype", None))
             updater: type[PolicyUpdater] = PolicyUpdater
             if self.settings.advantage == "gae":  # PPO: the policy with a value head, GAE advantages
                 from lightrail.model.ppo import PPOUpdater as updater
@@ -321,6 +322,7 @@ class GRPO:
         else:
             self._rollouts = EmbeddedRollouts(self.model, **{**self.engine_options, "name": base})
         await self._rollouts.start()
+        config = sampler_correction(config, self.mode, getattr(self._rollouts, "sampling_dtype", None))
         for name in self.policies.names:
             served = f"{self.settings.served_name}-{name}"
             updater = await asyncio.to_thread(PolicyUpdater, str(self.model), config)
@@ -724,6 +726,30 @@ def call_staleness(transitions: Sequence[Transition], current_version: int) -> l
         [1, 0]
     """
     return [None if t.policy_version is None else current_version - t.policy_version for t in transitions]
+
+
+SAMPLER_IS_CAP = 2.0
+"""The truncated-IS cap a sync run uses when its engine samples below float32 (verl's TIS default, as async mode)."""
+
+
+def sampler_correction(config: UpdateConfig, mode: str, sampling_dtype: str | None) -> UpdateConfig:
+    """``config`` for a run whose rollout engine samples in ``sampling_dtype`` (None: not known, e.g. vLLM).
+
+    A sync run whose embedded engine samples below float32 (``engine_options: {dtype: bfloat16}``, or a GPU's default)
+    records logprobs that differ from the trainer's float32 ones by the precision gap, not by rounding: the PPO ratio
+    against them would clip tokens for numerics. Such a run weighs each token by truncated importance sampling
+    against the sampler's logprobs instead, as async mode does (`lightrail.model._loss`, ``is_cap`` =
+    `SAMPLER_IS_CAP`); the mismatch metrics (``mismatch_kl_mean``) and ``is_weight_mean`` report the gap. Unchanged
+    for float32 engines, async runs (already corrected) and a config that sets ``is_cap`` itself. With
+    ``mini_batches > 1`` (the correction needs one optimizer step per update) it is left off and a warning says so.
+    """
+    if mode != "sync" or config.is_cap is not None or sampling_dtype in (None, "float32", "float64"):
+        return config
+    if config.mini_batches != 1:
+        log.warning("GRPO: the engine samples in %s but config.mini_batches is %d: no truncated-IS correction of the "
+                    "sampler-trainer gap (it needs mini_batches 1)", sampling_dtype, config.mini_batches)  # fmt: skip
+        return config
+    return dataclasses.replace(config, is_cap=SAMPLER_IS_CAP)
 
 
 def check_async_options(

@@ -178,7 +178,9 @@ class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     engine_options: dict[str, Any] | None = None
     """Keyword arguments of the embedded `Engine` (batch size, ...); `tool_format` (hermes, llama3_json, mistral,
     pythonic) and `reasoning` (think, think_open, none) name the model's formats when its chat template is not
-    recognised (they also pick vLLM's parsers, and the formats SFT targets are written in)."""
+    recognised (they also pick vLLM's parsers, and the formats SFT targets are written in). `dtype` is the precision
+    the engine samples in (float32 on a CPU by default; bfloat16 decodes faster, and GRPO then weighs each token by
+    truncated IS against the trainer's float32 logprobs)."""
     guard: GuardSection = msgspec.field(default_factory=GuardSection)
     """The run guard: what a failed rollout is worth, and when a run that trains nothing stops."""
 

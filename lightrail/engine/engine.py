@@ -22,8 +22,16 @@ Concurrency model
 
 Decoding
 --------
-Left-padded batch with a per-row attention mask and explicit position ids over a `DynamicCache`; each step feeds
-one token per row. Per-row sampling parameters: temperature, top_p, seed (a private ``torch.Generator`` per row,
+Each prefill group is a left-padded batch with a per-row attention mask and explicit position ids over a
+`DynamicCache`, computing the last position's logits only; its keys and values then go to the next free rows of the
+running batch's cache, and each decode step feeds one token per row. ``kv_cache="concat"`` (the default) keeps
+transformers' `DynamicCache`, concatenated every step and merged when rows join. Opt-in, measured in
+``bench/engine.py`` against it but not yet on a quiet machine (bench/RESULTS.md), so not the default:
+``kv_cache="slots"`` (`kv.SlotCache`: preallocated per row, each step's keys and values written in place, finished
+rows' slots reused), ``fused_decode`` (with slots, Llama-family models decode through `decode.FusedDecode`: the same
+arithmetic in fewer calls) and ``packed_weights`` (on a CPU every weight matrix packed for oneDNN, `kernels`; it
+makes each weight update re-pack them). Models whose cache is not plain full attention always use ``concat``. The precision it samples in is the model's dtype
+(`CPU_DTYPE` by default on a CPU). Per-row sampling parameters: temperature, top_p, seed (a private ``torch.Generator`` per row,
 so a seeded request draws the same tokens whatever else shares the batch), stop strings, max_tokens, ``n`` (a
 request with ``n > 1`` becomes ``n`` rows, each its own choice), presence/frequency penalties and logit_bias
 (`sampling.LogitProcessors`: kept per batch only while some row uses them), structured-output masks, and
@@ -60,6 +68,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import math
 import os
@@ -73,8 +82,11 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
+from lightrail.engine import kernels
 from lightrail.engine.chat import ChatFormat
 from lightrail.engine.constraints import Constraint, apply_bitmask, build_grammar, grammars_for
+from lightrail.engine.decode import FusedDecode
+from lightrail.engine.kv import SlotCache
 from lightrail.engine.prefix_cache import PrefixCache, PrefixEntry, supported
 from lightrail.engine.sampling import LogitProcessors, draw, tempered_logprobs, top_logprobs
 from lightrail.types import (
@@ -87,9 +99,21 @@ from lightrail.types import (
     SamplingParams,
 )
 
-__all__ = ["Engine", "configure_threads"]
+__all__ = ["CPU_DTYPE", "KV_CACHES", "Engine", "configure_threads"]
 
 THREADS_ENV = "LIGHTRAIL_TORCH_THREADS"
+
+CPU_DTYPE = "float32"
+"""The weights' dtype `Engine.from_pretrained` samples in on a CPU when none is given (the setting ``dtype``).
+Its tokens and logprobs are the transformers float32 forward's (greedy equal, logprobs within 1e-4): what GRPO's
+ratios assume. ``bfloat16`` (on CPUs
+with bfloat16 matrix units, AMX / avx512_bf16) decodes faster still but its logprobs differ from the trainer's float32
+ones; GRPO then corrects each token by truncated importance sampling (``is_cap``)."""
+
+KV_CACHES = ("slots", "concat")
+"""``kv_cache`` settings: ``slots`` (`lightrail.engine.kv.SlotCache`: preallocated per row, written in place) or
+``concat`` (transformers' `DynamicCache`, concatenated every step and merged when rows join: the engine before
+slots; kept for models whose cache is not plain full attention, and as the measured baseline)."""
 
 
 def configure_threads() -> int:
@@ -161,8 +185,8 @@ class _Batch:
     """The running batch: KV cache, attention mask over cache columns, next position and next input per row."""
 
     rows: list[_Row]
-    cache: DynamicCache
-    mask: torch.Tensor  # [B, T] long, 1 = real token column
+    cache: DynamicCache | SlotCache
+    mask: torch.Tensor | None  # [B, T] long, 1 = real token column (`DynamicCache`; a `SlotCache` keeps its own)
     next_pos: torch.Tensor  # [B] long, position id of the token fed at the next step
     next_input: torch.Tensor  # [B] long, last sampled token
     temps: torch.Tensor  # [B] float
@@ -185,7 +209,12 @@ class Engine:
     >>> await engine.close()
 
     Safe to call from any event loop or thread (see the module docstring). ``stats`` counts requests, batches (prefill groups),
-    forward passes, tokens, weight updates and malformed tool calls.
+    forward passes, tokens, weight updates, malformed tool calls, decode steps and the microseconds they took.
+
+    Decoding settings (module docstring, "Decoding"): ``kv_cache`` (`KV_CACHES`), ``packed_weights`` (CPU: weight
+    matrices packed for oneDNN; one packed copy of each beside the parameters) and ``fused_decode`` (the lean
+    Llama-family step) change speed, not results: tokens and logprobs equal the transformers forward's to float32
+    rounding (tests/engine/test_decode.py).
     """
 
     def __init__(
@@ -201,10 +230,15 @@ class Engine:
         tool_format: str | None = None,
         reasoning: str | None = None,
         prefix_cache: bool = True,
+        kv_cache: str = "concat",
+        packed_weights: bool = False,
+        fused_decode: bool = False,
     ):
         configure_threads()
         if gather_window_s < 0 or max_batch_rows < 1:
             raise ValueError("gather_window_s must be >= 0 and max_batch_rows >= 1")
+        if kv_cache not in KV_CACHES:
+            raise ValueError(f"kv_cache must be one of {KV_CACHES}, not {kv_cache!r}")
         self.model = model.eval()
         self._tokenizer = tokenizer
         self.name = name or Path(str(getattr(model.config, "_name_or_path", "") or "model")).name or "model"
@@ -219,7 +253,28 @@ class Engine:
         if getattr(tokenizer, "chat_template", None):
             self.chat_format  # noqa: B018 - an unknown tool format is a start-up error, not a failure per request
         self._eos_ids = self._find_eos_ids()
-        self._prefixes = PrefixCache() if prefix_cache and supported(self.model) else None
+        plain = supported(self.model)
+        self._prefixes = PrefixCache() if prefix_cache and plain else None
+        self.kv_cache = kv_cache if plain else "concat"
+        """The KV cache in use (`KV_CACHES`): ``concat`` unless ``slots`` was asked for and the model's cache is plain
+        full attention on every layer."""
+        self._slots: SlotCache | None = None
+        self._fused = (
+            FusedDecode(self.model, packed=packed_weights)
+            if self.kv_cache == "slots" and fused_decode and FusedDecode.supports(self.model)
+            else None
+        )
+        """The lean decode step of Llama-family models (`lightrail.engine.decode`); None: the model's forward."""
+        self._packed = (
+            kernels.PackedLinears(self.model, skip=self._fused.covered() if self._fused is not None else None)
+            if packed_weights and self.device.type == "cpu" and kernels.available()
+            else None
+        )
+        """The weight matrices packed for oneDNN (`lightrail.engine.kernels`); None off the CPU or when turned off."""
+        # Only the last position's logits are sampled from: a prefill need not compute the LM head for every token.
+        self._last_logits = (
+            {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(self.model.forward).parameters else {}
+        )
         pad = tokenizer.pad_token_id
         self._pad_id = pad if pad is not None else min(self._eos_ids, default=0)
         # forward_passes, batches, prompt/generated_tokens and max_rows_in_batch are written only by the worker
@@ -234,6 +289,8 @@ class Engine:
             "max_rows_in_batch": 0,
             "weight_updates": 0,
             "malformed_tool_calls": 0,
+            "decode_steps": 0,
+            "decode_us": 0,  # time spent in decode steps (forward and sampling), microseconds
         }
         self.last_weight_update: dict[str, float] = {}
         """Seconds the last `update_weights` spent draining in-flight requests and loading weights."""
@@ -262,15 +319,18 @@ class Engine:
         A peft LoRA adapter folder (``adapter_config.json``, e.g. from ``lightrail export`` without ``--merge``) is
         served as its base model (``base_model_name_or_path``) with the adapter merged in.
 
-        ``device`` defaults to the first CUDA GPU when there is one, else the CPU; ``dtype`` defaults to float32 on
-        CPU and bfloat16 on a GPU that supports it. Other keyword arguments go to `Engine`.
+        ``device`` defaults to the first CUDA GPU when there is one, else the CPU; ``dtype`` defaults to `CPU_DTYPE`
+        (float32) on CPU and bfloat16 on a GPU that supports it. Other keyword arguments go to `Engine`.
         """
         configure_threads()
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         device = torch.device(device)
         if dtype is None:
-            dtype = torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
+            cuda_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+            dtype = (
+                torch.bfloat16 if cuda_bf16 else torch.float32 if device.type == "cuda" else getattr(torch, CPU_DTYPE)
+            )
         elif isinstance(dtype, str):
             dtype = getattr(torch, dtype)
         tokenizer = AutoTokenizer.from_pretrained(path)
@@ -686,6 +746,14 @@ class Engine:
         merged = batch
         for entry, rows in groups.values():
             new = self._prefill(rows, entry)
+            if self.kv_cache == "slots":  # the group's keys and values go to the next free slots; nothing else moves
+                if self._slots is None:
+                    self._slots = SlotCache(len(new.cache.layers), max_slots=self.max_batch_rows)
+                if merged is None:
+                    self._slots.clear()
+                assert new.mask is not None
+                self._slots.add([(layer.keys, layer.values) for layer in new.cache.layers], new.mask)
+                new.cache, new.mask = self._slots, None
             merged = new if merged is None else _merge(merged, new)
         assert merged is not None
         self.stats["max_rows_in_batch"] = max(self.stats["max_rows_in_batch"], len(merged.rows))
@@ -700,7 +768,7 @@ class Engine:
         if (ids := self._prefixes.to_make(prompt)) is None:
             return None
         with torch.inference_mode():
-            out = self.model(input_ids=torch.tensor([ids], device=self.device), use_cache=True)
+            out = self._forward(input_ids=torch.tensor([ids], device=self.device), use_cache=True)
         self.stats["forward_passes"] += 1
         entry = PrefixEntry(ids, [(layer.keys, layer.values) for layer in out.past_key_values.layers])
         self._prefixes.add(entry)
@@ -727,7 +795,7 @@ class Engine:
                 for index, (keys, values) in enumerate(prefix.layers):
                     cache.update(keys.expand(n, -1, -1, -1).clone(), values.expand(n, -1, -1, -1).clone(), index)
                 self.stats["cached_prompt_tokens"] += skip * len(rows)
-            out = self.model(
+            out = self._forward(
                 input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
             )
             self.stats["forward_passes"] += 1
@@ -752,22 +820,42 @@ class Engine:
             self._sample_into(new, out.logits[:, -1, :])
             return new
 
+    def _forward(self, **inputs: Any) -> Any:
+        """The model's forward pass (packed weights on the CPU; only the last position's logits)."""
+        with self._packed.active() if self._packed is not None else contextlib.nullcontext():
+            return self.model(**inputs, **self._last_logits)
+
     def _decode_step(self, batch: _Batch) -> None:
         """Feed each row its last sampled token and sample the next one."""
+        start = time.perf_counter()
         with torch.inference_mode():
-            ones = torch.ones((batch.mask.shape[0], 1), dtype=batch.mask.dtype, device=batch.mask.device)
-            batch.mask = torch.cat([batch.mask, ones], dim=1)
-            out = self.model(
-                input_ids=batch.next_input[:, None],
-                attention_mask=batch.mask,
-                position_ids=batch.next_pos[:, None],
-                past_key_values=batch.cache,
-                use_cache=True,
-            )
+            if isinstance(batch.cache, SlotCache):
+                mask = batch.cache.begin_decode(self.model.dtype)
+            else:
+                assert batch.mask is not None
+                ones = torch.ones((batch.mask.shape[0], 1), dtype=batch.mask.dtype, device=batch.mask.device)
+                batch.mask = mask = torch.cat([batch.mask, ones], dim=1)
+            if self._fused is not None and isinstance(batch.cache, SlotCache):
+                with self._packed.active() if self._packed is not None else contextlib.nullcontext():
+                    logits = self._fused.step(batch.next_input, batch.next_pos, batch.cache, mask)
+            else:
+                out = self._forward(
+                    input_ids=batch.next_input[:, None],
+                    attention_mask=mask,
+                    position_ids=batch.next_pos[:, None],
+                    past_key_values=batch.cache,
+                    use_cache=True,
+                )
+                logits = out.logits[:, -1, :]
+                if not isinstance(batch.cache, SlotCache):
+                    batch.cache = out.past_key_values
             self.stats["forward_passes"] += 1
-            batch.cache = out.past_key_values
+            if isinstance(batch.cache, SlotCache):
+                batch.cache.end_decode()
             batch.next_pos = batch.next_pos + 1
-            self._sample_into(batch, out.logits[:, -1, :])
+            self._sample_into(batch, logits)
+        self.stats["decode_steps"] += 1
+        self.stats["decode_us"] += int((time.perf_counter() - start) * 1e6)
 
     def _sample_into(self, batch: _Batch, logits: torch.Tensor) -> None:
         logits = logits.float()
@@ -850,10 +938,8 @@ class Engine:
             row.finish = "length"
 
     def _select_rows(self, batch: _Batch, keep: list[int]) -> None:
-        index = torch.tensor(keep, dtype=torch.long, device=batch.mask.device)
+        index = torch.tensor(keep, dtype=torch.long, device=batch.next_pos.device)
         batch.rows = [batch.rows[i] for i in keep]
-        batch.cache.batch_select_indices(index)
-        batch.mask = batch.mask.index_select(0, index)
         batch.next_pos = batch.next_pos.index_select(0, index)
         batch.next_input = batch.next_input.index_select(0, index)
         batch.temps = batch.temps.index_select(0, index)
@@ -863,6 +949,12 @@ class Engine:
         if batch.top_k is not None:
             top_k = [batch.top_k[i] for i in keep]
             batch.top_k = top_k if any(top_k) else None
+        if isinstance(batch.cache, SlotCache):
+            batch.cache.select(keep)
+            return
+        assert batch.mask is not None
+        batch.cache.batch_select_indices(index)
+        batch.mask = batch.mask.index_select(0, index)
         # Columns that are padding for every remaining row (left-over from a longer, finished row) cost attention
         # time for nothing: cut them.
         used = batch.mask.any(dim=0).nonzero()
@@ -888,6 +980,10 @@ class Engine:
         with torch.no_grad():
             for key, value in state.items():
                 own[key].copy_(value)  # state_dict() tensors share storage with the parameters: in place
+        if self._packed is not None:
+            self._packed.repack()  # the packed copies are of the old weights
+        if self._fused is not None:
+            self._fused.refresh()
         if self._prefixes is not None:
             self._prefixes.clear()  # their keys and values were computed by the old weights
 
@@ -975,8 +1071,12 @@ def _processed(p: SamplingParams) -> list[str]:
 
 
 def _merge(old: _Batch, new: _Batch) -> _Batch:
-    """Concatenate two batches along rows, left-padding the shorter KV cache and mask to a common width."""
-    width = max(old.mask.shape[1], new.mask.shape[1])
+    """Concatenate two batches along rows, left-padding the shorter KV cache and mask to a common width (a
+    `SlotCache` already holds the new rows after the old ones: only the per-row state is joined)."""
+    slots = isinstance(old.cache, SlotCache)
+    if not slots:
+        assert old.mask is not None and new.mask is not None
+    width = 0 if slots else max(old.mask.shape[1], new.mask.shape[1])  # type: ignore[union-attr]
 
     def pad(t: torch.Tensor, dim: int) -> torch.Tensor:
         missing = width - t.shape[dim]
@@ -986,13 +1086,14 @@ def _merge(old: _Batch, new: _Batch) -> _Batch:
         shape[dim] = missing
         return torch.cat([t.new_zeros(shape), t], dim=dim)
 
-    for a, b in zip(old.cache.layers, new.cache.layers, strict=True):
-        a.keys = torch.cat([pad(a.keys, 2), pad(b.keys, 2)], dim=0)
-        a.values = torch.cat([pad(a.values, 2), pad(b.values, 2)], dim=0)
+    if not slots:
+        for a, b in zip(old.cache.layers, new.cache.layers, strict=True):
+            a.keys = torch.cat([pad(a.keys, 2), pad(b.keys, 2)], dim=0)
+            a.values = torch.cat([pad(a.values, 2), pad(b.values, 2)], dim=0)
     return _Batch(
         rows=old.rows + new.rows,
         cache=old.cache,
-        mask=torch.cat([pad(old.mask, 1), pad(new.mask, 1)], dim=0),
+        mask=None if slots else torch.cat([pad(old.mask, 1), pad(new.mask, 1)], dim=0),  # type: ignore[arg-type]
         next_pos=torch.cat([old.next_pos, new.next_pos]),
         next_input=torch.cat([old.next_input, new.next_input]),
         temps=torch.cat([old.temps, new.temps]),

