@@ -103,8 +103,12 @@ def measure(n: int, args: argparse.Namespace, spread: float | None) -> dict:
     return row
 
 
+KEYS = ("library", "index", "dim", "queries", "load_1min_start", "load_1min_end")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="2,000 vectors, one efSearch, 20 queries (seconds)")
     parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 300_000])
     parser.add_argument("--ef", type=int, nargs="+", default=[32, 64, 128, 256], help="efSearch values to measure")
     parser.add_argument("--queries", type=int, default=200)
@@ -113,6 +117,8 @@ def main() -> None:
     parser.add_argument("--build-threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    if args.smoke:
+        args.sizes, args.ef, args.queries = [2_000], [32], 20
     import faiss
 
     out: dict = {"library": f"faiss-cpu {faiss.__version__}", "index": "IndexHNSWFlat M=32 efConstruction=40, "

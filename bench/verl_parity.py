@@ -175,7 +175,17 @@ def max_abs_diff(ours: dict[str, Any], theirs: dict[str, Any]) -> float:
     return worst
 
 
+KEYS = ("verl_parity_max_abs_diff", "cases", "worst_case", "lightrail_defaults_max_abs_diff", "seconds")
+NEEDS = {"verl": KEYS}
+"""Every key needs verl's venv (``scripts/_env_verl.sh``); ``--smoke`` runs the same cases (they take seconds)."""
+
+
 def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="the same cases (the whole bench is seconds of compute)")
+    parser.parse_args()
     start = time.perf_counter()
     all_cases = cases()
     theirs = verl_side(verl_python(), all_cases)

@@ -41,6 +41,8 @@ SLOW = {
     "continuous": "a warm start, then a store server, a gateway and `lightrail learn` serving users for 15 s",
     "learning": "the demo twice (--seeds 2): model, warm start, GRPO",
     "real_models": "overfits a model family to a tool call until its loss is below 5e-4",
+    "agl_compat": "a migration script through dev and a training step, and its baseline, as subprocesses",
+    "silent": "eleven drills and a healthy run, each a trainer session with a runner process",
 }
 """Smoke runs kept out of the default suite (``-m slow``), each over a minute on a loaded 2-core machine."""
 
@@ -72,6 +74,8 @@ COMPONENTS: dict[str, tuple[Callable[[], bool], str]] = {
         (lambda: find_bindir() is not None),
         "no PostgreSQL (initdb) on PATH or under /usr/lib/postgresql/*/bin",
     ),
+    "verl": _file("LIGHTRAIL_VERL_PYTHON", REPO / ".venv-verl" / "bin" / "python", "scripts/_env_verl.sh builds it"),
+    "agl": _file("LIGHTRAIL_AGL_PYTHON", REPO / ".venv-agl" / "bin" / "python", "scripts/_env_agl.sh builds it"),
     "chromium": (
         (lambda: Path("/usr/bin/chromium").is_file()),
         "no Chromium at /usr/bin/chromium (apt-get install chromium)",

@@ -1,4 +1,4 @@
-"""The environments scripts/_env.sh builds install only pinned packages: each extra an environment installs has every
+"""The environments scripts/_env.sh and scripts/_env_frameworks.sh build install only pinned packages: each extra an environment installs has every
 one of its requirements pinned in that environment's constraints file (an unpinned one installs whatever is newest
 on the day, as opentelemetry-util-genai did in the CrewAI environment)."""
 
@@ -12,6 +12,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 _INSTALL = re.compile(r'-c "\$ROOT/(?P<constraints>[\w.-]+)" -e "\$ROOT\[(?P<extras>[\w,-]+)\]"')
+_FRAMEWORK = re.compile(
+    r'^_lightrail_framework_venv "\S+" "\$FW_ROOT/(?P<constraints>[\w.-]+)" (?P<extra>[\w-]+)$', re.M
+)
 
 
 def _name(requirement: str) -> str:
@@ -22,6 +25,10 @@ def _environments() -> list[tuple[str, list[str]]]:
     found = [
         (m["constraints"], m["extras"].split(",")) for m in _INSTALL.finditer((ROOT / "scripts/_env.sh").read_text())
     ]
+    # the framework environments: `_lightrail_framework_venv VENV CONSTRAINTS EXTRA` installs [openai,otel,EXTRA]
+    frameworks = (ROOT / "scripts/_env_frameworks.sh").read_text()
+    assert '-e "$FW_ROOT[openai,otel,$extras]"' in frameworks
+    found += [(m["constraints"], ["openai", "otel", m["extra"]]) for m in _FRAMEWORK.finditer(frameworks)]
     assert {constraints for constraints, _ in found} == {
         "constraints.txt",
         "constraints-crewai.txt",
