@@ -159,7 +159,10 @@ async def main() -> None:
         return
     from families import FAMILIES
 
+    from lightrail.engine import configure_threads
     from lightrail.engine.formats import formats_of
+
+    configure_threads()  # $LIGHTRAIL_TORCH_THREADS for the overfitting too (2 spinning threads crawl on a busy box)
 
     start = time.monotonic()
     results: dict[str, bool] = {}

@@ -176,7 +176,7 @@ def max_abs_diff(ours: dict[str, Any], theirs: dict[str, Any]) -> float:
 
 
 KEYS = ("verl_parity_max_abs_diff", "cases", "worst_case", "lightrail_defaults_max_abs_diff", "seconds")
-NEEDS = {"verl": KEYS}
+NEEDS = {"verl": ("verl_parity_max_abs_diff", "cases", "worst_case", "lightrail_defaults_max_abs_diff", "seconds")}
 """Every key needs verl's venv (``scripts/_env_verl.sh``); ``--smoke`` runs the same cases (they take seconds)."""
 
 

@@ -36,15 +36,15 @@ BENCH = REPO / "bench"
 TIMEOUT_S = 600
 """A smoke run takes seconds to a minute on 2 free cores, several on a machine loaded 10x; past this it is hung."""
 SLOW = {
-    "async_rl": "a warm start, then a sync and an async GRPO arm, each scored after: 3 trainer sessions",
     "attribution": "a store server and a runner per arm, two arms",
     "continuous": "a warm start, then a store server, a gateway and `lightrail learn` serving users for 15 s",
     "learning": "the demo twice (--seeds 2): model, warm start, GRPO",
     "real_models": "overfits a model family to a tool call until its loss is below 5e-4",
     "agl_compat": "a migration script through dev and a training step, and its baseline, as subprocesses",
     "silent": "eleven drills and a healthy run, each a trainer session with a runner process",
+    "update": "six kinds of update pass on a 6-layer model, each warmed up first",
 }
-"""Smoke runs kept out of the default suite (``-m slow``), each over a minute on a loaded 2-core machine."""
+"""Smoke runs kept out of the default suite (``-m slow``): the slowest, 28-60 s each at a load of 3-6 on 2 cores."""
 
 
 def _file(env: str, default: Path, how: str) -> tuple[Callable[[], bool], str]:
