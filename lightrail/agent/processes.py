@@ -53,7 +53,9 @@ def _runner_main(
     os.environ[RUNNER_ENV] = "1"
     # A session of its own: a Ctrl-C at the terminal reaches the parent alone, which stops its children once and in
     # order (runners first, while their store still answers); a parent killed hard is the lifeline's business.
-    os.setsid()
+    # (A runner started with ``start_new_session`` already leads its session, where setsid() is EPERM.)
+    if os.getsid(0) != os.getpid():
+        os.setsid()
     exit_with_parent()  # a trainer killed hard must not leave runners retrying a dead store forever
     logging.basicConfig(
         level=log_level, format=f"%(asctime)s runner[{os.getpid()}] %(levelname)s %(name)s: %(message)s"
