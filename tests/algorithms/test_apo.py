@@ -136,7 +136,7 @@ def test_beam_parallel_rounds_and_budgets(tmp_path, tiny_model, optimizer):
     assert apo.report["best_prompt"] == {"prompt_template": f"{SEED} LEVEL-9"}
     best = json.loads((tmp_path / "run" / "best_prompt.json").read_text())
     assert best["candidate"] == "c4" and best["score"] == pytest.approx(0.9)
-    from lightrail.trainer.cli import summary  # what `lightrail train` prints at the end of an APO run
+    from lightrail.trainer.result import summary  # what `lightrail train` prints at the end of an APO run
 
     assert "best prompt: candidate c4 (score 0.90)" in summary(apo.report, "store.db").splitlines()
 

@@ -14,16 +14,15 @@ from lightrail.types import TrainingRow
 
 
 def test_public_surface_is_pinned():
-    assert algorithms.__all__ == [
-        "APO",
-        "Chain",
-        "GRPO",
+    """The algorithms' face exports the algorithms; the model plane's names are `lightrail.model`'s."""
+    import lightrail.model
+
+    assert algorithms.__all__ == ["APO", "Chain", "GRPO", "SFT", "TraceFilter"]
+    assert lightrail.model.__all__ == [
         "LlamaFactorySettings",
         "LoraSettings",
         "LossNorm",
         "PolicyUpdater",
-        "SFT",
-        "TraceFilter",
         "UpdateConfig",
         "drop_stale_rows",
         "loss_weights",

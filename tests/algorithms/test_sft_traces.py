@@ -380,7 +380,7 @@ def test_config_chains_sft_then_grpo_from_the_sft_weights(tiny_model, tmp_path, 
         result = train(config)
     report = result.report
     assert set(report["stages"]) == {"sft", "grpo"} and report["steps"] == 1
-    from lightrail.trainer.cli import summary  # what `lightrail train` prints: both stages' minutes and outputs
+    from lightrail.trainer.result import summary  # what `lightrail train` prints: both stages' minutes and outputs
 
     printed = summary(report, "store.db")
     minutes = report["stages"]["sft"]["minutes"] + report["stages"]["grpo"]["train_minutes"]
