@@ -116,7 +116,7 @@ def test_scale_out_sections_reach_the_trainer_and_the_gateway(tmp_path):
         ("grpo.policies={w: [a], r: [b, a]}", "grpo.policies: agent 'a' is in both 'w' and 'r'"),
         ("grpo.policies={w: []}", "grpo.policies.w: expected a non-empty list of agent names"),
         ("grpo.policies={'a b': [x]}", "grpo.policies: 'a b' is not a policy name"),
-        ("grpo.policies={w: [a]}", "give agents or policies, not both"),
+        ("grpo={policies: {w: [a]}, agents: [b]}", "give agents or policies, not both"),
     ],
 )
 def test_bad_config_is_rejected_with_the_field_path(tmp_path, override, message):
