@@ -19,7 +19,7 @@ import msgspec
 from lightrail.adapters.records import Episode
 from lightrail.types import Rollout, RolloutStatus
 
-__all__ = ["AgentFilter", "Exclusions", "select_trainable"]
+__all__ = ["AgentFilter", "Exclusions", "scored_reward", "select_trainable"]
 
 #: Rollout statuses that are outcomes of the policy (a raise or a timeout is the agent's doing, not the machine's):
 #: they count in success rates. Only succeeded ones are trained by default (`select_trainable`'s ``failure_reward``).
@@ -27,6 +27,12 @@ POLICY_OUTCOMES = frozenset({RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, Roll
 
 #: Policy outcomes that carry no reward of the agent's: trained only with an explicit ``failure_reward``.
 UNFINISHED_OUTCOMES = frozenset({RolloutStatus.FAILED, RolloutStatus.TIMEOUT})
+
+
+def scored_reward(rollout: Rollout, failure_reward: float | None = None) -> float | None:
+    """The reward a kept rollout is scored with: ``failure_reward`` for one whose agent raised or timed out (when one
+    is given: what `select_trainable` keeps such rollouts for), else its own."""
+    return failure_reward if failure_reward is not None and rollout.status in UNFINISHED_OUTCOMES else rollout.reward
 
 
 class AgentFilter:

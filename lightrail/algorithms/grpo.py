@@ -66,10 +66,17 @@ from lightrail.adapters import (
     select_trainable,
     to_rows,
 )
+from lightrail.adapters.selection import scored_reward
 from lightrail.adapters.transitions import training_spans
 from lightrail.algorithms.policies import PolicyMap, PolicyRouter, check_policies_engine
 from lightrail.algorithms.run.folder import RunFolder
-from lightrail.algorithms.run.guard import RunGuard, RunStopped, describe_selection, step_health
+from lightrail.algorithms.run.guard import (
+    RunGuard,
+    RunStopped,
+    describe_selection,
+    informative_groups,
+    step_health,
+)
 from lightrail.algorithms.run.loop import run_steps
 from lightrail.algorithms.run.policy import (
     ServedPolicy,
@@ -443,7 +450,7 @@ class GRPO:
             )
             if not self.settings.filter_groups:
                 break
-            informative = _informative_groups(transitions)
+            informative = informative_groups(transitions)
             if len(informative) >= self.settings.tasks_per_step or rounds >= self.settings.max_sample_rounds:
                 filtered = groups.groups - len(informative)
                 transitions = [t for t in transitions if t.metadata.get("group_id") in informative]
@@ -461,7 +468,8 @@ class GRPO:
         self.folder.step += 1
         if trained:  # what this step trained on, next to the calls (the dashboard shows it per call)
             await ctx.store.add_spans(training_spans(trained, step=self.step, algorithm="grpo"))
-        rewards = [r.reward if r.reward is not None else 0.0 for r in trainable]
+        failure_reward = self.settings.guard.failure_reward
+        rewards = [reward for r in trainable if (reward := scored_reward(r, failure_reward)) is not None]
         advantages = [t.advantage for t in transitions if t.advantage is not None]
         t_guard = time.monotonic()
         health = step_health(
@@ -813,11 +821,6 @@ def resolve_loss_agg(advantage: str, loss_agg: str | None, config: UpdateConfig 
 
 NATURAL_LOSS_NORM: dict[str, LossNorm] = {"dr_grpo": "sequence_sum_norm"}
 """Estimators whose paper defines its own loss aggregation; the others keep token-mean (verl's default)."""
-
-
-def _informative_groups(transitions: Sequence[Transition]) -> set[Any]:
-    """Group ids of the transitions with a non-zero advantage: the groups an update learns from."""
-    return {t.metadata.get("group_id") for t in transitions if abs(t.advantage or 0.0) > 1e-9}
 
 
 def _plot(history: list[dict[str, Any]], path: Path) -> Path:

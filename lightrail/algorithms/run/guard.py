@@ -31,7 +31,7 @@ import msgspec
 
 from lightrail._errors import counted
 from lightrail.adapters.records import Episode
-from lightrail.adapters.selection import UNFINISHED_OUTCOMES, Exclusions
+from lightrail.adapters.selection import Exclusions, scored_reward
 from lightrail.algorithms.settings import GuardSection
 from lightrail.inspection.capture import KEY_FIX
 from lightrail.types import Rollout, RolloutStatus, Transition
@@ -41,6 +41,7 @@ __all__ = [
     "RunStopped",
     "StepHealth",
     "describe_selection",
+    "informative_groups",
     "rollout_health",
     "step_health",
     "update_health",
@@ -228,11 +229,11 @@ def step_health(
             if agents is None or agents(call.agent_name):
                 health.calls_selected += 1
     health.agents_seen = sorted(names)
-    scored = (failure_reward if r.status in UNFINISHED_OUTCOMES else r.reward for r in trainable)
+    scored = (scored_reward(r, failure_reward) for r in trainable)
     rewards = sorted({reward for reward in scored if reward is not None and math.isfinite(reward)})
     health.reward_values, health.rewards_seen = len(rewards), rewards[:5]
     health.groups = groups
-    health.groups_with_spread = len({t.metadata.get("group_id") for t in transitions if abs(t.advantage or 0) > 1e-9})
+    health.groups_with_spread = len(informative_groups(transitions))
     health.transitions = trained
     health.loss, health.grad_norm = update.get("loss"), update.get("grad_norm")
     # one policy's update, or each policy's (``write/loss``...)
@@ -256,6 +257,11 @@ def update_health(step: int, update: Mapping[str, Any], rows: int) -> StepHealth
     the update (``loss``/``grad_norm`` of its metrics) was finite."""
     health = step_health(step, [], {}, [], Exclusions(), [], agents=None, groups=0, update=update, trained=rows)
     return msgspec.structs.replace(health, scope="update")
+
+
+def informative_groups(transitions: Sequence[Transition]) -> set[Any]:
+    """Group ids of the transitions with a non-zero advantage: the groups an update learns from."""
+    return {t.metadata.get("group_id") for t in transitions if abs(t.advantage or 0.0) > 1e-9}
 
 
 class RunGuard:
