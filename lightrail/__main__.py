@@ -1,7 +1,5 @@
 """``python -m lightrail`` is the ``lightrail`` command."""
 
-import sys
+from lightrail.cli import run
 
-from lightrail.cli import main
-
-sys.exit(main())
+run()

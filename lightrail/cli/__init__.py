@@ -5,6 +5,7 @@ inside the handler of the command that runs."""
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import os
 import sys
@@ -77,6 +78,16 @@ def _traceback_kept(exc: BaseException, log: str | os.PathLike[str] | None) -> s
         f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(sys.argv)}\n")
         f.write("".join(traceback.format_exception(exc)) + "\n")
     return f"traceback in {log}"
+
+
+def run() -> NoReturn:
+    """The ``lightrail`` command's entry point: `main`, then exit with its code. A command is done by then, so the
+    objects it made are frozen (`gc.freeze`) for the interpreter's exit: its collections then skip them. A training
+    process holds ~450k objects (torch, the model library), and the exit's collections took ~3 s of a stopped
+    run's exit on 2 CPUs."""
+    code = main()
+    gc.freeze()
+    sys.exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -378,7 +378,8 @@ class _Gateway:
             # Answer only once the span is stored: a call the agent saw is in the store before the agent can
             # act on it, so the runner's finish (after the agent returns) comes after every call of its attempt,
             # and a gateway killed after answering has lost nothing acknowledged. Concurrent calls share the write.
-            await self.recorder.flush()
+            if not await self.recorder.flush():  # given up: the gateway is being stopped with its run
+                http = _error(503, _UNSTORED, type="server_error", code="gateway_stopping", dialect=dialect)
         elif session is not None and self.sessions is not None:
             session_id, source = session
             if session_id is None and response is not None:
@@ -407,6 +408,7 @@ class _Gateway:
         return http
 
 
+_UNSTORED = "The gateway is stopping with its run: this call was not stored and is never trained on."
 _ABANDONED = "The client disconnected before its answer was sent; the call was cancelled and is never trained on."
 
 

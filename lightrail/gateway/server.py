@@ -112,6 +112,7 @@ class GatewayServer:
         self.url = advertised or _base_url(socket.gethostname() if _wildcard(bound_host) else bound_host, bound_port)
         self._app_args = (backend, store, token, app_options)
         self._server: Any = None
+        self._recorder: Any = None
         self._task: asyncio.Task | None = None
 
     async def start(self) -> GatewayServer:
@@ -126,6 +127,7 @@ class GatewayServer:
         # the host process keeps its own signal handlers (uvicorn would take SIGINT/SIGTERM on the main thread)
         server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
         self._server = server
+        self._recorder = app.state.recorder
 
         async def serve() -> None:
             try:
@@ -146,10 +148,17 @@ class GatewayServer:
             raise
         return self
 
-    async def stop(self) -> None:
-        """Stop accepting, let in-flight requests finish, flush the span recorder (the app's shutdown)."""
+    async def stop(self, *, abort: bool = False) -> None:
+        """Stop accepting, let in-flight requests finish, flush the span recorder (the app's shutdown).
+
+        ``abort``: for a run being stopped (a child process died, Ctrl-C): spans not yet stored are given up
+        (`SpanBatcher.abandon`) instead of waited for. A request answers only once its span is stored, and with
+        the store gone that never happens; the calls waiting answer 503 instead (their spans belong to attempts
+        the stopped run leaves unfinished, which a resume cancels), so nothing acknowledged is lost."""
         try:
             if self._server is not None and self._task is not None:
+                if abort:
+                    self._recorder.abandon()
                 self._server.should_exit = True
                 await self._task
         finally:
@@ -159,8 +168,8 @@ class GatewayServer:
     async def __aenter__(self) -> GatewayServer:
         return await self.start()
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
+    async def __aexit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        await self.stop(abort=kind is not None and issubclass(kind, (asyncio.CancelledError, KeyboardInterrupt)))
 
 
 def _base_url(host: str, port: int) -> str:

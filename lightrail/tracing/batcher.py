@@ -86,6 +86,8 @@ class SpanBatcher:
         """Spans dropped because ``2 * max_pending`` were already waiting (logged)."""
         self.failures = 0
         """Failed ``add_spans`` calls that were retried."""
+        self.abandoned = 0
+        """Spans given up unwritten by `abandon` (or submitted after it)."""
         self._queue: deque[Span] = deque()
         self._accepted = 0  # spans ever queued; with _settled, tells a flush when "everything so far" is done
         self._settled = 0  # spans written, rejected or given up
@@ -97,6 +99,7 @@ class SpanBatcher:
         self._space_async: asyncio.Event | None = None
         self._room = threading.Condition()  # worker threads wait on it while max_pending spans are pending
         self._inbound = 0  # spans handed over by threads, not yet queued by the loop (guarded by _room)
+        self._abandoned = False
 
     @property
     def pending(self) -> int:
@@ -117,6 +120,9 @@ class SpanBatcher:
 
     def submit(self, span: Span) -> None:
         """Queue ``span`` for the store. Safe from any thread; never raises into the caller."""
+        if self._abandoned:
+            self.abandoned += 1
+            return
         if threading.get_ident() == self._thread_id:
             self._accept(span)
             return
@@ -142,6 +148,9 @@ class SpanBatcher:
         self._accept(span)
 
     def _accept(self, span: Span) -> None:
+        if self._abandoned:
+            self.abandoned += 1
+            return
         if self.pending >= 2 * self.max_pending:
             self.dropped += 1
             if self.dropped == 1 or self.dropped % 10_000 == 0:
@@ -160,19 +169,33 @@ class SpanBatcher:
         if self._space_async is not None:
             await self._space_async.wait()
 
-    async def flush(self) -> None:
+    async def flush(self) -> bool:
         """Wait until every span submitted so far (from this loop, or handed over by threads before this call)
-        is stored or refused for good."""
-        if self._loop is None:
-            return
+        is stored or refused for good. False when they were `abandon`ed instead: some may not be stored."""
+        if self._loop is None or self._abandoned:
+            return not self._abandoned
         target = self._accepted
         if self._settled >= target:
-            return
+            return True
         future = self._loop.create_future()
         self._flushers.append((target, future))
         assert self._wake is not None
         self._wake.set()
         await future
+        return not self._abandoned
+
+    def abandon(self) -> int:
+        """Give up every span not yet written, for a process being stopped whose store may be gone (a write is
+        retried for as long as the store is down): the writer stops, every `flush` returns False, spans submitted
+        later are counted in `abandoned` and dropped. Returns how many pending spans were given up."""
+        self._abandoned = True
+        given_up = self.pending
+        self.abandoned += given_up
+        self._queue.clear()
+        if self._task is not None:
+            self._task.cancel()
+        self._settle(given_up)
+        return given_up
 
     async def close(self, timeout_s: float | None = 30.0) -> None:
         """Flush (up to ``timeout_s``), then stop the writer. Spans still unwritten are logged as lost."""
@@ -203,7 +226,7 @@ class SpanBatcher:
                 self._settle(n)
 
     def _settle(self, n: int) -> None:
-        self._settled += n
+        self._settled = min(self._settled + n, self._accepted)  # (a batch `abandon` settled may settle again)
         if self.pending < self.max_pending:
             assert self._space_async is not None
             self._space_async.set()

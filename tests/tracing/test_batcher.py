@@ -74,6 +74,30 @@ async def test_transient_failures_are_retried_without_dropping():
     await store.close()
 
 
+async def test_abandon_releases_a_flush_waiting_on_a_store_that_is_gone():
+    """A store that stays down: a flush waits (the write is retried), until `abandon` (a run being stopped) gives
+    the spans up; the flush then says they may not be stored, and later spans are counted, not queued."""
+    store = CountingStore()
+    batcher = SpanBatcher(store, retry_initial_s=0.01, retry_max_s=0.02)
+    batcher.start()
+    (lease,) = await leases(store, 1)
+    store.fail_next = 10**9  # the store's server was killed
+    with attempt_context(lease.rollout.rollout_id, lease.attempt.attempt_id, batcher):
+        for i in range(3):
+            emit_event("e", i=i)
+    flush = asyncio.ensure_future(batcher.flush())
+    await asyncio.sleep(0.2)
+    assert not flush.done() and batcher.failures >= 3
+    assert batcher.abandon() == 3
+    assert await asyncio.wait_for(flush, 1.0) is False
+    with attempt_context(lease.rollout.rollout_id, lease.attempt.attempt_id, batcher):
+        emit_event("late")
+    assert batcher.abandoned == 4 and batcher.pending == 0 and batcher.written == 0
+    assert await batcher.flush() is False
+    await asyncio.wait_for(batcher.close(), 1.0)
+    await store.close()
+
+
 async def test_a_refused_span_does_not_take_its_batch_down():
     store = CountingStore()
     batcher = SpanBatcher(store)

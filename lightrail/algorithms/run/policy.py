@@ -97,8 +97,11 @@ class ServedPolicy:
         return LLM(endpoint=self.gateway.url, model=model or self.name, sampling=sampling, api_key=self.gateway.token)
 
     async def close(self) -> None:
-        """Stop the gateway, then the engine it owns."""
-        await self.gateway.stop()
+        """Stop the gateway, then the engine it owns. Closed while its task is being cancelled (the trainer stops
+        the run: a child process died, Ctrl-C), the gateway does not wait for agent calls in flight
+        (`GatewayServer.stop` ``abort``): with the store gone they would wait forever."""
+        task = asyncio.current_task()
+        await self.gateway.stop(abort=task is not None and task.cancelling() > 0)
         if self.engine is not None:
             await self.engine.close()
 
