@@ -242,7 +242,9 @@ class GRPO:
             s.mode, s.max_staleness, s.ahead, s.is_cap, config=config, filter_groups=s.filter_groups,
             policies=s.policies, advantage=s.advantage,
         )  # fmt: skip
-        self._guard = RunGuard(s.guard, selection=describe_selection(selection))
+        self._guard = RunGuard(
+            s.guard, selection=describe_selection(selection), success_threshold=self.success_threshold
+        )
         self._pipeline: list[_Batch] = []
         """Async mode: the batches enqueued for the next steps, oldest first."""
         self._pending: list[list[int]] = []
@@ -302,6 +304,7 @@ class GRPO:
             backend = await self._start_policies(config)
         checkpoint, state = self.folder.start(resume=self.resume, track=ctx.track)
         self._pending = [list(b) for b in state.get("pending", [])] if self.mode == "async" else []
+        self._guard.learned = any(m["kind"] == "train" and m.get("groups_with_spread") for m in self.folder.history)
         if checkpoint is not None:
             versions = state.get("policy_versions") or {"": state["policy_version"]}
             for slot in self._slots:

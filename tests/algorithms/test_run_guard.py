@@ -4,14 +4,17 @@ and a run that keeps training nothing stops (`RunStopped`) instead of exiting as
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
+from rich.console import Console
 
 from lightrail import MemoryStore, Trainer
 from lightrail.algorithms import UpdateConfig
 from lightrail.algorithms.grpo import GRPO
-from lightrail.algorithms.run.guard import RunStopped
+from lightrail.algorithms.run.guard import RunGuard, RunStopped, StepHealth
+from lightrail.algorithms.settings import GuardSection
 from lightrail.engine.models import build_tiny_model
 
 
@@ -137,3 +140,38 @@ def test_the_async_pipeline_stops_the_same_way(model, tmp_path):
     grpo = _grpo(model, tmp_path / "run", mode="async", steps=4)
     with pytest.raises(RunStopped, match=r"^GRPO step 2: 2 steps in a row trained nothing: every rollout failed"):
         _fit(grpo, "guard_agents:raising_agent")
+
+
+def _checked(guard, *records) -> str:
+    """Run ``guard.check`` on each `StepHealth` (no rollout failed, so no store is read); what it printed."""
+    import asyncio
+
+    for health in records:
+        asyncio.run(guard.check(None, health, [], stage="GRPO step"))
+    return guard.console.file.getvalue().replace("\n", " ")
+
+
+def _step(step: int, spread: int, rewards: list[float]) -> StepHealth:
+    return StepHealth(
+        step=step, rollouts=8, succeeded=8, trainable=8, calls=8, calls_with_token_ids=8, calls_selected=8,
+        reward_values=len(rewards), rewards_seen=rewards, groups=2, groups_with_spread=spread,
+        transitions=8 if spread else 0,
+    )  # fmt: skip
+
+
+def test_a_run_that_learned_to_solve_its_tasks_is_not_stopped_as_empty():
+    """A healthy run that converged (every sample of every group succeeds: no spread left) is told so, and goes on;
+    the same steps in a run that never had a signal (a reward constant from the start) are empty steps, and stop."""
+    console = Console(file=io.StringIO(), width=400)
+    guard = RunGuard(GuardSection(max_empty_steps=2), console=console, success_threshold=1.0)
+    out = _checked(guard, _step(1, 2, [0.0, 1.0]), *(_step(s, 0, [1.0]) for s in (2, 3, 4)))
+    assert "GRPO step 4: every sample of every group succeeded (rewards seen: 1)" in out and "nothing" in out
+    assert "trained nothing" not in out and guard.empty_steps == 0
+
+    never = RunGuard(GuardSection(max_empty_steps=2), console=Console(file=io.StringIO()), success_threshold=1.0)
+    with pytest.raises(RunStopped, match="GRPO step 2: 2 steps in a row trained nothing: no learning signal"):
+        _checked(never, _step(1, 0, [1.0]), _step(2, 0, [1.0]))
+    # converged but every group at a failing reward (all 0 after learning): that is empty, and stops
+    collapsed = RunGuard(GuardSection(max_empty_steps=2), console=Console(file=io.StringIO()), success_threshold=1.0)
+    with pytest.raises(RunStopped, match="GRPO step 3: 2 steps in a row trained nothing"):
+        _checked(collapsed, _step(1, 2, [0.0, 1.0]), _step(2, 0, [0.0]), _step(3, 0, [0.0]))

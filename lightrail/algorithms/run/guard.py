@@ -139,6 +139,18 @@ class StepHealth(msgspec.Struct, kw_only=True):
         abandoned = f" (+{self.calls_abandoned} abandoned)" if self.calls_abandoned else ""
         return f"{ok}  calls {self.calls_per_rollout:.1f}/rollout{abandoned}  trained {self.transitions}"
 
+    def rewards_line(self) -> str:
+        """``0, 0.5, 1`` (``, ...`` when there were more than `rewards_seen` holds)."""
+        values = ", ".join(f"{v:g}" for v in self.rewards_seen)
+        return values + (", ..." if self.reward_values > len(self.rewards_seen) else "")
+
+    def solved(self, threshold: float) -> bool:
+        """Every group's samples all scored the same, each a success (reward >= ``threshold``): the step's tasks
+        are solved at its sampling temperature, so there is nothing left to learn from them."""
+        return bool(self.groups and self.groups_with_spread == 0 and self.rewards_seen) and (
+            self.rewards_seen[0] >= threshold
+        )
+
     def problem(self, *, selection: str | None = None) -> str | None:
         """Why this step trained nothing, in one line (None when it trained). ``selection`` describes the run's
         selection of agents (for the line that says it matched nothing)."""
@@ -171,10 +183,8 @@ class StepHealth(msgspec.Struct, kw_only=True):
         if not self.update_finite:
             return f"the update was not finite (loss {self.loss}, grad norm {self.grad_norm}): it was skipped"
         if self.groups and self.groups_with_spread == 0:
-            values = ", ".join(f"{v:g}" for v in self.rewards_seen)
-            return (
-                f"no learning signal: in each of the {counted(self.groups, 'group')} every sample scored the same "
-                f"(rewards seen: {values}{', ...' if self.reward_values > len(self.rewards_seen) else ''})"
+            return f"no learning signal: in each of the {counted(self.groups, 'group')} every sample scored the same " + (
+                f"(rewards seen: {self.rewards_line()})"
             )
         if self.transitions == 0:
             return "no transition was trained"
@@ -269,12 +279,18 @@ class RunGuard:
     the run selects to train (``agents_pattern 'write|rewrite'``), None when it trains every call; ``console``: where
     cause lines go (rich's global console by default, as the failure digests)."""
 
-    def __init__(self, settings: GuardSection, *, selection: str | None = None, console: Any = None) -> None:
+    def __init__(
+        self, settings: GuardSection, *, selection: str | None = None, console: Any = None,
+        success_threshold: float | None = None,
+    ) -> None:  # fmt: skip
         self.settings = settings
         self.selection = selection
         self.console = console
+        self.success_threshold = success_threshold
         self.empty_steps = 0
         """Steps in a row that trained nothing, up to the last one checked."""
+        self.learned = False
+        """Some step so far had a learning signal (a group with a spread). A resumed run sets it from its history."""
         self._first = True
 
     async def check(self, store: Any, health: StepHealth, rollouts: Sequence[Rollout], *, stage: str = "step") -> None:
@@ -290,14 +306,24 @@ class RunGuard:
             digest = digest_failures(await failed_attempts(store, rollouts))
             health.causes = [f"{g.count}x {g.type.rpartition('.')[2]}: {g.example}" for g in digest]
         problem = health.problem(selection=self.selection)
+        learned, self.learned = self.learned, self.learned or health.groups_with_spread > 0
         if problem is None:
             self.empty_steps = 0
             return
-        self.empty_steps += 1
         where = f"{stage} {health.step}"
+        console = self.console if self.console is not None else _console()
+        threshold = self.success_threshold
+        if learned and threshold is not None and health.solved(threshold) and problem.startswith("no learning"):
+            # a run that learned its way to solving the step's tasks is healthy, not empty (it is an empty step
+            # when it never had a signal: a reward that is constant from the start reads the same)
+            console.print(
+                f"[dim]{where}: every sample of every group succeeded (rewards seen: {health.rewards_line()}): "
+                "nothing left to learn from these tasks[/dim]", soft_wrap=True,
+            )  # fmt: skip
+            return
+        self.empty_steps += 1
         if first and health.calls_with_token_ids and not health.calls_selected:
             raise RunStopped(f"{where}: {problem}")  # a selection that matches nothing never will
-        console = self.console if self.console is not None else _console()
         limit = self.settings.max_empty_steps
         if limit and self.empty_steps >= limit:
             if digest:
