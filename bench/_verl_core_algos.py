@@ -2,7 +2,8 @@
 JSON on stdin, computes each one's actor loss with verl's functions, writes the results as JSON on stdout.
 
 The loss is what verl's actor computes (``verl.workers.utils.losses.ppo_loss``, verl 0.9.1), on one rank with
-no entropy term: the registered ``vanilla`` policy loss (``get_policy_loss_fn``) with an `ActorConfig` built from
+no entropy term: the registered policy loss the case's ``policy_loss.loss_mode`` names (``get_policy_loss_fn``;
+``vanilla`` when absent) with an `ActorConfig` built from
 the case's ``actor`` keys, plus, with ``use_kl_loss``, ``kl_loss_coef * agg_loss(kl_penalty(...))``. Imports
 nothing of lightrail (this interpreter has none); float64 throughout.
 """
@@ -26,10 +27,12 @@ def _actor(keys: dict) -> ActorConfig:
 
 def _case(case: dict) -> dict:
     t = {k: torch.tensor(v, dtype=torch.float64) for k, v in case["tensors"].items()}
-    config = _actor(case["actor"])
+    keys = dict(case["actor"])
+    mode = keys.pop("policy_loss", {}).get("loss_mode", "vanilla")  # (ppo_loss reads config.policy_loss.loss_mode)
+    config = _actor(keys)
     log_prob = t["log_prob"].clone().requires_grad_(True)
     mask = t["response_mask"]
-    loss, _ = get_policy_loss_fn("vanilla")(
+    loss, _ = get_policy_loss_fn(mode)(
         old_log_prob=t["old_log_prob"], log_prob=log_prob, advantages=t["advantages"], response_mask=mask,
         loss_agg_mode=config.loss_agg_mode, config=config,
     )  # fmt: skip

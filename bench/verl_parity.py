@@ -91,6 +91,14 @@ def cases() -> list[dict[str, Any]]:
                 "tensors": {"old_log_prob": [[-1.0, -1.0, -_PAD]], "log_prob": [[-31.0, 24.0, _PAD]],
                             "advantages": [[1e8, -1.0, -_PAD]], "ref_log_prob": [[-1.0, -1.0, _PAD]],
                             "response_mask": [[1.0, 1.0, 0.0]]}})  # fmt: skip
+    # the other registered policy losses: GSPO's ratio is per sequence (its clip ranges are the paper's 3e-4 / 4e-4,
+    # and PPO's 0.2 / 0.28 that clip fewer sequences), CISPO's weight clipped with its gradient stopped
+    for mode, low, high, agg in (("gspo", 3e-4, 4e-4, "seq-mean-token-mean"), ("gspo", 0.2, 0.28, "token-mean"),
+                                 ("cispo", 0.2, 0.28, "token-mean"), ("cispo", 0.1, 0.1, "seq-mean-token-mean")):  # fmt: skip
+        out.append({"name": f"{mode}_{low:g}_{high:g}_{agg}", "actor": {"policy_loss": {"loss_mode": mode},
+                    "clip_ratio_low": low, "clip_ratio_high": high, "loss_agg_mode": agg}, "tensors": tensors})  # fmt: skip
+    out.append({"name": "gspo_kl", "actor": {"policy_loss": {"loss_mode": "gspo"}, "use_kl_loss": True,
+                "kl_loss_coef": 0.1, "loss_agg_mode": "seq-mean-token-mean"}, "tensors": tensors})  # fmt: skip
     from lightrail.model.kl import KL_ESTIMATORS
 
     for name in KL_ESTIMATORS:
@@ -135,7 +143,8 @@ def lightrail_side(case: dict[str, Any], *, verl_defaults: bool = True) -> dict[
     loss, _ = policy_loss(
         logp, t["old_log_prob"], t["advantages"], mask=mask, weights=weights, clip_low=config.clip_low,
         clip_high=config.clip_high, ref_logp=t["ref_log_prob"], kl_coef=config.kl_coef,
-        clip_ratio_c=config.clip_ratio_c, kl_estimator=config.kl_estimator,
+        clip_ratio_c=config.clip_ratio_c, kl_estimator=config.kl_estimator, loss=config.policy_loss,
+        segment_ids=torch.arange(mask.shape[0]).unsqueeze(1).expand_as(mask),
     )  # fmt: skip
     (grad,) = torch.autograd.grad(loss, logp, retain_graph=True)
     out: dict[str, Any] = {"loss": float(loss.detach()), "grad": grad.tolist()}

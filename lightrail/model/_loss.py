@@ -17,7 +17,10 @@ Per-token loss::
                                            exp(x) - x - 1 with x = ref_t - logp_t, clamped as verl does)
     l_t    = pg_t + beta * kl_t
 
-The clamp of the log-ratio to [-20, 20] before ``exp`` is verl's (``compute_policy_loss_vanilla``): a ratio beyond
+``pg_t`` is the ``vanilla`` policy loss of `lightrail.model.policy_losses`, the registry of policy losses by name;
+``GSPO`` (sequence-level ratios) and ``CISPO`` (clipped, stop-gradient weights) replace it there, the rest of this
+module stays the same for each (``UpdateConfig.policy_loss``). The clamp of the log-ratio to [-20, 20] before
+``exp`` is verl's (``compute_policy_loss_vanilla``): a ratio beyond
 e^20 is numerical breakage, not a policy change, and would overflow float32 gradients. Dual-clip PPO (Ye et al.
 2020, "Mastering Complex Control in MOBA Games with Deep RL", arXiv:1912.09729; verl's ``clip_ratio_c``, default
 3.0 there) bounds the loss of a token with a negative advantage whose ratio ran far above 1: without it,
@@ -77,6 +80,7 @@ from typing import Literal
 import torch
 
 from lightrail.model.kl import kl_estimator as kl_estimator_by_name
+from lightrail.model.policy_losses import TokenBatch, policy_loss_named
 
 __all__ = [
     "LOSS_AGG",
@@ -107,9 +111,6 @@ LOSS_AGG: dict[str, LossNorm] = {
     "seq_mean_token_sum_norm": "sequence_sum_norm",
 }
 """verl's ``loss_agg_mode`` names (with ``_`` for ``-``) and the `LossNorm` each one is."""
-
-_LOG_RATIO_CLAMP = 20.0
-"""verl's bound on ``logp - old_logp`` before ``exp`` in the policy loss (``compute_policy_loss_vanilla``)."""
 
 
 def resolve_loss_norm(name: str) -> LossNorm:
@@ -172,8 +173,14 @@ def policy_loss(
     is_cap: float | None = None,
     clip_ratio_c: float | None = None,
     kl_estimator: str = "low_var_kl",
+    loss: str = "vanilla",
+    segment_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO-clipped policy-gradient loss with an optional KL penalty; see the module docstring for the formula.
+
+    ``loss`` names the per-token policy-gradient term in `lightrail.model.policy_losses.POLICY_LOSSES` (``vanilla``:
+    the PPO-clip above; ``gspo``, ``cispo``); everything else here is the same for each. ``segment_ids`` ([N] like
+    ``logp``, or like ``mask`` with one) name each token's sequence, for a loss that needs them (``gspo``).
 
     ``clip_ratio_c = c`` (> 1) dual-clips tokens with a negative advantage: their loss is at most ``-A * c``
     (None: off). ``kl_estimator`` names the penalty's estimator in `lightrail.model.kl.KL_ESTIMATORS` (used with
@@ -201,10 +208,14 @@ def policy_loss(
     if clip_ratio_c is not None and not clip_ratio_c > 1.0:
         raise ValueError(f"clip_ratio_c must be > 1 (dual-clip's lower bound on the loss), not {clip_ratio_c}")
     estimate_kl = kl_estimator_by_name(kl_estimator)
+    term = policy_loss_named(loss)
+    if clip_ratio_c is not None and not term.dual_clip:
+        raise ValueError(f"clip_ratio_c is dual-clip's bound: the {loss} policy loss has none (leave it unset)")
     if mask is not None:
         sel = mask.bool()
         logp, old_logp, advantages = logp[sel], old_logp[sel], advantages[sel]
         ref_logp = ref_logp[sel] if ref_logp is not None else None
+        segment_ids = segment_ids[sel] if segment_ids is not None else None
     n = logp.numel()
     if weights is None:
         weights = loss_weights(None, n)
@@ -213,19 +224,13 @@ def policy_loss(
     advantages = advantages.to(logp.dtype)
 
     is_weight = is_capped = logp.new_zeros(0)
+    baseline = old_logp
     if is_cap is not None:
-        prox = logp.detach()
-        is_weight, is_capped = tis_weights(prox, old_logp, is_cap)
-        log_ratio = logp - prox
-    else:
-        log_ratio = logp - old_logp
-    log_ratio = torch.clamp(log_ratio, min=-_LOG_RATIO_CLAMP, max=_LOG_RATIO_CLAMP)
-    ratio = torch.exp(log_ratio)
-    unclipped = ratio * advantages
-    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
-    pg = -torch.minimum(unclipped, clipped)
-    if clip_ratio_c is not None:
-        pg = torch.where(advantages < 0, torch.minimum(pg, -advantages * clip_ratio_c), pg)
+        baseline = logp.detach()  # prox: the trust region is measured from the trainer's pre-step weights
+        is_weight, is_capped = tis_weights(baseline, old_logp, is_cap)
+    pg, ratio, is_clipped = term.fn(
+        TokenBatch(logp, baseline, advantages, segment_ids), clip_low, clip_high, clip_ratio_c
+    )
     if is_cap is not None:
         pg = is_weight * pg
     per_token = pg
@@ -233,15 +238,11 @@ def policy_loss(
     if ref_logp is not None and kl_coef != 0.0:
         kl_ref = estimate_kl(logp, ref_logp.to(logp.dtype))
         per_token = per_token + kl_coef * kl_ref
-    loss = (weights * per_token).sum()
+    total = (weights * per_token).sum()
 
     with torch.no_grad():
         denom = max(n, 1)
-        # The clipped branch is the minimum (so it carries no gradient) exactly when the ratio left the trust region
-        # in the direction the advantage pushes it.
-        is_clipped = ((advantages > 0) & (ratio > 1.0 + clip_high)) | ((advantages < 0) & (ratio < 1.0 - clip_low))
-        if clip_ratio_c is not None:  # dual-clip's bound is the loss: no gradient either
-            is_clipped |= (advantages < 0) & (ratio > clip_ratio_c)
+        log_ratio = ratio.log()
         stats = {
             "pg_loss": pg.sum() / denom,
             "kl_ref": kl_ref.sum() / denom if kl_ref is not None else logp.new_zeros(()),
@@ -253,7 +254,7 @@ def policy_loss(
             "is_clipped_frac": is_capped.sum().to(logp.dtype) / denom,
             "tokens": torch.tensor(n),
         }
-    return loss, {k: v.detach() for k, v in stats.items()}
+    return total, {k: v.detach() for k, v in stats.items()}
 
 
 def tis_weights(prox_logp: torch.Tensor, old_logp: torch.Tensor, cap: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -62,6 +62,7 @@ from lightrail.model._loss import (
 from lightrail.model.checkpoint import atomic_directory, capture_rng_state, restore_rng_state
 from lightrail.model.kl import KL_ESTIMATORS
 from lightrail.model.mismatch import RowMismatch
+from lightrail.model.policy_losses import POLICY_LOSSES
 from lightrail.types import TrainingRow, Transition
 
 __all__ = [
@@ -134,6 +135,10 @@ class UpdateConfig:
     """Dual-clip PPO's c (> 1; verl's ``clip_ratio_c``): a token with a negative advantage loses at most ``-A * c``
     however far its ratio ran above 1 (`lightrail.model._loss`). None (the default): off, lightrail's loss as before
     dual-clip existed, since a synchronous on-policy step keeps ratios near 1; `lightrail.VERL` sets verl's 3.0."""
+    policy_loss: str = "vanilla"
+    """The per-token policy-gradient term, a name of `lightrail.model.policy_losses.POLICY_LOSSES`: ``vanilla``
+    (PPO-clip), ``gspo`` (one clipped ratio per sequence; mind its much smaller clip ranges) or ``cispo`` (a clipped,
+    stop-gradient importance weight). verl's ``actor.policy_loss.loss_mode`` names."""
     kl_coef: float = 0.0
     """beta of the KL penalty to the frozen reference (the base model); 0 switches it off and costs nothing."""
     kl_estimator: str = "low_var_kl"
@@ -227,6 +232,10 @@ class UpdateConfig:
             raise ValueError("need 0 <= clip_low < 1 and clip_high >= 0")
         if self.clip_ratio_c is not None and not self.clip_ratio_c > 1:
             raise ValueError(f"clip_ratio_c must be > 1 (or None: off), not {self.clip_ratio_c}")
+        if self.policy_loss not in POLICY_LOSSES:
+            raise ValueError(f"policy_loss: expected one of {list(POLICY_LOSSES)}, got {self.policy_loss!r}")
+        if self.clip_ratio_c is not None and not POLICY_LOSSES[self.policy_loss].dual_clip:
+            raise ValueError(f"clip_ratio_c is dual-clip's bound: the {self.policy_loss} policy loss has none")
         if self.kl_estimator not in KL_ESTIMATORS:
             raise ValueError(f"kl_estimator: expected one of {list(KL_ESTIMATORS)}, got {self.kl_estimator!r}")
         try:
@@ -460,6 +469,7 @@ class _MicroBatch:
     old_logp: torch.Tensor  # [N] float64 (as recorded; cast to the compute dtype in the loss)
     advantages: torch.Tensor  # [N] float64
     weights: torch.Tensor  # [N] float64, slice of the step's loss weights
+    segments: torch.Tensor  # [N] long: the micro-batch row of each token (a sequence, for GSPO's ratio)
     tokens: int  # real (unpadded) tokens of the micro-batch's rows, a shared prefix counted once per row
     rows: list[int] = field(default_factory=list)
     prefix: torch.Tensor | None = None  # [1, P] long
@@ -633,11 +643,12 @@ class PolicyUpdater:
         for prefix, idx in self._pack(rows, active, positions):
             width = max(len(rows[i].input_ids) for i in idx) - prefix
             ids = torch.zeros(len(idx), width, dtype=torch.long)
-            source, targets, old, adv, w = [], [], [], [], []
+            source, targets, old, adv, w, segments = [], [], [], [], [], []
             for b, i in enumerate(idx):
                 r = rows[i]
                 ids[b, : len(r.input_ids) - prefix] = torch.tensor(r.input_ids[prefix:], dtype=torch.long)
                 source += [b * width + t - 1 - prefix for t in positions[i]]
+                segments += [b] * len(positions[i])
                 targets += [r.input_ids[t] for t in positions[i]]
                 old += [r.old_logprobs[t] for t in positions[i]]
                 adv += [r.advantages[t] for t in positions[i]]
@@ -651,6 +662,7 @@ class PolicyUpdater:
                     old_logp=torch.tensor(old, dtype=torch.float64, device=self.device),
                     advantages=torch.tensor(adv, dtype=torch.float64, device=self.device),
                     weights=torch.cat(w).to(self.device),
+                    segments=torch.tensor(segments, dtype=torch.long, device=self.device),
                     tokens=sum(len(rows[i].input_ids) for i in idx),
                     rows=idx,
                     prefix=shared if prefix else None,
@@ -869,6 +881,8 @@ class PolicyUpdater:
                     is_cap=cfg.is_cap,
                     clip_ratio_c=cfg.clip_ratio_c,
                     kl_estimator=cfg.kl_estimator,
+                    loss=cfg.policy_loss,
+                    segment_ids=mb.segments,
                 )
                 loss = loss + self._critic_loss(mb)
                 # The weights have not moved yet this step, so for on-policy rows this is the train–inference gap.
@@ -945,6 +959,7 @@ class PolicyUpdater:
             old_logp=torch.zeros(1, dtype=torch.float64, device=self.device),
             advantages=torch.zeros(1, dtype=torch.float64, device=self.device),
             weights=torch.zeros(1, dtype=torch.float64, device=self.device),
+            segments=torch.zeros(1, dtype=torch.long, device=self.device),
             tokens=0,
         )
         if with_reference:

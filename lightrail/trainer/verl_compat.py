@@ -167,6 +167,23 @@ def _clip_ratio_c(value: Any) -> float:
     return c
 
 
+def _loss_mode(value: Any) -> str:
+    from lightrail.model.policy_losses import POLICY_LOSSES
+
+    if value not in POLICY_LOSSES:
+        raise _Refused(f"lightrail's policy losses are {', '.join(POLICY_LOSSES)}")
+    return str(value)
+
+
+def _dual_clip(value: Any, whole: Mapping[str, Any], out: VerlSettings) -> None:
+    from lightrail.model.policy_losses import POLICY_LOSSES
+
+    c = _clip_ratio_c(value)
+    mode = whole.get(f"{_ACTOR}.policy_loss.loss_mode", "vanilla")
+    if mode not in POLICY_LOSSES or POLICY_LOSSES[mode].dual_clip:  # (an unknown mode is refused by its own key)
+        out.set("config.clip_ratio_c", c)
+
+
 _LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
@@ -386,8 +403,11 @@ VERL_KEYS: tuple[VerlKey, ...] = (
             "model.kl.KL_ESTIMATORS`; absent: low_var_kl, verl's default and lightrail's)",
             _to("config.kl_estimator", _kl_type)),
     VerlKey(f"{_ACTOR}.clip_ratio_c", "grpo.config.clip_ratio_c", "dual-clip PPO's bound for negative advantages "
-            "(absent: verl's 3.0; lightrail's own default is off)", _to("config.clip_ratio_c", _clip_ratio_c),
-            default=3.0),
+            "(absent: verl's 3.0; lightrail's own default is off); read by the vanilla policy loss only, as in verl",
+            _dual_clip, default=3.0),
+    VerlKey(f"{_ACTOR}.policy_loss.loss_mode", "grpo.config.policy_loss", "the policy loss by verl's name "
+            "(`lightrail.model.policy_losses.POLICY_LOSSES`: vanilla, gspo, cispo; absent: vanilla); others refused",
+            _to("config.policy_loss", _loss_mode)),
     VerlKey(f"{_ACTOR}.loss_agg_mode", "grpo.loss_agg", "token-mean, seq-mean-token-mean, seq-mean-token-sum-norm "
             "(as token_mean...); token-sum and seq-mean-token-sum refused", _to("loss_agg", _loss_agg)),
     VerlKey(f"{_ACTOR}.loss_scale_factor", "grpo.config.loss_norm_tokens", "seq-mean-token-sum-norm's constant L; "

@@ -46,21 +46,27 @@ def _grads_and_weights(updater: PolicyUpdater):
 
 
 @pytest.mark.parametrize(
-    "loss_norm, kl_coef, dtype, tol",
+    "loss_norm, kl_coef, dtype, tol, loss",
     [
-        ("token", 0.0, torch.float64, 1e-10),
-        ("sequence", 0.0, torch.float64, 1e-10),
-        ("rollout", 0.1, torch.float64, 1e-10),
-        ("token", 0.0, torch.float32, 1e-6),
+        ("token", 0.0, torch.float64, 1e-10, "vanilla"),
+        ("sequence", 0.0, torch.float64, 1e-10, "vanilla"),
+        ("rollout", 0.1, torch.float64, 1e-10, "vanilla"),
+        ("token", 0.0, torch.float32, 1e-6, "vanilla"),
+        # GSPO's ratio is a whole row's: a row's tokens must be one sequence in whatever micro-batch it lands
+        ("sequence", 0.0, torch.float64, 1e-10, "gspo"),
+        ("token", 0.1, torch.float64, 1e-10, "cispo"),
     ],
 )
-def test_micro_batching_gives_the_same_step(loss_norm, kl_coef, dtype, tol):
+def test_micro_batching_gives_the_same_step(loss_norm, kl_coef, dtype, tol, loss):
     rows = make_rows(10, seed=1, zero_adv_rows=2)
     base = tiny_llama(seed=3, dtype=dtype)
     dtype_name = str(dtype).removeprefix("torch.")
     results, metrics = [], []
     for budget in (10_000, 40):  # one micro-batch vs several
-        cfg = UpdateConfig(lr=1e-3, loss_norm=loss_norm, kl_coef=kl_coef, micro_batch_tokens=budget, dtype=dtype_name)
+        cfg = UpdateConfig(
+            lr=1e-3, loss_norm=loss_norm, kl_coef=kl_coef, micro_batch_tokens=budget, dtype=dtype_name,
+            policy_loss=loss,
+        )  # fmt: skip
         upd = PolicyUpdater(copy.deepcopy(base), cfg)
         metrics.append(upd.step(rows))
         results.append(_grads_and_weights(upd))
@@ -362,3 +368,15 @@ def test_mini_batches_take_one_optimizer_step_per_mini_batch_in_order():
         torch.testing.assert_close(p.detach(), first._trainable[name].detach(), atol=1e-12, rtol=0)
     with pytest.raises(ValueError, match="mini_batches"):
         UpdateConfig(mini_batches=0)
+
+
+def test_the_policy_loss_setting_reaches_the_step():
+    """``policy_loss`` picks the step's term: the same rows give three different losses (each proven equal to
+    verl's in tests/trainer/test_verl_parity.py)."""
+    rows = make_rows(6, seed=7)
+    base = tiny_llama(seed=7, dtype=torch.float64)
+    losses = {
+        name: PolicyUpdater(copy.deepcopy(base), UpdateConfig(dtype="float64", policy_loss=name)).step(rows)["loss"]
+        for name in ("vanilla", "gspo", "cispo")
+    }
+    assert len({round(v, 9) for v in losses.values()}) == 3, losses

@@ -1,5 +1,5 @@
 """`VERL(config)` trains verl's loss: every case of `bench/verl_parity.py` (dual-clip, clip-higher under each loss
-aggregation, the log-ratio clamp, each KL estimator of the registry, low_var_kl's clamp), padded, computed by verl's
+aggregation, the log-ratio clamp, GSPO and CISPO, each KL estimator of the registry, low_var_kl's clamp), padded, computed by verl's
 own ``verl.trainer.ppo.core_algos`` in verl's interpreter (``scripts/_env_verl.sh``, built here when
 ``$LIGHTRAIL_VERL_PYTHON`` names none) and by lightrail's `policy_loss` as `verl_settings` sets it up: values and
 gradients equal to 1e-6."""
@@ -11,8 +11,11 @@ import subprocess
 
 import pytest
 
-from bench.verl_parity import cases, lightrail_side, max_abs_diff, verl_python, verl_side
+from bench.verl_parity import _flat, cases, lightrail_side, max_abs_diff, verl_python, verl_side
+from lightrail.model import UpdateConfig
 from lightrail.model.kl import KL_ESTIMATORS
+from lightrail.model.policy_losses import POLICY_LOSSES
+from lightrail.trainer.verl_compat import verl_settings
 
 CASES = {case["name"]: case for case in cases()}
 
@@ -53,3 +56,26 @@ def test_without_verls_dual_clip_default_the_issue_case_differs(verl):
     ours = lightrail_side(CASES["dual_clip_ratio_4"], verl_defaults=False)
     assert ours["loss"] == pytest.approx(4.0) and ours["grad"][0][0] == pytest.approx(4.0)
     assert max_abs_diff(ours, verl["dual_clip_ratio_4"]) == pytest.approx(4.0)
+
+
+def test_gspo_and_cispo_are_their_own_losses(verl):
+    """The registered losses compared above differ from PPO-clip on the same tensors and clip ranges (the comparison
+    would catch a loss registered under the wrong name), and every registered loss has a case."""
+    vanilla = _flat(verl["clip_higher_token-mean"]["grad"])
+    for mode in ("gspo", "cispo"):
+        theirs = _flat(verl[f"{mode}_0.2_0.28_token-mean"]["grad"])
+        assert max(abs(a - b) for a, b in zip(theirs, vanilla, strict=True)) > 1e-3
+    assert {name for name in POLICY_LOSSES if name != "vanilla"} <= {c["actor"].get("policy_loss", {}).get(
+        "loss_mode") for c in CASES.values()}  # fmt: skip
+
+
+def test_an_unknown_policy_loss_is_refused_naming_the_registered_ones():
+    with pytest.raises(ValueError, match=r"policy_loss: expected one of \['vanilla', 'gspo', 'cispo'\], got 'dapo'"):
+        UpdateConfig(policy_loss="dapo")
+    with pytest.raises(ValueError, match="clip_ratio_c is dual-clip's bound: the gspo policy loss has none"):
+        UpdateConfig(policy_loss="gspo", clip_ratio_c=3.0)
+    with pytest.raises(ValueError, match=r"policy_loss.loss_mode.*lightrail's policy losses are vanilla, gspo, cispo"):
+        verl_settings({"actor_rollout_ref": {"actor": {"policy_loss": {"loss_mode": "clip_cov"}}}})
+    # verl's dual-clip default goes with the vanilla loss only, as verl reads it
+    gspo = verl_settings({"actor_rollout_ref": {"actor": {"policy_loss": {"loss_mode": "gspo"}}}}).grpo["config"]
+    assert gspo == {"policy_loss": "gspo"}

@@ -183,8 +183,9 @@ class StepHealth(msgspec.Struct, kw_only=True):
         if not self.update_finite:
             return f"the update was not finite (loss {self.loss}, grad norm {self.grad_norm}): it was skipped"
         if self.groups and self.groups_with_spread == 0:
-            return f"no learning signal: in each of the {counted(self.groups, 'group')} every sample scored the same " + (
-                f"(rewards seen: {self.rewards_line()})"
+            return (
+                f"no learning signal: in each of the {counted(self.groups, 'group')} every sample scored the same "
+                + (f"(rewards seen: {self.rewards_line()})")
             )
         if self.transitions == 0:
             return "no transition was trained"
