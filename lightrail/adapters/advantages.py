@@ -9,7 +9,8 @@ then let the credit assignment distribute z_i plus the raw intermediate rewards 
 
 where g is the rollout's group (the samples of one task, `Task.task_id`) and R_i its final reward.
 
-Outcome estimators (``estimator=``, `ESTIMATORS`; n = size of i's group g, a group of one has no baseline)::
+Outcome estimators (``estimator=``, the registry `ADVANTAGE_ESTIMATORS`; n = size of i's group g, a group of one has
+no baseline)::
 
     grpo                   z_i = (R_i − mean_g R) / (std_g R + eps)    std: sample std (n−1), as TRL and verl;
                            ``scale_by_std=False`` drops the division. n = 1 → 0.
@@ -30,6 +31,12 @@ Outcome estimators (``estimator=``, `ESTIMATORS`; n = size of i's group g, a gro
     reinforce_pp_baseline  REINFORCE++-baseline: R_i − mean_g R (n = 1 → 0; verl keeps R_i), then whitened over
                            the batch as above. verl compute_reinforce_plus_plus_baseline_outcome_advantage; the
                            paper's recommended variant when several samples per prompt are drawn.
+    gae                    PPO with a critic (`lightrail.model.ppo`): the update replaces these advantages by GAE
+                           over each call's tokens from a value head (``critic``); the outcomes here are grpo's,
+                           kept only for the step's statistics. (Schulman et al. 2016, arXiv:1506.02438)
+
+Adding one: a function ``(groups, options) -> advantages by group``, ``@register_advantage_estimator("name")``
+with its verl name when verl has it, its formula above and its test.
 
 The estimator replaces only the outcome term z_i; everything below (intermediate rewards, centring, credit) is
 the same for all of them. verl whitens REINFORCE++ returns that include per-token rewards; here intermediate
@@ -61,7 +68,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from typing import Literal
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import msgspec
 
@@ -72,31 +80,78 @@ from lightrail.adapters.transitions import episode_transitions
 from lightrail.types import Rollout, Transition
 
 __all__ = [
-    "ESTIMATORS",
-    "Estimator",
+    "ADVANTAGE_ESTIMATORS",
+    "AdvantageEstimator",
+    "EstimatorOptions",
     "GroupReport",
     "check_estimator",
     "group_advantages",
     "leave_one_out",
     "normalize_group",
     "outcome_advantages",
+    "register_advantage_estimator",
     "whiten",
 ]
-
-Estimator = Literal["grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "dr_grpo"]
-"""An outcome-advantage estimator's name (the module docstring gives each formula)."""
-
-ESTIMATORS: tuple[str, ...] = ("grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "dr_grpo")
 
 WHITEN_EPS = 1e-8
 """verl's ``masked_whiten`` adds this to the variance (not the std)."""
 
 
-def check_estimator(name: str) -> str:
-    """``name`` if it is one of `ESTIMATORS`, else ValueError naming the choices."""
-    if name not in ESTIMATORS:
-        raise ValueError(f"advantage: expected one of {list(ESTIMATORS)}, got {name!r}")
-    return name
+class EstimatorOptions(NamedTuple):
+    """What an estimator may read besides the outcomes."""
+
+    scale_by_std: bool = True
+    """GRPO's division by the group's std (off: Dr. GRPO's plain centring)."""
+    eps: float = 1e-6
+    """GRPO's epsilon next to the std."""
+    tokens: Sequence[Sequence[float]] | None = None
+    """The trained response tokens of each rollout, by group (the REINFORCE++ batch whitening's weights; None: 1)."""
+
+
+OutcomeEstimator = Callable[[Sequence[Sequence[float]], EstimatorOptions], list[list[float]]]
+"""``estimator(outcomes by group, options) -> outcome advantages by group`` (the same shape)."""
+
+
+@dataclass(frozen=True)
+class AdvantageEstimator:
+    """A registered advantage estimator."""
+
+    name: str
+    fn: OutcomeEstimator
+    verl_name: str | None = None
+    """verl's ``algorithm.adv_estimator`` name for it (None: verl has none)."""
+    tokens: bool = False
+    """Whether it weighs rollouts by their trained tokens (`EstimatorOptions.tokens`)."""
+    critic: bool = False
+    """Whether the update replaces its advantages by a critic's (GAE from a value head, `lightrail.model.ppo`)."""
+
+
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {}
+"""Every advantage estimator by name, filled by `register_advantage_estimator`; the one list settings checks, verl's
+mapping and the docs read."""
+
+
+def register_advantage_estimator(
+    name: str, *, verl: str | None = None, tokens: bool = False, critic: bool = False
+) -> Callable[[OutcomeEstimator], OutcomeEstimator]:
+    """Register an outcome estimator as ``name`` (``verl``: verl's name for it); a name registered twice is an
+    error."""
+
+    def register(fn: OutcomeEstimator) -> OutcomeEstimator:
+        if name in ADVANTAGE_ESTIMATORS:
+            raise ValueError(f"advantage estimator {name!r} is registered already")
+        ADVANTAGE_ESTIMATORS[name] = AdvantageEstimator(name, fn, verl, tokens, critic)
+        return fn
+
+    return register
+
+
+def check_estimator(name: str) -> AdvantageEstimator:
+    """The estimator registered as ``name``, else ValueError naming the registered ones."""
+    try:
+        return ADVANTAGE_ESTIMATORS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"advantage: expected one of {list(ADVANTAGE_ESTIMATORS)}, got {name!r}") from None
 
 
 def normalize_group(rewards: Sequence[float], *, scale_by_std: bool = True, eps: float = 1e-6) -> list[float]:
@@ -169,27 +224,53 @@ def outcome_advantages(
     >>> outcome_advantages([[1.0, 0.0], [2.0]], "dr_grpo")
     [[0.5, -0.5], [0.0]]
     """
-    check_estimator(estimator)
-    if estimator == "grpo":
-        return [normalize_group(g, scale_by_std=scale_by_std, eps=eps) for g in groups]
-    if estimator == "dr_grpo":
-        return [normalize_group(g, scale_by_std=False) for g in groups]
-    if estimator == "rloo":
-        return [leave_one_out(g) for g in groups]
-    # REINFORCE++: whiten over the batch, with (baseline) or without a group-mean baseline first.
-    centred = (
-        [normalize_group(g, scale_by_std=False) for g in groups]
-        if estimator == "reinforce_pp_baseline"
-        else [list(g) for g in groups]
-    )
+    options = EstimatorOptions(scale_by_std=scale_by_std, eps=eps, tokens=tokens)
+    return check_estimator(estimator).fn(groups, options)
+
+
+@register_advantage_estimator("grpo", verl="grpo")
+def grpo(groups: Sequence[Sequence[float]], options: EstimatorOptions) -> list[list[float]]:
+    """GRPO: each group centred on its mean and divided by its sample std (module docstring)."""
+    return [normalize_group(g, scale_by_std=options.scale_by_std, eps=options.eps) for g in groups]
+
+
+@register_advantage_estimator("rloo", verl="rloo")
+def rloo(groups: Sequence[Sequence[float]], options: EstimatorOptions) -> list[list[float]]:
+    """RLOO: each rollout against the mean of the others in its group (module docstring)."""
+    return [leave_one_out(g) for g in groups]
+
+
+@register_advantage_estimator("dr_grpo")
+def dr_grpo(groups: Sequence[Sequence[float]], options: EstimatorOptions) -> list[list[float]]:
+    """Dr. GRPO: each group centred on its mean, no std (module docstring; verl: grpo with
+    ``norm_adv_by_std_in_grpo=False``)."""
+    return [normalize_group(g, scale_by_std=False) for g in groups]
+
+
+def _batch_whitened(centred: list[list[float]], options: EstimatorOptions) -> list[list[float]]:
     flat = [v for g in centred for v in g]
-    weights = None if tokens is None else [w for ts in tokens for w in ts]
+    weights = None if options.tokens is None else [w for ts in options.tokens for w in ts]
     white = whiten(flat, weights)
     out, k = [], 0
     for g in centred:
         out.append(white[k : k + len(g)])
         k += len(g)
     return out
+
+
+@register_advantage_estimator("reinforce_pp", verl="reinforce_plus_plus", tokens=True)
+def reinforce_pp(groups: Sequence[Sequence[float]], options: EstimatorOptions) -> list[list[float]]:
+    """REINFORCE++: the outcomes whitened over the batch, token-weighted (module docstring)."""
+    return _batch_whitened([list(g) for g in groups], options)
+
+
+@register_advantage_estimator("reinforce_pp_baseline", verl="reinforce_plus_plus_baseline", tokens=True)
+def reinforce_pp_baseline(groups: Sequence[Sequence[float]], options: EstimatorOptions) -> list[list[float]]:
+    """REINFORCE++-baseline: each group centred on its mean, then whitened over the batch (module docstring)."""
+    return _batch_whitened([normalize_group(g, scale_by_std=False) for g in groups], options)
+
+
+register_advantage_estimator("gae", verl="gae", critic=True)(grpo)  # the critic's advantages replace these
 
 
 class GroupReport(msgspec.Struct, kw_only=True):
@@ -222,11 +303,11 @@ def group_advantages(
     Pass only trainable rollouts (`select_trainable`): whatever is passed is trained. A rollout's outcome is
     its episode's final reward, else `Rollout.reward`, else ``missing_reward`` (counted) — a policy failure that
     reported nothing; a rollout whose agent raised or timed out scores ``failure_reward`` when one is given (what
-    `select_trainable` keeps them for). ``estimator`` (`ESTIMATORS`) turns the outcomes into outcome advantages; ``scale_by_std``
+    `select_trainable` keeps them for). ``estimator`` (`ADVANTAGE_ESTIMATORS`) turns the outcomes into outcome advantages; ``scale_by_std``
     and ``eps`` apply to ``grpo``. Transitions come out grouped by task, in input order within a group; each
     carries its task id as ``metadata["group_id"]`` (it becomes `TrainingRow.group_id`).
     """
-    check_estimator(estimator)
+    weighted = check_estimator(estimator).tokens
     groups: dict[str, list[tuple[Rollout, Episode, float]]] = {}
     report = GroupReport()
     for rollout, episode in items:
@@ -240,7 +321,7 @@ def group_advantages(
         report.rollouts += 1
     outcomes = [[m[2] for m in members] for members in groups.values()]
     tokens = None
-    if estimator.startswith("reinforce_pp"):  # batch whitening weighs each rollout by its trained tokens
+    if weighted:  # batch whitening weighs each rollout by its trained tokens
         tokens = [[_trained_tokens(m[1], agents) for m in members] for members in groups.values()]
     normalised_groups = outcome_advantages(outcomes, estimator, scale_by_std=scale_by_std, eps=eps, tokens=tokens)
     out: list[Transition] = []

@@ -66,6 +66,7 @@ from lightrail.adapters import (
     select_trainable,
     to_rows,
 )
+from lightrail.adapters.advantages import check_estimator
 from lightrail.adapters.selection import scored_reward
 from lightrail.adapters.transitions import training_spans
 from lightrail.algorithms.policies import PolicyMap, PolicyRouter, check_policies_engine
@@ -195,12 +196,15 @@ class GRPO:
         config = config if config is not None else s.update_config()
         if loss_agg := s.loss_agg:
             resolve_loss_agg(s.advantage, loss_agg, config)
-        if s.advantage == "gae" and config is not None and config.sharding != "replicate":
+        if s.critic and config is not None and config.sharding != "replicate":
             raise ValueError(
-                f"config.sharding: advantage 'gae' does not run with sharding {config.sharding!r} yet (untested)"
+                f"config.sharding: advantage {s.advantage!r} does not run with sharding {config.sharding!r} yet "
+                "(untested)"
             )
-        if s.advantage == "gae" and config is not None and config.ranks > 1:
-            raise ValueError(f"config.ranks: advantage 'gae' trains its value head in one process, not {config.ranks}")
+        if s.critic and config is not None and config.ranks > 1:
+            raise ValueError(
+                f"config.ranks: advantage {s.advantage!r} trains its value head in one process, not {config.ranks}"
+            )
         if config is not None and (mismatch := config.schedule_mismatch(s.steps * config.mini_batches)):
             log.warning("GRPO: %s", mismatch)
         selection: Callable[[str | None], bool] | None = (
@@ -293,7 +297,7 @@ class GRPO:
             await self._rollouts.start()
             config = sampler_correction(config, self.mode, getattr(self._rollouts, "sampling_dtype", None))
             updater: type[PolicyUpdater] = PolicyUpdater
-            if self.settings.advantage == "gae":  # PPO: the policy with a value head, GAE advantages
+            if self.settings.critic:  # PPO: the policy with a value head, GAE advantages
                 from lightrail.model.ppo import PPOUpdater as updater
             elif config.ranks > 1:  # data-parallel update: this process is rank 0, the other ranks are worker processes
                 from lightrail.model.distributed import DistributedPolicyUpdater as updater
@@ -448,8 +452,9 @@ class GRPO:
                 self.credit,
                 agents=self.agents,
                 failure_reward=self.settings.guard.failure_reward,
-                # gae: the group advantages are only reported (adv_* metrics, the dashboard); the update uses returns
-                estimator="grpo" if self.settings.advantage == "gae" else self.settings.advantage,
+                # a critic's (gae): the group advantages are only reported (adv_* metrics, the dashboard); the
+                # update uses returns
+                estimator=self.settings.advantage,
             )
             if not self.settings.filter_groups:
                 break
@@ -556,8 +561,8 @@ class GRPO:
             assert self.max_staleness is not None
             transitions, n_stale = drop_stale_rows(transitions, current, self.max_staleness)
         ages = [age for age in call_staleness(transitions, current) if age is not None]
-        # gae: each call's return goes to the update, which turns it into GAE advantages
-        if self.settings.advantage == "gae":
+        # a critic's (gae): each call's return goes to the update, which turns it into GAE advantages
+        if self.settings.critic:
             rows, drift = to_rows(returns_as_rows(transitions), merge=False)
         else:
             rows, drift = to_rows(transitions, merge=self.settings.merge_calls)
@@ -797,8 +802,10 @@ def check_async_options(
         raise ValueError("filter_groups samples more rounds within a step: not with mode async")
     if policies is not None:
         raise ValueError("policies: mode async trains one shared policy")
-    if advantage == "gae":
-        raise ValueError("advantage gae: not with mode async yet (the critic is trained on on-policy rows only)")
+    if check_estimator(advantage).critic:
+        raise ValueError(
+            f"advantage {advantage}: not with mode async yet (the critic is trained on on-policy rows only)"
+        )
     if config is not None and config.mini_batches != 1:
         raise ValueError("mode async weighs stale tokens against the pre-update weights: needs config.mini_batches 1")
     return mode, max_staleness, ahead, is_cap

@@ -322,7 +322,6 @@ class ToolRewards(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         return ToolRewardRule(**msgspec.structs.asdict(self))
 
 
-Advantage = Literal["grpo", "rloo", "dr_grpo", "reinforce_pp", "reinforce_pp_baseline", "gae"]
 LossAgg = Literal[
     "token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm", "token", "sequence", "rollout", "sequence_sum_norm"
 ]
@@ -346,10 +345,11 @@ class GRPOSection(_PolicySection, kw_only=True, forbid_unknown_fields=True):
     sampling: dict[str, Any] | None = None
     """Sampling of training rollouts (OpenAI parameters handed to the agent through its `LLM` resource); null:
     ``{temperature: 1.0, max_tokens: 64}``, and given keys override those."""
-    advantage: Advantage = "grpo"
-    """Outcome-advantage estimator (formulas in `lightrail.adapters.advantages`); ``gae``: PPO with a critic (a value
-    head on the policy, GAE over each call's tokens, clipped value loss; settings ``config.gamma``, ``lam``,
-    ``value_coef``, ``value_clip``)."""
+    advantage: str = "grpo"
+    """Advantage estimator, a name of `lightrail.adapters.advantages.ADVANTAGE_ESTIMATORS` (formulas there): ``grpo``,
+    ``rloo``, ``dr_grpo``, ``reinforce_pp``, ``reinforce_pp_baseline``; ``gae``: PPO with a critic (a value head on
+    the policy, GAE over each call's tokens, clipped value loss; settings ``config.gamma``, ``lam``, ``value_coef``,
+    ``value_clip``)."""
     loss_agg: LossAgg | None = None
     """Loss aggregation (verl's names, or a ``config.loss_norm`` name); null: the estimator's own
     (``seq_mean_token_sum_norm`` for ``dr_grpo``, else ``token_mean``)."""
@@ -399,30 +399,41 @@ class GRPOSection(_PolicySection, kw_only=True, forbid_unknown_fields=True):
     """With ``mode: async``: the cap C of the truncated importance weight ``min(pi_trainer / pi_sampler, C)`` of
     each token; null: 2.0."""
 
+    @property
+    def critic(self) -> bool:
+        """Whether ``advantage`` is a critic's (GAE from a value head): PPO rather than a group estimator."""
+        from lightrail.adapters.advantages import check_estimator
+
+        return check_estimator(self.advantage).critic
+
     def __post_init__(self) -> None:
+        from lightrail.adapters.advantages import check_estimator
         from lightrail.adapters.credit import credit_by_name
         from lightrail.algorithms.policies import PolicyMap, check_policies_engine
         from lightrail.model.rollout_engines import check_vllm_options
 
         super().__post_init__()
         key = self._key
-        for name, check in (("credit_args", lambda: credit_by_name(self.credit, **self.credit_args)),
+        for name, check in (("advantage", lambda: check_estimator(self.advantage)),
+                            ("credit_args", lambda: credit_by_name(self.credit, **self.credit_args)),
                             ("vllm", lambda: check_vllm_options(self.vllm)),
                             ("policies", lambda: self.policies is None or PolicyMap(self.policies))):  # fmt: skip
             try:
                 check()
             except (TypeError, ValueError) as exc:  # PolicyMap's errors start with "policies"
-                raise ValueError(f"{key}.{exc}" if name == "policies" else f"{key}.{name}: {exc}") from None
+                raise ValueError(
+                    f"{key}.{exc}" if name in ("policies", "advantage") else f"{key}.{name}: {exc}"
+                ) from None
         if self.policies is not None and (self.agents is not None or self.agents_pattern is not None):
             raise ValueError(f"{key}: give agents or policies, not both (the policies name the agents they train)")
         if self.policies is not None and self.config:  # (no config here: `GRPO` checks the one it is given)
             check_policies_engine(self.rollout_engine, lora=bool(self.config.get("lora")))
-        if self.advantage == "gae":
+        if self.critic:
             for name, why in (("merge_calls", "needs one call per row (its return on the row's last token)"),
                               ("filter_groups", "has no group advantages to filter on"),
                               ("policies", "trains one policy with its value head")):  # fmt: skip
                 if getattr(self, name):
-                    raise ValueError(f"{key}.{name}: advantage 'gae' {why}")
+                    raise ValueError(f"{key}.{name}: advantage {self.advantage!r} {why}")
 
     def credit_scheme(self) -> Any:
         """``credit`` and ``credit_args`` as a `CreditAssignment`."""

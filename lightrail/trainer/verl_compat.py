@@ -119,23 +119,24 @@ def _flag(value: Any) -> bool:
     return value
 
 
-_ESTIMATORS = {
-    "grpo": "grpo",
-    "rloo": "rloo",
-    "reinforce_plus_plus": "reinforce_pp",
-    "reinforce_plus_plus_baseline": "reinforce_pp_baseline",
-    "gae": "gae",
-}
+def _verl_estimators() -> dict[str, Any]:
+    """verl's ``adv_estimator`` names of lightrail's registered estimators (`ADVANTAGE_ESTIMATORS`)."""
+    from lightrail.adapters.advantages import ADVANTAGE_ESTIMATORS
+
+    return {e.verl_name: e for e in ADVANTAGE_ESTIMATORS.values() if e.verl_name}
 
 
 def _estimator(value: Any) -> str:
-    if value not in _ESTIMATORS:
-        raise _Refused(f"lightrail's estimators are {', '.join(_ESTIMATORS)}")
-    return _ESTIMATORS[value]
+    known = _verl_estimators()
+    if value not in known:
+        raise _Refused(f"lightrail's estimators are {', '.join(known)}")
+    return str(known[value].name)
 
 
 def _uses_gae(whole: Mapping[str, Any]) -> bool:
-    return whole.get("algorithm.adv_estimator") == "gae"
+    """The dict trains a critic (verl's ``gae``: PPO with a value head)."""
+    estimator = _verl_estimators().get(str(whole.get("algorithm.adv_estimator")))
+    return estimator is not None and estimator.critic
 
 
 def _gamma(value: Any, whole: Mapping[str, Any], out: VerlSettings) -> None:

@@ -19,7 +19,13 @@ import pytest
 from adapter_spans import llm_call, reward
 
 from lightrail.adapters import Identical, PerTurn, build_episode, group_advantages
-from lightrail.adapters.advantages import ESTIMATORS, leave_one_out, outcome_advantages, whiten
+from lightrail.adapters.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    leave_one_out,
+    outcome_advantages,
+    register_advantage_estimator,
+    whiten,
+)
 from lightrail.types import RetryPolicy, Rollout, RolloutStatus, Task
 
 GROUPS = [[1.0, 0.0, 0.0, 1.0], [1.0, 0.0, 0.0], [2.0], [3.0, 3.0, 3.0]]
@@ -88,7 +94,28 @@ def test_whitening_edge_cases():
 def test_unknown_estimator_is_named():
     with pytest.raises(ValueError, match=r"advantage: expected one of .*'rloo'.*got 'rlooo'"):
         outcome_advantages([[1.0]], "rlooo")
-    assert set(ESTIMATORS) == {"grpo", "rloo", "dr_grpo", "reinforce_pp", "reinforce_pp_baseline"}
+    assert set(ADVANTAGE_ESTIMATORS) == {"grpo", "rloo", "dr_grpo", "reinforce_pp", "reinforce_pp_baseline", "gae"}
+    with pytest.raises(ValueError, match="advantage estimator 'grpo' is registered already"):
+        register_advantage_estimator("grpo")(lambda groups, options: [list(g) for g in groups])
+
+
+def test_every_list_of_estimator_names_is_the_registrys():
+    """The settings check, verl's mapping and the critic switch read the registry: a name registered in a test is
+    accepted by each at once, and refused again once it is gone."""
+    from lightrail.algorithms.settings import GRPOSection
+    from lightrail.trainer.verl_compat import verl_settings
+
+    with pytest.raises(ValueError, match=r"grpo.advantage: expected one of \['grpo', .*'gae'\], got 'opo'"):
+        GRPOSection(advantage="opo")
+    register_advantage_estimator("opo", verl="opo")(lambda groups, options: [[0.0] * len(g) for g in groups])
+    try:
+        assert GRPOSection(advantage="opo").critic is False and GRPOSection(advantage="gae").critic is True
+        assert verl_settings({"algorithm": {"adv_estimator": "opo"}}).grpo["advantage"] == "opo"
+        assert outcome_advantages([[1.0, 0.0]], "opo") == [[0.0, 0.0]]
+    finally:
+        del ADVANTAGE_ESTIMATORS["opo"]
+    with pytest.raises(ValueError, match="algorithm.adv_estimator.*lightrail's estimators are grpo, rloo"):
+        verl_settings({"algorithm": {"adv_estimator": "opo"}})
 
 
 # -- through group_advantages: credit assignment and intermediate rewards on top of z_i --------------------------
@@ -120,7 +147,7 @@ def adv(transitions) -> dict[str, float]:
     return {t.metadata["response_id"]: t.advantage for t in transitions}
 
 
-@pytest.mark.parametrize("estimator", ESTIMATORS)
+@pytest.mark.parametrize("estimator", list(ADVANTAGE_ESTIMATORS))
 def test_every_estimator_keeps_credit_and_centred_intermediate_rewards(estimator):
     """z_i from the estimator; PerTurn credit adds the +0.1 (centred by the group's mean 0.1 / 3) to call a only."""
     items = [
