@@ -133,6 +133,17 @@ def _estimator(value: Any) -> str:
     return str(known[value].name)
 
 
+def _estimator_names() -> str:
+    """``grpo, rloo, reinforce_plus_plus (reinforce_pp), ...``: verl's names, with lightrail's where they differ."""
+    return ", ".join(name if name == e.name else f"{name} ({e.name})" for name, e in _verl_estimators().items())
+
+
+def _loss_names() -> str:
+    from lightrail.model.policy_losses import POLICY_LOSSES
+
+    return ", ".join(POLICY_LOSSES)
+
+
 def _uses_gae(whole: Mapping[str, Any]) -> bool:
     """The dict trains a critic (verl's ``gae``: PPO with a value head)."""
     estimator = _verl_estimators().get(str(whole.get("algorithm.adv_estimator")))
@@ -349,9 +360,9 @@ _NO_OFFLOAD = (
 )
 
 VERL_KEYS: tuple[VerlKey, ...] = (
-    VerlKey("algorithm.adv_estimator", "grpo.advantage", "grpo, rloo, reinforce_plus_plus (reinforce_pp), "
-            "reinforce_plus_plus_baseline (reinforce_pp_baseline), gae (PPO with a critic: a value head on the "
-            "policy, `lightrail.model.ppo`); others refused", _to("advantage", _estimator)),
+    VerlKey("algorithm.adv_estimator", "grpo.advantage", f"{_estimator_names()} (`lightrail.adapters.advantages."
+            "ADVANTAGE_ESTIMATORS`; gae: PPO with a critic, a value head on the policy, `lightrail.model.ppo`); others "
+            "refused", _to("advantage", _estimator)),
     VerlKey("algorithm.gamma", "grpo.config.gamma", "GAE's discount with adv_estimator gae (absent: verl's 1.0); "
             "otherwise 1.0 only", _gamma, default=1.0),
     VerlKey("algorithm.lam", "grpo.config.lam", "GAE's lambda with adv_estimator gae (absent: verl's 1.0, not "
@@ -407,7 +418,7 @@ VERL_KEYS: tuple[VerlKey, ...] = (
             "(absent: verl's 3.0; lightrail's own default is off); read by the vanilla policy loss only, as in verl",
             _dual_clip, default=3.0),
     VerlKey(f"{_ACTOR}.policy_loss.loss_mode", "grpo.config.policy_loss", "the policy loss by verl's name "
-            "(`lightrail.model.policy_losses.POLICY_LOSSES`: vanilla, gspo, cispo; absent: vanilla); others refused",
+            f"(`lightrail.model.policy_losses.POLICY_LOSSES`: {_loss_names()}; absent: vanilla); others refused",
             _to("config.policy_loss", _loss_mode)),
     VerlKey(f"{_ACTOR}.loss_agg_mode", "grpo.loss_agg", "token-mean, seq-mean-token-mean, seq-mean-token-sum-norm "
             "(as token_mean...); token-sum and seq-mean-token-sum refused", _to("loss_agg", _loss_agg)),
