@@ -30,24 +30,45 @@ equal to "normalised outcome credit + intermediate credit".
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypeVar
 
 from lightrail.adapters.records import IntermediateReward, LLMCall
 
 __all__ = [
+    "CREDIT_ASSIGNMENTS",
     "CreditAssignment",
     "Discounted",
     "Identical",
     "PerTurn",
     "credit_by_name",
+    "register_credit_assignment",
     "linked_rewards",
     "reward_links",
     "split_linked",
 ]
 
 Unlinked = Literal["ignore", "episode"]
+
+CREDIT_ASSIGNMENTS: dict[str, Callable[..., CreditAssignment]] = {}
+"""Every named credit assignment (a class whose keyword arguments are its options), filled by
+`register_credit_assignment`: the one list a config's ``credit`` is checked against."""
+
+_Scheme = TypeVar("_Scheme", bound=type)
+
+
+def register_credit_assignment(name: str) -> Callable[[_Scheme], _Scheme]:
+    """Register a credit-assignment class as ``name`` (a config's ``credit: name``, its ``credit_args`` the class's
+    keyword arguments); a name registered twice is an error."""
+
+    def register(scheme: _Scheme) -> _Scheme:
+        if name in CREDIT_ASSIGNMENTS:
+            raise ValueError(f"credit assignment {name!r} is registered already")
+        CREDIT_ASSIGNMENTS[name] = scheme
+        return scheme
+
+    return register
 
 
 class CreditAssignment(Protocol):
@@ -92,6 +113,7 @@ def linked_rewards(calls: Sequence[LLMCall], intermediate: Sequence[Intermediate
     return per_call, unlinked
 
 
+@register_credit_assignment("identical")
 @dataclass(frozen=True, slots=True)
 class Identical:
     """Every call gets the final reward; intermediate rewards are ignored (outcome-only GRPO)."""
@@ -102,6 +124,7 @@ class Identical:
         return [final_reward] * len(calls)
 
 
+@register_credit_assignment("per_turn")
 @dataclass(frozen=True, slots=True)
 class PerTurn:
     """Call t gets the final reward plus the intermediate rewards linked to call t (its own turn's reward,
@@ -119,6 +142,7 @@ class PerTurn:
         return [base + r for r in per_call]
 
 
+@register_credit_assignment("discounted")
 @dataclass(frozen=True, slots=True)
 class Discounted:
     """The discounted return from call t on: ``G_t = Σ_{k≥t} γ^(k−t)·r_k``, where r_k is the sum of the
@@ -146,13 +170,11 @@ class Discounted:
         return r
 
 
-_SCHEMES = {"identical": Identical, "per_turn": PerTurn, "discounted": Discounted}
-
-
 def credit_by_name(name: str, **options: object) -> CreditAssignment:
-    """A built-in scheme from configuration: ``credit_by_name("discounted", gamma=0.95)``."""
+    """A registered scheme from configuration: ``credit_by_name("discounted", gamma=0.95)``; ValueError naming the
+    registered ones for an unknown name."""
     try:
-        scheme = _SCHEMES[name]
+        scheme = CREDIT_ASSIGNMENTS[name]
     except KeyError:
-        raise ValueError(f"unknown credit assignment {name!r}; choose from {sorted(_SCHEMES)}") from None
+        raise ValueError(f"unknown credit assignment {name!r}; choose from {sorted(CREDIT_ASSIGNMENTS)}") from None
     return scheme(**options)

@@ -327,6 +327,12 @@ LossAgg = Literal[
 ]
 
 
+def _one_of(name: str, registry: dict[str, Any]) -> None:
+    """A registry's name, or ValueError listing the registered ones (as a ``Literal``'s check words it)."""
+    if name not in registry:
+        raise ValueError(f"expected one of {list(registry)}, got {name!r}")
+
+
 class GRPOSection(_PolicySection, kw_only=True, forbid_unknown_fields=True):
     """Keyword arguments of `lightrail.algorithms.GRPO` (reinforcement learning), used when ``algorithm`` is ``grpo``
     or ``[sft, grpo]``."""
@@ -353,8 +359,9 @@ class GRPOSection(_PolicySection, kw_only=True, forbid_unknown_fields=True):
     loss_agg: LossAgg | None = None
     """Loss aggregation (verl's names, or a ``config.loss_norm`` name); null: the estimator's own
     (``seq_mean_token_sum_norm`` for ``dr_grpo``, else ``token_mean``)."""
-    credit: Literal["identical", "per_turn", "discounted"] = "per_turn"
-    """How an episode's outcome is spread over its calls."""
+    credit: str = "per_turn"
+    """How an episode's outcome is spread over its calls, a name of `lightrail.adapters.credit.CREDIT_ASSIGNMENTS`:
+    ``identical``, ``per_turn`` or ``discounted``."""
     credit_args: dict[str, Any] = {}
     """Options of the credit scheme, e.g. ``{gamma: 0.9}`` for ``discounted``."""
     tool_rewards: bool | ToolRewards | None = None
@@ -408,13 +415,14 @@ class GRPOSection(_PolicySection, kw_only=True, forbid_unknown_fields=True):
 
     def __post_init__(self) -> None:
         from lightrail.adapters.advantages import check_estimator
-        from lightrail.adapters.credit import credit_by_name
+        from lightrail.adapters.credit import CREDIT_ASSIGNMENTS, credit_by_name
         from lightrail.algorithms.policies import PolicyMap, check_policies_engine
         from lightrail.model.rollout_engines import check_vllm_options
 
         super().__post_init__()
         key = self._key
         for name, check in (("advantage", lambda: check_estimator(self.advantage)),
+                            ("credit", lambda: _one_of(self.credit, CREDIT_ASSIGNMENTS)),
                             ("credit_args", lambda: credit_by_name(self.credit, **self.credit_args)),
                             ("vllm", lambda: check_vllm_options(self.vllm)),
                             ("policies", lambda: self.policies is None or PolicyMap(self.policies))):  # fmt: skip

@@ -84,6 +84,36 @@ def test_credit_by_name():
         Discounted(gamma=1.5)
 
 
+def test_a_registered_credit_assignment_is_a_configs_credit():
+    """``credit:`` is checked against the registry (`CREDIT_ASSIGNMENTS`): a scheme registered by a user is a
+    config's name at once, its ``credit_args`` its keyword arguments; an unknown name lists the registered ones."""
+    from dataclasses import dataclass
+
+    from lightrail.adapters.credit import CREDIT_ASSIGNMENTS, register_credit_assignment
+    from lightrail.algorithms.settings import GRPOSection
+
+    with pytest.raises(
+        ValueError, match=r"grpo.credit: expected one of \['identical', 'per_turn', 'discounted'\], got 'last_only'"
+    ):
+        GRPOSection(credit="last_only")
+
+    @register_credit_assignment("last_only")
+    @dataclass(frozen=True)
+    class LastOnly:
+        scale: float = 1.0
+
+        def __call__(self, calls, final_reward, intermediate):
+            return [0.0] * (len(calls) - 1) + [self.scale * final_reward]
+
+    try:
+        assert GRPOSection(credit="last_only", credit_args={"scale": 2.0}).credit_scheme() == LastOnly(scale=2.0)
+        assert credit_by_name("last_only")(["a", "b"], 1.0, []) == [0.0, 1.0]
+        with pytest.raises(ValueError, match="registered already"):
+            register_credit_assignment("last_only")(LastOnly)
+    finally:
+        del CREDIT_ASSIGNMENTS["last_only"]
+
+
 def test_transitions_carry_per_call_returns_and_rewards_link_by_id_not_order():
     # the reward spans come from another process: their seq says nothing about which call they follow
     spans = [
