@@ -175,9 +175,9 @@ def _running(pids: list[int]) -> list[int]:
     return [pid for pid in pids if alive(pid)]
 
 
-def _start_training(tmp_path: Path, run_dir: Path) -> tuple[subprocess.Popen[str], list[int]]:
+def _start_training(tmp_path: Path, run_dir: Path, config_text: str = LONG) -> tuple[subprocess.Popen[str], list[int]]:
     """``lightrail train`` in a process group of its own, once its first checkpoint is written; and its children."""
-    config = _write(tmp_path, LONG)
+    config = _write(tmp_path, config_text)
     trainer = subprocess.Popen(
         [*LIGHTRAIL, "train", str(config), "--out", str(run_dir)], cwd=ROOT, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True, start_new_session=True,
@@ -253,6 +253,26 @@ def test_a_runner_that_dies_stops_the_run_naming_it(tmp_path):
     _, err, _ = _ends_all(trainer, children, within_s=10)
     assert trainer.returncode == 1
     assert f"runner process lightrail-runner-0 (pid {runner}) exited unexpectedly with code -9 (SIGKILL)" in err
+
+
+def _loads_torch(pid: int) -> bool:
+    return "libtorch_cpu" in Path(f"/proc/{pid}/maps").read_text()
+
+
+def test_an_update_rank_that_dies_stops_the_run_naming_it(tmp_path):
+    """The processes an algorithm starts are watched too (`TrainerContext.watch_child`): a data-parallel update rank
+    killed between steps stops the run in seconds, with one line naming it, nothing left running."""
+    run_dir = tmp_path / "run"
+    two_ranks = LONG.replace("config: {lr: 1.0e-3}", "config: {lr: 1.0e-3, ranks: 2}")
+    trainer, children = _start_training(tmp_path, run_dir, two_ranks)
+    [rank] = [
+        pid for pid in children if "multiprocessing" in Path(f"/proc/{pid}/cmdline").read_text() and _loads_torch(pid)
+    ]  # fmt: skip  (the runner does not load torch)
+    os.kill(rank, signal.SIGKILL)
+    _, err, _ = _ends_all(trainer, children, within_s=10)
+    assert trainer.returncode == 1
+    # the watch's line, or the update's own when the next update step began first (the rollouts take ~0.2 s here)
+    assert_one_line(subprocess.CompletedProcess([], 1, "", err), f"rank 1 (pid {rank}) ", "SIGKILL")
 
 
 # -- --store: a URL, a file, or a folder meaning its store.db, in every command -------------------------------

@@ -318,6 +318,11 @@ class GRPO:
                 if slot.stop:
                     raise MismatchError(slot.stop)
         self._served = await ServedPolicy.start(backend, ctx.store, self.gateway, name=self.settings.served_name)
+        # an update rank or a vLLM server that exits on its own stops the run in seconds, naming it
+        parts = [self._rollouts, *(part for slot in self._slots for part in (slot.updater, slot.rollouts))]
+        children = {name: exitcode for part in parts if part is not None for name, exitcode in part.children()}
+        for name, exitcode in children.items():
+            ctx.watch_child(name, exitcode)
         self._llm = self._served.llm(self.sampling)
 
     async def _start_policies(self, config: UpdateConfig) -> PolicyRouter:

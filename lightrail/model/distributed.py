@@ -103,7 +103,7 @@ import socket
 import threading
 import time
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
@@ -173,6 +173,10 @@ class _Worker:
         else:
             state = f"exited with code {code}"
         return f"rank {self.rank} (pid {self.process.pid}) {state}"
+
+
+def _exitcode_of(process: Any) -> Callable[[], int | None]:
+    return lambda: process.exitcode
 
 
 class DistributedPolicyUpdater(PolicyUpdater):
@@ -426,6 +430,10 @@ class DistributedPolicyUpdater(PolicyUpdater):
         with self._collective("fingerprint"):
             self._command("fingerprint", [None] * self.world_size)
             return self._gather_fingerprints()
+
+    def children(self) -> list[tuple[str, Callable[[], int | None]]]:
+        """The worker ranks this process started (none under torchrun: the launcher watches them)."""
+        return [(f"update rank {w.rank} (pid {w.process.pid})", _exitcode_of(w.process)) for w in self._workers]
 
     def close(self) -> None:
         """Stop the worker ranks (or release torchrun's followers from `serve`) and leave the process group.

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -53,6 +54,11 @@ class RolloutEngine(Protocol):
         """Release the model (stop a server started by `start`)."""
         ...
 
+    def children(self) -> list[tuple[str, Callable[[], int | None]]]:
+        """The processes this started that must keep running while it is used: ``(name, exitcode)`` pairs, for the
+        trainer to watch (`TrainerContext.watch_child`)."""
+        ...
+
 
 class EmbeddedRollouts:
     """The in-process `lightrail.engine.Engine` as a `RolloutEngine`: ``engine_options`` go to
@@ -86,6 +92,10 @@ class EmbeddedRollouts:
     async def sync(self, updater: Any, version: int) -> None:
         state = await asyncio.to_thread(updater.state_dict_for_serving)
         await self.engine.update_weights(state, version=version)
+
+    def children(self) -> list[tuple[str, Callable[[], int | None]]]:
+        """None: the engine runs in this process."""
+        return []
 
     async def close(self) -> None:
         if self.engine is not None:

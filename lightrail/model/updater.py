@@ -563,6 +563,11 @@ class PolicyUpdater:
         self._softcap = getattr(model.config, "final_logit_softcapping", None)
         self._full_attention: bool | None = None  # `_shares_prefixes`, checked on first use
 
+    def children(self) -> list[tuple[str, Callable[[], int | None]]]:
+        """The processes this started that must keep running while it trains, as ``(name, exitcode)`` pairs for the
+        trainer to watch (`TrainerContext.watch_child`): none, it trains in this process."""
+        return []
+
     def close(self) -> None:
         """Release the update's processes: none here (see `DistributedPolicyUpdater.close`); safe to call twice."""
 

@@ -50,6 +50,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -181,6 +182,11 @@ class VLLMRollouts:
             await self.sync_adapter(self.backend, updater, version)
         else:
             await self._sync_full(updater, version, started)
+
+    def children(self) -> list[tuple[str, Callable[[], int | None]]]:
+        """The ``vllm serve`` process `start` started (none when attached to a running server by ``url``)."""
+        proc = self._proc
+        return [] if proc is None else [(f"the vLLM server (pid {proc.pid})", proc.poll)]
 
     async def close(self) -> None:
         """Stop the server if it was started here (else unload this run's adapter from it); close connections."""
@@ -368,6 +374,10 @@ class PolicyAdapter:
 
     async def sync(self, updater: Any, version: int) -> None:
         await self.server.sync_adapter(self.backend, updater, version)
+
+    def children(self) -> list[tuple[str, Callable[[], int | None]]]:
+        """The shared server's (`VLLMRollouts.children`)."""
+        return self.server.children()
 
     async def close(self) -> None:
         """Unload this policy's adapter from a server this run attached to (one it started stops with it)."""

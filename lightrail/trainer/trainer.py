@@ -116,6 +116,10 @@ class _Session:
     label: str
     health_check: Callable[[], None]
     stop_runners: Callable[[], Any]
+    watch_child: Callable[[str, Callable[[], int | None]], None] = lambda name, exitcode: None
+    """`ChildWatch.add` of the session's watch (a process the algorithm started)."""
+    stop_watching: Callable[[], Any] = lambda: asyncio.sleep(0)
+    """Stop the watch: the processes still running are about to be stopped on purpose."""
     extras: dict[str, Any] = field(default_factory=dict)
 
 
@@ -338,12 +342,14 @@ class Trainer:
                 ctx = TrainerContext(
                     store=session.store, train_tasks=as_tasks(train_tasks), val_tasks=as_tasks(val_tasks),
                     retry=self.retry, health_check=session.health_check, log=self._log, track=trackers.log, run=run,
+                    watch_child=session.watch_child,
                 )  # fmt: skip
                 try:
                     await algorithm.setup(ctx)
                     await algorithm.run(ctx)
                     failed = False
                 finally:
+                    await session.stop_watching()  # what `close` stops, it stops on purpose
                     await algorithm.close()
                     await session.stop_runners()
         finally:
@@ -492,7 +498,7 @@ class Trainer:
             try:
                 check = _runners_alive_check(runner_sets[0]) if runner_sets and not self.ray else (lambda: None)
                 watch.start()
-                yield _Session(store, label, check, stop_runners)
+                yield _Session(store, label, check, stop_runners, watch.add, watch.stop)
             except asyncio.CancelledError:
                 watch.raise_if_died()
                 raise

@@ -1,0 +1,73 @@
+"""The trainer watches every process a run needs: its own (store server, runners, tested under `lightrail train` in
+tests/test_first_hour_pass2.py) and those an algorithm starts and hands over with `TrainerContext.watch_child`."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+
+import pytest
+
+from lightrail import Trainer
+from lightrail.trainer.children import ChildExited
+
+
+class _StartsAServer:
+    """An algorithm that starts a helper process in ``setup`` (as GRPO starts a vLLM server or update ranks), has the
+    trainer watch it, then waits far longer than the test; ``close`` stops the helper on purpose."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.closed_with: int | None = None
+
+    async def setup(self, ctx) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        ctx.watch_child(f"the helper (pid {self.proc.pid})", self.proc.poll)
+
+    async def run(self, ctx) -> None:
+        await asyncio.sleep(120)
+
+    async def close(self) -> None:
+        assert self.proc is not None
+        self.closed_with = self.proc.poll()
+        self.proc.kill()
+        self.proc.wait()
+
+
+def _kill_soon(algorithm: _StartsAServer, after_s: float) -> None:
+    deadline = time.monotonic() + 60
+    while algorithm.proc is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(after_s)
+    assert algorithm.proc is not None
+    algorithm.proc.kill()
+
+
+def test_a_process_the_algorithm_started_that_dies_stops_the_run_naming_it(tmp_path):
+    import threading
+
+    algorithm = _StartsAServer()
+    trainer = Trainer(n_runners=1, store=str(tmp_path / "store.db"), algorithm=algorithm)
+    killer = threading.Thread(target=_kill_soon, args=(algorithm, 0.5))
+    killer.start()
+    started = time.monotonic()
+    with pytest.raises(ChildExited, match=r"^the helper \(pid \d+\) exited unexpectedly with code -9 \(SIGKILL\)"):
+        trainer.fit("tests.algorithms.guard_agents:constant_agent", [{"question": "1 + 1 = ?", "answer": 2}], [])
+    killer.join()
+    assert time.monotonic() - started < 30  # the run waited 120 s otherwise
+
+
+def test_what_close_stops_is_stopped_on_purpose(tmp_path):
+    """The watch ends before ``close``: a helper stopped there is not a death (the run ends as it would)."""
+
+    class Quick(_StartsAServer):
+        async def run(self, ctx) -> None:
+            await asyncio.sleep(0.5)
+
+    algorithm = Quick()
+    Trainer(n_runners=1, store=str(tmp_path / "store.db"), algorithm=algorithm).fit(
+        "tests.algorithms.guard_agents:constant_agent", [{"question": "1 + 1 = ?", "answer": 2}], []
+    )
+    assert algorithm.closed_with is None  # still running when close stopped it
