@@ -31,3 +31,13 @@ def postgres_server():
 def postgres_url(postgres_server) -> str:
     """The URL of a new, empty database on the session's server."""
     return postgres_server.create_database(f"test_{next(_databases)}")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Every test module is imported by now (torch, transformers and the frameworks with them: ~1M objects that live
+    as long as the session). Freeze them out of the cyclic collector: each full collection no longer walks them
+    (`gc.callbacks` on a 45 s sample of the suite: 5.1 s collecting before, 4.2 s after)."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
