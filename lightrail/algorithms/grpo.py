@@ -96,8 +96,7 @@ log = logging.getLogger(__name__)
 if TYPE_CHECKING:
     from lightrail.algorithms.protocol import TrainerContext
     from lightrail.gateway.server import GatewaySettings
-    from lightrail.model._loss import LossNorm
-    from lightrail.model.updater import UpdateConfig
+    from lightrail.model.update_config import LossNorm, UpdateConfig
 
 __all__ = ["GRPO"]
 
@@ -819,7 +818,7 @@ def check_async_options(
 def resolve_loss_agg(advantage: str, loss_agg: str | None, config: UpdateConfig | None = None) -> LossNorm:
     """The `LossNorm` a run uses: ``loss_agg`` if given, else a non-default ``config.loss_norm``, else the
     estimator's natural one (``sequence_sum_norm`` for ``dr_grpo``, ``token`` otherwise)."""
-    from lightrail.model._loss import resolve_loss_norm
+    from lightrail.model.update_config import resolve_loss_norm
 
     configured = config.loss_norm if config is not None else "token"
     if loss_agg is not None:

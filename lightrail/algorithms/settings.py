@@ -121,7 +121,7 @@ def convert(data: Any, schema: type[T], where: str = "", *, strict: bool = True)
 def update_config(data: dict[str, Any], where: str) -> Any:
     """An `UpdateConfig` from a config's ``config`` section (``lora: true`` or a mapping of `LoraSettings`); errors
     name ``where`` (``grpo.config.lr: ...``)."""
-    from lightrail.model.updater import LoraSettings, UpdateConfig
+    from lightrail.model.update_config import LoraSettings, UpdateConfig
 
     data = dict(data)
     lora = data.pop("lora", None)

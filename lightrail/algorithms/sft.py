@@ -75,7 +75,7 @@ if TYPE_CHECKING:
     from lightrail.gateway.backends import Backend
     from lightrail.gateway.server import GatewaySettings
     from lightrail.model.llamafactory import LlamaFactorySettings
-    from lightrail.model.updater import UpdateConfig
+    from lightrail.model.update_config import UpdateConfig
 
 __all__ = ["SFT", "call_rows", "conversation_rows"]
 
@@ -593,7 +593,7 @@ class SFT:
         if self.step >= self.settings.steps:
             return
         from lightrail.model import llamafactory as lf
-        from lightrail.model.updater import UpdateConfig
+        from lightrail.model.update_config import UpdateConfig
 
         assert self.llamafactory is not None
         folder = self.out_dir / "llamafactory"

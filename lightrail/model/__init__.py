@@ -1,7 +1,8 @@
 """The model plane: what holds and changes the weights, below the algorithms that decide what to train.
 
 * `updater`: `PolicyUpdater`, the policy update (GRPO/PPO/SFT losses over token rows, LoRA or full, micro-batches,
-  shared prefixes, checkpoints) and its settings (`UpdateConfig`); `ppo` adds a value head; `_loss` holds the losses.
+  shared prefixes, checkpoints); its settings, torch-free, are `update_config`'s (`UpdateConfig`); `ppo` adds a value
+  head; `_loss` holds the losses, `policy_losses` and `kl` the registries of policy losses and KL estimators.
 * `distributed`: the update on N data-parallel ranks (`DistributedPolicyUpdater`).
 * `mismatch`: the trainer's logprobs against the sampler's, per row.
 * `rollout_engines`, `vllm_rollouts`: what samples the rollouts (the embedded engine, or vLLM) and how new weights
@@ -20,8 +21,9 @@ from typing import TYPE_CHECKING
 from lightrail._lazy import lazy_face
 
 if TYPE_CHECKING:  # the export list (read by `lazy_face`; names load on first use)
-    from lightrail.model._loss import LossNorm, loss_weights, policy_loss, token_entropy
+    from lightrail.model._loss import loss_weights, policy_loss, token_entropy
     from lightrail.model.llamafactory import LlamaFactorySettings
-    from lightrail.model.updater import LoraSettings, PolicyUpdater, UpdateConfig, drop_stale_rows, pack_micro_batches
+    from lightrail.model.update_config import LoraSettings, LossNorm, UpdateConfig
+    from lightrail.model.updater import PolicyUpdater, drop_stale_rows, pack_micro_batches
 
 _EXPORTS, __all__, __getattr__, __dir__ = lazy_face(__name__, __file__)

@@ -75,12 +75,11 @@ gradient. An on-policy token (same weights, float32 both sides) has ``w_t = 1`` 
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 
 from lightrail.model.kl import kl_estimator as kl_estimator_by_name
 from lightrail.model.policy_losses import TokenBatch, policy_loss_named
+from lightrail.model.update_config import LOSS_AGG, LOSS_NORMS, LossNorm, resolve_loss_norm
 
 __all__ = [
     "LOSS_AGG",
@@ -96,35 +95,6 @@ __all__ = [
     "value_loss",
     "whiten",
 ]
-
-LossNorm = Literal["token", "sequence", "rollout", "sequence_sum_norm"]
-"""How the step's loss is normalised: ``token`` = mean over all masked tokens of the step; ``sequence`` = mean over
-tokens within each row, then mean over rows; ``rollout`` = the same with all rows of one rollout pooled, so every
-rollout weighs the same however many rows (LLM calls) it produced; ``sequence_sum_norm`` = each row's token sum
-divided by a constant L (``UpdateConfig.loss_norm_tokens``), then mean over rows (Dr. GRPO)."""
-
-LOSS_NORMS: tuple[LossNorm, ...] = ("token", "sequence", "rollout", "sequence_sum_norm")
-
-LOSS_AGG: dict[str, LossNorm] = {
-    "token_mean": "token",
-    "seq_mean_token_mean": "sequence",
-    "seq_mean_token_sum_norm": "sequence_sum_norm",
-}
-"""verl's ``loss_agg_mode`` names (with ``_`` for ``-``) and the `LossNorm` each one is."""
-
-
-def resolve_loss_norm(name: str) -> LossNorm:
-    """The `LossNorm` of ``name``: one of `LOSS_NORMS` or a verl name of `LOSS_AGG`; ValueError otherwise.
-
-    >>> resolve_loss_norm("seq_mean_token_sum_norm")
-    'sequence_sum_norm'
-    """
-    if name in LOSS_AGG:
-        return LOSS_AGG[name]
-    for norm in LOSS_NORMS:
-        if norm == name:
-            return norm
-    raise ValueError(f"loss_agg: expected one of {[*LOSS_AGG, *LOSS_NORMS]}, got {name!r}")
 
 
 def loss_weights(

@@ -166,7 +166,7 @@ def sections() -> list[Section]:
     from lightrail.algorithms.settings import APOSection, GRPOSection, GuardSection, SFTSection
     from lightrail.gateway.server import GatewaySettings
     from lightrail.model.llamafactory import LlamaFactorySettings
-    from lightrail.model.updater import LoraSettings, UpdateConfig
+    from lightrail.model.update_config import LoraSettings, UpdateConfig
     from lightrail.tracking import LoggerSettings
     from lightrail.trainer.config import RunnerKinds, RunnerSettings, TrainConfig
     from lightrail.types import LLM

@@ -249,3 +249,18 @@ def test_a_model_whose_tool_format_is_unknown_is_a_one_line_error_naming_the_for
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "hermes, llama3_json, mistral, pythonic" in lines[0], done.stderr
     assert "grpo.engine_options" in lines[0]
+
+
+def test_checking_a_config_with_an_update_section_loads_no_torch(tmp_path):
+    """A config is checked before anything heavy loads: its ``grpo.config`` section (`UpdateConfig`, torch-free in
+    `lightrail.model.update_config`) included."""
+    import subprocess
+    import sys
+
+    path = _write(tmp_path, CONFIG.replace("config: {lr: 1.0e-3}", "config: {lr: 1.0e-3, policy_loss: gspo}"))
+    probe = (
+        "import sys; from lightrail.trainer.config import load_config; "
+        f"c = load_config({str(path)!r}); print(c.grpo['config'], 'torch' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.split()[-1] == "False", done.stdout
