@@ -19,12 +19,16 @@ import math
 import re
 import types
 import typing
-from collections.abc import Iterable
-from typing import Any, ClassVar, Literal, TypeVar
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 import msgspec
 
 from lightrail.types import SAMPLING_PARAMETERS
+
+if TYPE_CHECKING:
+    from lightrail.adapters import AgentFilter, CreditAssignment, ToolRewardRule
+    from lightrail.model.update_config import UpdateConfig
 
 __all__ = [
     "APOSection",
@@ -118,7 +122,7 @@ def convert(data: Any, schema: type[T], where: str = "", *, strict: bool = True)
         raise ValueError(_readable(exc, schema, where)) from None
 
 
-def update_config(data: dict[str, Any], where: str) -> Any:
+def update_config(data: dict[str, Any], where: str) -> UpdateConfig:
     """An `UpdateConfig` from a config's ``config`` section (``lora: true`` or a mapping of `LoraSettings`); errors
     name ``where`` (``grpo.config.lr: ...``)."""
     from lightrail.model.update_config import LoraSettings, UpdateConfig
@@ -234,7 +238,7 @@ class _PolicySection(_Section, kw_only=True, forbid_unknown_fields=True):
     """A resource name the policy `LLM` is published under for the agent (``resources[...]``), besides ``llm`` and
     ``main_llm`` (Agent Lightning's name), which it always has."""
 
-    def agent_filter(self) -> Any:
+    def agent_filter(self) -> AgentFilter | None:
         """``agents`` and ``agents_pattern`` as an `AgentFilter` (None when neither is given)."""
         from lightrail.adapters import AgentFilter
 
@@ -242,7 +246,7 @@ class _PolicySection(_Section, kw_only=True, forbid_unknown_fields=True):
             return None
         return AgentFilter([self.agents] if isinstance(self.agents, str) else self.agents or (), self.agents_pattern)
 
-    def update_config(self) -> Any:
+    def update_config(self) -> UpdateConfig | None:
         """``config`` as an `UpdateConfig` (None when the section gives none)."""
         return update_config(self.config, f"{self._key}.config") if self.config else None
 
@@ -257,7 +261,7 @@ def _kind(value: Any) -> str:
     return f"{type(value).__name__} {value!r}"[:120]
 
 
-def credit_argument(value: Any, options: dict[str, Any] | None = None) -> Any:
+def credit_argument(value: Any, options: dict[str, Any] | None = None) -> CreditAssignment:
     """A constructor's ``credit``: a `CreditAssignment` (any callable) as it is, or a built-in scheme's name
     (``"identical"``, ``"per_turn"``, ``"discounted"``) made with ``options`` (the section's ``credit_args``).
     Anything else is a one-line TypeError naming what was given, raised at construction, before any rollout."""
@@ -274,7 +278,7 @@ def credit_argument(value: Any, options: dict[str, Any] | None = None) -> Any:
                     f"{_kind(value)}")  # fmt: skip
 
 
-def agents_argument(value: Any) -> Any:
+def agents_argument(value: Any) -> Callable[[str | None], bool]:
     """A constructor's ``agents``: an `AgentFilter` (or any callable ``agent_name -> bool``) as it is, an agent's
     name or a list of names as the `AgentFilter` of those names. Anything else is a one-line TypeError at
     construction."""
@@ -291,7 +295,7 @@ def agents_argument(value: Any) -> Any:
     raise TypeError(f"agents: expected an AgentFilter, an agent's name or a list of names, got {_kind(value)}")
 
 
-def tool_rewards_argument(value: Any) -> Any:
+def tool_rewards_argument(value: Any) -> ToolRewardRule | None:
     """A constructor's ``tool_rewards``: a `ToolRewardRule` as it is, ``True`` for the default rule, ``False`` for
     none, or a mapping of ``grpo.tool_rewards`` fields. Anything else is a one-line error at construction."""
     from lightrail.adapters import ToolRewardRule
@@ -316,7 +320,7 @@ class ToolRewards(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     from_messages: bool = _rule_default("from_messages")
     from_spans: bool = _rule_default("from_spans")
 
-    def rule(self) -> Any:
+    def rule(self) -> ToolRewardRule:
         from lightrail.adapters import ToolRewardRule
 
         return ToolRewardRule(**msgspec.structs.asdict(self))
@@ -443,13 +447,13 @@ class GRPOSection(_PolicySection, kw_only=True, forbid_unknown_fields=True):
                 if getattr(self, name):
                     raise ValueError(f"{key}.{name}: advantage {self.advantage!r} {why}")
 
-    def credit_scheme(self) -> Any:
+    def credit_scheme(self) -> CreditAssignment:
         """``credit`` and ``credit_args`` as a `CreditAssignment`."""
         from lightrail.adapters.credit import credit_by_name
 
         return credit_by_name(self.credit, **self.credit_args)
 
-    def tool_rule(self) -> Any:
+    def tool_rule(self) -> ToolRewardRule | None:
         """``tool_rewards`` as a `ToolRewardRule` (None when off)."""
         if isinstance(self.tool_rewards, ToolRewards):
             return self.tool_rewards.rule()

@@ -64,6 +64,7 @@ from lightrail.tracking import LoggerKind, LoggerSettings
 
 if TYPE_CHECKING:
     from lightrail.algorithms.grpo import GRPO
+    from lightrail.model.update_config import UpdateConfig
 
 log = logging.getLogger(__name__)
 
@@ -309,7 +310,7 @@ def _yaml_problem(exc: Exception) -> str:
     return str(problem) if problem else str(exc).splitlines()[0]
 
 
-def _resolve(reference: str, what: str) -> Any:
+def _resolve(reference: str, what: str) -> Any:  # an imported object: its type is the reference's
     from lightrail._imports import import_object
 
     try:
@@ -318,7 +319,7 @@ def _resolve(reference: str, what: str) -> Any:
         raise ConfigError(f"{what}: {exc}") from None
 
 
-def grpo_config(update: dict[str, Any], where: str) -> Any:
+def grpo_config(update: dict[str, Any], where: str) -> UpdateConfig:
     """An `UpdateConfig` from a config section (`lightrail.algorithms.settings.update_config`), errors as `ConfigError`."""
     try:
         return update_config(update, where)
