@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 
+import msgspec
 import pytest
 from rich.console import Console
 
@@ -175,3 +176,11 @@ def test_a_run_that_learned_to_solve_its_tasks_is_not_stopped_as_empty():
     collapsed = RunGuard(GuardSection(max_empty_steps=2), console=Console(file=io.StringIO()), success_threshold=1.0)
     with pytest.raises(RunStopped, match="GRPO step 3: 2 steps in a row trained nothing"):
         _checked(collapsed, _step(1, 2, [0.0, 1.0]), _step(2, 0, [0.0]), _step(3, 0, [0.0]))
+
+
+def test_the_step_line_says_when_only_the_kl_term_trained():
+    """No group had a spread, yet the update ran (``kl_coef > 0`` keeps zero-advantage rows): the line says the
+    transitions trained only the KL term, next to the guard's "no learning signal"."""
+    assert _step(1, 0, [0.0]).line().endswith("trained 0")
+    kl_only = StepHealth(**{**msgspec.structs.asdict(_step(1, 0, [0.0])), "transitions": 96})
+    assert kl_only.line().endswith("trained 96 (KL term only)") and _step(1, 2, [0.0, 1.0]).line().endswith("trained 8")

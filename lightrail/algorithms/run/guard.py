@@ -137,7 +137,9 @@ class StepHealth(msgspec.Struct, kw_only=True):
                                                (self.infra, "infra")) if n]  # fmt: skip
         ok = f"ok {self.succeeded}/{self.rollouts}" + (f" ({', '.join(bad)})" if bad else "")
         abandoned = f" (+{self.calls_abandoned} abandoned)" if self.calls_abandoned else ""
-        return f"{ok}  calls {self.calls_per_rollout:.1f}/rollout{abandoned}  trained {self.transitions}"
+        # no group with a spread, yet an update ran: only the KL penalty to the reference moved the weights
+        kl_only = " (KL term only)" if self.transitions and self.groups and not self.groups_with_spread else ""
+        return f"{ok}  calls {self.calls_per_rollout:.1f}/rollout{abandoned}  trained {self.transitions}{kl_only}"
 
     def rewards_line(self) -> str:
         """``0, 0.5, 1`` (``, ...`` when there were more than `rewards_seen` holds)."""
