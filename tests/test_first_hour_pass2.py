@@ -9,6 +9,7 @@ store servers, runners and the tiny model on the CPU.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -226,6 +227,20 @@ def test_ctrl_c_stops_with_one_line_that_resumes_from_the_step_it_names(tmp_path
     assert f"GRPO: resuming from step {step} ({run_dir / 'checkpoints' / f'step-{step}'})" in resumed.stdout
     assert "held-out success:" in resumed.stdout
     assert json.loads((run_dir / "report.json").read_text())["steps"] == step + 1
+
+
+def test_a_second_ctrl_c_during_the_stop_is_still_one_line(tmp_path):
+    """Ctrl-C pressed twice (the second while the first is stopping the run): one line, exit code 130, nothing left
+    running (the event loop ends with the gateway still serving: its cancelled lifespan is not logged as an error)."""
+    run_dir = tmp_path / "run"
+    trainer, children = _start_training(tmp_path, run_dir)
+    os.killpg(trainer.pid, signal.SIGINT)
+    time.sleep(0.3)
+    with contextlib.suppress(ProcessLookupError):  # (already gone: the first one was enough)
+        os.killpg(trainer.pid, signal.SIGINT)
+    _, err, _ = _ends_all(trainer, children, within_s=30)
+    assert trainer.returncode == 130
+    assert_one_line(subprocess.CompletedProcess([], 130, "", err), "lightrail train: interrupted")
 
 
 def test_a_store_server_killed_under_training_stops_the_run_in_seconds(tmp_path):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import logging
 import socket
 from typing import Any
 from urllib.parse import urlsplit
@@ -119,6 +120,8 @@ class GatewayServer:
         """Serve until `stop`; returns once the server accepts connections (raises its startup error)."""
         import uvicorn
 
+        _quiet_cancelled_lifespan()
+
         from lightrail.gateway.app import create_gateway_app
 
         backend, store, token, options = self._app_args
@@ -170,6 +173,24 @@ class GatewayServer:
 
     async def __aexit__(self, kind: type[BaseException] | None, *exc: object) -> None:
         await self.stop(abort=kind is not None and issubclass(kind, (asyncio.CancelledError, KeyboardInterrupt)))
+
+
+def _cancelled(record: logging.LogRecord) -> bool:
+    """False for the records of a cancelled lifespan: uvicorn's "Exception in 'lifespan' protocol" with an
+    `asyncio.CancelledError`, and the traceback of one that Starlette sends as the shutdown's failure message. The
+    event loop ended with the gateway still serving (a second Ctrl-C stops a run before `GatewayServer.stop`), which
+    is not an error of the app; the tracebacks would bury the command's one line."""
+    exc = record.exc_info[1] if record.exc_info else None
+    if isinstance(exc, asyncio.CancelledError):
+        return False
+    message = record.msg if isinstance(record.msg, str) else ""
+    return not (message.startswith("Traceback") and message.rstrip().endswith("CancelledError"))
+
+
+def _quiet_cancelled_lifespan() -> None:
+    logger = logging.getLogger("uvicorn.error")
+    if _cancelled not in logger.filters:
+        logger.addFilter(_cancelled)
 
 
 def _base_url(host: str, port: int) -> str:

@@ -112,3 +112,32 @@ async def test_a_routed_call_is_stored_before_it_is_answered(tmp_path):
     finally:
         await store.close()
         server.stop()
+
+
+def test_an_event_loop_ended_while_the_gateway_serves_logs_no_lifespan_traceback():
+    """A second Ctrl-C ends the trainer's event loop before `GatewayServer.stop`: the serving tasks are cancelled,
+    which uvicorn logs as "Exception in 'lifespan' protocol" with a traceback that buried the command's one line.
+    A cancellation is not an app error: that record is filtered out (and only that one)."""
+    import asyncio
+    import logging
+
+    from lightrail.gateway.fake import ScriptedBackend
+    from lightrail.gateway.server import GatewayServer
+    from lightrail.store import MemoryStore
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]  (uvicorn's loggers do not propagate to pytest's)
+    logger = logging.getLogger("uvicorn.error")
+
+    async def serve_then_end() -> None:
+        await GatewayServer(ScriptedBackend(["hi"]), MemoryStore()).start()  # never stopped
+        logger.addHandler(handler)  # (after uvicorn configured its loggers, which drops their handlers)
+
+    try:
+        asyncio.run(serve_then_end())
+        assert not [r for r in records if "lifespan" in r.getMessage()], [r.getMessage() for r in records]
+        logger.error("a real error", exc_info=ValueError("kept"))
+        assert [r.getMessage() for r in records] == ["a real error"]
+    finally:
+        logger.removeHandler(handler)
