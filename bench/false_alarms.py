@@ -12,7 +12,8 @@ a false alarm. This runs each healthy run as a user runs it and counts, from wha
     python bench/false_alarms.py --demo-seeds 0 1 2                       # lightrail demo --seed S, one after another
     python bench/false_alarms.py --showcase calc_agent --showcase-seeds 0 1 2
     python bench/false_alarms.py --logs run0.log run1.log                 # count in outputs captured already
-    python bench/false_alarms.py --smoke                                  # a 2-step quick demo (a minute or two)
+    python bench/false_alarms.py --smoke      # a 1-step quick demo: the script runs (its model is barely warm-started,
+                                              # so the guard rightly says its step trained nothing: not a healthy run)
 
 Progress on stderr; the last stdout line is one JSON object: ``runs`` (each run's figures), ``false_alarms``,
 ``solved_notes``, ``load_1m``.
@@ -81,14 +82,14 @@ def main() -> None:
     parser.add_argument("--showcase-seeds", type=int, nargs="*", default=[], help="its seeds")
     parser.add_argument("--logs", type=Path, nargs="*", default=[], help="outputs of runs done already")
     parser.add_argument("--out", type=Path, default=None, help="where the runs go (default: a temporary folder)")
-    parser.add_argument("--smoke", action="store_true", help="one quick demo of 2 GRPO steps")
+    parser.add_argument("--smoke", action="store_true", help="one quick demo of 1 GRPO step (not a healthy run)")
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="lightrail-false-alarms-"))
     out.mkdir(parents=True, exist_ok=True)
     lightrail = [sys.executable, "-m", "lightrail"]
     runs: list[dict[str, object]] = []
     if args.smoke:
-        quick = [*lightrail, "demo", "--quick", "--steps", "2", "--sft-steps", "20", "--out", str(out / "smoke")]
+        quick = [*lightrail, "demo", "--quick", "--steps", "1", "--sft-steps", "10", "--out", str(out / "smoke")]
         runs.append({"run": "demo --quick (smoke)", **_run(quick, out / "smoke.log")})
     for seed in args.demo_seeds:
         command = [*lightrail, "demo", "--seed", str(seed), "--out", str(out / f"demo-{seed}")]

@@ -37,7 +37,7 @@ TIMEOUT_S = 600
 """A smoke run takes seconds to a minute on 2 free cores, several on a machine loaded 10x; past this it is hung."""
 SLOW = {
     "attribution": "a store server and a runner per arm, two arms",
-    "false_alarms": "a quick demo: model, warm start, 2 GRPO steps",
+    "false_alarms": "a quick demo: model, a short warm start, 1 GRPO step",
     "continuous": "a warm start, then a store server, a gateway and `lightrail learn` serving users for 15 s",
     "learning": "the demo twice (--seeds 2): model, warm start, GRPO",
     "real_models": "overfits a model family to a tool call until its loss is below 5e-4",
