@@ -7,6 +7,12 @@ so it loads what its predecessor wrote. A stage's closing validation is the next
 measured the weights the next stage starts from in the same way (`_hand_over_validation`): a GRPO after SFT does not
 repeat a full pass over the val tasks (recorded in its ``metrics.jsonl`` with ``"reused": true``).
 
+What `Chain` reads of a stage beyond the `Algorithm` methods is written down as protocols, each optional (a stage
+of your own needs none of them): `StageFolder` (its run folder), `Resumable` (whether it continues from it),
+`Reporting` (its report),
+`WeightsProducer` (the weights it writes and how it measured them) and `ValidationTaker` (the weights it starts from
+and how it would measure them). `SFT`, `GRPO` and `APO` satisfy the ones that apply to them.
+
 Concurrency model: the stages' ``setup``/``run``/``close`` run in order on the trainer's event loop; a stage is
 closed before the next is set up, so gateway ports and engine memory are released in between.
 """
@@ -17,12 +23,59 @@ import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from lightrail.algorithms.protocol import Algorithm, TrainerContext
 
-__all__ = ["Chain"]
+__all__ = ["Chain", "Reporting", "Resumable", "StageFolder", "ValidationTaker", "WeightsProducer"]
+
+
+@runtime_checkable
+class StageFolder(Protocol):
+    """A stage with a run folder of its own (metrics, checkpoints): the stages' folders must differ, and the run is
+    named after the folder they share."""
+
+    out_dir: Path
+
+
+@runtime_checkable
+class Resumable(StageFolder, Protocol):
+    """A stage that can continue from its folder's checkpoints; ``resume`` False: an earlier run in the folder is
+    set aside when the chain starts."""
+
+    resume: bool
+
+
+@runtime_checkable
+class Reporting(Protocol):
+    """A stage that reports its figures when it ends (``val_before``, ``val_after``, paths...)."""
+
+    report: dict[str, Any]
+
+
+@runtime_checkable
+class WeightsProducer(Reporting, Protocol):
+    """A stage that writes weights (``output_model``) and measured them at its end (``report["val_after"]``) with
+    these settings."""
+
+    output_model: Path
+    val_sampling: dict[str, Any]
+    success_threshold: float
+    engine_options: dict[str, Any]
+
+
+@runtime_checkable
+class ValidationTaker(Protocol):
+    """A stage that measures the weights it starts from (``model``) before it trains, unless ``val_before`` is given
+    to it, with these settings."""
+
+    model: Path
+    val_before: float | None
+    val_sampling: dict[str, Any]
+    success_threshold: float
+    engine_options: dict[str, Any]
+    rollout_engine: str
 
 
 class Chain:
@@ -44,7 +97,7 @@ class Chain:
             raise ValueError(f"need one distinct name per stage, got {names}")
         self.stages = list(stages)
         self.names = names
-        dirs = [str(d) for s in self.stages if (d := getattr(s, "out_dir", None)) is not None]
+        dirs = [str(s.out_dir) for s in self.stages if isinstance(s, StageFolder)]
         if len({os.path.abspath(d) for d in dirs}) != len(dirs):
             raise ValueError(f"each stage needs its own out_dir (its metrics and checkpoints), got {dirs}")
         self.out_dir: Path | None = Path(os.path.commonpath(dirs)) if len(dirs) == len(self.stages) else None
@@ -59,9 +112,8 @@ class Chain:
         from lightrail.algorithms.run.folder import start_fresh
 
         for name, stage in zip(self.names, self.stages, strict=True):
-            out_dir = getattr(stage, "out_dir", None)
-            if out_dir is not None and getattr(stage, "resume", None) is False:
-                start_fresh(Path(out_dir), name)
+            if isinstance(stage, Resumable) and not stage.resume:
+                start_fresh(Path(stage.out_dir), name)
 
     async def run(self, ctx: TrainerContext) -> None:
         reports: dict[str, Any] = {}
@@ -75,7 +127,7 @@ class Chain:
                 await stage.run(stage_ctx)
             finally:
                 await stage.close()
-            reports[name] = dict(getattr(stage, "report", {}) or {})
+            reports[name] = dict(stage.report) if isinstance(stage, Reporting) else {}
             previous = stage
         before = next((r["val_before"] for r in reports.values() if r.get("val_before") is not None), None)
         self.report = {**reports[self.names[-1]], "val_before": before, "stages": reports}
@@ -84,21 +136,22 @@ class Chain:
         """Nothing: every stage was closed when it finished (or failed)."""
 
 
-def _hand_over_validation(previous: Any, stage: Any) -> None:
+def _hand_over_validation(previous: Algorithm, stage: Algorithm) -> None:
     """Give ``stage`` the held-out success ``previous`` measured at its end when it measured the same thing: the
     weights ``stage`` starts from (``previous.output_model`` is ``stage.model``), the same sampling and success
     threshold, both on the embedded engine with the same options. A GRPO after SFT then skips its opening
     validation (a full pass over the val tasks) instead of repeating the SFT's last one."""
-    val = (getattr(previous, "report", None) or {}).get("val_after")
-    output = getattr(previous, "output_model", None)
-    if val is None or output is None or not hasattr(stage, "val_before") or stage.val_before is not None:
+    if not isinstance(previous, WeightsProducer) or not isinstance(stage, ValidationTaker):
+        return
+    val = previous.report.get("val_after")
+    if val is None or stage.val_before is not None:
         return
     same = (
-        Path(output) == Path(getattr(stage, "model", ""))
-        and getattr(previous, "val_sampling", None) == getattr(stage, "val_sampling", None)
-        and getattr(previous, "success_threshold", None) == getattr(stage, "success_threshold", None)
-        and getattr(stage, "rollout_engine", "embedded") == "embedded"
-        and getattr(previous, "engine_options", None) == getattr(stage, "engine_options", None)
+        Path(previous.output_model) == Path(stage.model)
+        and previous.val_sampling == stage.val_sampling
+        and previous.success_threshold == stage.success_threshold
+        and stage.rollout_engine == "embedded"
+        and previous.engine_options == stage.engine_options
     )
     if same:
         stage.val_before = val

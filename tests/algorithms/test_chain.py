@@ -45,3 +45,35 @@ def test_stages_in_one_folder_are_refused(tmp_path):
     sft = SFT("base", out_dir=tmp_path / "run")
     with pytest.raises(ValueError, match="each stage needs its own out_dir"):
         Chain([sft, GRPO(sft.output_model, out_dir=tmp_path / "run" / ".." / "run")])
+
+
+def test_a_stage_hands_its_closing_validation_to_the_next_through_the_written_protocols(tmp_path):
+    """What `Chain` reads of a stage is its protocols' (`WeightsProducer`, `ValidationTaker`): the validation is
+    handed over only when it measured the weights the next stage starts from, the same way; a stage of one's own
+    that has none of the attributes is run and reported as empty."""
+    from types import SimpleNamespace
+
+    from lightrail.algorithms.chain import ValidationTaker, WeightsProducer, _hand_over_validation
+
+    weights = tmp_path / "sft" / "model"
+    settings = {"val_sampling": {"temperature": 0.0}, "success_threshold": 1.0, "engine_options": {}}
+    sft = SimpleNamespace(output_model=weights, report={"val_after": 0.4}, **settings)
+    grpo = SimpleNamespace(model=weights, val_before=None, rollout_engine="embedded", **settings)
+    assert isinstance(sft, WeightsProducer) and isinstance(grpo, ValidationTaker)
+    _hand_over_validation(sft, grpo)
+    assert grpo.val_before == 0.4
+    for change in ({"val_sampling": {"temperature": 1.0}}, {"rollout_engine": "vllm"}, {"model": tmp_path / "other"}):
+        other = SimpleNamespace(**{**vars(grpo), "val_before": None, **change})
+        _hand_over_validation(sft, other)
+        assert other.val_before is None, change
+    # the real stages satisfy them (an attribute renamed would otherwise end the hand-over without a word)
+    from lightrail.algorithms.chain import Reporting, Resumable
+
+    real_sft = SFT("base", out_dir=tmp_path / "real" / "sft")
+    real_grpo = GRPO(real_sft.output_model, out_dir=tmp_path / "real" / "grpo")
+    assert all(isinstance(s, Reporting) and isinstance(s, Resumable) for s in (real_sft, real_grpo))
+    assert isinstance(real_sft, WeightsProducer) and isinstance(real_grpo, ValidationTaker)
+    plain = SimpleNamespace()  # a stage of one's own: none of the protocols
+    assert not isinstance(plain, WeightsProducer | ValidationTaker)
+    _hand_over_validation(plain, grpo)
+    _hand_over_validation(sft, plain)
