@@ -64,7 +64,9 @@ from lightrail.tracking import LoggerKind, LoggerSettings
 
 if TYPE_CHECKING:
     from lightrail.algorithms.grpo import GRPO
+    from lightrail.gateway.backends import Backend
     from lightrail.model.update_config import UpdateConfig
+    from lightrail.types import LLM
 
 log = logging.getLogger(__name__)
 
@@ -407,7 +409,7 @@ def _sft_kwargs(config: TrainConfig, train_tasks: list[dict] | None = None) -> d
     return kwargs
 
 
-def _sft_teacher(section: Any, seed: int, train_tasks: list[dict] | None) -> Any:
+def _sft_teacher(section: Any, seed: int, train_tasks: list[dict] | None) -> str | LLM | Backend | None:
     """``sft.teacher`` as `SFT`'s teacher: ``self`` (the student's own samples at ``sft.sampling``), an `LLM` from its
     fields, or the backend its ``script`` program returns (None until ``train_tasks`` are given: the reference is
     only checked)."""
@@ -439,7 +441,7 @@ def _sft_teacher(section: Any, seed: int, train_tasks: list[dict] | None) -> Any
     return _section({**teacher, "routed": False}, LLM, "sft.teacher")
 
 
-def _teacher_program(make: Any, reference: str, train_tasks: list[dict], seed: int) -> Any:
+def _teacher_program(make: Any, reference: str, train_tasks: list[dict], seed: int) -> Backend:
     """``make(train_tasks, seed=seed)``, checked to be a gateway backend (errors raised inside the program are its
     own and propagate as they are)."""
     from lightrail.gateway.backends import Backend
