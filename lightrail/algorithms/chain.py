@@ -97,7 +97,7 @@ class Chain:
             raise ValueError(f"need one distinct name per stage, got {names}")
         self.stages = list(stages)
         self.names = names
-        dirs = [str(s.out_dir) for s in self.stages if isinstance(s, StageFolder)]
+        dirs = [str(s.out_dir) for s in self.stages if isinstance(s, StageFolder) and s.out_dir is not None]
         if len({os.path.abspath(d) for d in dirs}) != len(dirs):
             raise ValueError(f"each stage needs its own out_dir (its metrics and checkpoints), got {dirs}")
         self.out_dir: Path | None = Path(os.path.commonpath(dirs)) if len(dirs) == len(self.stages) else None
@@ -112,7 +112,7 @@ class Chain:
         from lightrail.algorithms.run.folder import start_fresh
 
         for name, stage in zip(self.names, self.stages, strict=True):
-            if isinstance(stage, Resumable) and not stage.resume:
+            if isinstance(stage, Resumable) and stage.out_dir is not None and stage.resume is False:
                 start_fresh(Path(stage.out_dir), name)
 
     async def run(self, ctx: TrainerContext) -> None:
@@ -127,7 +127,7 @@ class Chain:
                 await stage.run(stage_ctx)
             finally:
                 await stage.close()
-            reports[name] = dict(stage.report) if isinstance(stage, Reporting) else {}
+            reports[name] = dict(stage.report or {}) if isinstance(stage, Reporting) else {}
             previous = stage
         before = next((r["val_before"] for r in reports.values() if r.get("val_before") is not None), None)
         self.report = {**reports[self.names[-1]], "val_before": before, "stages": reports}

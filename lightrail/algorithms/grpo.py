@@ -121,7 +121,7 @@ class GRPO:
     of informative groups so far. Useful when a sharply warm-started student agrees with itself on most tasks; each
     step then costs more rollouts.
 
-    ``advantage`` picks the outcome-advantage estimator (`lightrail.adapters.advantages.ESTIMATORS`: ``grpo``
+    ``advantage`` picks the outcome-advantage estimator (`lightrail.adapters.advantages.ADVANTAGE_ESTIMATORS`: ``grpo``
     (default), ``rloo``, ``dr_grpo``, ``reinforce_pp``, ``reinforce_pp_baseline``; formulas and sources in that
     module), or ``gae``: PPO with a critic (`lightrail.model.ppo`: a value head on the policy, GAE over each
     call's tokens from the call's return, a clipped value loss; ``config.gamma``, ``lam``, ``value_coef``,
@@ -245,6 +245,8 @@ class GRPO:
             s.mode, s.max_staleness, s.ahead, s.is_cap, config=config, filter_groups=s.filter_groups,
             policies=s.policies, advantage=s.advantage,
         )  # fmt: skip
+        self._unwatch: list[Callable[[], None]] = []
+        """Stop watching the processes handed to the trainer in `setup` (`TrainerContext.watch_child`)."""
         self._guard = RunGuard(
             s.guard, selection=describe_selection(selection), success_threshold=self.success_threshold
         )
@@ -320,8 +322,7 @@ class GRPO:
         # an update rank or a vLLM server that exits on its own stops the run in seconds, naming it
         parts = [self._rollouts, *(part for slot in self._slots for part in (slot.updater, slot.rollouts))]
         children = {name: exitcode for part in parts if part is not None for name, exitcode in part.children()}
-        for name, exitcode in children.items():
-            ctx.watch_child(name, exitcode)
+        self._unwatch = [ctx.watch_child(name, exitcode) for name, exitcode in children.items()]
         self._llm = self._served.llm(self.sampling)
 
     async def _start_policies(self, config: UpdateConfig) -> PolicyRouter:
@@ -412,6 +413,9 @@ class GRPO:
         self.folder.write_report(self.report)
 
     async def close(self) -> None:
+        for forget in self._unwatch:  # stopped on purpose from here (a `Chain` closes a stage while the run goes on)
+            forget()
+        self._unwatch = []
         if self._served is not None:
             await self._served.close()
             self._served = None
@@ -488,6 +492,7 @@ class GRPO:
             self.step, rollouts, episodes, trainable, excluded, transitions, agents=self.agents, groups=groups.groups,
             update=update, trained=len(trained), failure_reward=self.settings.guard.failure_reward,
             keys_refused=keys_refused,
+            kl_term=bool(self._slots[0].updater.config.kl_coef) and not self.settings.critic,
         )  # fmt: skip
         metrics = {
             "kind": "train",

@@ -50,11 +50,13 @@ class TrainerContext:
     track: Callable[[dict[str, Any]], None] = field(default=lambda record: None)
     """``track(record)``: mirror a ``metrics.jsonl`` record (``kind``, ``step`` or ``round``, numbers) to the run's
     experiment trackers (`lightrail.tracking`)."""
-    watch_child: Callable[[str, Callable[[], int | None]], None] = field(default=lambda name, exitcode: None)
-    """``watch_child(name, exitcode)``: have the trainer watch a process the algorithm started (an update's worker
-    ranks, a vLLM server; ``exitcode()`` is None while it runs). One that exits on its own stops the run within
-    seconds with one line naming it (`lightrail.trainer.children.ChildWatch`); the watch ends before ``close``, so
-    what ``close`` stops is stopped on purpose."""
+    watch_child: Callable[[str, Callable[[], int | None]], Callable[[], None]] = field(
+        default=lambda name, exitcode: lambda: None
+    )
+    """``forget = watch_child(name, exitcode)``: have the trainer watch a process the algorithm started (an update's
+    worker ranks, a vLLM server; ``exitcode()`` is None while it runs). One that exits on its own stops the run
+    within seconds with one line naming it (`lightrail.trainer.children.ChildWatch`). Call ``forget()`` before
+    stopping the process on purpose; the trainer forgets every process handed over before it calls ``close``."""
     run: str | None = None
     """The run these rollouts belong to: `run_rollouts` tags each with ``metadata["run"]`` (what ``lightrail runs``
     groups by). The trainer names it after the algorithm's ``out_dir`` (so a resumed run keeps its name), else the

@@ -91,7 +91,7 @@ class SpanBatcher:
         self._queue: deque[Span] = deque()
         self._accepted = 0  # spans ever queued; with _settled, tells a flush when "everything so far" is done
         self._settled = 0  # spans written, rejected or given up
-        self._flushers: list[tuple[int, asyncio.Future[None]]] = []
+        self._flushers: list[tuple[int, asyncio.Future[bool]]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread_id: int | None = None
         self._task: asyncio.Task[None] | None = None
@@ -177,12 +177,11 @@ class SpanBatcher:
         target = self._accepted
         if self._settled >= target:
             return True
-        future = self._loop.create_future()
+        future: asyncio.Future[bool] = self._loop.create_future()
         self._flushers.append((target, future))
         assert self._wake is not None
         self._wake.set()
-        await future
-        return not self._abandoned
+        return await future  # True once written or refused; False when `abandon` gave them up first
 
     def abandon(self) -> int:
         """Give up every span not yet written, for a process being stopped whose store may be gone (a write is
@@ -194,7 +193,14 @@ class SpanBatcher:
         self._queue.clear()
         if self._task is not None:
             self._task.cancel()
-        self._settle(given_up)
+        for _, future in self._flushers:  # (a flush whose spans were all written was answered True already)
+            if not future.done():
+                future.set_result(False)
+        self._flushers = []
+        if self._loop is not None:  # (nothing was ever queued before `start`)
+            self._settle(given_up)
+        if given_up:  # the run is being stopped and said so in its own line: details for --debug
+            log.info("span batcher stopped with %d spans of unfinished attempts not written to the store", given_up)
         return given_up
 
     async def close(self, timeout_s: float | None = 30.0) -> None:
@@ -237,7 +243,7 @@ class SpanBatcher:
             for target, future in self._flushers:
                 if self._settled >= target:
                     if not future.done():
-                        future.set_result(None)
+                        future.set_result(True)
                 else:
                     still.append((target, future))
             self._flushers = still

@@ -51,9 +51,17 @@ class ChildWatch:
         self._task: asyncio.Task | None = None
         self._level: int | None = None
 
-    def add(self, name: str, exitcode: Callable[[], int | None]) -> None:
-        """Watch a child: ``exitcode()`` is None while it runs."""
-        self._children.append((name, exitcode))
+    def add(self, name: str, exitcode: Callable[[], int | None]) -> Callable[[], None]:
+        """Watch a child: ``exitcode()`` is None while it runs. Returns the function that stops watching it (call it
+        before stopping the child on purpose)."""
+        entry = (name, exitcode)
+        self._children.append(entry)
+
+        def forget() -> None:
+            if entry in self._children:
+                self._children.remove(entry)
+
+        return forget
 
     def start(self) -> None:
         """Watch from now on, on behalf of the current task (the one cancelled when a child exits)."""

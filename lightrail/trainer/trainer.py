@@ -116,10 +116,23 @@ class _Session:
     label: str
     health_check: Callable[[], None]
     stop_runners: Callable[[], Any]
-    watch_child: Callable[[str, Callable[[], int | None]], None] = lambda name, exitcode: None
-    """`ChildWatch.add` of the session's watch (a process the algorithm started)."""
-    stop_watching: Callable[[], Any] = lambda: asyncio.sleep(0)
-    """Stop the watch: the processes still running are about to be stopped on purpose."""
+    watch: ChildWatch = field(default_factory=ChildWatch)
+    """The session's watch of the processes a run needs (the algorithm's are added through `watch_child`)."""
+    _handed_over: list[Callable[[], None]] = field(default_factory=list)
+
+    def watch_child(self, name: str, exitcode: Callable[[], int | None]) -> Callable[[], None]:
+        """`TrainerContext.watch_child`: watch a process the algorithm started."""
+        forget = self.watch.add(name, exitcode)
+        self._handed_over.append(forget)
+        return forget
+
+    def forget_algorithm_children(self) -> None:
+        """Stop watching the processes the algorithm handed over (its ``close`` stops them on purpose); the
+        session's own (store server, runners) stay watched until the runners are stopped."""
+        for forget in self._handed_over:
+            forget()
+        self._handed_over.clear()
+
     extras: dict[str, Any] = field(default_factory=dict)
 
 
@@ -349,7 +362,7 @@ class Trainer:
                     await algorithm.run(ctx)
                     failed = False
                 finally:
-                    await session.stop_watching()  # what `close` stops, it stops on purpose
+                    session.forget_algorithm_children()  # what `close` stops, it stops on purpose
                     await algorithm.close()
                     await session.stop_runners()
         finally:
@@ -498,7 +511,7 @@ class Trainer:
             try:
                 check = _runners_alive_check(runner_sets[0]) if runner_sets and not self.ray else (lambda: None)
                 watch.start()
-                yield _Session(store, label, check, stop_runners, watch.add, watch.stop)
+                yield _Session(store, label, check, stop_runners, watch)
             except asyncio.CancelledError:
                 watch.raise_if_died()
                 raise
@@ -531,14 +544,22 @@ class Trainer:
                 if t.done() and not t.cancelled() and t.exception() is not None:
                     raise RuntimeError("a runner crashed") from t.exception()
 
+        watch = ChildWatch()  # (no process of its own: the algorithm's, handed over with `watch_child`)
+
         async def stop_runners() -> None:
+            await watch.stop()
             for r in runners:
                 r.stop()
             await asyncio.gather(*tasks, return_exceptions=True)
 
         try:
-            yield _Session(store, type(store).__name__, check, stop_runners)
+            watch.start()
+            yield _Session(store, type(store).__name__, check, stop_runners, watch)
+        except asyncio.CancelledError:
+            watch.raise_if_died()
+            raise
         finally:
+            watch.close()
             await stop_runners()
 
     def _db_path(self, out_dir: Any = None) -> str:

@@ -172,6 +172,10 @@ def test_a_run_that_learned_to_solve_its_tasks_is_not_stopped_as_empty():
     never = RunGuard(GuardSection(max_empty_steps=2), console=Console(file=io.StringIO()), success_threshold=1.0)
     with pytest.raises(RunStopped, match="GRPO step 2: 2 steps in a row trained nothing: no learning signal"):
         _checked(never, _step(1, 0, [1.0]), _step(2, 0, [1.0]))
+    # a solved step ends a run of empty ones: empty, solved, empty is not "2 in a row"
+    mixed = RunGuard(GuardSection(max_empty_steps=2), console=Console(file=io.StringIO()), success_threshold=1.0)
+    _checked(mixed, _step(1, 2, [0.0, 1.0]), _step(2, 0, [0.0]), _step(3, 0, [1.0]), _step(4, 0, [0.0]))
+    assert mixed.empty_steps == 1
     # converged but every group at a failing reward (all 0 after learning): that is empty, and stops
     collapsed = RunGuard(GuardSection(max_empty_steps=2), console=Console(file=io.StringIO()), success_threshold=1.0)
     with pytest.raises(RunStopped, match="GRPO step 3: 2 steps in a row trained nothing"):
@@ -182,5 +186,8 @@ def test_the_step_line_says_when_only_the_kl_term_trained():
     """No group had a spread, yet the update ran (``kl_coef > 0`` keeps zero-advantage rows): the line says the
     transitions trained only the KL term, next to the guard's "no learning signal"."""
     assert _step(1, 0, [0.0]).line().endswith("trained 0")
-    kl_only = StepHealth(**{**msgspec.structs.asdict(_step(1, 0, [0.0])), "transitions": 96})
+    kl_only = StepHealth(**{**msgspec.structs.asdict(_step(1, 0, [0.0])), "transitions": 96, "kl_term": True})
     assert kl_only.line().endswith("trained 96 (KL term only)") and _step(1, 2, [0.0, 1.0]).line().endswith("trained 8")
+    # without a KL penalty the rows that ran had no advantage (skip_zero_advantage_rows off): no such claim
+    no_kl = StepHealth(**{**msgspec.structs.asdict(kl_only), "kl_term": False})
+    assert no_kl.line().endswith("trained 96")

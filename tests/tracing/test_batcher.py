@@ -98,6 +98,23 @@ async def test_abandon_releases_a_flush_waiting_on_a_store_that_is_gone():
     await store.close()
 
 
+async def test_a_flush_answered_before_abandon_stays_true_and_abandon_before_start_is_harmless():
+    store = CountingStore()
+    batcher = SpanBatcher(store)
+    assert batcher.abandon() == 0  # (never started: nothing to give up)
+    batcher = SpanBatcher(store)
+    batcher.start()
+    (lease,) = await leases(store, 1)
+    with attempt_context(lease.rollout.rollout_id, lease.attempt.attempt_id, batcher):
+        emit_event("stored")
+    flush = asyncio.ensure_future(batcher.flush())
+    await asyncio.sleep(0.1)  # written by now
+    assert batcher.written == 1 and batcher.abandon() == 0
+    assert await flush is True  # its span is stored: the call it answers for may say so
+    await batcher.close()
+    await store.close()
+
+
 async def test_a_refused_span_does_not_take_its_batch_down():
     store = CountingStore()
     batcher = SpanBatcher(store)

@@ -21,16 +21,18 @@ class _StartsAServer:
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
         self.closed_with: int | None = None
+        self.forget = lambda: None
 
     async def setup(self, ctx) -> None:
         self.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-        ctx.watch_child(f"the helper (pid {self.proc.pid})", self.proc.poll)
+        self.forget = ctx.watch_child(f"the helper (pid {self.proc.pid})", self.proc.poll)
 
     async def run(self, ctx) -> None:
         await asyncio.sleep(120)
 
     async def close(self) -> None:
         assert self.proc is not None
+        self.forget()  # stopped on purpose from here
         self.closed_with = self.proc.poll()
         self.proc.kill()
         self.proc.wait()
@@ -45,11 +47,15 @@ def _kill_soon(algorithm: _StartsAServer, after_s: float) -> None:
     algorithm.proc.kill()
 
 
-def test_a_process_the_algorithm_started_that_dies_stops_the_run_naming_it(tmp_path):
+@pytest.mark.parametrize("store", ["sqlite", "in-process"])
+def test_a_process_the_algorithm_started_that_dies_stops_the_run_naming_it(store, tmp_path):
     import threading
 
+    from lightrail import MemoryStore
+
     algorithm = _StartsAServer()
-    trainer = Trainer(n_runners=1, store=str(tmp_path / "store.db"), algorithm=algorithm)
+    where = str(tmp_path / "store.db") if store == "sqlite" else MemoryStore()  # (a store server, or none)
+    trainer = Trainer(n_runners=1, store=where, algorithm=algorithm)
     killer = threading.Thread(target=_kill_soon, args=(algorithm, 0.5))
     killer.start()
     started = time.monotonic()
@@ -71,3 +77,19 @@ def test_what_close_stops_is_stopped_on_purpose(tmp_path):
         "tests.algorithms.guard_agents:constant_agent", [{"question": "1 + 1 = ?", "answer": 2}], []
     )
     assert algorithm.closed_with is None  # still running when close stopped it
+
+
+def test_a_stage_that_stops_its_process_in_close_does_not_stop_the_chain(tmp_path):
+    """A `Chain` closes each stage while the run goes on (the trainer's watch is still on): a stage that forgets its
+    process before stopping it, as `GRPO` does with its update ranks and vLLM server, ends as it would alone."""
+    from lightrail.algorithms.chain import Chain
+
+    class Quick(_StartsAServer):
+        async def run(self, ctx) -> None:
+            await asyncio.sleep(0.6)  # more than the watch's poll: it sees the helper stopped, were it still watched
+
+    first, second = Quick(), Quick()
+    Trainer(n_runners=1, store=str(tmp_path / "store.db"), algorithm=Chain([first, second], names=["a", "b"])).fit(
+        "tests.algorithms.guard_agents:constant_agent", [{"question": "1 + 1 = ?", "answer": 2}], []
+    )
+    assert first.closed_with is None and second.closed_with is None

@@ -47,6 +47,9 @@ __all__ = [
     "update_health",
 ]
 
+NO_SIGNAL = "no learning signal"
+"""How the cause of a step whose groups all scored the same begins (`StepHealth.problem`)."""
+
 EXIT_CODE = 3
 """What ``lightrail train`` exits with when the guard stopped the run (2 is a bad config, 1 a crash)."""
 
@@ -100,6 +103,8 @@ class StepHealth(msgspec.Struct, kw_only=True):
     transitions: int = 0
     """Transitions the update trained on (0 when it was skipped)."""
     update_finite: bool = True
+    kl_term: bool = False
+    """The update has a KL penalty to the reference (``kl_coef > 0``), which trains rows without an advantage too."""
     loss: float | None = None
     grad_norm: float | None = None
     scope: Literal["step", "rollouts", "update"] = "step"
@@ -137,8 +142,12 @@ class StepHealth(msgspec.Struct, kw_only=True):
                                                (self.infra, "infra")) if n]  # fmt: skip
         ok = f"ok {self.succeeded}/{self.rollouts}" + (f" ({', '.join(bad)})" if bad else "")
         abandoned = f" (+{self.calls_abandoned} abandoned)" if self.calls_abandoned else ""
-        # no group with a spread, yet an update ran: only the KL penalty to the reference moved the weights
-        kl_only = " (KL term only)" if self.transitions and self.groups and not self.groups_with_spread else ""
+        # no group with a spread, yet an update ran on its KL penalty: only that moved the weights
+        kl_only = (
+            " (KL term only)"
+            if self.kl_term and self.transitions and self.groups and not self.groups_with_spread
+            else ""
+        )
         return f"{ok}  calls {self.calls_per_rollout:.1f}/rollout{abandoned}  trained {self.transitions}{kl_only}"
 
     def rewards_line(self) -> str:
@@ -186,8 +195,8 @@ class StepHealth(msgspec.Struct, kw_only=True):
             return f"the update was not finite (loss {self.loss}, grad norm {self.grad_norm}): it was skipped"
         if self.groups and self.groups_with_spread == 0:
             return (
-                f"no learning signal: in each of the {counted(self.groups, 'group')} every sample scored the same "
-                + (f"(rewards seen: {self.rewards_line()})")
+                f"{NO_SIGNAL}: in each of the {counted(self.groups, 'group')} every sample scored the same "
+                f"(rewards seen: {self.rewards_line()})"
             )
         if self.transitions == 0:
             return "no transition was trained"
@@ -208,15 +217,16 @@ def step_health(
     trained: int,
     failure_reward: float | None = None,
     keys_refused: int = 0,
+    kl_term: bool = False,
 ) -> StepHealth:
     """The health record of one step from what the step already holds: its ``rollouts`` (and the ``episodes`` of
     their last attempts, by rollout id), the ``trainable`` ones and the ``excluded`` counts (`select_trainable`), the
     selected ``transitions`` with their advantages, the number of ``groups``, the update's metrics and the number of
     transitions it ``trained`` on (``failure_reward``: what a kept failure scored; ``keys_refused``: rollouts whose
-    key the gateway refused). Pure: the failure causes come from `RunGuard.check`, which reads the store."""
+    key the gateway refused; ``kl_term``: the update has a KL penalty, `StepHealth.kl_term`). Pure: the failure causes come from `RunGuard.check`, which reads the store."""
     health = StepHealth(
         step=step, rollouts=len(rollouts), trainable=len(trainable), excluded=dict(excluded.counts),
-        keys_refused=keys_refused,
+        keys_refused=keys_refused, kl_term=kl_term,
     )  # fmt: skip
     for rollout in rollouts:
         if rollout.status is RolloutStatus.SUCCEEDED:
@@ -316,9 +326,10 @@ class RunGuard:
         where = f"{stage} {health.step}"
         console = self.console if self.console is not None else _console()
         threshold = self.success_threshold
-        if learned and threshold is not None and health.solved(threshold) and problem.startswith("no learning"):
+        if learned and threshold is not None and health.solved(threshold) and problem.startswith(NO_SIGNAL):
             # a run that learned its way to solving the step's tasks is healthy, not empty (it is an empty step
             # when it never had a signal: a reward that is constant from the start reads the same)
+            self.empty_steps = 0
             console.print(
                 f"[dim]{where}: every sample of every group succeeded (rewards seen: {health.rewards_line()}): "
                 "nothing left to learn from these tasks[/dim]", soft_wrap=True,
