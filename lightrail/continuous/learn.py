@@ -351,4 +351,8 @@ def load_learn_config(path: str, overrides: list[str] | tuple[str, ...] = ()) ->
         raise ConfigError(f"{path}: need 1 <= min_sessions <= max_sessions and updates >= 1")
     if not 0 <= config.baseline_decay < 1 or config.temperature <= 0 or not math.isfinite(config.every_s):
         raise ConfigError(f"{path}: need 0 <= baseline_decay < 1, temperature > 0, a finite every_s")
+    from lightrail.adapters.credit import CREDIT_ASSIGNMENTS
+
+    if config.credit not in CREDIT_ASSIGNMENTS:  # (checked here, not when the first round trains)
+        raise ConfigError(f"{path}: credit: expected one of {list(CREDIT_ASSIGNMENTS)}, got {config.credit!r}")
     return config

@@ -154,6 +154,7 @@ def test_a_round_that_keeps_the_held_out_success_is_promoted_served_and_rolled_b
         ("store: s\npolicies: p\nagent: a:b\ndata: d:e\nconfig: {lora: {r: many}}\n", "config.lora.r"),
         ("store: s\npolicies: p\nagent: a:b\ndata: d:e\nmin_sessions: 0\n", "min_sessions"),
         ("store: s\npolicies: p\nagent: a:b\ndata: d:e\nmethod: dpo\n", "method"),
+        ("store: s\npolicies: p\nagent: a:b\ndata: d:e\ncredit: per_tern\n", r"credit: expected one of \['identical'"),
     ],
 )
 def test_a_bad_learn_config_is_refused_naming_the_field(tmp_path, yaml_text, message):
