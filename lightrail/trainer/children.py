@@ -50,6 +50,7 @@ class ChildWatch:
         self._host: asyncio.Task | None = None
         self._task: asyncio.Task | None = None
         self._level: int | None = None
+        self._stopped = False
 
     def add(self, name: str, exitcode: Callable[[], int | None]) -> Callable[[], None]:
         """Watch a child: ``exitcode()`` is None while it runs. Returns the function that stops watching it (call it
@@ -69,7 +70,8 @@ class ChildWatch:
         self._task = asyncio.ensure_future(self._watch())
 
     async def stop(self) -> None:
-        """Stop watching (the children are about to be stopped on purpose)."""
+        """Stop watching (the children are about to be stopped on purpose): `poll` looks no more either."""
+        self._stopped = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -94,15 +96,25 @@ class ChildWatch:
     async def _watch(self) -> None:
         while True:
             await asyncio.sleep(self.poll_s)
-            for name, exitcode in self._children:
-                code = exitcode()
-                if code is not None:
-                    self.died = f"{name} exited unexpectedly with {exit_description(code)}: the run stops"
-                    quiet = logging.getLogger("lightrail")
-                    self._level = quiet.level
-                    quiet.setLevel(logging.ERROR)
-                    if self.on_exit is not None:
-                        self.on_exit()
-                    if self._host is not None:
-                        self._host.cancel()
-                    return
+            if self.poll() is not None:
+                if self._host is not None:
+                    self._host.cancel()
+                return
+
+    def poll(self) -> str | None:
+        """Look at every child once (the watch does every ``poll_s``): the line naming the first that exited, after
+        ``on_exit`` ran; None while all run. A session whose run failed on its own calls it too, before its error:
+        a child that died a moment ago is the cause to name (its store server gone, a store call failed first)."""
+        if self.died is not None or self._stopped:
+            return self.died
+        for name, exitcode in self._children:
+            code = exitcode()
+            if code is not None:
+                self.died = f"{name} exited unexpectedly with {exit_description(code)}: the run stops"
+                quiet = logging.getLogger("lightrail")
+                self._level = quiet.level
+                quiet.setLevel(logging.ERROR)
+                if self.on_exit is not None:
+                    self.on_exit()
+                return self.died
+        return None

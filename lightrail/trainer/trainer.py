@@ -46,7 +46,7 @@ from lightrail.algorithms.protocol import Algorithm, TrainerContext, cancel_unfi
 from lightrail.inspection.report import DevReport, build_report
 from lightrail.store import check_store, redact_url
 from lightrail.store.base import Store
-from lightrail.trainer.children import ChildWatch
+from lightrail.trainer.children import ChildExited, ChildWatch
 from lightrail.trainer.result import FitResult
 from lightrail.types import LLM, Mode, PromptTemplate, Resources, RetryPolicy, Task
 
@@ -361,6 +361,10 @@ class Trainer:
                     await algorithm.setup(ctx)
                     await algorithm.run(ctx)
                     failed = False
+                except Exception as exc:  # failed on its own: a child that died a moment ago is the cause to name
+                    if (died := session.watch.poll()) is not None:
+                        raise ChildExited(died) from exc
+                    raise
                 finally:
                     session.forget_algorithm_children()  # what `close` stops, it stops on purpose
                     await algorithm.close()
@@ -515,6 +519,10 @@ class Trainer:
             except asyncio.CancelledError:
                 watch.raise_if_died()
                 raise
+            except Exception as exc:  # the run failed on its own: a child that died a moment ago is the cause
+                if (died := watch.poll()) is not None:
+                    raise ChildExited(died) from exc
+                raise
             finally:
                 await stop_runners()
         finally:
@@ -557,6 +565,10 @@ class Trainer:
             yield _Session(store, type(store).__name__, check, stop_runners, watch)
         except asyncio.CancelledError:
             watch.raise_if_died()
+            raise
+        except Exception as exc:
+            if (died := watch.poll()) is not None:
+                raise ChildExited(died) from exc
             raise
         finally:
             watch.close()

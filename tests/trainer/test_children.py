@@ -93,3 +93,38 @@ def test_a_stage_that_stops_its_process_in_close_does_not_stop_the_chain(tmp_pat
         "tests.algorithms.guard_agents:constant_agent", [{"question": "1 + 1 = ?", "answer": 2}], []
     )
     assert first.closed_with is None and second.closed_with is None
+
+
+class _FailsOnItsOwn(_StartsAServer):
+    """``run`` fails at once, its helper dead or alive (``kill_first``): what the session names as the cause."""
+
+    kill_first = True
+
+    async def run(self, ctx) -> None:
+        assert self.proc is not None
+        if self.kill_first:
+            self.proc.kill()
+            self.proc.wait()
+        raise RuntimeError("a call to the helper failed")  # sooner than the watch's next look (0.25 s)
+
+
+@pytest.mark.parametrize("store", ["sqlite", "in-process"])
+def test_a_run_that_fails_because_a_child_died_names_the_child(store, tmp_path):
+    """The run failed on its own before the watch looked again: the child that died is still the line's cause (the
+    error it caused is chained); a run that fails with its children alive keeps its own error (the runners stopped
+    on purpose by then are not taken for dead)."""
+    from lightrail import MemoryStore
+
+    def fit(algorithm) -> None:
+        where = str(tmp_path / f"{store}-{id(algorithm)}.db") if store == "sqlite" else MemoryStore()
+        Trainer(n_runners=1, store=where, algorithm=algorithm).fit(
+            "tests.algorithms.guard_agents:constant_agent", [{"question": "1 + 1 = ?", "answer": 2}], []
+        )
+
+    with pytest.raises(ChildExited, match=r"^the helper \(pid \d+\) exited unexpectedly") as died:
+        fit(_FailsOnItsOwn())
+    assert isinstance(died.value.__cause__, RuntimeError)
+    alive = _FailsOnItsOwn()
+    alive.kill_first = False
+    with pytest.raises(RuntimeError, match="a call to the helper failed"):
+        fit(alive)
