@@ -101,6 +101,15 @@ class ChildWatch:
                     self._host.cancel()
                 return
 
+    def name_the_death(self, exc: BaseException) -> None:
+        """In a session's handler of ``exc``: `ChildExited` when a child died, whether the watch cancelled the
+        session for it (``exc`` is that `asyncio.CancelledError`) or the session failed on its own a moment after
+        (``exc`` chained); returns otherwise, for the caller to re-raise ``exc``."""
+        if isinstance(exc, asyncio.CancelledError):
+            self.raise_if_died()
+        elif (died := self.poll()) is not None:
+            raise ChildExited(died) from exc
+
     def poll(self) -> str | None:
         """Look at every child once (the watch does every ``poll_s``): the line naming the first that exited, after
         ``on_exit`` ran; None while all run. A session whose run failed on its own calls it too, before its error:

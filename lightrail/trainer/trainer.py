@@ -46,7 +46,7 @@ from lightrail.algorithms.protocol import Algorithm, TrainerContext, cancel_unfi
 from lightrail.inspection.report import DevReport, build_report
 from lightrail.store import check_store, redact_url
 from lightrail.store.base import Store
-from lightrail.trainer.children import ChildExited, ChildWatch
+from lightrail.trainer.children import ChildWatch
 from lightrail.trainer.result import FitResult
 from lightrail.types import LLM, Mode, PromptTemplate, Resources, RetryPolicy, Task
 
@@ -362,8 +362,7 @@ class Trainer:
                     await algorithm.run(ctx)
                     failed = False
                 except Exception as exc:  # failed on its own: a child that died a moment ago is the cause to name
-                    if (died := session.watch.poll()) is not None:
-                        raise ChildExited(died) from exc
+                    session.watch.name_the_death(exc)  # (before the algorithm's children are forgotten below)
                     raise
                 finally:
                     session.forget_algorithm_children()  # what `close` stops, it stops on purpose
@@ -516,12 +515,8 @@ class Trainer:
                 check = _runners_alive_check(runner_sets[0]) if runner_sets and not self.ray else (lambda: None)
                 watch.start()
                 yield _Session(store, label, check, stop_runners, watch)
-            except asyncio.CancelledError:
-                watch.raise_if_died()
-                raise
-            except Exception as exc:  # the run failed on its own: a child that died a moment ago is the cause
-                if (died := watch.poll()) is not None:
-                    raise ChildExited(died) from exc
+            except (asyncio.CancelledError, Exception) as exc:
+                watch.name_the_death(exc)
                 raise
             finally:
                 await stop_runners()
@@ -563,12 +558,8 @@ class Trainer:
         try:
             watch.start()
             yield _Session(store, type(store).__name__, check, stop_runners, watch)
-        except asyncio.CancelledError:
-            watch.raise_if_died()
-            raise
-        except Exception as exc:
-            if (died := watch.poll()) is not None:
-                raise ChildExited(died) from exc
+        except (asyncio.CancelledError, Exception) as exc:
+            watch.name_the_death(exc)
             raise
         finally:
             watch.close()
