@@ -42,6 +42,7 @@ __all__ = [
     "Discounted",
     "Identical",
     "PerTurn",
+    "check_credit",
     "credit_by_name",
     "register_credit_assignment",
     "linked_rewards",
@@ -168,6 +169,14 @@ class Discounted:
             g = r[t] + self.gamma * g
             r[t] = g
         return r
+
+
+def check_credit(name: str) -> Callable[..., CreditAssignment]:
+    """The scheme registered as ``name``, else ValueError naming the registered ones (a config's ``credit``)."""
+    try:
+        return CREDIT_ASSIGNMENTS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"credit: expected one of {list(CREDIT_ASSIGNMENTS)}, got {name!r}") from None
 
 
 def credit_by_name(name: str, **options: object) -> CreditAssignment:

@@ -490,8 +490,7 @@ class GRPO:
         t_guard = time.monotonic()
         health = step_health(
             self.step, rollouts, episodes, trainable, excluded, transitions, agents=self.agents, groups=groups.groups,
-            update=update, trained=len(trained), failure_reward=self.settings.guard.failure_reward,
-            keys_refused=keys_refused,
+            update=update, trained=len(trained), failure_reward=failure_reward, keys_refused=keys_refused,
             kl_term=bool(self._slots[0].updater.config.kl_coef) and not self.settings.critic,
         )  # fmt: skip
         metrics = {

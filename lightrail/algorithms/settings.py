@@ -331,12 +331,6 @@ LossAgg = Literal[
 ]
 
 
-def _one_of(name: str, registry: dict[str, Any]) -> None:
-    """A registry's name, or ValueError listing the registered ones (as a ``Literal``'s check words it)."""
-    if name not in registry:
-        raise ValueError(f"expected one of {list(registry)}, got {name!r}")
-
-
 class GRPOSection(_PolicySection, kw_only=True, forbid_unknown_fields=True):
     """Keyword arguments of `lightrail.algorithms.GRPO` (reinforcement learning), used when ``algorithm`` is ``grpo``
     or ``[sft, grpo]``."""
@@ -419,14 +413,14 @@ class GRPOSection(_PolicySection, kw_only=True, forbid_unknown_fields=True):
 
     def __post_init__(self) -> None:
         from lightrail.adapters.advantages import check_estimator
-        from lightrail.adapters.credit import CREDIT_ASSIGNMENTS, credit_by_name
+        from lightrail.adapters.credit import check_credit, credit_by_name
         from lightrail.algorithms.policies import PolicyMap, check_policies_engine
         from lightrail.model.rollout_engines import check_vllm_options
 
         super().__post_init__()
         key = self._key
         for name, check in (("advantage", lambda: check_estimator(self.advantage)),
-                            ("credit", lambda: _one_of(self.credit, CREDIT_ASSIGNMENTS)),
+                            ("credit", lambda: check_credit(self.credit)),
                             ("credit_args", lambda: credit_by_name(self.credit, **self.credit_args)),
                             ("vllm", lambda: check_vllm_options(self.vllm)),
                             ("policies", lambda: self.policies is None or PolicyMap(self.policies))):  # fmt: skip
@@ -434,7 +428,7 @@ class GRPOSection(_PolicySection, kw_only=True, forbid_unknown_fields=True):
                 check()
             except (TypeError, ValueError) as exc:  # PolicyMap's errors start with "policies"
                 raise ValueError(
-                    f"{key}.{exc}" if name in ("policies", "advantage") else f"{key}.{name}: {exc}"
+                    f"{key}.{exc}" if name in ("policies", "advantage", "credit") else f"{key}.{name}: {exc}"
                 ) from None
         if self.policies is not None and (self.agents is not None or self.agents_pattern is not None):
             raise ValueError(f"{key}: give agents or policies, not both (the policies name the agents they train)")

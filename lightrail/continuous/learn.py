@@ -351,8 +351,10 @@ def load_learn_config(path: str, overrides: list[str] | tuple[str, ...] = ()) ->
         raise ConfigError(f"{path}: need 1 <= min_sessions <= max_sessions and updates >= 1")
     if not 0 <= config.baseline_decay < 1 or config.temperature <= 0 or not math.isfinite(config.every_s):
         raise ConfigError(f"{path}: need 0 <= baseline_decay < 1, temperature > 0, a finite every_s")
-    from lightrail.adapters.credit import CREDIT_ASSIGNMENTS
+    from lightrail.adapters.credit import check_credit
 
-    if config.credit not in CREDIT_ASSIGNMENTS:  # (checked here, not when the first round trains)
-        raise ConfigError(f"{path}: credit: expected one of {list(CREDIT_ASSIGNMENTS)}, got {config.credit!r}")
+    try:
+        check_credit(config.credit)  # (here, not when the first round trains)
+    except ValueError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     return config
