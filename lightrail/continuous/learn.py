@@ -161,7 +161,7 @@ def learn_round(config: LearnConfig, *, console: Any = None, force: bool = False
     from lightrail.adapters import AgentFilter, build_episode, credit_by_name
     from lightrail.engine.models import prepare_model
     from lightrail.model.updater import PolicyUpdater
-    from lightrail.trainer.config import grpo_config
+    from lightrail.trainer.config import checked_update_config
 
     started = time.time()
     registry = PolicyRegistry(config.policies)
@@ -193,7 +193,7 @@ def learn_round(config: LearnConfig, *, console: Any = None, force: bool = False
     metrics.update(dataclasses.asdict(report))
     version, folder = registry.reserve()
     metrics["candidate"] = version
-    settings = grpo_config(
+    settings = checked_update_config(
         {"max_staleness": config.max_staleness, "temperature": config.temperature, **config.config}, "config"
     )
     update: dict[str, Any] = {"skipped": 1, "rows_stale_dropped": 0}
@@ -342,11 +342,11 @@ def evaluate(config: LearnConfig, model: str | Path, val_tasks: list[Any], *, co
 
 def load_learn_config(path: str, overrides: list[str] | tuple[str, ...] = ()) -> LearnConfig:
     """Read and check a ``lightrail learn`` YAML config (``--set dotted.path=value`` overrides applied first)."""
-    from lightrail.trainer.config import ConfigError, check_store_field, grpo_config, read_yaml_config
+    from lightrail.trainer.config import ConfigError, check_store_field, checked_update_config, read_yaml_config
 
     config = read_yaml_config(path, overrides, LearnConfig)
     check_store_field(path, config.store)
-    grpo_config(config.config, f"{path}: config")
+    checked_update_config(config.config, f"{path}: config")
     if config.min_sessions < 1 or config.max_sessions < config.min_sessions or config.updates < 1:
         raise ConfigError(f"{path}: need 1 <= min_sessions <= max_sessions and updates >= 1")
     if not 0 <= config.baseline_decay < 1 or config.temperature <= 0 or not math.isfinite(config.every_s):

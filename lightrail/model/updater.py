@@ -387,7 +387,10 @@ class PolicyUpdater:
         )
         # The adapter's A matrices are random: seed them locally so the same config gives the same adapter
         # without resetting the caller's global RNG.
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+            # peft reads transformers' deprecated `is_gradient_checkpointing` (a FutureWarning in every LoRA run's
+            # output, about code that is neither ours nor the user's)
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
             torch.manual_seed(seed)
             return get_peft_model(model, peft_config)
 

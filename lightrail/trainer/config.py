@@ -45,14 +45,15 @@ data module defines ``tokenizer_corpus()``.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import inspect
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import msgspec
 
@@ -64,6 +65,7 @@ from lightrail.tracking import LoggerKind, LoggerSettings
 
 if TYPE_CHECKING:
     from lightrail.algorithms.grpo import GRPO
+    from lightrail.algorithms.protocol import Algorithm
     from lightrail.gateway.backends import Backend
     from lightrail.model.update_config import UpdateConfig
     from lightrail.types import LLM
@@ -240,22 +242,7 @@ def load_config(path: str | os.PathLike[str], overrides: list[str] | tuple[str, 
         config = _from_verl(config)
     elif config.verl:
         raise ConfigError(f"verl: a verl dict runs with algorithm: verl, not {config.algorithm!r}")
-    if config.algorithm == "apo":
-        _apo_kwargs(config)
-    elif config.algorithm == "grpo":
-        _grpo_kwargs(config)  # check the GRPO section now, not after the model is built
-    elif config.algorithm == "sft" or config.algorithm == list(_CHAIN):
-        _sft_kwargs(config)
-        if config.algorithm == list(_CHAIN):
-            _grpo_kwargs(config)
-    elif isinstance(config.algorithm, list):
-        raise ConfigError(
-            f"algorithm: the one chain is {list(_CHAIN)} (GRPO from SFT's weights), got {config.algorithm}"
-        )
-    else:
-        raise ConfigError(
-            f"algorithm: expected 'grpo', 'verl', 'apo', 'sft' or {list(_CHAIN)}, got {config.algorithm!r}"
-        )
+    recipe(config).arguments(config, None)  # every section it reads checked now, not after the model is built
     return config
 
 
@@ -321,8 +308,9 @@ def _resolve(reference: str, what: str) -> Any:  # an imported object: its type 
         raise ConfigError(f"{what}: {exc}") from None
 
 
-def grpo_config(update: dict[str, Any], where: str) -> UpdateConfig:
-    """An `UpdateConfig` from a config section (`lightrail.algorithms.settings.update_config`), errors as `ConfigError`."""
+def checked_update_config(update: dict[str, Any], where: str) -> UpdateConfig:
+    """An `UpdateConfig` from a ``config`` section (``grpo.config``, ``sft.config``, ``lightrail learn``'s ``config``;
+    `lightrail.algorithms.settings.update_config`), its errors as `ConfigError`."""
     try:
         return update_config(update, where)
     except ValueError as exc:
@@ -353,7 +341,7 @@ def _grpo_options(section: dict[str, Any], where: str, given: Mapping[str, Any] 
     settings = _section(section, GRPOSection, where)
     if "steps" in (given or section) and settings.epochs is not None:
         raise ConfigError(f"{where}: give steps or epochs, not both (epochs sets the step count)")
-    update = grpo_config(settings.config, f"{where}.config") if settings.config else None
+    update = checked_update_config(settings.config, f"{where}.config") if settings.config else None
     if settings.policies is not None:
         from lightrail.algorithms.policies import check_policies_engine
 
@@ -379,9 +367,6 @@ def _apo_kwargs(config: TrainConfig) -> dict[str, Any]:
     return {**kwargs, "gateway": config.gateway}
 
 
-_CHAIN = ("sft", "grpo")
-
-
 def _sft_kwargs(config: TrainConfig, train_tasks: list[dict] | None = None) -> dict[str, Any]:
     """The config's ``sft`` section as `SFT` arguments: the checked `SFTSection` (the top-level ``seed`` its
     default), and as objects ``teacher`` as `_sft_teacher` builds it (a script's backend once ``train_tasks`` are
@@ -389,13 +374,13 @@ def _sft_kwargs(config: TrainConfig, train_tasks: list[dict] | None = None) -> d
     from lightrail.algorithms.rejection import TraceFilter
 
     settings = _section({"seed": config.seed, **config.sft}, SFTSection, "sft")
-    out_dir = config.run_dir / "sft" if isinstance(config.algorithm, list) else config.run_dir
+    out_dir = config.run_dir / "sft" if isinstance(config.algorithm, list) else config.run_dir  # a chain's stage
     kwargs: dict[str, Any] = {"section": settings, "out_dir": out_dir, "gateway": config.gateway}
     if settings.teacher is not None:
         kwargs["teacher"] = _sft_teacher(settings.teacher, config.seed, train_tasks)
     if settings.traces is not None:
         kwargs["traces"] = _section(settings.traces, TraceFilter, "sft.traces")
-    kwargs["config"] = grpo_config(settings.config, "sft.config") if settings.config else None
+    kwargs["config"] = checked_update_config(settings.config, "sft.config") if settings.config else None
     if settings.llamafactory is not None or settings.backend == "llamafactory":
         from lightrail.model.llamafactory import LlamaFactorySettings
 
@@ -466,6 +451,74 @@ def _teacher_program(make: Any, reference: str, train_tasks: list[dict], seed: i
     return backend
 
 
+class Recipe(NamedTuple):
+    """What one value of a config's ``algorithm`` means: the one dispatch `load_config` checks a config through and
+    `train` builds the run's algorithm with (`recipe`)."""
+
+    arguments: Callable[[TrainConfig, list[dict] | None], dict[str, Any]]
+    """The algorithm's checked arguments from the sections it reads (a `ConfigError` naming the field); the training
+    tasks are None when the config is only being checked (a teacher program then is not run)."""
+    make: Callable[[Path, dict[str, Any]], Algorithm]
+    """The algorithm, from the model's folder and those arguments."""
+
+
+def _grpo(model: Path, kwargs: dict[str, Any]) -> Algorithm:
+    from lightrail.algorithms.grpo import GRPO
+
+    return GRPO(model, **kwargs)
+
+
+def _sft(model: Path, kwargs: dict[str, Any]) -> Algorithm:
+    from lightrail.algorithms.sft import SFT
+
+    return SFT(model, **kwargs)
+
+
+def _apo(model: Path, kwargs: dict[str, Any]) -> Algorithm:
+    from lightrail.algorithms.apo import APO
+
+    return APO(model if "llm" not in kwargs else None, **kwargs)  # an `llm` section serves the policy instead
+
+
+def _chain_arguments(config: TrainConfig, train_tasks: list[dict] | None) -> dict[str, Any]:
+    return {
+        "sft": _sft_kwargs(config, train_tasks),
+        "grpo": {**_grpo_kwargs(config), "out_dir": config.run_dir / "grpo"},
+    }
+
+
+def _chain(model: Path, kwargs: dict[str, Any]) -> Algorithm:
+    from lightrail.algorithms.chain import Chain
+    from lightrail.algorithms.sft import SFT
+
+    sft = SFT(model, **kwargs["sft"])
+    return Chain([sft, _grpo(sft.output_model, kwargs["grpo"])])  # GRPO starts from the SFT stage's weights
+
+
+ALGORITHMS: dict[tuple[str, ...], Recipe] = {
+    ("grpo",): Recipe(lambda config, _: _grpo_kwargs(config), _grpo),
+    ("sft",): Recipe(_sft_kwargs, _sft),
+    ("apo",): Recipe(lambda config, _: _apo_kwargs(config), _apo),
+    ("sft", "grpo"): Recipe(_chain_arguments, _chain),
+}
+"""A config's ``algorithm`` (a name, or the chain ``[sft, grpo]``) -> its `Recipe`. ``verl`` is not here: its
+section becomes the ``grpo`` one when the config is loaded (`_from_verl`)."""
+
+
+def recipe(config: TrainConfig) -> Recipe:
+    """The `Recipe` of ``config.algorithm``; a `ConfigError` naming the accepted values otherwise."""
+    key = tuple(config.algorithm) if isinstance(config.algorithm, list) else (config.algorithm,)
+    if key in ALGORITHMS:
+        return ALGORITHMS[key]
+    chains = " or ".join(str(list(chain)) for chain in ALGORITHMS if len(chain) > 1)
+    if len(key) > 1:
+        raise ConfigError(f"algorithm: the one chain is {chains} (GRPO from SFT's weights), got {config.algorithm}")
+    names = [name for name, *rest in ALGORITHMS if not rest] + ["verl"]
+    close = difflib.get_close_matches(str(config.algorithm), names, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise ConfigError(f"algorithm: expected one of {names} or the chain {chains}, got {config.algorithm!r}{hint}")
+
+
 def _build_model(config: TrainConfig, data_module: str) -> Path:
     from lightrail.engine.models import check_model_dir, resolve_model
 
@@ -491,7 +544,6 @@ def _check_formats(model: Path, config: TrainConfig) -> None:
 
 def train(config: TrainConfig) -> TrainResult:
     """Build or prepare the model, generate the data, and run `GRPO` through `Trainer.fit`."""
-    from lightrail.algorithms.grpo import GRPO
     from lightrail.trainer.trainer import Trainer
 
     if config.algorithm != "verl":  # before anything is made or imported (verl's: VERL checks its own)
@@ -511,28 +563,13 @@ def train(config: TrainConfig) -> TrainResult:
     except (ValueError, OSError) as exc:  # data that cannot be used (a file or field missing): one line naming it
         raise ConfigError(f"data {config.data}: {exc}") from None
     config.run_dir.mkdir(parents=True, exist_ok=True)
-    # the SFT section is settled before the model is built: a teacher program that fails, fails first
-    sft_kwargs = _sft_kwargs(config, train_tasks) if config.algorithm in ("sft", list(_CHAIN)) else {}
+    # the sections are settled before the model is built: a teacher program that fails, fails first
+    how = recipe(config)
+    arguments = how.arguments(config, train_tasks)
     model = _build_model(config, config.data.partition(":")[0])
     if config.algorithm != "apo":
         _check_formats(model, config)
-    if config.algorithm == "apo":
-        from lightrail.algorithms.apo import APO
-
-        apo_kwargs = _apo_kwargs(config)
-        grpo: Any = APO(model if "llm" not in apo_kwargs else None, **apo_kwargs)
-    elif config.algorithm == "sft":
-        from lightrail.algorithms.sft import SFT
-
-        grpo = SFT(model, **sft_kwargs)
-    elif config.algorithm == list(_CHAIN):
-        from lightrail.algorithms.chain import Chain
-        from lightrail.algorithms.sft import SFT
-
-        sft = SFT(model, **sft_kwargs)
-        grpo = Chain([sft, GRPO(sft.output_model, **{**_grpo_kwargs(config), "out_dir": config.run_dir / "grpo"})])
-    else:
-        grpo = GRPO(model, **_grpo_kwargs(config))
+    algorithm = how.make(model, arguments)
     runners = config.trainer
     runner_options: dict[str, Any] = {}
     if runners.otel:
@@ -543,7 +580,7 @@ def train(config: TrainConfig) -> TrainResult:
         n_runners=runners.n_runners,
         concurrency=runners.concurrency,
         store=config.store_location,
-        algorithm=grpo,
+        algorithm=algorithm,
         ray=runners.runners.ray,
         store_host=runners.store_host,
         store_port=runners.store_port,
@@ -553,8 +590,8 @@ def train(config: TrainConfig) -> TrainResult:
         **runner_options,
     )
     trainer.token_source = "$LIGHTRAIL_TOKEN"  # a config holds no token: the environment gives it
-    trainer.fit(config.agent, train_tasks, val_tasks)  # by reference: spawned runners import it themselves
-    return TrainResult(report=grpo.report, out_dir=config.run_dir, store=config.store_location)
+    fitted = trainer.fit(config.agent, train_tasks, val_tasks)  # by reference: spawned runners import it themselves
+    return TrainResult(report=fitted.report, out_dir=config.run_dir, store=config.store_location)
 
 
 def VERL(config: Mapping[str, Any], **grpo_options: Any) -> GRPO:  # noqa: N802 - named as agent-lightning's

@@ -233,10 +233,10 @@ async def _one_rollout(checks: _Checks, config: Any, task: Any, token: str | Non
 
 def _prompts(config: Any) -> dict[str, Any] | None:
     """The templates prompt optimization starts from (``apo.prompts``), which its agent takes as resources."""
-    from lightrail.trainer.config import _apo_kwargs
+    from lightrail.trainer.config import recipe
     from lightrail.types import PromptTemplate
 
     if config.algorithm != "apo":
         return None
-    prompts = _apo_kwargs(config)["section"].prompts or {}
+    prompts = recipe(config).arguments(config, None)["section"].prompts or {}
     return {name: PromptTemplate(template=text) for name, text in prompts.items()}

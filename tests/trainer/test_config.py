@@ -117,6 +117,12 @@ def test_scale_out_sections_reach_the_trainer_and_the_gateway(tmp_path):
         ("grpo.policies={w: []}", "grpo.policies.w: expected a non-empty list of agent names"),
         ("grpo.policies={'a b': [x]}", "grpo.policies: 'a b' is not a policy name"),
         ("grpo={policies: {w: [a]}, agents: [b]}", "give agents or policies, not both"),
+        (
+            "algorithm=gpro",
+            "algorithm: expected one of ['grpo', 'sft', 'apo', 'verl'] or the chain ['sft', 'grpo'], "
+            "got 'gpro'; did you mean 'grpo'?",
+        ),
+        ("algorithm=[grpo, apo]", "algorithm: the one chain is ['sft', 'grpo'] (GRPO from SFT's weights)"),
     ],
 )
 def test_bad_config_is_rejected_with_the_field_path(tmp_path, override, message):
