@@ -5,13 +5,14 @@ Benchmarks print progress to stderr and exactly one JSON object as the last line
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import httpx
@@ -98,6 +99,29 @@ class ServerProcess:
         except OSError:
             return None
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextlib.asynccontextmanager
+async def served_engine(model: str, **engine_options: object) -> AsyncIterator[tuple[str, object]]:
+    """``(gateway URL, engine)``: the embedded `Engine` on ``model`` (a model name `prepare_model` knows, or a folder)
+    behind a lightrail gateway on 127.0.0.1 with an in-memory store; both stopped on exit. What the probes and the
+    rollout benches run their agents against."""
+    import asyncio
+
+    from lightrail.engine import Engine
+    from lightrail.engine.models import prepare_model
+    from lightrail.gateway.server import GatewayServer
+    from lightrail.store.memory import MemoryStore
+
+    engine = await asyncio.to_thread(Engine.from_pretrained, str(prepare_model(model)), **engine_options)
+    try:
+        gateway = await GatewayServer(engine, MemoryStore(), port=free_port()).start()
+        try:
+            yield gateway.url, engine
+        finally:
+            await gateway.stop()
+    finally:
+        await engine.close()
 
 
 def python_loop_ms() -> float:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._util import REPO, SMOKE_HELP, free_port, log  # noqa: E402
+from bench._util import REPO, SMOKE_HELP, free_port, log, served_engine  # noqa: E402
 
 KEYS = ()
 NEEDS = {
@@ -75,17 +75,8 @@ def run_rollouts(url: str, tasks: list[dict], samples: int, concurrency: int) ->
 
 
 async def engine_arm(model: str, prefix_cache: bool, tasks: list[dict], args: argparse.Namespace) -> dict:
-    from lightrail.engine import Engine
-    from lightrail.gateway.server import GatewayServer
-    from lightrail.store.memory import MemoryStore
-
-    engine = await asyncio.to_thread(Engine.from_pretrained, model, prefix_cache=prefix_cache)
-    gateway = await GatewayServer(engine, MemoryStore(), port=free_port()).start()
-    try:
-        result = await asyncio.to_thread(run_rollouts, gateway.url, tasks, args.samples, args.concurrency)
-    finally:
-        await gateway.stop()
-        await engine.close()
+    async with served_engine(model, prefix_cache=prefix_cache) as (url, engine):
+        result = await asyncio.to_thread(run_rollouts, url, tasks, args.samples, args.concurrency)
     result["calls"] = engine.stats["requests"]
     result["cached_prompt_share"] = round(
         engine.stats["cached_prompt_tokens"]

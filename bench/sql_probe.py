@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._util import SMOKE_HELP, free_port, log  # noqa: E402
+from bench._util import SMOKE_HELP, log, served_engine  # noqa: E402
 from bench.showcase_rollouts import python_loop_ms  # noqa: E402
 
 KEYS = ()
@@ -92,21 +92,12 @@ def summary(tries: list[tuple[dict, float, float]]) -> dict:
 
 async def main_async(args: argparse.Namespace) -> dict:
     from examples.sql_agent.data import splits
-    from lightrail.engine import Engine
-    from lightrail.engine.models import prepare_model
-    from lightrail.gateway.server import GatewayServer
-    from lightrail.store.memory import MemoryStore
 
     train, val = splits(seed=0, n_train=400, n_val=48, tier=args.tier)
     tasks = (val if args.split == "val" else train)[: args.questions]
-    engine = await asyncio.to_thread(Engine.from_pretrained, str(prepare_model(args.model)))
-    gateway = await GatewayServer(engine, MemoryStore(), port=free_port()).start()
-    t0 = time.perf_counter()
-    try:
-        tries = await asyncio.to_thread(probe, gateway.url, tasks, args)
-    finally:
-        await gateway.stop()
-        await engine.close()
+    async with served_engine(args.model) as (url, _):
+        t0 = time.perf_counter()
+        tries = await asyncio.to_thread(probe, url, tasks, args)
     return {**summary(tries), "minutes": round((time.perf_counter() - t0) / 60, 1)}
 
 
