@@ -34,7 +34,7 @@ def trained(tmp_path_factory) -> Path:
     )  # fmt: skip
     with contextlib.redirect_stdout(io.StringIO()):
         Trainer(n_runners=1, concurrency=4, store=str(root / "run" / "store.db"), algorithm=grpo, loggers=[]).fit(
-            "tests.trainer.inspect_agents:chatty", TRAIN, VAL
+            "tests.inspection.inspect_agents:chatty", TRAIN, VAL
         )
     return root / "run"
 

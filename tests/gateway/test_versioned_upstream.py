@@ -4,7 +4,7 @@ that answered it.
 
 The upstream is a real lightrail gateway on 127.0.0.1 serving `ScriptedBackend` (a named fake that echoes the
 request's ``model`` as vLLM does, with a delay standing in for generation time): the default suite has no vLLM.
-The same behaviour against real vLLM is in tests/algorithms/test_vllm_rollouts.py (slow).
+The same behaviour against real vLLM is in tests/model/test_vllm_rollouts.py (slow).
 """
 
 from __future__ import annotations

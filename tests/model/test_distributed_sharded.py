@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from grpo_helpers import make_rows
 from safetensors.torch import load_file
 
 from lightrail.algorithms import LoraSettings, PolicyUpdater, UpdateConfig
@@ -17,6 +16,7 @@ from lightrail.engine.models import build_tiny_model
 from lightrail.model.distributed import DistributedPolicyUpdater
 from lightrail.model.export import export_checkpoint
 from lightrail.model.vllm_rollouts import write_lora_adapter
+from tests.algorithms.grpo_helpers import make_rows
 
 TIMEOUT_S = 120  # a collective that waits longer fails the test instead of hanging it
 # The LoRA equality test took 263-329 s on 2 cores under load 7-15 (another training run beside it), past the

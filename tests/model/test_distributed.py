@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from grpo_helpers import make_rows, tiny_grpo
 
 from lightrail.algorithms import LoraSettings, PolicyUpdater, UpdateConfig
 from lightrail.engine.models import build_tiny_model
 from lightrail.model.distributed import DistributedPolicyUpdater, RankFailedError, shard_by_tokens
+from tests.algorithms.grpo_helpers import make_rows, tiny_grpo
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -129,7 +129,7 @@ def test_a_hung_worker_times_out_instead_of_hanging(model_dir):
 
 _TRAINER = """
 import sys, time
-from lightrail.algorithms import UpdateConfig
+from lightrail.model import UpdateConfig
 from lightrail.model.distributed import DistributedPolicyUpdater
 if __name__ == "__main__":
     upd = DistributedPolicyUpdater(sys.argv[1], UpdateConfig(ranks=2))
@@ -165,8 +165,8 @@ def test_workers_die_with_a_killed_trainer(model_dir, tmp_path):
 
 _TORCHRUN = """
 import sys
-from grpo_helpers import make_rows
-from lightrail.algorithms import UpdateConfig
+from tests.algorithms.grpo_helpers import make_rows
+from lightrail.model import UpdateConfig
 from lightrail.model.distributed import DistributedPolicyUpdater
 from safetensors.torch import save_file
 
@@ -184,7 +184,7 @@ def test_torchrun_ranks_update_like_one(model_dir, tmp_path):
     script = tmp_path / "train.py"
     script.write_text(_TORCHRUN)
     out = tmp_path / "served.safetensors"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests" / "algorithms")])}
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     torchrun = Path(sys.executable).with_name("torchrun")
     cmd = [str(torchrun), "--standalone", "--nproc-per-node", "2", str(script), str(model_dir), str(out)]
     subprocess.run(cmd, env=env, check=True, timeout=300, capture_output=True)
@@ -207,7 +207,9 @@ def test_grpo_trains_on_two_ranks(model_dir, tmp_path, sharding):
     # a sampled length: at least 1 in 8 per group), which two groups did at least 1 run in 64, four 1 in 4,096.
     config = UpdateConfig(lr=1e-3, ranks=2, sharding=sharding)
     grpo = tiny_grpo(model_dir, tmp_path / "run", tasks_per_step=4, config=config)
-    Trainer(n_runners=1, concurrency=4, store=MemoryStore(), algorithm=grpo).fit("loop_agents:parity_agent", train, val)
+    Trainer(n_runners=1, concurrency=4, store=MemoryStore(), algorithm=grpo).fit(
+        "tests.algorithms.loop_agents:parity_agent", train, val
+    )
     updater = grpo._updater
     assert isinstance(updater, DistributedPolicyUpdater) and updater.world_size == 2
     assert [w.process.exitcode for w in updater._workers] == [0]  # closed cleanly with the run

@@ -8,11 +8,11 @@ import random
 
 import pytest
 import torch
-from grpo_helpers import VOCAB, tiny_llama
 
 from lightrail.algorithms import LoraSettings, PolicyUpdater, UpdateConfig
 from lightrail.model.updater import prefix_groups
 from lightrail.types import TrainingRow
+from tests.algorithms.grpo_helpers import VOCAB, tiny_llama
 
 
 def agent_rows(seed: int = 0) -> list[TrainingRow]:

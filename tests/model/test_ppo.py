@@ -9,7 +9,6 @@ import json
 import msgspec
 import pytest
 import torch
-from grpo_helpers import VOCAB, make_rows, tiny_grpo, tiny_llama
 from safetensors.torch import load_file
 
 from lightrail import MemoryStore, Trainer
@@ -19,8 +18,9 @@ from lightrail.engine.models import build_tiny_model
 from lightrail.model._loss import gae, value_loss, whiten
 from lightrail.model.export import export_checkpoint
 from lightrail.model.ppo import PPOUpdater
+from tests.algorithms.grpo_helpers import VOCAB, make_rows, tiny_grpo, tiny_llama
 
-AGENT = "loop_agents:parity_agent"  # reward: parity of the sampled reply's length (0 or 1)
+AGENT = "tests.algorithms.loop_agents:parity_agent"  # reward: parity of the sampled reply's length (0 or 1)
 
 
 # -- the formulas ----------------------------------------------------------------------------------------------------

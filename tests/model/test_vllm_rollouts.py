@@ -106,7 +106,7 @@ def test_grpo_with_vllm_lora_records_the_version_that_answered(model_dir, tmp_pa
     )
     store_path = tmp_path / "store.db"
     Trainer(n_runners=1, concurrency=6, store=str(store_path), algorithm=grpo).fit(
-        "loop_agents:parity_agent", train, val
+        "tests.algorithms.loop_agents:parity_agent", train, val
     )
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [m for m in metrics if m["kind"] == "train"]
@@ -308,7 +308,7 @@ def test_two_policies_are_two_lora_adapters_on_one_vllm_server(model_dir, tmp_pa
     )
     store_path = tmp_path / "store.db"
     Trainer(n_runners=1, concurrency=4, store=str(store_path), algorithm=grpo).fit(
-        "loop_agents:writer_checker_agent", train, []
+        "tests.algorithms.loop_agents:writer_checker_agent", train, []
     )
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [m for m in metrics if m["kind"] == "train"]

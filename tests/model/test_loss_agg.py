@@ -16,13 +16,13 @@ import math
 
 import pytest
 import torch
-from grpo_helpers import make_rows, tiny_llama
 
 from lightrail.algorithms import GRPO, PolicyUpdater, UpdateConfig, loss_weights, policy_loss
 from lightrail.algorithms.grpo import resolve_loss_agg
 from lightrail.model._loss import resolve_loss_norm
 from lightrail.model.updater import row_loss_weights
 from lightrail.types import TrainingRow
+from tests.algorithms.grpo_helpers import make_rows, tiny_llama
 
 
 def _row(rollout: str, n_response: int) -> TrainingRow:
@@ -50,7 +50,7 @@ def test_row_weights_by_hand(name, expected):
 
 
 def test_sum_norm_loss_is_verls_token_sum_over_a_constant():
-    """The 4-token fixture of test_grpo_loss (pg = -1.2, -0.5, 1.1, 0.8; tokens 0-2 in row 0, token 3 in row 1).
+    """The 4-token fixture of test_policy_loss (pg = -1.2, -0.5, 1.1, 0.8; tokens 0-2 in row 0, token 3 in row 1).
     verl seq-mean-token-sum-norm: sum over rows of their token sums / L, averaged over the B = 2 rows:
     ((-1.2 - 0.5 + 1.1) + 0.8) / 4 / 2 = 0.025 with L = 4; the gradient of each unclipped token is -A r / (B L)."""
     old = torch.full((4,), -1.0, dtype=torch.float64)

@@ -3,7 +3,7 @@ server that serves another model, and the files a sync hands to vLLM (a peft ada
 the serving weights) holding exactly the trainer's policy.
 
 The served-name check attaches to a real lightrail gateway on 127.0.0.1 serving `ScriptedBackend` (a named fake
-standing in for vLLM's OpenAI server). Syncs into real vLLM: tests/algorithms/test_vllm_rollouts.py (slow).
+standing in for vLLM's OpenAI server). Syncs into real vLLM: tests/model/test_vllm_rollouts.py (slow).
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import asyncio
 
 import pytest
 import torch
-from grpo_helpers import tiny_llama
 from safetensors.torch import load_file
 
 from lightrail.algorithms import GRPO, LoraSettings, PolicyUpdater, UpdateConfig
@@ -22,6 +21,7 @@ from lightrail.gateway.server import GatewayServer
 from lightrail.model.rollout_engines import EmbeddedRollouts, make_rollout_engine
 from lightrail.model.vllm_rollouts import VLLMRollouts, write_lora_adapter, write_serving_weights
 from lightrail.store import MemoryStore
+from tests.algorithms.grpo_helpers import tiny_llama
 
 LORA = LoraSettings(r=4, alpha=8, target_modules=("q_proj", "v_proj"))
 

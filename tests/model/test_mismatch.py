@@ -9,7 +9,6 @@ import json
 
 import pytest
 import torch
-from grpo_helpers import make_rows, tiny_grpo, tiny_llama
 from transformers import AutoTokenizer
 
 from lightrail import MemoryStore, Trainer
@@ -19,6 +18,7 @@ from lightrail.model._loss import mismatch_kl
 from lightrail.model.mismatch import MismatchError, RowMismatch, stop_cause, summarize, unserved_cause
 from lightrail.model.rollout_engines import EmbeddedRollouts
 from lightrail.types import ChatRequest, SamplingParams, TrainingRow
+from tests.algorithms.grpo_helpers import make_rows, tiny_grpo, tiny_llama
 
 
 def _row(version: int | None, agent: str, rollout: str = "ro") -> TrainingRow:
@@ -159,7 +159,7 @@ def test_a_broken_sync_stops_the_run_within_one_step(tmp_path, monkeypatch, faul
     trainer = Trainer(n_runners=1, concurrency=4, store=MemoryStore(), algorithm=grpo)
     lines = tmp_path / "run" / "metrics.jsonl"
     if fault is None:
-        trainer.fit("loop_agents:parity_agent", train, val)
+        trainer.fit("tests.algorithms.loop_agents:parity_agent", train, val)
         records = [json.loads(line) for line in lines.read_text().splitlines()]
         steps = [m for m in records if m["kind"] == "train"]
         assert len(steps) == 3 and not [m for m in records if m["kind"] == "stop"]
@@ -167,7 +167,7 @@ def test_a_broken_sync_stops_the_run_within_one_step(tmp_path, monkeypatch, faul
         assert all(m["mismatch_by_agent"] and m["mismatch_by_version"] for m in steps if m["mismatch_rows"])
         return
     with pytest.raises(MismatchError) as stopped:
-        trainer.fit("loop_agents:parity_agent", train, val)
+        trainer.fit("tests.algorithms.loop_agents:parity_agent", train, val)
     assert cause in str(stopped.value) and "\n" not in str(stopped.value)
     records = [json.loads(line) for line in lines.read_text().splitlines()]
     steps = [m for m in records if m["kind"] == "train"]

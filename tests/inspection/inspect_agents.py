@@ -1,4 +1,5 @@
-"""Agents for the inspection tests, importable by spawned runner processes as ``inspect_agents:<name>``."""
+"""Agents for the inspection and dashboard tests, importable by spawned runner processes as
+``tests.inspection.inspect_agents:<name>``."""
 
 from __future__ import annotations
 

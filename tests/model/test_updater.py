@@ -6,11 +6,11 @@ import copy
 
 import pytest
 import torch
-from grpo_helpers import make_rows, tiny_llama
 
 import lightrail.algorithms as algorithms
 from lightrail.algorithms import LoraSettings, PolicyUpdater, UpdateConfig, drop_stale_rows, pack_micro_batches
 from lightrail.types import TrainingRow
+from tests.algorithms.grpo_helpers import make_rows, tiny_llama
 
 
 def test_public_surface_is_pinned():
@@ -237,10 +237,9 @@ def test_merged_calls_give_the_same_token_mean_step_as_one_row_per_call(kl_coef)
     call trains under the token mean, so merging is a pure speed-up there."""
     import random
 
-    from grpo_helpers import VOCAB
-
     from lightrail.adapters import to_rows
     from lightrail.types import Transition
+    from tests.algorithms.grpo_helpers import VOCAB
 
     rng = random.Random(5)
     transitions = []

@@ -41,7 +41,9 @@ def run(tmp_path_factory):
     store = root / "run" / "store.db"
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        Trainer(n_runners=1, concurrency=4, store=str(store), algorithm=grpo).fit("inspect_agents:chatty", TRAIN, VAL)
+        Trainer(n_runners=1, concurrency=4, store=str(store), algorithm=grpo).fit(
+            "tests.inspection.inspect_agents:chatty", TRAIN, VAL
+        )
 
     async def tag() -> None:
         db = SQLiteStore(store)
