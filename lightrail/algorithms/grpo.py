@@ -245,6 +245,12 @@ class GRPO:
             s.mode, s.max_staleness, s.ahead, s.is_cap, config=config, filter_groups=s.filter_groups,
             policies=s.policies, advantage=s.advantage,
         )  # fmt: skip
+        temperature = self.sampling.get("temperature")
+        if config is not None and config.temperature != 1.0 and temperature and config.temperature != temperature:
+            raise ValueError(
+                f"config.temperature: the update divides logits by the sampling temperature (sampling.temperature, "
+                f"here {temperature}), not by {config.temperature}; set sampling.temperature instead"
+            )
         self._unwatch: list[Callable[[], None]] = []
         """Stop watching the processes handed to the trainer in `setup` (`TrainerContext.watch_child`)."""
         self._guard = RunGuard(
@@ -574,7 +580,7 @@ class GRPO:
             rows, drift = to_rows(returns_as_rows(transitions), merge=False)
         else:
             rows, drift = to_rows(transitions, merge=self.settings.merge_calls)
-        update = await asyncio.to_thread(slot.updater.step, rows, current_version=current)
+        update = await asyncio.to_thread(slot.updater.step, rows)  # stale calls were dropped above
         measured = slot.updater.last_mismatch
         if self.mode == "async":
             measured = [m for m in measured if m.row.policy_version in (None, current)]
@@ -816,6 +822,8 @@ def check_async_options(
         )
     if config is not None and config.mini_batches != 1:
         raise ValueError("mode async weighs stale tokens against the pre-update weights: needs config.mini_batches 1")
+    if config is not None and config.is_cap is not None:
+        raise ValueError(f"config.is_cap: with mode async the cap is is_cap (here {is_cap}); give it there, once")
     return mode, max_staleness, ahead, is_cap
 
 

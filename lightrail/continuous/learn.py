@@ -193,16 +193,16 @@ def learn_round(config: LearnConfig, *, console: Any = None, force: bool = False
     metrics.update(dataclasses.asdict(report))
     version, folder = registry.reserve()
     metrics["candidate"] = version
-    settings = checked_update_config(
-        {"max_staleness": config.max_staleness, "temperature": config.temperature, **config.config}, "config"
-    )
+    settings = checked_update_config({"temperature": config.temperature, **config.config}, "config")
     update: dict[str, Any] = {"skipped": 1, "rows_stale_dropped": 0}
     if rows:
         updater = PolicyUpdater(current.path, settings)
         try:
             objective: Literal["grpo", "sft"] = "sft" if config.method == "sft" else "grpo"
             for _ in range(config.updates):
-                update = updater.step(rows, current_version=current.version, objective=objective)
+                update = updater.step(
+                    rows, current_version=current.version, max_staleness=config.max_staleness, objective=objective
+                )
             if not update.get("skipped", 1):
                 _export(updater, folder)
         finally:

@@ -343,11 +343,12 @@ class DistributedPolicyUpdater(PolicyUpdater):
         rows: Sequence[TrainingRow],
         *,
         current_version: int | None = None,
+        max_staleness: int | None = None,
         objective: Literal["grpo", "sft"] = "grpo",
     ) -> dict[str, float]:
         """`PolicyUpdater.step` on every rank, each on its share of ``rows`` (rank 0 only; metrics are global)."""
         self._check_driver("step")
-        return super().step(rows, current_version=current_version, objective=objective)
+        return super().step(rows, current_version=current_version, max_staleness=max_staleness, objective=objective)
 
     def _step_on(
         self,

@@ -119,15 +119,16 @@ class PPOUpdater(PolicyUpdater):
         rows: Sequence[TrainingRow],
         *,
         current_version: int | None = None,
+        max_staleness: int | None = None,
         objective: Literal["grpo", "sft"] = "grpo",
     ) -> dict[str, float]:
         """GAE advantages from the value head, then `PolicyUpdater.step` with the value loss added; metrics as there
         plus `VALUE_METRICS`. ``objective="sft"`` is `PolicyUpdater.step`'s (the value head does not train)."""
         if objective == "sft":
-            return super().step(rows, current_version=current_version, objective=objective)
+            return super().step(rows, current_version=current_version, max_staleness=max_staleness, objective=objective)
         rows = self.gae_rows(rows)
         self._value_sums = {"value_loss": 0.0, "value_clip_frac": 0.0, "value_mean": 0.0, "tokens": 0.0}
-        metrics = super().step(rows, current_version=current_version, objective=objective)
+        metrics = super().step(rows, current_version=current_version, max_staleness=max_staleness, objective=objective)
         n = max(self._value_sums.pop("tokens"), 1.0)
         metrics.update({k: v / n for k, v in self._value_sums.items()})
         returns = [g for r in rows for g in r.metadata["returns"]]

@@ -131,8 +131,6 @@ class UpdateConfig:
     verl's ``train_batch_size / ppo_mini_batch_size``). The first is on-policy; the later ones see rows sampled by
     weights one or more optimizer steps old, which the clipped ratio corrects. More learning per rollout, at the
     same rollout cost. Learning-rate schedules count optimizer steps. SFT steps are not split."""
-    max_staleness: int | None = None
-    """With ``step(rows, current_version=v)``: drop rows sampled by a policy older than ``v - max_staleness``."""
     is_cap: float | None = None
     """Truncated importance sampling of stale tokens (`lightrail.model._loss`, TIS): the PPO ratio is taken
     against the trainer's own pre-step logprobs and each token weighted by ``min(pi_trainer / pi_sampler, is_cap)``.

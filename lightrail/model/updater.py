@@ -581,6 +581,7 @@ class PolicyUpdater:
         rows: Sequence[TrainingRow],
         *,
         current_version: int | None = None,
+        max_staleness: int | None = None,
         objective: Literal["grpo", "sft"] = "grpo",
     ) -> dict[str, float]:
         """One optimizer step over all ``rows`` (gradient accumulation over micro-batches); returns metrics.
@@ -589,7 +590,8 @@ class PolicyUpdater:
         same packing and normalisation; advantages and old logprobs are ignored): supervised warm starts and
         fine-tuning on the best traces share the optimizer, checkpoints and serving path with RL.
 
-        With ``current_version`` and ``config.max_staleness`` set, stale rows are dropped first (`drop_stale_rows`).
+        With ``current_version`` and ``max_staleness`` both given, rows sampled by a policy more than ``max_staleness``
+        versions older are dropped first (`drop_stale_rows`; `GRPO` drops stale calls itself, before building rows).
         Metrics: ``loss``, ``pg_loss``, ``kl_ref``, ``clip_frac``, ``approx_kl``, ``entropy``, ``ratio_mean``,
         ``is_weight_mean``, ``is_clipped_frac`` (with ``config.is_cap``; else 0),
         ``ratio_max`` (token means over the response tokens that were run), ``grad_norm`` (before clipping), ``lr``,
@@ -602,8 +604,8 @@ class PolicyUpdater:
         """
         t0 = time.perf_counter()
         n_stale = 0
-        if current_version is not None and self.config.max_staleness is not None:
-            rows, n_stale = drop_stale_rows(rows, current_version, self.config.max_staleness)
+        if current_version is not None and max_staleness is not None:
+            rows, n_stale = drop_stale_rows(rows, current_version, max_staleness)
         _validate(rows)
         if objective == "grpo" and self.config.mini_batches > 1:
             steps, first_rows = [], None

@@ -55,6 +55,18 @@ def test_grpo_and_verl_refuse_the_wrong_kind_in_one_line(tmp_path, kwargs, error
         assert text.startswith(message) and "\n" not in text
 
 
+def test_an_update_setting_grpo_sets_from_another_is_refused_not_overwritten(tmp_path):
+    """``config.temperature`` is the sampling temperature's (the update divides logits by it): a different one given
+    in ``config`` used to be replaced without a word."""
+    from lightrail.model import UpdateConfig
+
+    with pytest.raises(ValueError) as caught:
+        GRPO("m", out_dir=str(tmp_path), sampling={"temperature": 0.7}, config=UpdateConfig(temperature=0.5))
+    assert str(caught.value).startswith("config.temperature: the update divides logits by the sampling temperature")
+    same = GRPO("m", out_dir=str(tmp_path), sampling={"temperature": 0.7}, config=UpdateConfig(temperature=0.7))
+    assert same.sampling["temperature"] == 0.7
+
+
 def test_sft_takes_agent_names_and_refuses_the_wrong_kind(tmp_path):
     sft = SFT("m", agents=["write_query"], out_dir=tmp_path)
     assert sft.agents is not None and sft.agents("write_query") and not sft.agents("other")

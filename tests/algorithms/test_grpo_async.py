@@ -61,6 +61,7 @@ def test_async_settings_are_checked_in_one_line():
         (("async", 1, 1, None), {"filter_groups": True}, "filter_groups"),
         (("async", 1, 1, None), {"config": UpdateConfig(mini_batches=2)}, "needs config.mini_batches 1"),
         (("async", 1, 1, None), {"advantage": "gae"}, "advantage gae: not with mode async"),
+        (("async", 1, 1, None), {"config": UpdateConfig(is_cap=3.0)}, "config.is_cap: with mode async the cap is"),
     ]
     for args, kwargs, message in cases:
         with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")) as err:

@@ -128,8 +128,8 @@ def test_stale_rows_are_dropped_and_counted():
     assert dropped == 6 and all(r.policy_version == 2 for r in kept)
     unknown = TrainingRow(input_ids=[1, 2], loss_mask=[0, 1], old_logprobs=[0.0, -1.0], advantages=[0.0, 1.0])
     assert drop_stale_rows([unknown], 10, 0) == ([unknown], 0)
-    upd = PolicyUpdater(tiny_llama(), UpdateConfig(max_staleness=1))
-    m = upd.step(rows, current_version=3)
+    upd = PolicyUpdater(tiny_llama(), UpdateConfig())
+    m = upd.step(rows, current_version=3, max_staleness=1)
     assert m["rows_stale_dropped"] == 6 and m["rows"] == 3
 
 
