@@ -95,9 +95,9 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.otel is not None:
         try:
-            from lightrail.agent.runner import _require_otel
+            from lightrail.agent.runner import require_otel
 
-            _require_otel()
+            require_otel()
             if args.otel == "otlp":
                 if not store_url.startswith(("http://", "https://")):
                     print("lightrail runner: --otel otlp needs a store server URL", file=sys.stderr)

@@ -122,9 +122,9 @@ def otel_option(otel: bool | str, *, check_installed: bool = True) -> bool | str
     if otel not in (False, True, "sink", "otlp"):
         raise ValueError(f"otel must be False, True, 'sink' or 'otlp', not {otel!r}")
     if otel and check_installed:
-        from lightrail.agent.runner import _require_otel
+        from lightrail.agent.runner import require_otel
 
-        _require_otel()
+        require_otel()
     return "otlp" if otel == "otlp" else bool(otel)
 
 

@@ -64,7 +64,7 @@ from lightrail.types import (
     next_seq,
 )
 
-__all__ = ["Runner", "RunnerStats", "default_worker_id"]
+__all__ = ["Runner", "RunnerStats", "default_worker_id", "require_otel"]
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ class Runner:
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
         if otel:
-            _require_otel()
+            require_otel()
         self.store = store
         # A runner with a scoped store token calls the gateway with that token too (the store hides the gateway's
         # own key from scoped tokens; the gateway accepts a runner token for the attempts it leased).
@@ -602,7 +602,7 @@ def _short(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _require_otel() -> None:
+def require_otel() -> None:
     """Fail at construction, not in the first attempt, when OpenTelemetry is not installed."""
     import importlib.util
 

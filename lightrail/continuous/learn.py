@@ -279,9 +279,9 @@ def _export(updater: Any, folder: Path) -> None:
 
 
 def _gate(config: LearnConfig, registry: PolicyRegistry, current: Any, candidate: Path, console: Any) -> dict[str, Any]:
-    from lightrail.trainer.config import _resolve
+    from lightrail.trainer.config import resolve_reference
 
-    _, val_tasks = _resolve(config.data, "data")(**config.data_args)
+    _, val_tasks = resolve_reference(config.data, "data")(**config.data_args)
     if not val_tasks:
         raise ValueError(f"data {config.data}: the gate needs validation tasks, got none")
     val_current = current.val_success

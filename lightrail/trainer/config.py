@@ -299,7 +299,9 @@ def _yaml_problem(exc: Exception) -> str:
     return str(problem) if problem else str(exc).splitlines()[0]
 
 
-def _resolve(reference: str, what: str) -> Any:  # an imported object: its type is the reference's
+def resolve_reference(reference: str, what: str) -> Any:  # an imported object: its type is the reference's
+    """The object ``module:name`` (or ``path/file.py:name``) names, imported from the working folder; a `ConfigError`
+    naming ``what`` (the config field) when it cannot be imported."""
     from lightrail._imports import import_object
 
     try:
@@ -413,7 +415,7 @@ def _sft_teacher(section: Any, seed: int, train_tasks: list[dict] | None) -> str
             raise ConfigError(f"sft.teacher: a script teacher takes no other setting, got {sorted(teacher)}")
         if not isinstance(teacher["script"], str):
             raise ConfigError(f"sft.teacher.script: expected 'module:function', got {teacher['script']!r}")
-        make = _resolve(teacher["script"], "sft.teacher.script")
+        make = resolve_reference(teacher["script"], "sft.teacher.script")
         return None if train_tasks is None else _teacher_program(make, teacher["script"], train_tasks, seed)
     key_env = teacher.pop("api_key_env", None)
     fields = set(LLM.__struct_fields__) - {"routed", "agent"}  # a teacher is no gateway: no route, no agent
@@ -553,9 +555,9 @@ def train(config: TrainConfig) -> TrainResult:
             check_model_name(config.model)
         except FileNotFoundError as exc:
             raise ConfigError(f"model: {exc}") from None
-    splits = _resolve(config.data, "data")
+    splits = resolve_reference(config.data, "data")
     if not config.trainer.runner_python:  # under another interpreter the agent may not import here
-        _resolve(config.agent, "agent")  # fail here, not in every runner
+        resolve_reference(config.agent, "agent")  # fail here, not in every runner
     try:
         train_tasks, val_tasks = splits(**config.data_args)
     except TypeError as exc:

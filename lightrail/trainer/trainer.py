@@ -199,9 +199,9 @@ class Trainer:
         if not 0 <= store_port < 65536:
             raise ValueError(f"store_port must be a port number (0 for any free one), not {store_port}")
         if otel and runner_python is None:
-            from lightrail.agent.runner import _require_otel
+            from lightrail.agent.runner import require_otel
 
-            _require_otel()  # now, not when the first runner starts
+            require_otel()  # now, not when the first runner starts
         self.n_runners = n_runners
         self.ray = ray
         self.store_host = store_host
