@@ -212,6 +212,10 @@ class GPU:
 
 A100 = GPU("A100-80GB", 312e12, 2.0e12, 80 * GB)
 H100 = GPU("H100-SXM-80GB", 989e12, 3.35e12, 80 * GB)
+H200 = GPU("H200-141GB", 989e12, 4.8e12, 141 * GB)
+GPUS = {"A100": A100, "H100": H100, "H200": H200}
+"""Published dense bfloat16 peaks and memory bandwidths (NVIDIA's data sheets), by the name
+``torch.cuda.get_device_name`` contains (`bench/gpu_check.py` predicts with them)."""
 MFU = 0.4  # share of peak an update's large matmuls reach (stated, not measured here: no GPU)
 BW_SHARE = 0.7  # share of the memory bandwidth a decode step reaches
 
