@@ -51,7 +51,7 @@ import logging
 import math
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -94,6 +94,8 @@ from lightrail.types import AGENT_HEADER, LLM, Attr, Rollout, Span, Task, Transi
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
+    from lightrail.adapters.advantages import GroupReport
+    from lightrail.adapters.selection import Exclusions
     from lightrail.algorithms.protocol import TrainerContext
     from lightrail.gateway.server import GatewaySettings
     from lightrail.model.update_config import LossNorm, UpdateConfig
@@ -245,6 +247,13 @@ class GRPO:
             s.mode, s.max_staleness, s.ahead, s.is_cap, config=config, filter_groups=s.filter_groups,
             policies=s.policies, advantage=s.advantage,
         )  # fmt: skip
+        self._collect: Callable[[TrainerContext], Awaitable[_Collected]] = (
+            self._collect_async if self.mode == "async"
+            else self._collect_filtered if s.filter_groups
+            else self._collect_on_policy
+        )  # fmt: skip
+        """Where each step's batch comes from: the async pipeline, rounds until enough groups carry a signal, or one
+        on-policy round."""
         temperature = self.sampling.get("temperature")
         if config is not None and config.temperature != 1.0 and temperature and config.temperature != temperature:
             raise ValueError(
@@ -439,48 +448,11 @@ class GRPO:
     async def _train_step(self, ctx: TrainerContext) -> str:
         """One GRPO step (rollouts, advantages, update, new weights served); its status for the step bar."""
         t0 = time.monotonic()
-        version = (
-            None if self.mode == "async" else await ctx.publish(policy_resources(self.llm, self.settings.llm_name))
-        )
-        rollouts: list[Rollout] = []
-        episodes: dict[str, Any] = {}
-        n_tasks, rounds, filtered, keys_refused = self.settings.tasks_per_step, 0, 0, 0
-        while True:  # one round without filter_groups; with it, until enough groups carry a learning signal
-            rounds += 1
-            if version is None:  # async: this step's batch from the pipeline, the later steps' still sampling
-                batch = await self._next_batch(ctx)
-            else:
-                batch = await ctx.run_rollouts(
-                    self._next_tasks(ctx.train_tasks, n_tasks), mode="train", n_samples=self.settings.n_samples,
-                    resources_version=version.version, metadata={"step": self.step + 1},
-                )  # fmt: skip
-            rollouts += batch
-            for r, s in zip(batch, await last_attempt_spans(ctx.store, batch), strict=True):
-                episodes[r.rollout_id] = build_episode(s, tool_rewards_rule=self.tool_rewards)
-                keys_refused += any(span.name == Attr.SPAN_KEY_REFUSED for span in s)
-            trainable, excluded = select_trainable(
-                rollouts, episodes, failure_reward=self.settings.guard.failure_reward
-            )
-            transitions, groups = group_advantages(
-                ((r, episodes[r.rollout_id]) for r in trainable),
-                self.credit,
-                agents=self.agents,
-                failure_reward=self.settings.guard.failure_reward,
-                # a critic's (gae): the group advantages are only reported (adv_* metrics, the dashboard); the
-                # update uses returns
-                estimator=self.settings.advantage,
-            )
-            if not self.settings.filter_groups:
-                break
-            informative = informative_groups(transitions)
-            if len(informative) >= self.settings.tasks_per_step or rounds >= self.settings.max_sample_rounds:
-                filtered = groups.groups - len(informative)
-                transitions = [t for t in transitions if t.metadata.get("group_id") in informative]
-                break
-            share = max(len(informative) / max(groups.groups, 1), 0.25)
-            n_tasks = min(
-                math.ceil((self.settings.tasks_per_step - len(informative)) / share), self.settings.tasks_per_step
-            )
+        got = await self._collect(ctx)  # on-policy, filtered groups or the async pipeline: chosen in __init__
+        rollouts, episodes, trainable, excluded = got.rollouts, got.episodes, got.trainable, got.excluded
+        transitions, groups, rounds, filtered, keys_refused = (
+            got.transitions, got.groups, got.rounds, got.filtered, got.keys_refused
+        )  # fmt: skip
         t_rollouts = time.monotonic() - t0
         if self.policies is None:
             update, trained = await self._update(self._slots[0], transitions)
@@ -539,6 +511,63 @@ class GRPO:
             )
             raise MismatchError(causes[0])
         return f"reward {metrics['reward_mean']:.3f}  success {metrics['success_rate']:.0%}  {health.line()}"
+
+    # -- where a step's batch comes from: one of three, chosen once (`__init__`) ------------------------------------
+
+    async def _collect_on_policy(self, ctx: TrainerContext) -> _Collected:
+        """Sync: ``tasks_per_step`` tasks, ``n_samples`` rollouts each, sampled on the weights published now."""
+        version = await ctx.publish(policy_resources(self.llm, self.settings.llm_name))
+        return await self._scored(ctx, await self._sample(ctx, self.settings.tasks_per_step, version.version))
+
+    async def _collect_filtered(self, ctx: TrainerContext) -> _Collected:
+        """Sync with ``filter_groups`` (DAPO's dynamic sampling): rounds of more tasks on the same weights until
+        ``tasks_per_step`` groups carry a learning signal or ``max_sample_rounds`` ran; the groups without one are
+        left out of the update (``groups_filtered``)."""
+        s = self.settings
+        version = await ctx.publish(policy_resources(self.llm, s.llm_name))
+        n_tasks, got = s.tasks_per_step, None
+        for rounds in range(1, s.max_sample_rounds + 1):
+            got = await self._scored(ctx, await self._sample(ctx, n_tasks, version.version), got)
+            informative = informative_groups(got.transitions)
+            if len(informative) >= s.tasks_per_step or rounds == s.max_sample_rounds:
+                break
+            share = max(len(informative) / max(got.groups.groups, 1), 0.25)
+            n_tasks = min(math.ceil((s.tasks_per_step - len(informative)) / share), s.tasks_per_step)
+        assert got is not None
+        got.rounds, got.filtered = rounds, got.groups.groups - len(informative)
+        got.transitions = [t for t in got.transitions if t.metadata.get("group_id") in informative]
+        return got
+
+    async def _collect_async(self, ctx: TrainerContext) -> _Collected:
+        """Async: this step's batch from the pipeline (sampled on weights up to ``ahead`` versions old), the later
+        steps' batches still sampling (`_next_batch`)."""
+        return await self._scored(ctx, await self._next_batch(ctx))
+
+    async def _sample(self, ctx: TrainerContext, n_tasks: int, version: int) -> list[Rollout]:
+        return await ctx.run_rollouts(
+            self._next_tasks(ctx.train_tasks, n_tasks), mode="train", n_samples=self.settings.n_samples,
+            resources_version=version, metadata={"step": self.step + 1},
+        )  # fmt: skip
+
+    async def _scored(self, ctx: TrainerContext, batch: list[Rollout], before: _Collected | None = None) -> _Collected:
+        """``batch`` (with the rollouts of ``before``, an earlier round of the step) read into episodes, the trainable
+        ones chosen (`select_trainable`) and turned into transitions with group advantages."""
+        rollouts = [*(before.rollouts if before else ()), *batch]
+        episodes = dict(before.episodes) if before else {}
+        keys_refused = before.keys_refused if before else 0
+        for r, spans in zip(batch, await last_attempt_spans(ctx.store, batch), strict=True):
+            episodes[r.rollout_id] = build_episode(spans, tool_rewards_rule=self.tool_rewards)
+            keys_refused += any(span.name == Attr.SPAN_KEY_REFUSED for span in spans)
+        failure_reward = self.settings.guard.failure_reward
+        trainable, excluded = select_trainable(rollouts, episodes, failure_reward=failure_reward)
+        transitions, groups = group_advantages(
+            ((r, episodes[r.rollout_id]) for r in trainable),
+            self.credit,
+            agents=self.agents,
+            failure_reward=failure_reward,
+            estimator=self.settings.advantage,
+        )  # fmt: skip  (a critic's (gae) group advantages are only reported; its update uses returns)
+        return _Collected(rollouts, episodes, trainable, excluded, transitions, groups, keys_refused)
 
     async def _next_batch(self, ctx: TrainerContext) -> list[Rollout]:
         """Async mode: top the pipeline up to step ``step + 1 + ahead`` (not past the run's last step), then wait
@@ -712,6 +741,26 @@ class _Slot:
         server one of its adapters' names (``<served>-v<N>``)."""
         answers_as = getattr(self.rollouts, "answers_as", None)
         return bool(answers_as(model)) if answers_as is not None else model == self.served
+
+
+@dataclasses.dataclass
+class _Collected:
+    """A step's rollouts as its update and its health record need them."""
+
+    rollouts: list[Rollout]
+    episodes: dict[str, Any]
+    """Rollout id -> its `Episode` (`build_episode` over its last attempt's spans)."""
+    trainable: list[Rollout]
+    excluded: Exclusions
+    """The rollouts left out and why (`select_trainable`)."""
+    transitions: list[Transition]
+    groups: GroupReport
+    """`group_advantages`'s report (groups, zero-spread groups)."""
+    keys_refused: int
+    """Rollouts whose agent's key the gateway refused (a 401/403 span)."""
+    rounds: int = 1
+    filtered: int = 0
+    """With ``filter_groups``: sampling rounds, and groups left out for carrying no signal."""
 
 
 @dataclasses.dataclass
