@@ -122,7 +122,8 @@ class UpdateConfig:
     ``max_tokens`` when it is None; a `PolicyUpdater` stepped with ``sequence_sum_norm`` needs it."""
     temperature: float = 1.0
     """The sampling temperature; logits are divided by it so new logprobs match the engine's (which reports
-    logprobs of the temperature-scaled distribution)."""
+    logprobs of the temperature-scaled distribution). `GRPO` sets it from ``sampling.temperature`` (another value
+    here is refused); ``lightrail learn`` from its ``temperature``."""
     micro_batch_tokens: int = 4096
     """Budget of one micro-batch in padded tokens (rows x longest row); a longer row runs alone."""
     mini_batches: int = 1
@@ -134,7 +135,8 @@ class UpdateConfig:
     is_cap: float | None = None
     """Truncated importance sampling of stale tokens (`lightrail.model._loss`, TIS): the PPO ratio is taken
     against the trainer's own pre-step logprobs and each token weighted by ``min(pi_trainer / pi_sampler, is_cap)``.
-    `GRPO` sets it in ``mode: async``; None keeps the ratio against the sampler's logprobs. Needs ``mini_batches: 1``."""
+    `GRPO` sets it in ``mode: async`` from its own ``is_cap`` (one given here too is refused) and for a bfloat16
+    sampler; None keeps the ratio against the sampler's logprobs. Needs ``mini_batches: 1``."""
     skip_zero_advantage_rows: bool = True
     """Leave rows whose advantages are all zero out of the update (they carry no gradient but the KL term)."""
     share_prefixes: bool = True
