@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import subprocess
@@ -162,6 +163,8 @@ def update_part(path: Path, device: str, dtype: str, tokens: int, gpu: Any) -> d
         finally:
             updater.close()
         peak = torch.cuda.max_memory_allocated() if device == "cuda" else None
+        del updater  # its weights and optimizer state must not count in the next arm's peak
+        gc.collect()
         flops = tokens * update_flops_per_token(arch, u, tokens // 2)
         out[f"{name}_step_s"] = round(measured["seconds"], 3)
         out[f"{name}_step_s_predicted"] = None if gpu is None else round(flops / (gpu.bf16_flops * MFU), 3)

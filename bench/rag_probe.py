@@ -7,8 +7,8 @@ reward, and on how many questions its tries disagree (what GRPO's groups can lea
 
 The agent is the SmolLM2 recipe's (`examples.rag_agent.agent.answer` with its one-shot examples, the real Agents
 SDK, MiniLM retrieval over the country passages; ``--zero-shot``: without them) against the embedded engine behind
-a lightrail gateway, on the first ``--questions`` training questions of each kind (`examples.rag_agent.data.splits`,
-seed 0, the recipe's 400/48 split), ``--tries`` each at ``--temperature`` (0: greedy, as held-out validation
+a lightrail gateway, on the first ``--questions`` training questions of each kind (`examples.rag_agent.data.splits`
+of that kind alone, seed 0; a question's split does not depend on the kinds asked for), ``--tries`` each at ``--temperature`` (0: greedy, as held-out validation
 samples; 1 try is then enough). Last stdout line: one JSON object with ``kinds`` (per kind: ``exact`` as
 ``k/n``, ``reward_mean``, ``mixed``), ``exact_share`` overall, ``python_loop_ms`` (the machine's speed) and the
 1-minute load at the start.
@@ -79,12 +79,9 @@ def summary(tries: list[tuple[dict, float]]) -> dict:
 async def main_async(args: argparse.Namespace) -> dict:
     from examples.rag_agent.data import splits
 
-    train, _ = splits(seed=0, n_train=400, n_val=48, kinds=args.kinds)
-    per_kind: dict[str, list[dict]] = collections.defaultdict(list)
-    for task in train:
-        if len(per_kind[task["kind"]]) < args.questions:
-            per_kind[task["kind"]].append(task)
-    tasks = [task for kind in sorted(per_kind) for task in per_kind[kind]]
+    # each kind's first training questions in seed 0's order (a kind alone: the held-out ones are never probed)
+    tasks = [task for kind in sorted(args.kinds) for task in splits(seed=0, n_train=args.questions, n_val=0,
+                                                                  kinds=[kind])[0]]  # fmt: skip
     async with served_engine(args.model) as (url, _):
         t0 = time.perf_counter()
         tries = await probe(url, tasks, args)

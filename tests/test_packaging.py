@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-_INSTALL = re.compile(r'-c "\$ROOT/(?P<constraints>[\w.-]+)" -e "\$ROOT\[(?P<extras>[\w,-]+)\]"')
+_MAIN_EXTRAS = re.compile(r'^ALL_EXTRAS="(?P<extras>[\w,-]+)"$', re.M)
+"""The main environment's extras (scripts/_env.sh installs them, or the part of them its caller names)."""
 _FRAMEWORK = re.compile(
     r'^_lightrail_framework_venv "\S+" "\$FW_ROOT/(?P<constraints>[\w.-]+)" (?P<extra>[\w-]+)$', re.M
 )
@@ -22,9 +23,9 @@ def _name(requirement: str) -> str:
 
 
 def _environments() -> list[tuple[str, list[str]]]:
-    found = [
-        (m["constraints"], m["extras"].split(",")) for m in _INSTALL.finditer((ROOT / "scripts/_env.sh").read_text())
-    ]
+    main = (ROOT / "scripts/_env.sh").read_text()
+    assert '-c "$ROOT/constraints.txt" -e "$ROOT${EXTRAS:+[$EXTRAS]}"' in main  # EXTRAS: some of ALL_EXTRAS
+    found = [("constraints.txt", m["extras"].split(",")) for m in _MAIN_EXTRAS.finditer(main)]
     # the framework environments: `_lightrail_framework_venv VENV CONSTRAINTS EXTRA` installs [openai,otel,EXTRA]
     frameworks = (ROOT / "scripts/_env_frameworks.sh").read_text()
     assert '-e "$FW_ROOT[openai,otel,$extras]"' in frameworks
@@ -71,3 +72,16 @@ def test_train_declares_ranges_that_keep_a_gpu_images_torch_and_include_the_test
     for name in ("torch", "transformers", "peft"):
         assert train[name].specifier.contains(pins[name]), f"constraints.txt pins {name} outside {train[name]}"
         assert "==" not in str(train[name].specifier), f"train pins {name} ({train[name]}): a range, not a pin"
+
+
+def test_the_demo_installs_a_part_of_the_main_environment():
+    """`scripts/demo` asks `_env.sh` for fewer extras than the tests (a faster first run); each is one of the main
+    environment's, so every requirement it installs is pinned (the test above)."""
+    demo = re.search(
+        r'LIGHTRAIL_PARTS="\$\{LIGHTRAIL_PARTS:-(?P<parts>[\w,-]+)\}"', (ROOT / "scripts/demo").read_text()
+    )
+    assert demo is not None
+    main = _MAIN_EXTRAS.search((ROOT / "scripts/_env.sh").read_text())
+    assert main is not None
+    assert set(demo["parts"].split(",")) <= set(main["extras"].split(",")) | {"data"}, demo["parts"]
+    assert "train" in demo["parts"].split(",")

@@ -254,12 +254,7 @@ class GRPO:
         )  # fmt: skip
         """Where each step's batch comes from: the async pipeline, rounds until enough groups carry a signal, or one
         on-policy round."""
-        temperature = self.sampling.get("temperature")
-        if config is not None and config.temperature != 1.0 and temperature and config.temperature != temperature:
-            raise ValueError(
-                f"config.temperature: the update divides logits by the sampling temperature (sampling.temperature, "
-                f"here {temperature}), not by {config.temperature}; set sampling.temperature instead"
-            )
+        check_update_temperature(config, self.sampling)
         self._unwatch: list[Callable[[], None]] = []
         """Stop watching the processes handed to the trainer in `setup` (`TrainerContext.watch_child`)."""
         self._guard = RunGuard(
@@ -874,6 +869,18 @@ def check_async_options(
     if config is not None and config.is_cap is not None:
         raise ValueError(f"config.is_cap: with mode async the cap is is_cap (here {is_cap}); give it there, once")
     return mode, max_staleness, ahead, is_cap
+
+
+def check_update_temperature(config: UpdateConfig | None, sampling: Mapping[str, Any]) -> None:
+    """GRPO sets ``config.temperature`` from the sampling temperature (the engine reports logprobs of the
+    temperature-scaled distribution, and the update's must be the same): another value given there is a ValueError
+    naming it, not a setting silently replaced."""
+    temperature = sampling.get("temperature")
+    if config is not None and config.temperature != 1.0 and temperature and config.temperature != temperature:
+        raise ValueError(
+            f"config.temperature: the update divides logits by the sampling temperature (sampling.temperature, "
+            f"here {temperature}), not by {config.temperature}; set sampling.temperature instead"
+        )
 
 
 def resolve_loss_agg(advantage: str, loss_agg: str | None, config: UpdateConfig | None = None) -> LossNorm:

@@ -125,8 +125,10 @@ def convert(data: Any, schema: type[T], where: str = "", *, strict: bool = True)
 def update_config(data: dict[str, Any], where: str) -> UpdateConfig:
     """An `UpdateConfig` from a config's ``config`` section (``lora: true`` or a mapping of `LoraSettings`); errors
     name ``where`` (``grpo.config.lr: ...``)."""
-    from lightrail.model.update_config import LoraSettings, UpdateConfig
+    from lightrail.model.update_config import REMOVED_FIELDS, LoraSettings, UpdateConfig
 
+    if removed := sorted(set(data) & set(REMOVED_FIELDS)):
+        raise ValueError(f"{where}.{removed[0]}: no longer an update setting: {REMOVED_FIELDS[removed[0]]}")
     data = dict(data)
     lora = data.pop("lora", None)
     settings = convert(data, UpdateConfig, where)

@@ -249,13 +249,19 @@ class UpdateConfig:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> UpdateConfig:
-        data = dict(data)
+        """The config `to_json` wrote, in a checkpoint's ``updater.json``: fields removed since (`REMOVED_FIELDS`)
+        are dropped, so a checkpoint of an earlier version still loads."""
+        data = {key: value for key, value in data.items() if key not in REMOVED_FIELDS}
         data["betas"] = tuple(data["betas"])
         if data.get("lora") is not None:
             lora = dict(data["lora"])
             lora["target_modules"] = tuple(lora["target_modules"])
             data["lora"] = LoraSettings(**lora)
         return cls(**data)
+
+
+REMOVED_FIELDS = {"max_staleness": "GRPO's grpo.max_staleness and lightrail learn's max_staleness drop stale calls"}
+"""`UpdateConfig` fields older checkpoints hold, and what replaced each."""
 
 
 def lr_factor(step: int, warmup_steps: int, decay_steps: int, decay_start: int = 0) -> float:

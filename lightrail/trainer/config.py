@@ -338,7 +338,7 @@ def _grpo_options(section: dict[str, Any], where: str, given: Mapping[str, Any] 
     against ``loss_agg``), not after the model is built; errors name their field (``grpo.config.lr``). ``given``: the
     keys the user wrote (steps and epochs both written is an error). Also reads the section
     `lightrail.trainer.verl_compat` makes of a verl dict (``where`` then ``verl``)."""
-    from lightrail.algorithms.grpo import resolve_loss_agg
+    from lightrail.algorithms.grpo import check_async_options, check_update_temperature, resolve_loss_agg
 
     settings = _section(section, GRPOSection, where)
     if "steps" in (given or section) and settings.epochs is not None:
@@ -355,6 +355,14 @@ def _grpo_options(section: dict[str, Any], where: str, given: Mapping[str, Any] 
         resolve_loss_agg(settings.advantage, settings.loss_agg, update)
     except ValueError as exc:
         raise ConfigError(f"{where}.{exc}") from None
+    try:  # what `GRPO` checks again when it is made: said now, before the model is built
+        check_async_options(
+            settings.mode, settings.max_staleness, settings.ahead, settings.is_cap, config=update,
+            filter_groups=settings.filter_groups, policies=settings.policies, advantage=settings.advantage,
+        )  # fmt: skip
+        check_update_temperature(update, {"temperature": 1.0, **(settings.sampling or {})})
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
     return {"section": settings, "config": update}
 
 
@@ -497,28 +505,28 @@ def _chain(model: Path, kwargs: dict[str, Any]) -> Algorithm:
     return Chain([sft, _grpo(sft.output_model, kwargs["grpo"])])  # GRPO starts from the SFT stage's weights
 
 
-ALGORITHMS: dict[tuple[str, ...], Recipe] = {
-    ("grpo",): Recipe(lambda config, _: _grpo_kwargs(config), _grpo),
-    ("sft",): Recipe(_sft_kwargs, _sft),
-    ("apo",): Recipe(lambda config, _: _apo_kwargs(config), _apo),
+ALGORITHMS: dict[str | tuple[str, ...], Recipe] = {
+    "grpo": Recipe(lambda config, _: _grpo_kwargs(config), _grpo),
+    "sft": Recipe(_sft_kwargs, _sft),
+    "apo": Recipe(lambda config, _: _apo_kwargs(config), _apo),
     ("sft", "grpo"): Recipe(_chain_arguments, _chain),
 }
-"""A config's ``algorithm`` (a name, or the chain ``[sft, grpo]``) -> its `Recipe`. ``verl`` is not here: its
-section becomes the ``grpo`` one when the config is loaded (`_from_verl`)."""
+"""A config's ``algorithm`` (a name, or the chain ``[sft, grpo]`` as a tuple) -> its `Recipe`. ``verl`` is not here:
+its section becomes the ``grpo`` one when the config is loaded (`_from_verl`)."""
 
 
 def recipe(config: TrainConfig) -> Recipe:
     """The `Recipe` of ``config.algorithm``; a `ConfigError` naming the accepted values otherwise."""
-    key = tuple(config.algorithm) if isinstance(config.algorithm, list) else (config.algorithm,)
+    key = tuple(config.algorithm) if isinstance(config.algorithm, list) else config.algorithm
     if key in ALGORITHMS:
         return ALGORITHMS[key]
-    chains = " or ".join(str(list(chain)) for chain in ALGORITHMS if len(chain) > 1)
-    if len(key) > 1:
+    chains = " or ".join(str(list(chain)) for chain in ALGORITHMS if isinstance(chain, tuple))
+    if isinstance(key, tuple):  # a list names a chain (one name is written as it is: `grpo`, not `[grpo]`)
         raise ConfigError(f"algorithm: the one chain is {chains} (GRPO from SFT's weights), got {config.algorithm}")
-    names = [name for name, *rest in ALGORITHMS if not rest] + ["verl"]
-    close = difflib.get_close_matches(str(config.algorithm), names, n=1)
+    names = [name for name in ALGORITHMS if isinstance(name, str)] + ["verl"]
+    close = difflib.get_close_matches(key, names, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
-    raise ConfigError(f"algorithm: expected one of {names} or the chain {chains}, got {config.algorithm!r}{hint}")
+    raise ConfigError(f"algorithm: expected one of {names} or the chain {chains}, got {key!r}{hint}")
 
 
 def _build_model(config: TrainConfig, data_module: str) -> Path:
@@ -546,15 +554,15 @@ def _check_formats(model: Path, config: TrainConfig) -> None:
 
 def train(config: TrainConfig) -> TrainResult:
     """Build or prepare the model, generate the data, and run `GRPO` through `Trainer.fit`."""
+    from lightrail.engine.models import check_model_name
     from lightrail.trainer.trainer import Trainer
 
-    if config.algorithm != "verl":  # before anything is made or imported (verl's: VERL checks its own)
-        from lightrail.engine.models import check_model_name
-
-        try:
-            check_model_name(config.model)
-        except FileNotFoundError as exc:
-            raise ConfigError(f"model: {exc}") from None
+    if config.algorithm == "verl":  # a config made in Python, not loaded (`load_config` turns it into grpo's)
+        config = _from_verl(config)
+    try:
+        check_model_name(config.model)  # before anything is made or imported
+    except FileNotFoundError as exc:
+        raise ConfigError(f"model: {exc}") from None
     splits = resolve_reference(config.data, "data")
     if not config.trainer.runner_python:  # under another interpreter the agent may not import here
         resolve_reference(config.agent, "agent")  # fail here, not in every runner

@@ -133,6 +133,12 @@ def test_stale_rows_are_dropped_and_counted():
     assert m["rows_stale_dropped"] == 6 and m["rows"] == 3
 
 
+def test_a_checkpoints_config_with_a_field_removed_since_still_loads():
+    """``updater.json`` of a checkpoint written before ``max_staleness`` left `UpdateConfig` (it holds the field)."""
+    written = {**UpdateConfig(lr=3e-4).to_json(), "max_staleness": None}
+    assert UpdateConfig.from_json(written) == UpdateConfig(lr=3e-4)
+
+
 def test_lora_trains_the_adapter_only_and_serves_merged_weights():
     model = tiny_llama(seed=7)
     base_state = {k: v.clone() for k, v in model.state_dict().items()}

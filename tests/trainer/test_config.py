@@ -118,11 +118,23 @@ def test_scale_out_sections_reach_the_trainer_and_the_gateway(tmp_path):
         ("grpo.policies={'a b': [x]}", "grpo.policies: 'a b' is not a policy name"),
         ("grpo={policies: {w: [a]}, agents: [b]}", "give agents or policies, not both"),
         (
+            "grpo.config.temperature=0.5",
+            "grpo: config.temperature: the update divides logits by the sampling "
+            "temperature (sampling.temperature, here 1.0), not by 0.5",
+        ),
+        ("grpo={mode: async, config: {is_cap: 3.0}}", "grpo: config.is_cap: with mode async the cap is is_cap"),
+        ("grpo.max_staleness=2", "grpo: max_staleness: only with mode async"),
+        (
+            "grpo.config.max_staleness=2",
+            "grpo.config.max_staleness: no longer an update setting: GRPO's grpo.max_staleness",
+        ),
+        (
             "algorithm=gpro",
             "algorithm: expected one of ['grpo', 'sft', 'apo', 'verl'] or the chain ['sft', 'grpo'], "
             "got 'gpro'; did you mean 'grpo'?",
         ),
         ("algorithm=[grpo, apo]", "algorithm: the one chain is ['sft', 'grpo'] (GRPO from SFT's weights)"),
+        ("algorithm=[grpo]", "algorithm: the one chain is ['sft', 'grpo'] (GRPO from SFT's weights), got ['grpo']"),
     ],
 )
 def test_bad_config_is_rejected_with_the_field_path(tmp_path, override, message):
