@@ -19,6 +19,10 @@ import httpx
 
 from lightrail.types import Attr, Span
 
+# the model library's per-file weight bars, as the `lightrail` command hides them (read when transformers is first
+# imported, which every bench does after this module; inherited by the processes a bench starts)
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
 REPO = Path(__file__).resolve().parents[1]
 
 SMOKE_HELP = (
