@@ -179,12 +179,19 @@ def _running(pids: list[int]) -> list[int]:
     return [pid for pid in pids if alive(pid)]
 
 
+def _as_from_a_terminal() -> None:
+    """SIGINT as a terminal's foreground command gets it: an ignored SIGINT is inherited across exec (and Python then
+    leaves it ignored), and a process earlier in the suite may have left it so in pytest's (the full suite failed
+    both Ctrl-C tests this way, the file alone passed)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start_training(tmp_path: Path, run_dir: Path, config_text: str = LONG) -> tuple[subprocess.Popen[str], list[int]]:
     """``lightrail train`` in a process group of its own, once its first checkpoint is written; and its children."""
     config = _write(tmp_path, config_text)
     trainer = subprocess.Popen(
         [*LIGHTRAIL, "train", str(config), "--out", str(run_dir)], cwd=ROOT, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, start_new_session=True,
+        stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=_as_from_a_terminal,
     )  # fmt: skip
     deadline = time.monotonic() + 300
     while not (run_dir / "checkpoints" / "step-1" / "loop_state.json").exists():
