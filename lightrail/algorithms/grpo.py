@@ -444,38 +444,35 @@ class GRPO:
         """One GRPO step (rollouts, advantages, update, new weights served); its status for the step bar."""
         t0 = time.monotonic()
         got = await self._collect(ctx)  # on-policy, filtered groups or the async pipeline: chosen in __init__
-        rollouts, episodes, trainable, excluded = got.rollouts, got.episodes, got.trainable, got.excluded
-        transitions, groups, rounds, filtered, keys_refused = (
-            got.transitions, got.groups, got.rounds, got.filtered, got.keys_refused
-        )  # fmt: skip
         t_rollouts = time.monotonic() - t0
         if self.policies is None:
-            update, trained = await self._update(self._slots[0], transitions)
+            update, trained = await self._update(self._slots[0], got.transitions)
         else:
-            update, trained = await self._update_policies(transitions, episodes)
+            update, trained = await self._update_policies(got.transitions, got.episodes)
         t_update = time.monotonic() - t0 - t_rollouts
         self.folder.step += 1
         if trained:  # what this step trained on, next to the calls (the dashboard shows it per call)
             await ctx.store.add_spans(training_spans(trained, step=self.step, algorithm="grpo"))
         failure_reward = self.settings.guard.failure_reward
-        rewards = [reward for r in trainable if (reward := scored_reward(r, failure_reward)) is not None]
-        advantages = [t.advantage for t in transitions if t.advantage is not None]
+        rewards = [reward for r in got.trainable if (reward := scored_reward(r, failure_reward)) is not None]
+        advantages = [t.advantage for t in got.transitions if t.advantage is not None]
         t_guard = time.monotonic()
         health = step_health(
-            self.step, rollouts, episodes, trainable, excluded, transitions, agents=self.agents, groups=groups.groups,
-            update=update, trained=len(trained), failure_reward=failure_reward, keys_refused=keys_refused,
+            self.step, got.rollouts, got.episodes, got.trainable, got.excluded, got.transitions, agents=self.agents,
+            groups=got.groups.groups,
+            update=update, trained=len(trained), failure_reward=failure_reward, keys_refused=got.keys_refused,
             kl_term=bool(self._slots[0].updater.config.kl_coef) and not self.settings.critic,
         )  # fmt: skip
         metrics = {
             "kind": "train",
             "step": self.step,
             "reward_mean": statistics.fmean(rewards) if rewards else 0.0,
-            "success_rate": success_rate(rollouts, self.success_threshold),
-            "rollouts": len(rollouts),
-            "excluded": excluded.total,
-            **{f"excluded_{reason}": n for reason, n in excluded.counts.items()},
-            "zero_std_groups": groups.zero_std_groups,
-            **({"sample_rounds": rounds, "groups_filtered": filtered} if self.settings.filter_groups else {}),
+            "success_rate": success_rate(got.rollouts, self.success_threshold),
+            "rollouts": len(got.rollouts),
+            "excluded": got.excluded.total,
+            **{f"excluded_{reason}": n for reason, n in got.excluded.counts.items()},
+            "zero_std_groups": got.groups.zero_std_groups,
+            **({"sample_rounds": got.rounds, "groups_filtered": got.filtered} if self.settings.filter_groups else {}),
             "adv_mean": statistics.fmean(advantages) if advantages else 0.0,
             "adv_std": statistics.pstdev(advantages) if len(advantages) > 1 else 0.0,
             "adv_abs_max": max((abs(a) for a in advantages), default=0.0),
@@ -486,7 +483,7 @@ class GRPO:
             "step_s": time.monotonic() - t0,
         }
         try:
-            await self._guard.check(ctx.store, health, rollouts, stage="GRPO step")
+            await self._guard.check(ctx.store, health, got.rollouts, stage="GRPO step")
         except RunStopped as stop:
             self.folder.record(metrics)
             self.folder.append({"kind": "stop", "step": self.step, "cause": str(stop)})
@@ -500,7 +497,7 @@ class GRPO:
             self.folder.append({"kind": "stop", "step": self.step, "cause": causes[0]})
             await print_failure_digest(
                 ctx.store,
-                rollouts,
+                got.rollouts,
                 title=f"step {self.step}: failure digest",
                 stopped=f"at step {self.step}: {causes[0]}",
             )
