@@ -378,7 +378,7 @@ def misrouted_calls(work: Path, only: list[str] | None) -> dict[str, int]:
             continue
         t0 = time.monotonic()
         config = load_config(config_path, overrides=[*overrides, f"out_dir={work / ('policies-' + name)}"])
-        assert config.grpo["policies"] == policies, config.grpo["policies"]
+        assert config.grpo.policies == policies, config.grpo.policies
         step = train_step_metrics(train(config).report)
         out[f"misrouted_{name}"] = step["misrouted"]
         log(f"policies {name}: misrouted {step['misrouted']}, transitions per policy "

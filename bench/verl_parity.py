@@ -119,8 +119,7 @@ def lightrail_side(case: dict[str, Any], *, verl_defaults: bool = True) -> dict[
     ``verl_defaults=False`` drops the settings verl's defaults added (lightrail's own ``grpo:`` defaults)."""
     import torch
 
-    from lightrail.algorithms.grpo import resolve_loss_agg
-    from lightrail.algorithms.settings import update_config
+    from lightrail.algorithms.settings import resolve_loss_agg, update_config
     from lightrail.model._loss import loss_weights, policy_loss
     from lightrail.model.kl import kl_estimator
     from lightrail.trainer.verl_compat import verl_settings

@@ -883,10 +883,14 @@ def _index(cid: str) -> int:
 
 
 def kwargs_from_config(section: dict[str, Any], where: str = "apo") -> dict[str, Any]:
-    """A config's ``apo:`` section as `APO` arguments: the checked `APOSection` and, as objects, ``llm``,
-    ``optimizer`` and ``demo_traces``; errors are ValueErrors that start with the field's path (``apo.rounds:
-    Expected `int`, got `str```)."""
-    settings = convert(section, APOSection, where, strict=False)
+    """A config's ``apo:`` section (plain data) as `APO` arguments (`section_objects`); errors are ValueErrors that
+    start with the field's path (``apo.rounds: Expected `int`, got `str```)."""
+    return section_objects(convert(section, APOSection, where, strict=False), where)
+
+
+def section_objects(settings: APOSection, where: str = "apo") -> dict[str, Any]:
+    """A checked `APOSection` as `APO` arguments: the section and, as objects, ``llm``, ``optimizer`` and
+    ``demo_traces``; a ValueError naming the field when one of them is not what it should be."""
     kwargs: dict[str, Any] = {"section": settings, "optimizer": settings.optimizer}
     for name, routed in (("optimizer", False), ("llm", True)):
         value = getattr(settings, name)

@@ -26,7 +26,7 @@ slowest rollouts and while the update runs::
   bounds it by ``ahead`` (a batch enqueued at step s is trained at step s+ahead), and calls older than
   ``max_staleness`` are dropped before the update and counted (``dropped_stale``).
 * Stale tokens are corrected by truncated importance sampling against the logprobs recorded at sampling (TIS, Yao et
-  al. 2025; formula in `lightrail.model._loss`, cap ``is_cap``).
+  al. 2025; formula in `lightrail.model._loss`, cap ``config.is_cap``).
 * Admission does not favour short rollouts: steps take their batches in the order they were enqueued, and a step
   trains only when every rollout of its batch is terminal; a group is never replaced by one that finished sooner.
 * A checkpoint records the task indices of the batches in flight; a resumed run enqueues those again first (fresh
@@ -51,7 +51,7 @@ import logging
 import math
 import statistics
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -66,10 +66,9 @@ from lightrail.adapters import (
     select_trainable,
     to_rows,
 )
-from lightrail.adapters.advantages import check_estimator
 from lightrail.adapters.selection import scored_reward
 from lightrail.adapters.transitions import training_spans
-from lightrail.algorithms.policies import PolicyMap, PolicyRouter, check_policies_engine
+from lightrail.algorithms.policies import PolicyMap, PolicyRouter
 from lightrail.algorithms.run.folder import RunFolder
 from lightrail.algorithms.run.guard import (
     RunGuard,
@@ -86,7 +85,15 @@ from lightrail.algorithms.run.policy import (
     success_rate,
     validate,
 )
-from lightrail.algorithms.settings import GRPOSection, agents_argument, credit_argument, tool_rewards_argument
+from lightrail.algorithms.settings import (
+    DEFAULT_GRPO_STEPS,
+    DEFAULT_IS_CAP,
+    GRPOSection,
+    agents_argument,
+    credit_argument,
+    resolve_loss_agg,
+    tool_rewards_argument,
+)
 from lightrail.engine.models import check_model_dir, resolve_model
 from lightrail.model.mismatch import MismatchError, stop_cause, summarize, unserved_cause
 from lightrail.types import AGENT_HEADER, LLM, Attr, Rollout, Span, Task, Transition
@@ -98,7 +105,7 @@ if TYPE_CHECKING:
     from lightrail.adapters.selection import Exclusions
     from lightrail.algorithms.protocol import TrainerContext
     from lightrail.gateway.server import GatewaySettings
-    from lightrail.model.update_config import LossNorm, UpdateConfig
+    from lightrail.model.update_config import UpdateConfig
 
 __all__ = ["GRPO"]
 
@@ -162,9 +169,9 @@ class GRPO:
 
     ``mode="async"`` keeps ``ahead`` steps of rollouts sampling on the current weights while a step waits and updates
     (module docstring): calls more than ``max_staleness`` versions older than the trainer's are dropped, stale tokens
-    are weighted by truncated importance sampling capped at ``is_cap``; metrics ``staleness_mean``,
-    ``staleness_max``, ``is_weight_mean``, ``is_clipped_frac``. Defaults: 1, ``max_staleness``, 2.0; these three
-    settings are errors in the default ``mode="sync"``.
+    are weighted by truncated importance sampling capped at ``config.is_cap`` (2.0 unless set); metrics
+    ``staleness_mean``, ``staleness_max``, ``is_weight_mean``, ``is_clipped_frac``. Defaults: 1, ``max_staleness``;
+    these two settings are errors in the default ``mode="sync"``.
 
         >>> grpo = GRPO("runs/warm", config=UpdateConfig(lr=5e-4), steps=60)                # doctest: +SKIP
         >>> Trainer(n_runners=2, concurrency=8, algorithm=grpo).fit(agent, train, val)  # doctest: +SKIP
@@ -192,42 +199,31 @@ class GRPO:
         kind is a one-line error here, before any rollout (`lightrail.algorithms.settings.credit_argument`...)."""
         if isinstance(credit, str):  # a scheme's name is the section's setting, checked there with credit_args
             settings["credit"], credit = credit, None
+        if removed := sorted(set(settings) & set(GRPOSection._removed)):
+            raise TypeError(f"{removed[0]}: no longer a GRPO setting: {GRPOSection._removed[removed[0]]}")
         base = msgspec.structs.asdict(section) if section is not None else {}
         s = GRPOSection(**{**base, **settings})
         config = config if config is not None else s.update_config()
-        if loss_agg := s.loss_agg:
-            resolve_loss_agg(s.advantage, loss_agg, config)
-        if s.critic and config is not None and config.sharding != "replicate":
-            raise ValueError(
-                f"config.sharding: advantage {s.advantage!r} does not run with sharding {config.sharding!r} yet "
-                "(untested)"
-            )
-        if s.critic and config is not None and config.ranks > 1:
-            raise ValueError(
-                f"config.ranks: advantage {s.advantage!r} trains its value head in one process, not {config.ranks}"
-            )
-        if config is not None and (mismatch := config.schedule_mismatch(s.steps * config.mini_batches)):
-            log.warning("GRPO: %s", mismatch)
+        s.check_update(config)
         selection: Callable[[str | None], bool] | None = (
             agents_argument(agents) if agents is not None else s.agent_filter()
         )
         self.policies = PolicyMap(s.policies) if s.policies is not None else None
         if self.policies is not None:
-            check_policies_engine(s.rollout_engine, lora=config is not None and config.lora is not None)
             if selection is not None:
                 raise ValueError("give agents or policies, not both: the policies name the agents they train")
-            if config is not None and config.ranks > 1:
-                raise ValueError("policies train in this process: config.ranks must be 1")
             selection = self.policies.filter()
         self.folder = RunFolder(s.out_dir, "GRPO", keep_checkpoints=s.keep_checkpoints, seed=s.seed)
         self.settings = s
         """The checked ``grpo:`` section: the plain settings are read from it, never copied."""
-        self.steps = s.steps
+        self.steps = s.steps if s.steps is not None else DEFAULT_GRPO_STEPS
         """The step count: ``steps``, or with ``epochs`` counted from the training tasks when the run starts."""
         self.model = resolve_model(model)
         self.config = config
-        self.sampling = {"temperature": 1.0, "max_tokens": 64, **(s.sampling or {})}
-        self.val_sampling = {"temperature": 0.0, "max_tokens": 64, **(s.val_sampling or {})}
+        if s.epochs is None:  # else said when the run starts and the step count is known
+            self._say_schedule_mismatch()
+        self.sampling = s.training_sampling()
+        self.val_sampling = s.validation_sampling()
         self.credit = credit_argument(credit, s.credit_args) if credit is not None else s.credit_scheme()
         self.tool_rewards = tool_rewards_argument(tool_rewards) if tool_rewards is not None else s.tool_rule()
         self.agents = selection
@@ -243,10 +239,8 @@ class GRPO:
             from lightrail.model.vllm_rollouts import check_vllm_sampling
 
             check_vllm_sampling(self.sampling)
-        self.mode, self.max_staleness, self.ahead, self.is_cap = check_async_options(
-            s.mode, s.max_staleness, s.ahead, s.is_cap, config=config, filter_groups=s.filter_groups,
-            policies=s.policies, advantage=s.advantage,
-        )  # fmt: skip
+        self.mode = s.mode
+        self.max_staleness, self.ahead = s.async_options()
         self._collect: Callable[[TrainerContext], Awaitable[_Collected]] = (
             self._collect_async if self.mode == "async"
             else self._collect_filtered if s.filter_groups
@@ -254,7 +248,6 @@ class GRPO:
         )  # fmt: skip
         """Where each step's batch comes from: the async pipeline, rounds until enough groups carry a signal, or one
         on-policy round."""
-        check_update_temperature(config, self.sampling)
         self._unwatch: list[Callable[[], None]] = []
         """Stop watching the processes handed to the trainer in `setup` (`TrainerContext.watch_child`)."""
         self._guard = RunGuard(
@@ -278,6 +271,13 @@ class GRPO:
         self._served: ServedPolicy | None = None
         self._llm: LLM | None = None
 
+    def _say_schedule_mismatch(self) -> None:
+        """Warn when the run's steps miss the config's learning-rate decay (`UpdateConfig.schedule_mismatch`)."""
+        if self.config is not None and (
+            mismatch := self.config.schedule_mismatch(self.steps * self.config.mini_batches)
+        ):
+            log.warning("GRPO: %s", mismatch)
+
     @property
     def step(self) -> int:
         """Training steps done (a resumed run's included)."""
@@ -298,8 +298,8 @@ class GRPO:
             # The engine reports logprobs of the temperature-scaled distribution; the ratio must use the same one.
             config = dataclasses.replace(config, temperature=float(self.sampling["temperature"]))
         config = self._loss_config(config)
-        if self.mode == "async":
-            config = dataclasses.replace(config, is_cap=self.is_cap)
+        if self.mode == "async" and config.is_cap is None:
+            config = dataclasses.replace(config, is_cap=DEFAULT_IS_CAP)
         if self.policies is None:
             self._rollouts = make_rollout_engine(
                 self.rollout_engine, self.model, served_name=self.settings.served_name, out_dir=self.out_dir,
@@ -391,6 +391,7 @@ class GRPO:
         started = time.monotonic()
         if self.settings.epochs is not None:  # the same count on a resumed run: it depends only on the tasks
             self.steps = self.settings.epochs * max(1, len(ctx.train_tasks) // self.settings.tasks_per_step)
+            self._say_schedule_mismatch()
         val_before: float | None = None
         if self.step:
             val_before = self.folder.first_val()
@@ -799,10 +800,6 @@ def call_staleness(transitions: Sequence[Transition], current_version: int) -> l
     return [None if t.policy_version is None else current_version - t.policy_version for t in transitions]
 
 
-SAMPLER_IS_CAP = 2.0
-"""The truncated-IS cap a sync run uses when its engine samples below float32 (verl's TIS default, as async mode)."""
-
-
 def sampler_correction(config: UpdateConfig, mode: str, sampling_dtype: str | None) -> UpdateConfig:
     """``config`` for a run whose rollout engine samples in ``sampling_dtype`` (None: not known, e.g. vLLM).
 
@@ -810,7 +807,7 @@ def sampler_correction(config: UpdateConfig, mode: str, sampling_dtype: str | No
     records logprobs that differ from the trainer's float32 ones by the precision gap, not by rounding: the PPO ratio
     against them would clip tokens for numerics. Such a run weighs each token by truncated importance sampling
     against the sampler's logprobs instead, as async mode does (`lightrail.model._loss`, ``is_cap`` =
-    `SAMPLER_IS_CAP`); the mismatch metrics (``mismatch_kl_mean``) and ``is_weight_mean`` report the gap. Unchanged
+    `DEFAULT_IS_CAP`); the mismatch metrics (``mismatch_kl_mean``) and ``is_weight_mean`` report the gap. Unchanged
     for float32 engines, async runs (already corrected) and a config that sets ``is_cap`` itself. With
     ``mini_batches > 1`` (the correction needs one optimizer step per update) it is left off and a warning says so.
     """
@@ -820,86 +817,7 @@ def sampler_correction(config: UpdateConfig, mode: str, sampling_dtype: str | No
         log.warning("GRPO: the engine samples in %s but config.mini_batches is %d: no truncated-IS correction of the "
                     "sampler-trainer gap (it needs mini_batches 1)", sampling_dtype, config.mini_batches)  # fmt: skip
         return config
-    return dataclasses.replace(config, is_cap=SAMPLER_IS_CAP)
-
-
-def check_async_options(
-    mode: str,
-    max_staleness: int | None,
-    ahead: int | None,
-    is_cap: float | None,
-    *,
-    config: UpdateConfig | None = None,
-    filter_groups: bool = False,
-    policies: Mapping[str, Sequence[str]] | None = None,
-    advantage: str = "grpo",
-) -> tuple[str, int | None, int | None, float | None]:
-    """Check `GRPO`'s ``mode`` and its async settings; returns ``(mode, max_staleness, ahead, is_cap)`` with the
-    async defaults filled in (``max_staleness`` 1, ``ahead`` = ``max_staleness`` or 1, ``is_cap`` 2.0, verl's TIS
-    cap). ValueError names the offending setting in one line."""
-    if mode == "sync":
-        given = [
-            n for n, v in (("max_staleness", max_staleness), ("ahead", ahead), ("is_cap", is_cap)) if v is not None
-        ]
-        if given:
-            raise ValueError(f"{', '.join(given)}: only with mode async (sync steps are on-policy)")
-        return mode, None, None, None
-    max_staleness = 1 if max_staleness is None else max_staleness
-    if max_staleness < 0:
-        raise ValueError(f"max_staleness must be >= 0, not {max_staleness}")
-    ahead = max(max_staleness, 1) if ahead is None else ahead
-    if ahead < 1:
-        raise ValueError(f"ahead must be >= 1 (steps of rollouts sampling while a step trains), not {ahead}")
-    is_cap = 2.0 if is_cap is None else float(is_cap)
-    if not is_cap > 0:
-        raise ValueError(f"is_cap must be positive, not {is_cap}")
-    if filter_groups:
-        raise ValueError("filter_groups samples more rounds within a step: not with mode async")
-    if policies is not None:
-        raise ValueError("policies: mode async trains one shared policy")
-    if check_estimator(advantage).critic:
-        raise ValueError(
-            f"advantage {advantage}: not with mode async yet (the critic is trained on on-policy rows only)"
-        )
-    if config is not None and config.mini_batches != 1:
-        raise ValueError("mode async weighs stale tokens against the pre-update weights: needs config.mini_batches 1")
-    if config is not None and config.is_cap is not None:
-        raise ValueError(f"config.is_cap: with mode async the cap is is_cap (here {is_cap}); give it there, once")
-    return mode, max_staleness, ahead, is_cap
-
-
-def check_update_temperature(config: UpdateConfig | None, sampling: Mapping[str, Any]) -> None:
-    """GRPO sets ``config.temperature`` from the sampling temperature (the engine reports logprobs of the
-    temperature-scaled distribution, and the update's must be the same): another value given there is a ValueError
-    naming it, not a setting silently replaced."""
-    temperature = sampling.get("temperature")
-    if config is not None and config.temperature != 1.0 and temperature and config.temperature != temperature:
-        raise ValueError(
-            f"config.temperature: the update divides logits by the sampling temperature (sampling.temperature, "
-            f"here {temperature}), not by {config.temperature}; set sampling.temperature instead"
-        )
-
-
-def resolve_loss_agg(advantage: str, loss_agg: str | None, config: UpdateConfig | None = None) -> LossNorm:
-    """The `LossNorm` a run uses: ``loss_agg`` if given, else a non-default ``config.loss_norm``, else the
-    estimator's natural one (``sequence_sum_norm`` for ``dr_grpo``, ``token`` otherwise)."""
-    from lightrail.model.update_config import resolve_loss_norm
-
-    configured = config.loss_norm if config is not None else "token"
-    if loss_agg is not None:
-        norm = resolve_loss_norm(loss_agg)
-        if configured != "token" and configured != norm:
-            raise ValueError(
-                f"loss_agg: {loss_agg!r} contradicts config.loss_norm={configured!r}; set only one of them"
-            )
-        return norm
-    if configured != "token":
-        return configured
-    return NATURAL_LOSS_NORM.get(advantage, "token")
-
-
-NATURAL_LOSS_NORM: dict[str, LossNorm] = {"dr_grpo": "sequence_sum_norm"}
-"""Estimators whose paper defines its own loss aggregation; the others keep token-mean (verl's default)."""
+    return dataclasses.replace(config, is_cap=DEFAULT_IS_CAP)
 
 
 def _plot(history: list[dict[str, Any]], path: Path) -> Path:

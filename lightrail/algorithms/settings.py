@@ -19,7 +19,7 @@ import math
 import re
 import types
 import typing
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 import msgspec
@@ -28,17 +28,23 @@ from lightrail.types import SAMPLING_PARAMETERS
 
 if TYPE_CHECKING:
     from lightrail.adapters import AgentFilter, CreditAssignment, ToolRewardRule
-    from lightrail.model.update_config import UpdateConfig
+    from lightrail.model.update_config import LossNorm, UpdateConfig
 
 __all__ = [
     "APOSection",
+    "DEFAULT_GRPO_STEPS",
+    "DEFAULT_IS_CAP",
     "GRPOSection",
     "GuardSection",
+    "RUN_FIELDS",
     "SFTSection",
     "ToolRewards",
     "agents_argument",
+    "check_async_options",
+    "check_update_temperature",
     "convert",
     "credit_argument",
+    "resolve_loss_agg",
     "tool_rewards_argument",
     "unknown_keys",
     "update_config",
@@ -87,7 +93,10 @@ def _readable(exc: msgspec.ValidationError, schema: Any, where: str) -> str:
     names = [name or index for name, index in re.findall(r"\.(\w+)|(\[\d+\])", at.rstrip("`") if sep else "")]
     dotted = ".".join(filter(None, [where, *names])).replace(".[", "[")
     unknown = re.fullmatch(r"Object contains unknown field `(.+)`", head)
-    valid = {name for tp in _at(schema, names) for name in _fields(tp) or ()} if unknown else set()
+    types_there = _at(schema, names) if unknown else []
+    valid = {name for tp in types_there for name in _fields(tp) or ()}
+    if unknown and (why := removed_setting(types_there, unknown.group(1))):
+        return f"{dotted}.{unknown.group(1)}: no longer a setting: {why}"
     if unknown and valid:
         return unknown_keys(dotted, [unknown.group(1)], valid) or dotted
     if (enum := re.fullmatch(r"Invalid enum value (.+)", head)) and names:
@@ -97,6 +106,12 @@ def _readable(exc: msgspec.ValidationError, schema: Any, where: str) -> str:
     if head.startswith(f"{dotted}.") or head.startswith(f"{dotted}:"):
         return head  # a section's own check names the field already
     return f"{dotted}: {head}" if dotted else head
+
+
+def removed_setting(schemas: Iterable[Any], name: str) -> str | None:
+    """What replaced the setting ``name`` that one of ``schemas`` (section structs) no longer has (its ``_removed``),
+    or None."""
+    return next((why for tp in schemas if (why := getattr(tp, "_removed", {}).get(name))), None)
 
 
 def _choices(tp: Any) -> tuple[Any, ...]:
@@ -170,6 +185,8 @@ class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     _key: ClassVar[str] = ""
     """The section's key in a config, which errors start with (``grpo.n_samples must be >= 1, got 0``)."""
+    _removed: ClassVar[dict[str, str]] = {}
+    """Settings the section no longer has, each with what replaced it: refused naming the replacement."""
     _at_least: ClassVar[dict[str, float]] = {}
 
     val_sampling: dict[str, Any] | None = None
@@ -213,9 +230,6 @@ class _PolicySection(_Section, kw_only=True, forbid_unknown_fields=True):
 
     config: dict[str, Any] = {}
     """Optimizer, loss and LoRA settings (the ``grpo.config`` fields; in ``sft``, ``kl_coef`` must stay 0)."""
-    steps: int = 50
-    """Training steps (``grpo``: collect rollouts, update, serve the new weights; ``sft``: optimizer steps); default
-    50 in ``grpo``, 100 in ``sft``."""
     agents: list[str] | str | None = None
     """Train only the calls of these agents (by name); null with no ``agents_pattern``: every call."""
     agents_pattern: str | None = None
@@ -328,6 +342,17 @@ class ToolRewards(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         return ToolRewardRule(**msgspec.structs.asdict(self))
 
 
+RUN_FIELDS = ("seed", "out_dir")
+"""Fields of an algorithm's section that a ``lightrail train`` config gives once, at its top level, for the whole run
+(`GRPO(...)` and the other constructors take them as arguments; a config's section that names one is refused)."""
+
+DEFAULT_IS_CAP = 2.0
+"""The cap C of truncated importance sampling (verl's TIS default) when ``config.is_cap`` is unset and GRPO needs one:
+in ``mode: async``, and for an engine sampling below float32."""
+
+DEFAULT_GRPO_STEPS = 50
+"""GRPO's step count when a section gives neither ``steps`` nor ``epochs``."""
+
 LossAgg = Literal[
     "token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm", "token", "sequence", "rollout", "sequence_sum_norm"
 ]
@@ -338,9 +363,13 @@ class GRPOSection(_PolicySection, kw_only=True, forbid_unknown_fields=True):
     or ``[sft, grpo]``."""
 
     _key = "grpo"
+    _removed = {"is_cap": "the cap is the update's grpo.config.is_cap (in mode async 2.0 unless set there)"}
     _at_least = {"steps": 0, "epochs": 1, "tasks_per_step": 1, "n_samples": 1, "max_sample_rounds": 1,
                  "mismatch_flag": 0, "mismatch_stop": 0}  # fmt: skip
 
+    steps: int | None = None
+    """Training steps (collect rollouts, update, serve the new weights); null: 50 (`DEFAULT_GRPO_STEPS`), or
+    counted from ``epochs``."""
     epochs: int | None = None
     """Count the run in passes over the training tasks instead of ``steps``: ``epochs`` times ``len(train_tasks) //
     tasks_per_step`` steps (at least one), fixed when the run starts (verl's ``total_epochs``); null: ``steps``."""
@@ -402,9 +431,6 @@ class GRPOSection(_PolicySection, kw_only=True, forbid_unknown_fields=True):
     ahead: int | None = None
     """With ``mode: async``: steps of rollouts enqueued beyond the one being trained (each call's staleness is at most
     this); null: ``max_staleness`` (at least 1)."""
-    is_cap: float | None = None
-    """With ``mode: async``: the cap C of the truncated importance weight ``min(pi_trainer / pi_sampler, C)`` of
-    each token; null: 2.0."""
 
     @property
     def critic(self) -> bool:
@@ -416,7 +442,7 @@ class GRPOSection(_PolicySection, kw_only=True, forbid_unknown_fields=True):
     def __post_init__(self) -> None:
         from lightrail.adapters.advantages import check_estimator
         from lightrail.adapters.credit import check_credit, credit_by_name
-        from lightrail.algorithms.policies import PolicyMap, check_policies_engine
+        from lightrail.algorithms.policies import PolicyMap
         from lightrail.model.rollout_engines import check_vllm_options
 
         super().__post_init__()
@@ -434,14 +460,68 @@ class GRPOSection(_PolicySection, kw_only=True, forbid_unknown_fields=True):
                 ) from None
         if self.policies is not None and (self.agents is not None or self.agents_pattern is not None):
             raise ValueError(f"{key}: give agents or policies, not both (the policies name the agents they train)")
-        if self.policies is not None and self.config:  # (no config here: `GRPO` checks the one it is given)
-            check_policies_engine(self.rollout_engine, lora=bool(self.config.get("lora")))
         if self.critic:
             for name, why in (("merge_calls", "needs one call per row (its return on the row's last token)"),
                               ("filter_groups", "has no group advantages to filter on"),
                               ("policies", "trains one policy with its value head")):  # fmt: skip
                 if getattr(self, name):
                     raise ValueError(f"{key}.{name}: advantage {self.advantage!r} {why}")
+        if self.steps is not None and self.epochs is not None:
+            raise ValueError(f"{key}: give steps or epochs, not both (epochs sets the step count)")
+        try:
+            self.async_options()
+        except ValueError as exc:
+            raise ValueError(f"{key}: {exc}") from None
+
+    def async_options(self, config: UpdateConfig | None = None) -> tuple[int | None, int | None]:
+        """``(max_staleness, ahead)`` with the async defaults filled in (`check_async_options`; None each in sync
+        mode), checked against the other settings and, given, the update's ``config``."""
+        _, max_staleness, ahead = check_async_options(
+            self.mode, self.max_staleness, self.ahead, config=config, filter_groups=self.filter_groups,
+            policies=self.policies, advantage=self.advantage,
+        )  # fmt: skip
+        return max_staleness, ahead
+
+    def check_update(self, config: UpdateConfig | None) -> None:
+        """Every check between this section and the update settings it trains with (the section's ``config``, or the
+        `UpdateConfig` given to `GRPO` beside it): the loss aggregation, the policies' engine and processes, the
+        async options, the update temperature, the critic's processes. A `ValueError` whose one line starts with
+        ``grpo`` and names the setting."""
+        key = self._key
+        try:
+            resolve_loss_agg(self.advantage, self.loss_agg, config)
+        except ValueError as exc:  # "loss_agg: ..."
+            raise ValueError(f"{key}.{exc}") from None
+        if self.policies is not None:
+            from lightrail.algorithms.policies import check_policies_engine
+
+            check_policies_engine(self.rollout_engine, lora=config is not None and config.lora is not None)
+            if config is not None and config.ranks > 1:
+                raise ValueError(f"{key}.config.ranks: policies train in this process: ranks must be 1")
+        if config is None:
+            return
+        if self.critic and config.sharding != "replicate":
+            raise ValueError(f"{key}.config.sharding: advantage {self.advantage!r} does not run with sharding "
+                             f"{config.sharding!r} yet (untested)")  # fmt: skip
+        if self.critic and config.ranks > 1:
+            raise ValueError(f"{key}.config.ranks: advantage {self.advantage!r} trains its value head in one process, "
+                             f"not {config.ranks}")  # fmt: skip
+        try:
+            self.async_options(config)
+        except ValueError as exc:
+            raise ValueError(f"{key}: {exc}") from None
+        try:
+            check_update_temperature(config, self.training_sampling())
+        except ValueError as exc:  # "config.temperature: ..."
+            raise ValueError(f"{key}.{exc}") from None
+
+    def training_sampling(self) -> dict[str, Any]:
+        """The sampling of training rollouts: ``sampling`` over the defaults (temperature 1.0, 64 tokens)."""
+        return {"temperature": 1.0, "max_tokens": 64, **(self.sampling or {})}
+
+    def validation_sampling(self) -> dict[str, Any]:
+        """The sampling of validation rollouts: ``val_sampling`` over the defaults (greedy, 64 tokens)."""
+        return {"temperature": 0.0, "max_tokens": 64, **(self.val_sampling or {})}
 
     def credit_scheme(self) -> CreditAssignment:
         """``credit`` and ``credit_args`` as a `CreditAssignment`."""
@@ -464,6 +544,7 @@ class SFTSection(_PolicySection, kw_only=True, forbid_unknown_fields=True):
     _at_least = {"steps": 0, "batch_size": 1, "n_samples": 1, "tasks": 1, "best_of": 1}
 
     steps: int = 100
+    """Optimizer steps."""
     merge_calls: bool = True
     val_every: int = 0
     validate_before: bool = False
@@ -579,3 +660,77 @@ class APOSection(_Section, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(
                 f"apo.demo_template: {self.demo_template!r} is not one of the prompts {sorted(self.prompts)}"
             )
+
+
+def check_async_options(
+    mode: str,
+    max_staleness: int | None,
+    ahead: int | None,
+    *,
+    config: UpdateConfig | None = None,
+    filter_groups: bool = False,
+    policies: Mapping[str, Sequence[str]] | None = None,
+    advantage: str = "grpo",
+) -> tuple[str, int | None, int | None]:
+    """Check `GRPO`'s ``mode`` and its async settings; returns ``(mode, max_staleness, ahead)`` with the async
+    defaults filled in (``max_staleness`` 1, ``ahead`` = ``max_staleness`` or 1). The cap of the truncated importance
+    weights is the update's ``config.is_cap`` (`DEFAULT_IS_CAP` when unset). ValueError names the offending setting in
+    one line."""
+    if mode == "sync":
+        given = [n for n, v in (("max_staleness", max_staleness), ("ahead", ahead)) if v is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)}: only with mode async (sync steps are on-policy)")
+        return mode, None, None
+    max_staleness = 1 if max_staleness is None else max_staleness
+    if max_staleness < 0:
+        raise ValueError(f"max_staleness must be >= 0, not {max_staleness}")
+    ahead = max(max_staleness, 1) if ahead is None else ahead
+    if ahead < 1:
+        raise ValueError(f"ahead must be >= 1 (steps of rollouts sampling while a step trains), not {ahead}")
+    if filter_groups:
+        raise ValueError("filter_groups samples more rounds within a step: not with mode async")
+    if policies is not None:
+        raise ValueError("policies: mode async trains one shared policy")
+    from lightrail.adapters.advantages import check_estimator
+
+    if check_estimator(advantage).critic:
+        raise ValueError(
+            f"advantage {advantage}: not with mode async yet (the critic is trained on on-policy rows only)"
+        )
+    if config is not None and config.mini_batches != 1:
+        raise ValueError("mode async weighs stale tokens against the pre-update weights: needs config.mini_batches 1")
+    return mode, max_staleness, ahead
+
+
+def check_update_temperature(config: UpdateConfig | None, sampling: Mapping[str, Any]) -> None:
+    """GRPO sets ``config.temperature`` from the sampling temperature (the engine reports logprobs of the
+    temperature-scaled distribution, and the update's must be the same): another value given there is a ValueError
+    naming it, not a setting silently replaced."""
+    temperature = sampling.get("temperature")
+    if config is not None and config.temperature != 1.0 and temperature and config.temperature != temperature:
+        raise ValueError(
+            f"config.temperature: the update divides logits by the sampling temperature (sampling.temperature, "
+            f"here {temperature}), not by {config.temperature}; set sampling.temperature instead"
+        )
+
+
+def resolve_loss_agg(advantage: str, loss_agg: str | None, config: UpdateConfig | None = None) -> LossNorm:
+    """The `LossNorm` a run uses: ``loss_agg`` if given, else a non-default ``config.loss_norm``, else the
+    estimator's natural one (``sequence_sum_norm`` for ``dr_grpo``, ``token`` otherwise)."""
+    from lightrail.model.update_config import resolve_loss_norm
+
+    configured = config.loss_norm if config is not None else "token"
+    if loss_agg is not None:
+        norm = resolve_loss_norm(loss_agg)
+        if configured != "token" and configured != norm:
+            raise ValueError(
+                f"loss_agg: {loss_agg!r} contradicts config.loss_norm={configured!r}; set only one of them"
+            )
+        return norm
+    if configured != "token":
+        return configured
+    return NATURAL_LOSS_NORM.get(advantage, "token")
+
+
+NATURAL_LOSS_NORM: dict[str, LossNorm] = {"dr_grpo": "sequence_sum_norm"}
+"""Estimators whose paper defines its own loss aggregation; the others keep token-mean (verl's default)."""

@@ -108,7 +108,7 @@ CPU_DTYPE = "float32"
 Its tokens and logprobs are the transformers float32 forward's (greedy equal, logprobs within 1e-4): what GRPO's
 ratios assume. ``bfloat16`` (on CPUs
 with bfloat16 matrix units, AMX / avx512_bf16) decodes faster still but its logprobs differ from the trainer's float32
-ones; GRPO then corrects each token by truncated importance sampling (``is_cap``)."""
+ones; GRPO then corrects each token by truncated importance sampling (``config.is_cap``)."""
 
 KV_CACHES = ("slots", "concat")
 """``kv_cache`` settings: ``slots`` (`lightrail.engine.kv.SlotCache`: preallocated per row, written in place) or

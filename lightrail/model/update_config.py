@@ -135,8 +135,8 @@ class UpdateConfig:
     is_cap: float | None = None
     """Truncated importance sampling of stale tokens (`lightrail.model._loss`, TIS): the PPO ratio is taken
     against the trainer's own pre-step logprobs and each token weighted by ``min(pi_trainer / pi_sampler, is_cap)``.
-    `GRPO` sets it in ``mode: async`` from its own ``is_cap`` (one given here too is refused) and for a bfloat16
-    sampler; None keeps the ratio against the sampler's logprobs. Needs ``mini_batches: 1``."""
+    GRPO's ``mode: async`` and a sampler below float32 need it and use 2.0 when it is unset; None (in a sync float32
+    run) keeps the ratio against the sampler's logprobs. Needs ``mini_batches: 1``."""
     skip_zero_advantage_rows: bool = True
     """Leave rows whose advantages are all zero out of the update (they carry no gradient but the KL term)."""
     share_prefixes: bool = True

@@ -59,7 +59,15 @@ import msgspec
 
 from lightrail.agent.cli import DEFAULT_CONCURRENCY
 from lightrail.agent.ray import RaySettings
-from lightrail.algorithms.settings import GRPOSection, SFTSection, convert, unknown_keys, update_config
+from lightrail.algorithms.settings import (
+    RUN_FIELDS,
+    APOSection,
+    GRPOSection,
+    SFTSection,
+    convert,
+    unknown_keys,
+    update_config,
+)
 from lightrail.gateway.server import GatewaySettings
 from lightrail.tracking import LoggerKind, LoggerSettings
 
@@ -138,16 +146,16 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """How rollouts run: runner processes, Ray actors, the trainer's store server (the ``trainer`` section below)."""
     gateway: GatewaySettings = msgspec.field(default_factory=GatewaySettings)
     """Where the training gateway listens and the URL runners are given (set both for runners on other hosts)."""
-    grpo: dict[str, Any] = msgspec.field(default_factory=dict)
-    """Keyword arguments of `GRPO` (the ``grpo`` section below)."""
+    grpo: GRPOSection = msgspec.field(default_factory=GRPOSection)
+    """Keyword arguments of `GRPO` (the ``grpo`` section below); its ``seed`` and ``out_dir`` are the run's."""
     algorithm: str | list[str] = "grpo"
     """``grpo`` (the ``grpo:`` section), ``verl`` (the ``verl:`` section, a verl config dict, trained by `GRPO`), ``apo``
     (prompt optimization: the ``apo:`` section, `APO`'s arguments),
     ``sft`` (the ``sft:`` section, `SFT`'s arguments), or the chain ``[sft, grpo]`` (GRPO starts from SFT's weights;
     their outputs go to ``<out_dir>/sft`` and ``<out_dir>/grpo``)."""
-    apo: dict[str, Any] = msgspec.field(default_factory=dict)
+    apo: APOSection | None = None
     """Keyword arguments of `APO` when ``algorithm: apo`` (the ``apo`` section below)."""
-    sft: dict[str, Any] = msgspec.field(default_factory=dict)
+    sft: SFTSection = msgspec.field(default_factory=SFTSection)
     """Keyword arguments of `SFT` when ``algorithm`` is ``sft`` or ``[sft, grpo]`` (the ``sft`` section below)."""
     verl: dict[str, Any] = msgspec.field(default_factory=dict)
     """With ``algorithm: verl``: a verl config dict, as agent-lightning's ``agl.VERL(config)`` takes it, run as `GRPO`
@@ -188,9 +196,9 @@ def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
 T = TypeVar("T")
 
 
-def read_yaml_config(path: str | os.PathLike[str], overrides: Sequence[str], schema: type[T]) -> T:
-    """A YAML file as ``schema`` (a msgspec struct), ``--set dotted.path=value`` overrides applied first; every
-    problem is a one-line `ConfigError` naming the file and the field."""
+def read_yaml_data(path: str | os.PathLike[str], overrides: Sequence[str]) -> dict[str, Any]:
+    """A YAML file's top-level mapping, ``--set dotted.path=value`` overrides applied; every problem is a one-line
+    `ConfigError` naming the file (and the line and column of a YAML error)."""
     import yaml
 
     try:
@@ -208,10 +216,21 @@ def read_yaml_config(path: str | os.PathLike[str], overrides: Sequence[str], sch
         if not sep or not key:
             raise ConfigError(f"--set {item!r}: expected dotted.path=value")
         _set_path(data, key.strip(), yaml.safe_load(raw))
+    return data
+
+
+def read_yaml_config(path: str | os.PathLike[str], overrides: Sequence[str], schema: type[T]) -> T:
+    """A YAML file as ``schema`` (a msgspec struct), ``--set dotted.path=value`` overrides applied first; every
+    problem is a one-line `ConfigError` naming the file and the field."""
+    return _checked(read_yaml_data(path, overrides), schema, str(path))
+
+
+def _checked(data: Any, schema: type[T], where: str) -> T:
+    """``data`` as ``schema``; its one-line error as a `ConfigError` starting with ``where`` (the file)."""
     try:
-        return convert(data, schema)
+        return convert(data, schema, strict=False)  # YAML reads `1e-4` as a string: numbers in strings are numbers
     except ValueError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 def check_store_field(path: str | os.PathLike[str], store: str | None) -> None:
@@ -227,64 +246,67 @@ def check_store_field(path: str | os.PathLike[str], store: str | None) -> None:
 
 def load_config(path: str | os.PathLike[str], overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
     """Read and check a YAML config; ``overrides`` are ``dotted.path=value`` strings applied first."""
-    config = read_yaml_config(path, overrides, TrainConfig)
+    data = read_yaml_data(path, overrides)
+    for name in ("grpo", "sft", "apo"):  # the sections run with the run's seed and folder: given once, at the top
+        if isinstance(section := data.get(name), dict) and (taken := sorted(set(RUN_FIELDS) & set(section))):
+            raise ConfigError(
+                f"{path}: {name}.{taken[0]}: a run's {taken[0]} is the top-level {taken[0]!r}; set it there"
+            )
+    if data.get("algorithm") == "verl":
+        data = _from_verl(data)
+    elif data.get("verl"):
+        raise ConfigError(f"verl: a verl dict runs with algorithm: verl, not {data.get('algorithm', 'grpo')!r}")
+    config = _checked(data, TrainConfig, str(path))
     check_store_field(path, config.store)
     # a bare word is a model's name: one that is neither a name nor a folder here is a typo (`tiny2`), said now; a
     # path may name a folder of another machine (the GPU configs), checked when the run starts (`train`)
-    if config.algorithm != "verl" and "/" not in config.model and os.sep not in config.model:
+    if "/" not in config.model and os.sep not in config.model:
         from lightrail.engine.models import check_model_name
 
         try:
             check_model_name(config.model)
         except FileNotFoundError as exc:
             raise ConfigError(f"{path}: model: {exc}") from None
-    if config.algorithm == "verl":
-        config = _from_verl(config)
-    elif config.verl:
-        raise ConfigError(f"verl: a verl dict runs with algorithm: verl, not {config.algorithm!r}")
     recipe(config).arguments(config, None)  # every section it reads checked now, not after the model is built
     return config
 
 
-def _from_verl(config: TrainConfig) -> TrainConfig:
-    """``algorithm: verl``: the ``verl`` dict as the ``grpo`` section, ``model``, ``name`` and ``trainer.loggers``
-    (`lightrail.trainer.verl_compat`), the config then checked and run as ``algorithm: grpo``. A setting given both in
-    the verl dict and by its lightrail name is an error, not a silent choice."""
+def _from_verl(data: dict[str, Any]) -> dict[str, Any]:
+    """``algorithm: verl``: a config's ``verl`` dict as its ``grpo`` section, ``model``, ``name`` and
+    ``trainer.loggers`` (`lightrail.trainer.verl_compat`), the config then checked and run as ``algorithm: grpo``. A
+    setting given both in the verl dict and by its lightrail name is an error, not a silent choice. ``data``: the
+    config as plain data (as written: a key present is a key given)."""
     from lightrail.trainer.verl_compat import verl_settings
 
     try:
-        settings = verl_settings(config.verl)
+        settings = verl_settings(data.get("verl") or {})
     except ValueError as exc:
         raise ConfigError(f"verl: {exc}") from None
-    twice = sorted(set(settings.grpo) & set(config.grpo))
+    written = dict(data.get("grpo") or {})
+    twice = sorted(set(settings.grpo) & set(written))
     if twice == ["config"]:  # verl sets grpo.config keys (always clip_ratio_c): the section may add the others
-        twice = [f"config.{k}" for k in sorted(set(settings.grpo["config"]) & set(config.grpo["config"] or {}))]
+        twice = [f"config.{k}" for k in sorted(set(settings.grpo["config"]) & set(written["config"] or {}))]
     if twice:
         raise ConfigError(f"grpo: {', '.join(twice)} set by the verl section already; give each setting once")
-    defaults = TrainConfig(agent="", data="")
-    grpo = {**config.grpo, **settings.grpo}
-    if "config" in settings.grpo and config.grpo.get("config"):
-        grpo["config"] = {**config.grpo["config"], **settings.grpo["config"]}
-    changes: dict[str, Any] = {"algorithm": "grpo", "grpo": grpo}
+    grpo = {**written, **settings.grpo}
+    if "config" in settings.grpo and written.get("config"):
+        grpo["config"] = {**written["config"], **settings.grpo["config"]}
+    out = {**data, "algorithm": "grpo", "grpo": grpo}
     for name, value, verl_key in (
         ("model", settings.model, "actor_rollout_ref.model.path"),
         ("name", settings.name, "trainer.experiment_name"),
     ):
         if value is None:
             continue
-        if getattr(config, name) not in (getattr(defaults, name), value):
+        if data.get(name, value) != value:
             raise ConfigError(f"{name}: set by verl {verl_key} already ({value!r}); give it once")
-        changes[name] = value
-    trainer = config.trainer
+        out[name] = value
     if settings.loggers is not None:
-        if trainer.loggers != defaults.trainer.loggers:
+        trainer = dict(data.get("trainer") or {})
+        if "loggers" in trainer:
             raise ConfigError("trainer.loggers: set by verl trainer.logger already; give them once")
-        try:
-            loggers = msgspec.convert(settings.loggers, list[LoggerSettings])
-        except msgspec.ValidationError as exc:
-            raise ConfigError(f"verl: trainer.logger: {exc}") from None
-        trainer = msgspec.structs.replace(trainer, loggers=list(loggers))
-    return msgspec.structs.replace(config, trainer=trainer, **changes)
+        out["trainer"] = {**trainer, "loggers": settings.loggers}
+    return out
 
 
 def _yaml_where(exc: Exception) -> str:
@@ -319,11 +341,19 @@ def checked_update_config(update: dict[str, Any], where: str) -> UpdateConfig:
         raise ConfigError(str(exc)) from None
 
 
-def _grpo_kwargs(config: TrainConfig) -> dict[str, Any]:
-    """The config's ``grpo`` section as `GRPO` arguments: the checked `GRPOSection` (the top-level ``seed`` and the
-    run folder as its defaults), its ``config`` and the gateway."""
-    top = {"seed": config.seed, "out_dir": str(config.run_dir)}
-    return {**_grpo_options({**top, **config.grpo}, "grpo", given=config.grpo), "gateway": config.gateway}
+def _grpo_kwargs(
+    config: TrainConfig, train_tasks: list[dict] | None = None, *, out_dir: Path | None = None
+) -> dict[str, Any]:
+    """The config's ``grpo`` section as `GRPO` arguments: the section with the run's seed and folder (``out_dir``, by
+    default the run's), its ``config`` as an `UpdateConfig` checked against it (`GRPOSection.check_update`), and the
+    gateway. ``train_tasks`` are not read (GRPO gets them from the trainer)."""
+    section = msgspec.structs.replace(config.grpo, seed=config.seed, out_dir=str(out_dir or config.run_dir))
+    update = checked_update_config(section.config, "grpo.config") if section.config else None
+    try:
+        section.check_update(update)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return {"section": section, "config": update, "gateway": config.gateway}
 
 
 def _section(data: Any, schema: type[T], where: str) -> T:
@@ -333,48 +363,18 @@ def _section(data: Any, schema: type[T], where: str) -> T:
         raise ConfigError(str(exc)) from None
 
 
-def _grpo_options(section: dict[str, Any], where: str, given: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """A ``grpo`` section as `GRPO` arguments ``{section, config}``, checked now (`GRPOSection`, and ``config``
-    against ``loss_agg``), not after the model is built; errors name their field (``grpo.config.lr``). ``given``: the
-    keys the user wrote (steps and epochs both written is an error). Also reads the section
-    `lightrail.trainer.verl_compat` makes of a verl dict (``where`` then ``verl``)."""
-    from lightrail.algorithms.grpo import check_async_options, check_update_temperature, resolve_loss_agg
+def _apo_kwargs(config: TrainConfig, train_tasks: list[dict] | None = None) -> dict[str, Any]:
+    """The config's ``apo`` section as `APO` keyword arguments (checked by `lightrail.algorithms.apo`), with the run's
+    seed and folder."""
+    from lightrail.algorithms.apo import section_objects
 
-    settings = _section(section, GRPOSection, where)
-    if "steps" in (given or section) and settings.epochs is not None:
-        raise ConfigError(f"{where}: give steps or epochs, not both (epochs sets the step count)")
-    update = checked_update_config(settings.config, f"{where}.config") if settings.config else None
-    if settings.policies is not None:
-        from lightrail.algorithms.policies import check_policies_engine
-
-        try:
-            check_policies_engine(settings.rollout_engine, lora=update is not None and update.lora is not None)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+    if config.apo is None:
+        raise ConfigError("apo: algorithm apo needs an apo section (at least apo.prompts: the prompts to optimize)")
+    section = msgspec.structs.replace(config.apo, seed=config.seed, out_dir=str(config.run_dir))
     try:
-        resolve_loss_agg(settings.advantage, settings.loss_agg, update)
-    except ValueError as exc:
-        raise ConfigError(f"{where}.{exc}") from None
-    try:  # what `GRPO` checks again when it is made: said now, before the model is built
-        check_async_options(
-            settings.mode, settings.max_staleness, settings.ahead, settings.is_cap, config=update,
-            filter_groups=settings.filter_groups, policies=settings.policies, advantage=settings.advantage,
-        )  # fmt: skip
-        check_update_temperature(update, {"temperature": 1.0, **(settings.sampling or {})})
-    except ValueError as exc:
-        raise ConfigError(f"{where}: {exc}") from None
-    return {"section": settings, "config": update}
-
-
-def _apo_kwargs(config: TrainConfig) -> dict[str, Any]:
-    """The config's ``apo`` section as `APO` keyword arguments (checked by `lightrail.algorithms.apo`)."""
-    from lightrail.algorithms.apo import kwargs_from_config
-
-    try:
-        kwargs = kwargs_from_config({"seed": config.seed, "out_dir": str(config.run_dir), **config.apo})
+        return {**section_objects(section), "gateway": config.gateway}
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    return {**kwargs, "gateway": config.gateway}
 
 
 def _sft_kwargs(config: TrainConfig, train_tasks: list[dict] | None = None) -> dict[str, Any]:
@@ -383,7 +383,7 @@ def _sft_kwargs(config: TrainConfig, train_tasks: list[dict] | None = None) -> d
     given), ``traces``, ``config`` and ``llamafactory``."""
     from lightrail.algorithms.rejection import TraceFilter
 
-    settings = _section({"seed": config.seed, **config.sft}, SFTSection, "sft")
+    settings = msgspec.structs.replace(config.sft, seed=config.seed)
     out_dir = config.run_dir / "sft" if isinstance(config.algorithm, list) else config.run_dir  # a chain's stage
     kwargs: dict[str, Any] = {"section": settings, "out_dir": out_dir, "gateway": config.gateway}
     if settings.teacher is not None:
@@ -491,10 +491,7 @@ def _apo(model: Path, kwargs: dict[str, Any]) -> Algorithm:
 
 
 def _chain_arguments(config: TrainConfig, train_tasks: list[dict] | None) -> dict[str, Any]:
-    return {
-        "sft": _sft_kwargs(config, train_tasks),
-        "grpo": {**_grpo_kwargs(config), "out_dir": config.run_dir / "grpo"},
-    }
+    return {"sft": _sft_kwargs(config, train_tasks), "grpo": _grpo_kwargs(config, out_dir=config.run_dir / "grpo")}
 
 
 def _chain(model: Path, kwargs: dict[str, Any]) -> Algorithm:
@@ -506,9 +503,9 @@ def _chain(model: Path, kwargs: dict[str, Any]) -> Algorithm:
 
 
 ALGORITHMS: dict[str | tuple[str, ...], Recipe] = {
-    "grpo": Recipe(lambda config, _: _grpo_kwargs(config), _grpo),
+    "grpo": Recipe(_grpo_kwargs, _grpo),
     "sft": Recipe(_sft_kwargs, _sft),
-    "apo": Recipe(lambda config, _: _apo_kwargs(config), _apo),
+    "apo": Recipe(_apo_kwargs, _apo),
     ("sft", "grpo"): Recipe(_chain_arguments, _chain),
 }
 """A config's ``algorithm`` (a name, or the chain ``[sft, grpo]`` as a tuple) -> its `Recipe`. ``verl`` is not here:
@@ -544,12 +541,21 @@ def _check_formats(model: Path, config: TrainConfig) -> None:
     markup is not recognised, or a format name that does not exist, is a one-line error before anything starts."""
     from lightrail.engine.formats import UnknownFormatError, formats_of
 
-    for section in ("grpo", "sft"):
-        options = (getattr(config, section) or {}).get("engine_options") or {}
+    for name, section in (("grpo", config.grpo), ("sft", config.sft)):
+        options = section.engine_options or {}
         try:
             formats_of(model, options.get("tool_format"), options.get("reasoning"))
         except UnknownFormatError as exc:
-            raise ConfigError(f"model {config.model}: {exc} in {section}.engine_options") from None
+            raise ConfigError(f"model {config.model}: {exc} in {name}.engine_options") from None
+
+
+def _as_written(config: TrainConfig) -> dict[str, Any]:
+    """A config made in Python as the plain data a file would hold: its ``grpo`` section only with the fields that
+    differ from their defaults (what `_from_verl` counts as given)."""
+    data = msgspec.to_builtins(config)
+    defaults = msgspec.to_builtins(GRPOSection())
+    data["grpo"] = {key: value for key, value in data["grpo"].items() if defaults.get(key) != value}
+    return data
 
 
 def train(config: TrainConfig) -> TrainResult:
@@ -558,7 +564,7 @@ def train(config: TrainConfig) -> TrainResult:
     from lightrail.trainer.trainer import Trainer
 
     if config.algorithm == "verl":  # a config made in Python, not loaded (`load_config` turns it into grpo's)
-        config = _from_verl(config)
+        config = _checked(_from_verl(_as_written(config)), TrainConfig, "config")
     try:
         check_model_name(config.model)  # before anything is made or imported
     except FileNotFoundError as exc:
@@ -624,11 +630,9 @@ def VERL(config: Mapping[str, Any], **grpo_options: Any) -> GRPO:  # noqa: N802 
     twice = sorted(set(grpo_options) & set(settings.grpo))
     if twice:
         raise ValueError(f"{', '.join(twice)}: set by the verl config already; give each setting once")
-    try:
-        kwargs = _grpo_options(settings.grpo, where="verl")
-    except ConfigError as exc:
-        raise ValueError(str(exc)) from None
-    grpo_options.setdefault("config", kwargs.pop("config"))
+    section = convert(settings.grpo, GRPOSection, "verl", strict=False)
+    kwargs: dict[str, Any] = {"section": section}
+    grpo_options.setdefault("config", section.update_config())
     if settings.name is not None:
         grpo_options.setdefault("out_dir", f"runs/{settings.name}")
     if settings.loggers is not None or settings.name is not None:

@@ -19,9 +19,14 @@ import textwrap
 import types
 import typing
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
+
+from lightrail.algorithms.settings import RUN_FIELDS
+
+if TYPE_CHECKING:
+    from lightrail.trainer.config import TrainConfig
 
 __all__ = ["ConfigField", "Section", "render_markdown", "resolved_config", "sections"]
 
@@ -47,9 +52,6 @@ class Section:
 
 
 _REQUIRED = "required"
-
-# Section keys whose default is the top-level setting of the same name (`lightrail.trainer.config` passes it).
-_FROM_TOP = {"seed": "the top-level seed", "out_dir": "the top-level out_dir"}
 
 
 def _attribute_docs(cls: type) -> dict[str, str]:
@@ -154,8 +156,8 @@ def _struct_fields(cls: type, *, exclude: frozenset[str] = frozenset()) -> list[
 
 
 def _section_fields(cls: type) -> list[ConfigField]:
-    """An algorithm's section (`lightrail.algorithms.settings`), defaults taken from the top level shown as such."""
-    return [dataclasses.replace(f, default=_FROM_TOP.get(f.name, f.default)) for f in _struct_fields(cls)]
+    """An algorithm's section (`lightrail.algorithms.settings`) as a config writes it: without `RUN_FIELDS`."""
+    return _struct_fields(cls, exclude=frozenset(RUN_FIELDS))
 
 
 def sections() -> list[Section]:
@@ -283,26 +285,27 @@ def _render_sections(chosen: list[Section], prefix: str) -> list[str]:
     return lines
 
 
-def resolved_config(config: Any) -> dict[str, Any]:
+def resolved_config(config: TrainConfig) -> dict[str, Any]:
     """``config`` (a checked `TrainConfig`) as plain data with every default filled in: the output folder and store
-    resolved, and the sections of the algorithms it runs completed from their structs (sections it does not run are
-    left out)."""
-    from lightrail.algorithms.settings import APOSection, GRPOSection, SFTSection, ToolRewards, convert, update_config
+    resolved, and the sections of the algorithms it runs with the run's seed and folder and their ``config`` as the
+    `UpdateConfig` it becomes (sections it does not run are left out)."""
+    from lightrail.algorithms.settings import DEFAULT_GRPO_STEPS, ToolRewards, update_config
 
     data = msgspec.to_builtins(config, enc_hook=str)
     data["out_dir"] = str(config.run_dir)
     data["store"] = config.store_location
     algorithms = config.algorithm if isinstance(config.algorithm, list) else [config.algorithm]
-    for name, schema in (("grpo", GRPOSection), ("apo", APOSection), ("sft", SFTSection)):
+    for name in ("grpo", "apo", "sft"):
         if name not in algorithms:
-            if not data[name]:
-                del data[name]
+            del data[name]
             continue
-        top = {key: value for key, value in data.items() if key in _FROM_TOP and key in schema.__struct_fields__}
-        filled = msgspec.to_builtins(convert({**top, **data[name]}, schema, name, strict=False))
+        filled = data[name]
+        for key in RUN_FIELDS:  # the run's, at the top level
+            filled.pop(key, None)
+        if name == "grpo" and filled["steps"] is None and filled["epochs"] is None:
+            filled["steps"] = DEFAULT_GRPO_STEPS
         if name in ("grpo", "sft"):
             filled["config"] = dataclasses.asdict(update_config(filled["config"], f"{name}.config"))
         if name == "grpo" and filled["tool_rewards"] is True:
             filled["tool_rewards"] = msgspec.to_builtins(ToolRewards())
-        data[name] = filled
     return msgspec.json.decode(msgspec.json.encode(data, enc_hook=str))  # plain YAML-able data: tuples as lists

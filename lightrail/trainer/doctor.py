@@ -162,13 +162,13 @@ async def _model_and_rollout(checks: _Checks, config: Any, task: Any, token: str
     from lightrail.store import MemoryStore
     from lightrail.trainer.config import ConfigError, _build_model, _check_formats
 
-    grpo = config.grpo or {}
+    grpo = config.grpo
     try:
         model = _build_model(config, config.data.partition(":")[0])
         _check_formats(model, config)
         engine = make_rollout_engine(
-            grpo.get("rollout_engine", "embedded"), model, served_name=grpo.get("served_name", "policy"),
-            out_dir=config.run_dir, lora_rank=None, engine_options=grpo.get("engine_options"), vllm=grpo.get("vllm"),
+            grpo.rollout_engine, model, served_name=grpo.served_name, out_dir=config.run_dir, lora_rank=None,
+            engine_options=grpo.engine_options, vllm=grpo.vllm,
         )  # fmt: skip
     except (ConfigError, ValueError, OSError, RuntimeError, ImportError) as exc:
         raise checks.fail(f"model {config.model} prepares", one_line(exc)) from None
@@ -201,7 +201,7 @@ async def _one_rollout(checks: _Checks, config: Any, task: Any, token: str | Non
 
     runners = config.trainer
     options: dict[str, Any] = {"otel": runners.otel, "runner_python": runners.runner_python}
-    sampling = {"temperature": 0.0, "max_tokens": 64, **((config.grpo or {}).get("val_sampling") or {})}
+    sampling = config.grpo.validation_sampling()
     try:
         trainer = Trainer(
             n_runners=1, concurrency=1, store=config.store_location, token=token,

@@ -62,7 +62,9 @@ def test_an_update_setting_grpo_sets_from_another_is_refused_not_overwritten(tmp
 
     with pytest.raises(ValueError) as caught:
         GRPO("m", out_dir=str(tmp_path), sampling={"temperature": 0.7}, config=UpdateConfig(temperature=0.5))
-    assert str(caught.value).startswith("config.temperature: the update divides logits by the sampling temperature")
+    assert str(caught.value).startswith(
+        "grpo.config.temperature: the update divides logits by the sampling temperature"
+    )
     same = GRPO("m", out_dir=str(tmp_path), sampling={"temperature": 0.7}, config=UpdateConfig(temperature=0.7))
     assert same.sampling["temperature"] == 0.7
 
@@ -91,3 +93,16 @@ def test_apo_and_trainer_refuse_the_wrong_kind_in_one_line(tmp_path):
     with pytest.raises(TypeError, match=r"^algorithm: expected an Algorithm \(GRPO\(...\), SFT\(...\), APO\(...\)\), "
                        r"got 'grpo'$"):  # fmt: skip
         lightrail.Trainer(n_runners=1, store=str(tmp_path / "s.db"), algorithm="grpo")  # type: ignore[arg-type]
+
+
+def test_a_removed_grpo_setting_names_its_replacement(tmp_path):
+    """One knob per setting: the async cap of the truncated importance weights is the update's ``config.is_cap``;
+    GRPO's own ``is_cap`` is gone, and giving it says where the setting went instead of failing on an unknown name."""
+    from lightrail.model import UpdateConfig
+
+    with pytest.raises(
+        TypeError, match=r"^is_cap: no longer a GRPO setting: the cap is the update's grpo.config.is_cap"
+    ):
+        GRPO("m", out_dir=str(tmp_path), mode="async", is_cap=3.0)
+    capped = GRPO("m", out_dir=str(tmp_path), mode="async", config=UpdateConfig(is_cap=3.0))
+    assert capped.config is not None and capped.config.is_cap == 3.0

@@ -13,7 +13,8 @@ import torch
 
 from lightrail import MemoryStore, Trainer
 from lightrail.algorithms import UpdateConfig
-from lightrail.algorithms.grpo import GRPO, check_async_options
+from lightrail.algorithms.grpo import GRPO
+from lightrail.algorithms.settings import check_async_options
 from lightrail.engine.models import build_tiny_model
 from lightrail.model._loss import policy_loss, tis_weights
 from lightrail.types import Attr
@@ -50,18 +51,16 @@ def test_truncated_importance_weights_on_fixed_tensors():
 
 
 def test_async_settings_are_checked_in_one_line():
-    assert check_async_options("async", None, None, None) == ("async", 1, 1, 2.0)
-    assert check_async_options("async", 3, None, 1.5) == ("async", 3, 3, 1.5)
-    assert check_async_options("sync", None, None, None) == ("sync", None, None, None)
+    assert check_async_options("async", None, None) == ("async", 1, 1)
+    assert check_async_options("async", 3, None) == ("async", 3, 3)
+    assert check_async_options("sync", None, None) == ("sync", None, None)
     cases = [
-        (("sync", 2, None, None), {}, "max_staleness: only with mode async"),
-        (("async", -1, None, None), {}, "max_staleness must be >= 0"),
-        (("async", 0, 0, None), {}, "ahead must be >= 1"),
-        (("async", 1, 1, 0.0), {}, "is_cap must be positive"),
-        (("async", 1, 1, None), {"filter_groups": True}, "filter_groups"),
-        (("async", 1, 1, None), {"config": UpdateConfig(mini_batches=2)}, "needs config.mini_batches 1"),
-        (("async", 1, 1, None), {"advantage": "gae"}, "advantage gae: not with mode async"),
-        (("async", 1, 1, None), {"config": UpdateConfig(is_cap=3.0)}, "config.is_cap: with mode async the cap is"),
+        (("sync", 2, None), {}, "max_staleness: only with mode async"),
+        (("async", -1, None), {}, "max_staleness must be >= 0"),
+        (("async", 0, 0), {}, "ahead must be >= 1"),
+        (("async", 1, 1), {"filter_groups": True}, "filter_groups"),
+        (("async", 1, 1), {"config": UpdateConfig(mini_batches=2)}, "needs config.mini_batches 1"),
+        (("async", 1, 1), {"advantage": "gae"}, "advantage gae: not with mode async"),
     ]
     for args, kwargs, message in cases:
         with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")) as err:

@@ -288,7 +288,7 @@ def test_train_with_the_config(tmp_path, tools):
             "grpo.config={lr: 1.0e-3, lora: false}",
         ],
     )
-    assert config.trainer.otel and config.grpo["agents"] == [SOLVER] and config.grpo["credit"] == "per_turn"
+    assert config.trainer.otel and config.grpo.agents == [SOLVER] and config.grpo.credit == "per_turn"
     result = train(config)
     assert result.report["steps"] == 1
 
@@ -341,7 +341,7 @@ def test_per_agent_policies_serve_and_train_the_solver_and_the_checker_apart(tmp
             "grpo.val_sampling={temperature: 0.0, max_tokens: 16}",
         ],
     )
-    assert config.trainer.otel and config.grpo["policies"] == policies
+    assert config.trainer.otel and config.grpo.policies == policies
     result = train(config)
     step = asyncio.run(
         assert_each_call_served_and_trained_by_its_agents_policy(
@@ -362,7 +362,7 @@ def test_the_configs_recipe_sft_from_the_teacher_program_then_grpo_on_the_solver
         CONFIG,
         overrides=[*SHORT_RECIPE, f"out_dir={tmp_path / 'run'}", "data_args.n_train=8", "data_args.n_val=2"],
     )
-    assert config.algorithm == ["sft", "grpo"] and config.sft["agents"] == [SOLVER]
+    assert config.algorithm == ["sft", "grpo"] and config.sft.agents == [SOLVER]
     result = train(config)
 
     rollouts, spans_of = _spans_by_rollout(result.store)
@@ -379,7 +379,7 @@ def test_the_configs_recipe_sft_from_the_teacher_program_then_grpo_on_the_solver
         assert calls[-1].span.attributes[Attr.RESPONSE]["choices"][0]["message"]["content"] == "CORRECT"
     right = [r for r in by_teacher if r.reward == 1.0]
     assert 0 < len(right) < 8  # an imperfect teacher: some chats end wrong
-    kept = by_teacher if config.sft.get("min_reward", 1.0) is None else right
+    kept = by_teacher if config.sft.min_reward is None else right
 
     sft = result.report["stages"]["sft"]
     assert sft["kept_rollouts"] == len(kept) and sft["steps"] == 2

@@ -226,13 +226,13 @@ async def test_train_config_links_every_call_to_its_crew_agent_and_trains_only_t
         "grpo.agents=[writer]",  # the recipe trains both agents (the next tests); one agent shows the selection
     ]
     config = load_config(ROOT / "examples" / "crew_agent" / "config.yaml", overrides)
-    assert config.trainer.otel and config.grpo["agents"] == ["writer"]
+    assert config.trainer.otel and config.grpo.agents == ["writer"]
     result = await asyncio.to_thread(train, config)
     assert result.report["steps"] == 1
     step = train_step_metrics(result.report)
     assert (step["rollouts"], step["excluded"]) == (4, 0)
 
-    selected = AgentFilter(config.grpo["agents"])
+    selected = AgentFilter(config.grpo.agents)
     store = SQLiteStore(str(result.store))
     try:
         rollouts = await store.query_rollouts()
@@ -282,7 +282,7 @@ async def test_per_agent_policies_serve_and_train_the_researcher_and_the_writer_
         "grpo.val_sampling.max_tokens=16",
     ]
     config = load_config(ROOT / "examples" / "crew_agent" / "config.yaml", overrides)
-    assert config.trainer.otel and config.grpo["policies"] == policies
+    assert config.trainer.otel and config.grpo.policies == policies
     result = await asyncio.to_thread(train, config)
     await assert_each_call_served_and_trained_by_its_agents_policy(
         result.report, result.store, policies, lambda call: _role_of(call.span)
@@ -337,13 +337,13 @@ async def test_the_configs_recipe_sft_from_the_teacher_through_the_crew_then_grp
         "data_args={seed: 0, n_train: 6, n_val: 2}",
     ]
     config = load_config(ROOT / "examples" / "crew_agent" / "config.yaml", overrides)
-    assert config.algorithm == ["sft", "grpo"] and config.sft["min_reward"] is None
+    assert config.algorithm == ["sft", "grpo"] and config.sft.min_reward is None
     result = await asyncio.to_thread(train, config)
 
     rollouts = await episodes_of(result.store)
     by_teacher = [(r, e) for r, e in rollouts if request_model(e.calls[0]) == "teacher"]
     questions = [t["question"] for t in splits(seed=0, n_train=6, n_val=2)[0]]
-    assert sorted(r.task.input["question"] for r, _ in by_teacher) == sorted(questions * config.sft["n_samples"])
+    assert sorted(r.task.input["question"] for r, _ in by_teacher) == sorted(questions * config.sft.n_samples)
     teacher_calls = 0
     for rollout, episode in by_teacher:  # the researcher looks up, then hands its notes on; the writer answers
         assert [c.agent_name for c in episode.calls] == ["researcher", "researcher", "writer"]

@@ -445,7 +445,7 @@ async def test_per_agent_policies_serve_and_train_the_researcher_and_the_editor_
         "grpo.val_sampling={temperature: 0.0, max_tokens: 16}",
     ]
     config = load_config(ROOT / "examples/rag_agent/config.yaml", overrides=overrides)
-    assert config.grpo["policies"] == policies
+    assert config.grpo.policies == policies
     result = await asyncio.to_thread(train, config)
     await assert_each_call_served_and_trained_by_its_agents_policy(
         result.report, result.store, policies, _agent_by_instructions
@@ -521,7 +521,7 @@ def test_the_configs_recipe_sft_from_the_teacher_through_the_workflow_then_grpo_
     overrides = [*SHORT_RECIPE, f"out_dir={tmp_path / 'run'}", "data_args.n_train=6", "data_args.n_val=2"]
     overrides.append("data_args.renamed=1")  # the config's 5 renamed worlds, cut to one (an index each to build)
     config = load_config(ROOT / "examples/rag_agent/config.yaml", overrides=overrides)
-    assert config.algorithm == ["sft", "grpo"] and config.sft["min_reward"] is None
+    assert config.algorithm == ["sft", "grpo"] and config.sft.min_reward is None
     assert load_config(ROOT / "examples/rag_agent/config.yaml").data_args["renamed"] == 5
     result = train(config)
 
@@ -529,7 +529,7 @@ def test_the_configs_recipe_sft_from_the_teacher_through_the_workflow_then_grpo_
     by_teacher = [(r, e) for r, e in rollouts if request_model(e.calls[0]) == "teacher"]
     questions = [t["question"] for t in splits(**config.data_args)[0]]
     assert len(questions) == 12  # 6 real questions and their renamed copies
-    assert sorted(r.task.input["question"] for r, _ in by_teacher) == sorted(questions * config.sft["n_samples"])
+    assert sorted(r.task.input["question"] for r, _ in by_teacher) == sorted(questions * config.sft.n_samples)
     teacher_calls = 0
     for rollout, episode in by_teacher:  # the researcher searches then writes its notes; the editor answers
         names = [c.agent_name for c in episode.calls]

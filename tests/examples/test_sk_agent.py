@@ -188,7 +188,7 @@ async def test_train_config_one_grpo_step_trains_every_solver_call(tmp_path, mon
         "grpo.val_sampling={temperature: 0.0, max_tokens: 16}",
     ]
     config = load_config(CONFIG, overrides)
-    assert config.trainer.otel and config.grpo["agents"] == [SOLVER]
+    assert config.trainer.otel and config.grpo.agents == [SOLVER]
     result = await asyncio.to_thread(train, config)
     assert result.report["steps"] == 1
     step = train_step_metrics(result.report)
@@ -224,7 +224,7 @@ async def test_the_configs_recipe_sft_from_the_teacher_through_the_agent_then_gr
         "data_args={seed: 0, n_train: 6, n_val: 2}",
     ]
     config = load_config(CONFIG, overrides)
-    assert config.algorithm == ["sft", "grpo"] and config.sft["min_reward"] is None
+    assert config.algorithm == ["sft", "grpo"] and config.sft.min_reward is None
     result = await asyncio.to_thread(train, config)
 
     rollouts = await episodes_of(result.store)

@@ -509,13 +509,13 @@ async def test_train_config_names_every_call_by_its_node_and_trains_only_writer_
         "grpo.config={lr: 1.0e-3}",
     ]
     config = load_config(ROOT / "examples" / "sql_agent" / "config.yaml", overrides)
-    assert config.trainer.otel and config.grpo["agents"] == ["write_query", "rewrite_query"]
+    assert config.trainer.otel and config.grpo.agents == ["write_query", "rewrite_query"]
     result = await asyncio.to_thread(train, config)
     assert result.report["steps"] == 1
     step = train_step_metrics(result.report)
     assert (step["rollouts"], step["excluded"]) == (4, 0)
 
-    selected = AgentFilter(config.grpo["agents"])
+    selected = AgentFilter(config.grpo.agents)
     store = SQLiteStore(str(result.store))
     try:
         rollouts = await store.query_rollouts()
@@ -561,7 +561,7 @@ async def test_the_configs_recipe_sft_from_the_teacher_program_then_grpo_on_writ
     monkeypatch.chdir(ROOT)
     overrides = [*SHORT_RECIPE, f"out_dir={tmp_path / 'run'}", "data_args={seed: 0, n_train: 12, n_val: 2}"]
     config = load_config(ROOT / "examples" / "sql_agent" / "config.yaml", overrides)
-    assert config.algorithm == ["sft", "grpo"] and config.sft["min_reward"] is None
+    assert config.algorithm == ["sft", "grpo"] and config.sft.min_reward is None
     result = await asyncio.to_thread(train, config)
 
     train_tasks = splits(seed=0, n_train=12, n_val=2)[0]

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from lightrail.algorithms import GRPO, PolicyUpdater, UpdateConfig, loss_weights, policy_loss
-from lightrail.algorithms.grpo import resolve_loss_agg
+from lightrail.algorithms.settings import resolve_loss_agg
 from lightrail.model._loss import resolve_loss_norm
 from lightrail.model.updater import row_loss_weights
 from lightrail.types import TrainingRow

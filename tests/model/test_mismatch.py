@@ -186,7 +186,8 @@ async def test_a_bfloat16_engine_is_measured_and_corrected_in_sync_mode(tmp_path
     """An embedded engine sampling in bfloat16 (``engine_options: {dtype: bfloat16}``): a sync run's update weighs
     its tokens by truncated IS (`sampler_correction`), the mismatch is measured far above float32's ~1e-13 and below
     the default stop, and each token's weight is near 1; a float32 engine's run keeps the plain ratio."""
-    from lightrail.algorithms.grpo import SAMPLER_IS_CAP, sampler_correction
+    from lightrail.algorithms.grpo import sampler_correction
+    from lightrail.algorithms.settings import DEFAULT_IS_CAP
 
     model = build_tiny_model(tmp_path / "model", size="tiny", seed=0)
     rollouts = {dtype: EmbeddedRollouts(str(model), dtype=dtype, name="tiny") for dtype in ("bfloat16", "float32")}
@@ -220,7 +221,7 @@ async def test_a_bfloat16_engine_is_measured_and_corrected_in_sync_mode(tmp_path
     assert sampler_correction(plain, "async", "bfloat16") is plain
     assert sampler_correction(UpdateConfig(lr=1e-3, mini_batches=2), "sync", "bfloat16").is_cap is None
     config = sampler_correction(plain, "sync", dtypes["bfloat16"])
-    assert config.is_cap == SAMPLER_IS_CAP
+    assert config.is_cap == DEFAULT_IS_CAP
     metrics = PolicyUpdater(str(model), config).step(rows)
     assert 1e-7 < metrics["mismatch_kl"] < 0.02
     assert metrics["is_weight_mean"] == pytest.approx(1.0, abs=0.05)

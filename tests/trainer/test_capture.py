@@ -308,9 +308,8 @@ def test_doctor_stops_at_a_config_or_an_agent_that_does_not_load(tmp_path):
     assert lines(done)[-1].startswith("✗ agent capture_agents:nowhere imports: "), done.stdout
     assert len(lines(done)) == 3  # config, store, then the agent: nothing after it ran
     done = doctor(tmp_path, "works", "grpo.steps=many")
-    assert lines(done) == [lines(done)[0]] and lines(done)[0].startswith(
-        "✗ config parses: grpo.steps: Expected `int`, got `str`"
-    )
+    assert lines(done) == [lines(done)[0]] and lines(done)[0].startswith("✗ config parses: config.yaml: grpo.steps: ")
+    assert "Expected `int | null`, got `str`" in lines(done)[0]
 
 
 def test_doctor_checks_a_store_servers_token_and_role(tmp_path):

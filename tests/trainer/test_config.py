@@ -119,10 +119,13 @@ def test_scale_out_sections_reach_the_trainer_and_the_gateway(tmp_path):
         ("grpo={policies: {w: [a]}, agents: [b]}", "give agents or policies, not both"),
         (
             "grpo.config.temperature=0.5",
-            "grpo: config.temperature: the update divides logits by the sampling "
+            "grpo.config.temperature: the update divides logits by the sampling "
             "temperature (sampling.temperature, here 1.0), not by 0.5",
         ),
-        ("grpo={mode: async, config: {is_cap: 3.0}}", "grpo: config.is_cap: with mode async the cap is is_cap"),
+        (
+            "grpo={mode: async, is_cap: 3.0}",
+            "grpo.is_cap: no longer a setting: the cap is the update's grpo.config.is_cap",
+        ),
         ("grpo.max_staleness=2", "grpo: max_staleness: only with mode async"),
         (
             "grpo.config.max_staleness=2",
@@ -151,7 +154,7 @@ def test_several_policies_on_vllm_are_refused_without_lora_when_the_config_is_re
         with pytest.raises(ConfigError, match=re.escape(refusal)):
             load_config(_write(tmp_path, CONFIG), [*policies, config])
     config = load_config(_write(tmp_path, CONFIG), [*policies, "grpo.config.lora={r: 4}"])
-    assert config.grpo["policies"] == {"w": ["a"], "r": ["b"]}
+    assert config.grpo.policies == {"w": ["a"], "r": ["b"]}
 
 
 def test_bad_references_and_files_are_named(tmp_path, capsys):
@@ -239,11 +242,12 @@ def test_pretrained_model_recipes_are_valid_grpo_alone_with_no_teacher(path):
     --showcases` claims: SmolLM2 with LoRA, GRPO alone (no SFT stage, so no teacher), held-out tasks that do not
     move with the seed (``data_args.seed`` fixed), and a recipe the bench knows."""
     from bench._smollm2_showcases import RECIPES
+    from lightrail.algorithms.settings import SFTSection
     from lightrail.trainer.config import _grpo_kwargs
 
     config = load_config(path)
 
-    assert config.model == "smollm2" and config.algorithm == "grpo" and not config.sft
+    assert config.model == "smollm2" and config.algorithm == "grpo" and config.sft == SFTSection()  # none written
     assert _grpo_kwargs(config)["config"].lora is not None
     assert "seed" in config.data_args and load_config(path, ["seed=7"]).data_args == config.data_args
     assert RECIPES[path.parent.name] == str(path.relative_to(ROOT))
@@ -278,7 +282,7 @@ def test_checking_a_config_with_an_update_section_loads_no_torch(tmp_path):
     path = _write(tmp_path, CONFIG.replace("config: {lr: 1.0e-3}", "config: {lr: 1.0e-3, policy_loss: gspo}"))
     probe = (
         "import sys; from lightrail.trainer.config import load_config; "
-        f"c = load_config({str(path)!r}); print(c.grpo['config'], 'torch' in sys.modules)"
+        f"c = load_config({str(path)!r}); print(c.grpo.config, 'torch' in sys.modules)"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
     assert done.stdout.split()[-1] == "False", done.stdout

@@ -82,7 +82,8 @@ def test_every_field_of_every_section_is_documented():
     ],
 )
 def test_a_bad_setting_is_the_same_one_line_error_from_yaml_and_from_python(tmp_path, cls, kwargs, message):
-    """The section struct checks a setting once: a config and `GRPO(...)`/`SFT(...)`/`APO(...)` say the same."""
+    """The section struct checks a setting once: a config (after the file's name) and `GRPO(...)`/`SFT(...)`/`APO(...)`
+    say the same."""
     section = cls.__name__.lower()
     config = tmp_path / "config.yaml"
     algorithm = {"GRPO": "grpo", "SFT": "sft", "APO": "apo"}[cls.__name__]
@@ -95,12 +96,13 @@ def test_a_bad_setting_is_the_same_one_line_error_from_yaml_and_from_python(tmp_
     else:
         with pytest.raises(ValueError) as from_python:
             cls("m", **kwargs, **({} if cls is APO else {"out_dir": tmp_path / "run"}))
-    assert str(from_yaml.value) == str(from_python.value) == message
+    assert str(from_yaml.value) == f"{config}: {message}" and str(from_python.value) == message
 
 
 def test_a_section_keeps_its_own_default_where_grpo_and_sft_differ(tmp_path):
     grpo, sft = GRPOSection(), SFTSection()
-    assert (grpo.steps, grpo.checkpoint_every, grpo.val_every, grpo.merge_calls) == (50, 10, 10, False)
+    assert (grpo.steps, grpo.checkpoint_every, grpo.val_every, grpo.merge_calls) == (None, 10, 10, False)
+    assert GRPO("m", out_dir=tmp_path / "g").steps == 50  # null: 50, unless epochs count the steps
     assert (sft.steps, sft.checkpoint_every, sft.val_every, sft.merge_calls) == (100, 50, 0, True)
     assert GRPO("m", out_dir=tmp_path / "g").settings.checkpoint_every == 10
     assert SFT("m", out_dir=tmp_path / "s").settings.checkpoint_every == 50
@@ -141,7 +143,7 @@ def test_print_config_fills_every_default_and_runs_as_printed(tmp_path, capsys):
     grpo = printed["grpo"]
     assert (grpo["steps"], grpo["n_samples"], grpo["tasks_per_step"], grpo["val_every"]) == (1, 2, 8, 10)
     assert grpo["credit"] == "discounted" and grpo["credit_args"] == {"gamma": 0.5}
-    assert grpo["tool_rewards"]["success"] == 0.1 and grpo["seed"] == 0
+    assert grpo["tool_rewards"]["success"] == 0.1 and "seed" not in grpo and printed["seed"] == 0  # the run's
     assert grpo["config"]["lr"] == 1e-3 and grpo["config"]["clip_high"] == UpdateConfig.clip_high
     assert grpo["config"]["lora"]["r"] == 8 and grpo["config"]["lora"]["alpha"] == 32
     assert "apo" not in printed and "sft" not in printed

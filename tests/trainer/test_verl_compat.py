@@ -233,7 +233,7 @@ def test_a_config_file_with_a_bad_verl_key_is_a_one_line_config_error(tmp_path):
         load_config(VERL_CONFIG, ["grpo.config.lr=0.1"])
     # a grpo.config key the verl dict leaves unset is added beside verl's (clip_ratio_c: verl's default 3.0)
     config = load_config(VERL_CONFIG, ["grpo.config.micro_batch_tokens=1024"])
-    assert config.grpo["config"]["micro_batch_tokens"] == 1024 and config.grpo["config"]["clip_ratio_c"] == 3.0
+    assert config.grpo.config["micro_batch_tokens"] == 1024 and config.grpo.config["clip_ratio_c"] == 3.0
     with pytest.raises(ConfigError, match="runs with algorithm: verl"):
         load_config(VERL_CONFIG, ["algorithm=grpo"])
 
@@ -241,8 +241,8 @@ def test_a_config_file_with_a_bad_verl_key_is_a_one_line_config_error(tmp_path):
 def test_the_config_file_maps_onto_the_grpo_section_model_name_and_loggers():
     config = load_config(VERL_CONFIG)
     assert config.algorithm == "grpo" and config.model == "smollm2" and config.name == "spider"
-    assert config.grpo["tasks_per_step"] == 32 and config.grpo["agents"] == ["write_query", "rewrite_query"]
-    assert config.grpo["rollout_engine"] == "embedded" and config.grpo["epochs"] == 2
+    assert config.grpo.tasks_per_step == 32 and config.grpo.agents == ["write_query", "rewrite_query"]
+    assert config.grpo.rollout_engine == "embedded" and config.grpo.epochs == 2
     assert [(x.kind, x.experiment) for x in config.trainer.loggers] == [("wandb", "AgentLightning")]
 
 
