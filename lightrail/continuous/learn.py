@@ -347,6 +347,12 @@ def load_learn_config(path: str, overrides: list[str] | tuple[str, ...] = ()) ->
     config = read_yaml_config(path, overrides, LearnConfig)
     check_store_field(path, config.store)
     checked_update_config(config.config, f"{path}: config")
+    given = config.config.get("temperature", config.temperature)
+    if given != config.temperature:  # one setting: the update divides logits by the temperature the calls had
+        raise ConfigError(
+            f"{path}: config.temperature: the update divides logits by the calls' sampling temperature "
+            f"(temperature, here {config.temperature}), not by {given}; set temperature instead"
+        )
     if config.min_sessions < 1 or config.max_sessions < config.min_sessions or config.updates < 1:
         raise ConfigError(f"{path}: need 1 <= min_sessions <= max_sessions and updates >= 1")
     if not 0 <= config.baseline_decay < 1 or config.temperature <= 0 or not math.isfinite(config.every_s):

@@ -1,0 +1,92 @@
+"""The settings tree: every setting a config can write is declared once along its path (a section and the update
+``config`` under it must not both hold a knob of the same name, as ``grpo.max_staleness`` and
+``grpo.config.max_staleness`` once did), and a removed setting names its replacement."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+import msgspec
+import pytest
+
+from lightrail.algorithms.settings import RUN_FIELDS, APOSection, GRPOSection, SFTSection, update_config
+from lightrail.model.update_config import UpdateConfig
+from lightrail.trainer.config import ConfigError, TrainConfig, load_config
+from lightrail.trainer.learn_config import LearnConfig
+
+SAME_NAME_OTHER_SETTING = {
+    ("seed", "config.seed"): "the run's seed (task order, sampling) vs the adapter's initialisation",
+    ("temperature", "config.temperature"): "one setting, not two: the update divides logits by the calls' sampling "
+    "temperature, so a config.temperature that differs is refused (tested below)",
+}
+"""Pairs of one name at two depths that are two settings, each with why (nothing else may repeat along a path)."""
+
+
+def _names(schema: type, written: bool) -> set[str]:
+    hints = typing.get_type_hints(schema)
+    names = set(hints)
+    if written and schema in (GRPOSection, SFTSection, APOSection):
+        names -= set(RUN_FIELDS)  # a config gives these once, at its top level
+    return names
+
+
+def _paths() -> list[tuple[str, set[str], set[str]]]:
+    """(section, names a config writes in it, names of its update ``config``) for every section with one."""
+    update = set(typing.get_type_hints(UpdateConfig))
+    return [
+        ("grpo", _names(GRPOSection, written=True), update),
+        ("sft", _names(SFTSection, written=True), update),
+        ("learn", _names(LearnConfig, written=False), update),
+    ]
+
+
+@pytest.mark.parametrize(("section", "names", "update"), _paths(), ids=[p[0] for p in _paths()])
+def test_no_setting_is_declared_both_in_a_section_and_in_its_update_config(section, names, update):
+    top = set(typing.get_type_hints(TrainConfig)) if section != "learn" else set()
+    twice = {name for name in (names | top) & update if (name, f"config.{name}") not in SAME_NAME_OTHER_SETTING}
+    assert not twice, f"{section}: {sorted(twice)} declared in the section (or the top level) and in its config"
+
+
+def test_the_top_level_and_the_sections_share_only_the_run_fields():
+    top = set(typing.get_type_hints(TrainConfig))
+    for section in (GRPOSection, SFTSection, APOSection):
+        assert top & set(typing.get_type_hints(section)) <= set(RUN_FIELDS), section.__name__
+
+
+def test_a_section_names_the_run_fields_at_the_top_level(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("agent: a:b\ndata: c:d\ngrpo: {seed: 3}\n")
+    with pytest.raises(ConfigError, match=r"grpo.seed: a run's seed is the top-level 'seed'; set it there"):
+        load_config(path)
+
+
+def test_a_removed_setting_is_refused_naming_its_replacement(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("agent: a:b\ndata: c:d\ngrpo: {mode: async, is_cap: 3.0}\n")
+    with pytest.raises(
+        ConfigError, match=r"grpo.is_cap: no longer a setting: the cap is the update's grpo.config.is_cap"
+    ):
+        load_config(path)
+    with pytest.raises(ValueError, match=r"grpo.config.max_staleness: no longer an update setting"):
+        update_config({"max_staleness": 2}, "grpo.config")
+
+
+LEARN = "store: s.db\npolicies: p\nagent: a:b\ndata: d:e\n"
+
+
+def test_learns_update_temperature_is_its_sampling_temperature(tmp_path):
+    from lightrail.continuous.learn import load_learn_config
+
+    path = tmp_path / "learn.yaml"
+    path.write_text(LEARN + "temperature: 0.7\nconfig: {temperature: 0.5}\n")
+    with pytest.raises(ConfigError, match=r"config.temperature: the update divides logits by the calls' sampling"):
+        load_learn_config(str(path))
+    path.write_text(LEARN + "temperature: 0.7\nconfig: {temperature: 0.7}\n")
+    assert load_learn_config(str(path)).temperature == 0.7
+
+
+def test_every_update_setting_has_one_default():
+    """`UpdateConfig`'s defaults are its own: a section's empty ``config`` is the dataclass's defaults, field by field."""
+    assert dataclasses.asdict(update_config({}, "grpo.config")) == dataclasses.asdict(UpdateConfig())
+    assert msgspec.structs.asdict(GRPOSection())["config"] == {}
