@@ -5,7 +5,7 @@
     python bench/async_rl.py --smoke    # tiny Llama, 2 SFT steps, 2 x 2 steps of 2 x 2 rollouts, short delays
 
 One warm start (the demo's model and SFT pass), then two GRPO runs from it in the same process, same seed, same task
-order and the same sample budget (steps x tasks x samples): ``mode="sync"`` and ``mode="async"``. Every calculator
+order and the same sample budget (steps x tasks x samples): sync and async (``async_={"max_staleness": ...}``). Every calculator
 call of a training rollout sleeps ``min(scale * Pareto(alpha), cap)`` seconds, keyed by (question, sample, call) so
 a rollout waits the same in both arms (`bench/_async_agent.py`). Every ``val_every`` steps the bench copies the
 policy's weights with the training time so far; the copies are scored after the arm (greedy, on the held-out tasks,
@@ -146,8 +146,7 @@ def run_arm(mode: str, model: Path, args: argparse.Namespace, train: list, val: 
         checkpoint_every=0,
         out_dir=out / mode,
         seed=args.seed,
-        mode=mode,
-        **({"max_staleness": args.max_staleness} if mode == "async" else {}),
+        **({"async_": {"max_staleness": args.max_staleness}} if mode == "async" else {}),
     )
     steps = fit_arm(grpo, AGENT, train, val, store=out / f"{mode}-store.db", concurrency=args.concurrency)
     scoring = ScoreSnapshots(model, grpo.snapshots, grpo)

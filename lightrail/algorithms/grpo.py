@@ -13,8 +13,8 @@ The rollout engine (`lightrail.model.rollout_engines`) is the embedded `Engine` 
 inside the trainer process and records, on every call, the policy version that answered it. Runners are separate
 processes that reach the gateway over HTTP, exactly as a user's agent on another machine would.
 
-Two modes. ``mode="sync"`` (the default): collect, then update, so every sample is on-policy. ``mode="async"``: a
-pipeline of ``ahead`` steps' rollouts keeps the runners sampling on the current weights while a step waits for its
+Two modes. Sync (the default): collect, then update, so every sample is on-policy. Async (``async_=True``, a
+config's ``grpo.async``, `AsyncSection`): a pipeline of ``ahead`` steps' rollouts keeps the runners sampling on the current weights while a step waits for its
 slowest rollouts and while the update runs::
 
     step s:  enqueue step s+ahead's tasks (served version s-1) ──wait for step s's rollouts (all of them)──►
@@ -167,11 +167,11 @@ class GRPO:
     does not serve the version it was just synced to; the cause is also the step's ``kind: stop`` line in
     ``metrics.jsonl``.
 
-    ``mode="async"`` keeps ``ahead`` steps of rollouts sampling on the current weights while a step waits and updates
-    (module docstring): calls more than ``max_staleness`` versions older than the trainer's are dropped, stale tokens
-    are weighted by truncated importance sampling capped at ``config.is_cap`` (2.0 unless set); metrics
-    ``staleness_mean``, ``staleness_max``, ``is_weight_mean``, ``is_clipped_frac``. Defaults: 1, ``max_staleness``;
-    these two settings are errors in the default ``mode="sync"``.
+    ``async_`` (`AsyncSection`, its fields as a mapping, or True for its defaults) keeps ``ahead`` steps of rollouts
+    sampling on the current weights while a step waits and updates (module docstring): calls more than
+    ``max_staleness`` versions older than the trainer's are dropped, stale tokens are weighted by truncated importance
+    sampling capped at ``config.is_cap`` (2.0 unless set); metrics ``staleness_mean``, ``staleness_max``,
+    ``is_weight_mean``, ``is_clipped_frac``.
 
         >>> grpo = GRPO("runs/warm", config=UpdateConfig(lr=5e-4), steps=60)                # doctest: +SKIP
         >>> Trainer(n_runners=2, concurrency=8, algorithm=grpo).fit(agent, train, val)  # doctest: +SKIP
@@ -239,10 +239,10 @@ class GRPO:
             from lightrail.model.vllm_rollouts import check_vllm_sampling
 
             check_vllm_sampling(self.sampling)
-        self.mode = s.mode
-        self.max_staleness, self.ahead = s.async_options()
+        self.asynchronous = s.async_settings
+        """Async mode's settings (None: sync)."""
         self._collect: Callable[[TrainerContext], Awaitable[_Collected]] = (
-            self._collect_async if self.mode == "async"
+            self._collect_async if self.asynchronous is not None
             else self._collect_filtered if s.filter_groups
             else self._collect_on_policy
         )  # fmt: skip
@@ -298,7 +298,7 @@ class GRPO:
             # The engine reports logprobs of the temperature-scaled distribution; the ratio must use the same one.
             config = dataclasses.replace(config, temperature=float(self.sampling["temperature"]))
         config = self._loss_config(config)
-        if self.mode == "async" and config.is_cap is None:
+        if self.asynchronous is not None and config.is_cap is None:
             config = dataclasses.replace(config, is_cap=DEFAULT_IS_CAP)
         if self.policies is None:
             self._rollouts = make_rollout_engine(
@@ -306,7 +306,9 @@ class GRPO:
                 lora_rank=config.lora.r if config.lora else None, engine_options=self.engine_options, vllm=self.vllm,
             )  # fmt: skip
             await self._rollouts.start()
-            config = sampler_correction(config, self.mode, getattr(self._rollouts, "sampling_dtype", None))
+            config = sampler_correction(
+                config, self.asynchronous is not None, getattr(self._rollouts, "sampling_dtype", None)
+            )
             updater: type[PolicyUpdater] = PolicyUpdater
             if self.settings.critic:  # PPO: the policy with a value head, GAE advantages
                 from lightrail.model.ppo import PPOUpdater as updater
@@ -318,7 +320,7 @@ class GRPO:
         else:
             backend = await self._start_policies(config)
         checkpoint, state = self.folder.start(resume=self.resume, track=ctx.track)
-        self._pending = [list(b) for b in state.get("pending", [])] if self.mode == "async" else []
+        self._pending = [list(b) for b in state.get("pending", [])] if self.asynchronous is not None else []
         self._guard.learned = any(m["kind"] == "train" and m.get("groups_with_spread") for m in self.folder.history)
         if checkpoint is not None:
             versions = state.get("policy_versions") or {"": state["policy_version"]}
@@ -351,7 +353,9 @@ class GRPO:
         else:
             self._rollouts = EmbeddedRollouts(self.model, **{**self.engine_options, "name": base})
         await self._rollouts.start()
-        config = sampler_correction(config, self.mode, getattr(self._rollouts, "sampling_dtype", None))
+        config = sampler_correction(
+            config, self.asynchronous is not None, getattr(self._rollouts, "sampling_dtype", None)
+        )
         for name in self.policies.names:
             served = f"{self.settings.served_name}-{name}"
             updater = await asyncio.to_thread(PolicyUpdater, str(self.model), config)
@@ -565,9 +569,9 @@ class GRPO:
     async def _next_batch(self, ctx: TrainerContext) -> list[Rollout]:
         """Async mode: top the pipeline up to step ``step + 1 + ahead`` (not past the run's last step), then wait
         until every rollout of the oldest batch (this step's) is terminal and return them, in enqueue order."""
-        assert self.ahead is not None
+        assert self.asynchronous is not None
         while (nxt := (self._pipeline[-1].step if self._pipeline else self.step) + 1) <= min(
-            self.step + 1 + self.ahead, self.steps
+            self.step + 1 + self.asynchronous.steps_ahead, self.steps
         ):
             if self._pending:
                 indices = self._pending.pop(0)
@@ -593,9 +597,8 @@ class GRPO:
 
         current = slot.rollouts.policy_version
         n_stale = 0
-        if self.mode == "async":
-            assert self.max_staleness is not None
-            transitions, n_stale = drop_stale_rows(transitions, current, self.max_staleness)
+        if self.asynchronous is not None:
+            transitions, n_stale = drop_stale_rows(transitions, current, self.asynchronous.max_staleness)
         ages = [age for age in call_staleness(transitions, current) if age is not None]
         # a critic's (gae): each call's return goes to the update, which turns it into GAE advantages
         if self.settings.critic:
@@ -604,7 +607,7 @@ class GRPO:
             rows, drift = to_rows(transitions, merge=self.settings.merge_calls)
         update = await asyncio.to_thread(slot.updater.step, rows)  # stale calls were dropped above
         measured = slot.updater.last_mismatch
-        if self.mode == "async":
+        if self.asynchronous is not None:
             measured = [m for m in measured if m.row.policy_version in (None, current)]
         mismatch = summarize(measured, self.settings.mismatch_flag)
         slot.stop = stop_cause(measured, self.settings.mismatch_stop, synced=slot.synced)
@@ -626,7 +629,7 @@ class GRPO:
             "staleness_max": max(ages, default=0),
             **(
                 {"is_weight_mean": update["is_weight_mean"], "is_clipped_frac": update["is_clipped_frac"]}
-                if self.mode == "async"
+                if self.asynchronous is not None
                 else {}
             ),  # fmt: skip
             "skipped": bool(update["skipped"]),
@@ -698,7 +701,7 @@ class GRPO:
 
     async def _checkpoint(self) -> Path:
         state: dict[str, Any] = {"policy_version": self._policy_version()}
-        if self.mode == "async":  # the batches in flight, enqueued again first by a resumed run
+        if self.asynchronous is not None:  # the batches in flight, enqueued again first by a resumed run
             state["pending"] = [b.indices for b in self._pipeline] + self._pending
         if self.policies is not None:
             state["policy_versions"] = {slot.name: slot.rollouts.policy_version for slot in self._slots}
@@ -800,7 +803,7 @@ def call_staleness(transitions: Sequence[Transition], current_version: int) -> l
     return [None if t.policy_version is None else current_version - t.policy_version for t in transitions]
 
 
-def sampler_correction(config: UpdateConfig, mode: str, sampling_dtype: str | None) -> UpdateConfig:
+def sampler_correction(config: UpdateConfig, asynchronous: bool, sampling_dtype: str | None) -> UpdateConfig:
     """``config`` for a run whose rollout engine samples in ``sampling_dtype`` (None: not known, e.g. vLLM).
 
     A sync run whose embedded engine samples below float32 (``engine_options: {dtype: bfloat16}``, or a GPU's default)
@@ -811,7 +814,7 @@ def sampler_correction(config: UpdateConfig, mode: str, sampling_dtype: str | No
     for float32 engines, async runs (already corrected) and a config that sets ``is_cap`` itself. With
     ``mini_batches > 1`` (the correction needs one optimizer step per update) it is left off and a warning says so.
     """
-    if mode != "sync" or config.is_cap is not None or sampling_dtype in (None, "float32", "float64"):
+    if asynchronous or config.is_cap is not None or sampling_dtype in (None, "float32", "float64"):
         return config
     if config.mini_batches != 1:
         log.warning("GRPO: the engine samples in %s but config.mini_batches is %d: no truncated-IS correction of the "

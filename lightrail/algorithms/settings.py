@@ -2,7 +2,7 @@
 type a config writes, its default and, under it, its meaning), and `convert`, the one check every config section goes
 through: a wrong type names the field's path (``grpo.steps: Expected `int`, got `str```), an unknown key the closest
 valid one (``grpo: unknown setting(s) ['epoch']; did you mean 'epochs'?``), a name outside a ``Literal`` the allowed
-ones (``grpo.mode: expected one of ['sync', 'async'], got 'fast'``).
+ones (``grpo.rollout_engine: expected one of ['embedded', 'vllm'], got 'sglang'``).
 
 The structs are the one place the algorithms' defaults and value checks live: a section checks itself when it is
 made (``__post_init__``), from YAML or from `GRPO(...)`'s keyword arguments alike, and `GRPO`, `SFT` and `APO` are
@@ -19,7 +19,7 @@ import math
 import re
 import types
 import typing
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 import msgspec
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "APOSection",
+    "AsyncSection",
     "DEFAULT_GRPO_STEPS",
     "DEFAULT_IS_CAP",
     "GRPOSection",
@@ -40,7 +41,6 @@ __all__ = [
     "SFTSection",
     "ToolRewards",
     "agents_argument",
-    "check_async_options",
     "check_update_temperature",
     "convert",
     "credit_argument",
@@ -66,8 +66,11 @@ def unknown_keys(where: str, given: Iterable[str], valid: Iterable[str]) -> str 
 
 
 def _fields(tp: Any) -> dict[str, Any] | None:
-    """The fields of a struct or dataclass with their types (None for any other type)."""
-    if (isinstance(tp, type) and issubclass(tp, msgspec.Struct)) or dataclasses.is_dataclass(tp):
+    """The fields of a struct or dataclass with their types, by the name a config writes (None for any other
+    type)."""
+    if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+        return {field.encode_name: field.type for field in msgspec.structs.fields(tp)}
+    if dataclasses.is_dataclass(tp):
         return typing.get_type_hints(tp)
     return None
 
@@ -348,7 +351,7 @@ RUN_FIELDS = ("seed", "out_dir")
 
 DEFAULT_IS_CAP = 2.0
 """The cap C of truncated importance sampling (verl's TIS default) when ``config.is_cap`` is unset and GRPO needs one:
-in ``mode: async``, and for an engine sampling below float32."""
+with ``grpo.async``, and for an engine sampling below float32."""
 
 DEFAULT_GRPO_STEPS = 50
 """GRPO's step count when a section gives neither ``steps`` nor ``epochs``."""
@@ -358,12 +361,41 @@ LossAgg = Literal[
 ]
 
 
+class AsyncSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """``grpo.async``: asynchronous GRPO's pipeline (`lightrail.algorithms.grpo`, docs/algorithms.md)."""
+
+    max_staleness: int = 1
+    """Calls answered by a policy more than this many versions older than the one being trained are dropped before
+    the update (``dropped_stale``); 0 is strictly on-policy."""
+    ahead: int | None = None
+    """Steps of rollouts enqueued beyond the one being trained (each call's staleness is at most this); null:
+    ``max_staleness`` (at least 1)."""
+
+    def __post_init__(self) -> None:
+        if self.max_staleness < 0:
+            raise ValueError(f"grpo.async.max_staleness must be >= 0, got {self.max_staleness}")
+        if self.ahead is not None and self.ahead < 1:
+            raise ValueError(f"grpo.async.ahead must be >= 1 (steps of rollouts sampling while a step trains), "
+                             f"got {self.ahead}")  # fmt: skip
+
+    @property
+    def steps_ahead(self) -> int:
+        """``ahead``, or ``max_staleness`` (at least 1) when unset."""
+        return max(self.max_staleness, 1) if self.ahead is None else self.ahead
+
+
 class GRPOSection(_PolicySection, kw_only=True, forbid_unknown_fields=True):
     """Keyword arguments of `lightrail.algorithms.GRPO` (reinforcement learning), used when ``algorithm`` is ``grpo``
     or ``[sft, grpo]``."""
 
     _key = "grpo"
-    _removed = {"is_cap": "the cap is the update's grpo.config.is_cap (in mode async 2.0 unless set there)"}
+    _removed = {
+        "is_cap": "the cap is the update's grpo.config.is_cap (with grpo.async 2.0 unless set there)",
+        "mode": "asynchronous GRPO is the grpo.async section (async: true, or its max_staleness and ahead); sync is "
+        "its absence",
+        "max_staleness": "it is grpo.async.max_staleness",
+        "ahead": "it is grpo.async.ahead",
+    }
     _at_least = {"steps": 0, "epochs": 1, "tasks_per_step": 1, "n_samples": 1, "max_sample_rounds": 1,
                  "mismatch_flag": 0, "mismatch_stop": 0}  # fmt: skip
 
@@ -421,16 +453,11 @@ class GRPOSection(_PolicySection, kw_only=True, forbid_unknown_fields=True):
     """Stop the run (`MismatchError`, one-line cause) when the rows of a policy version exceed this mean k3 KL: a
     weight sync that did not take shows as the size of the missed update; null: never stop on it (an engine that does
     not serve the synced version still stops the run)."""
-    mode: Literal["sync", "async"] = "sync"
-    """``sync`` (collect, then update: on-policy) or ``async`` (rollouts of the next ``ahead`` steps keep sampling on
-    the current weights while a step waits for its slowest rollouts and updates; stale tokens corrected by truncated
-    importance sampling; see docs/algorithms.md)."""
-    max_staleness: int | None = None
-    """With ``mode: async``: calls answered by a policy more than this many versions older than the one being
-    trained are dropped before the update (``dropped_stale``); null: 1."""
-    ahead: int | None = None
-    """With ``mode: async``: steps of rollouts enqueued beyond the one being trained (each call's staleness is at most
-    this); null: ``max_staleness`` (at least 1)."""
+    async_: AsyncSection | bool | None = msgspec.field(default=None, name="async")
+    """Asynchronous GRPO (``async: true``, or the ``grpo.async`` fields): rollouts of the next ``ahead`` steps keep
+    sampling on the current weights while a step waits for its slowest rollouts and updates; stale tokens are
+    weighted by truncated importance sampling (cap ``config.is_cap``, 2.0 unless set; docs/algorithms.md). null:
+    sync, collect then update (on-policy)."""
 
     @property
     def critic(self) -> bool:
@@ -468,19 +495,24 @@ class GRPOSection(_PolicySection, kw_only=True, forbid_unknown_fields=True):
                     raise ValueError(f"{key}.{name}: advantage {self.advantage!r} {why}")
         if self.steps is not None and self.epochs is not None:
             raise ValueError(f"{key}: give steps or epochs, not both (epochs sets the step count)")
-        try:
-            self.async_options()
-        except ValueError as exc:
-            raise ValueError(f"{key}: {exc}") from None
+        if isinstance(self.async_, dict):  # keyword arguments (``GRPO(async_={...})``) as a config file gives them
+            self.async_ = convert(self.async_, AsyncSection, f"{key}.async")
+        if self.async_ is True:
+            self.async_ = AsyncSection()
+        elif self.async_ is False:
+            self.async_ = None
+        if self.async_ is not None:
+            for given, what, why in ((self.filter_groups, "filter_groups", "it samples more rounds within a step"),
+                                     (self.policies, "policies", "async trains one shared policy"),
+                                     (self.critic, f"advantage {self.advantage}", "its critic trains on on-policy "
+                                      "rows only")):  # fmt: skip
+                if given:
+                    raise ValueError(f"{key}.async: not with {what} ({why})")
 
-    def async_options(self, config: UpdateConfig | None = None) -> tuple[int | None, int | None]:
-        """``(max_staleness, ahead)`` with the async defaults filled in (`check_async_options`; None each in sync
-        mode), checked against the other settings and, given, the update's ``config``."""
-        _, max_staleness, ahead = check_async_options(
-            self.mode, self.max_staleness, self.ahead, config=config, filter_groups=self.filter_groups,
-            policies=self.policies, advantage=self.advantage,
-        )  # fmt: skip
-        return max_staleness, ahead
+    @property
+    def async_settings(self) -> AsyncSection | None:
+        """The async settings (``async``) as a struct, None in sync mode."""
+        return self.async_ if isinstance(self.async_, AsyncSection) else None
 
     def check_update(self, config: UpdateConfig | None) -> None:
         """Every check between this section and the update settings it trains with (the section's ``config``, or the
@@ -506,10 +538,10 @@ class GRPOSection(_PolicySection, kw_only=True, forbid_unknown_fields=True):
         if self.critic and config.ranks > 1:
             raise ValueError(f"{key}.config.ranks: advantage {self.advantage!r} trains its value head in one process, "
                              f"not {config.ranks}")  # fmt: skip
-        try:
-            self.async_options(config)
-        except ValueError as exc:
-            raise ValueError(f"{key}: {exc}") from None
+        if self.async_ and config.mini_batches != 1:
+            raise ValueError(
+                f"{key}.async weighs stale tokens against the pre-update weights: needs config.mini_batches 1"
+            )
         try:
             check_update_temperature(config, self.training_sampling())
         except ValueError as exc:  # "config.temperature: ..."
@@ -660,46 +692,6 @@ class APOSection(_Section, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(
                 f"apo.demo_template: {self.demo_template!r} is not one of the prompts {sorted(self.prompts)}"
             )
-
-
-def check_async_options(
-    mode: str,
-    max_staleness: int | None,
-    ahead: int | None,
-    *,
-    config: UpdateConfig | None = None,
-    filter_groups: bool = False,
-    policies: Mapping[str, Sequence[str]] | None = None,
-    advantage: str = "grpo",
-) -> tuple[str, int | None, int | None]:
-    """Check `GRPO`'s ``mode`` and its async settings; returns ``(mode, max_staleness, ahead)`` with the async
-    defaults filled in (``max_staleness`` 1, ``ahead`` = ``max_staleness`` or 1). The cap of the truncated importance
-    weights is the update's ``config.is_cap`` (`DEFAULT_IS_CAP` when unset). ValueError names the offending setting in
-    one line."""
-    if mode == "sync":
-        given = [n for n, v in (("max_staleness", max_staleness), ("ahead", ahead)) if v is not None]
-        if given:
-            raise ValueError(f"{', '.join(given)}: only with mode async (sync steps are on-policy)")
-        return mode, None, None
-    max_staleness = 1 if max_staleness is None else max_staleness
-    if max_staleness < 0:
-        raise ValueError(f"max_staleness must be >= 0, not {max_staleness}")
-    ahead = max(max_staleness, 1) if ahead is None else ahead
-    if ahead < 1:
-        raise ValueError(f"ahead must be >= 1 (steps of rollouts sampling while a step trains), not {ahead}")
-    if filter_groups:
-        raise ValueError("filter_groups samples more rounds within a step: not with mode async")
-    if policies is not None:
-        raise ValueError("policies: mode async trains one shared policy")
-    from lightrail.adapters.advantages import check_estimator
-
-    if check_estimator(advantage).critic:
-        raise ValueError(
-            f"advantage {advantage}: not with mode async yet (the critic is trained on on-policy rows only)"
-        )
-    if config is not None and config.mini_batches != 1:
-        raise ValueError("mode async weighs stale tokens against the pre-update weights: needs config.mini_batches 1")
-    return mode, max_staleness, ahead
 
 
 def check_update_temperature(config: UpdateConfig | None, sampling: Mapping[str, Any]) -> None:

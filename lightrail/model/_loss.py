@@ -57,7 +57,7 @@ step's first optimizer step, ``eps_v`` = ``value_clip``)::
 
     v_t = 1/2 * max((V_t - G_t)^2, (V_old,t + clip(V_t - V_old,t, -eps_v, eps_v) - G_t)^2)
 
-Stale tokens (asynchronous GRPO, ``GRPO(mode="async")``): a token sampled by an older policy version than the one
+Stale tokens (asynchronous GRPO, ``GRPO(async_=True)``): a token sampled by an older policy version than the one
 being trained is corrected by truncated importance sampling (TIS; Yao et al. 2025, "Your Efficient RL Framework
 Secretly Brings You Off-Policy RL Training", fengyao.notion.site/off-policy-rl). With ``is_cap = C``::
 

@@ -135,7 +135,7 @@ class UpdateConfig:
     is_cap: float | None = None
     """Truncated importance sampling of stale tokens (`lightrail.model._loss`, TIS): the PPO ratio is taken
     against the trainer's own pre-step logprobs and each token weighted by ``min(pi_trainer / pi_sampler, is_cap)``.
-    GRPO's ``mode: async`` and a sampler below float32 need it and use 2.0 when it is unset; None (in a sync float32
+    GRPO's ``async`` and a sampler below float32 need it and use 2.0 when it is unset; None (in a sync float32
     run) keeps the ratio against the sampler's logprobs. Needs ``mini_batches: 1``."""
     skip_zero_advantage_rows: bool = True
     """Leave rows whose advantages are all zero out of the update (they carry no gradient but the KL term)."""
@@ -260,7 +260,7 @@ class UpdateConfig:
         return cls(**data)
 
 
-REMOVED_FIELDS = {"max_staleness": "GRPO's grpo.max_staleness and lightrail learn's max_staleness drop stale calls"}
+REMOVED_FIELDS = {"max_staleness": "GRPO's grpo.async.max_staleness and lightrail learn's max_staleness drop stale calls"}
 """`UpdateConfig` fields older checkpoints hold, and what replaced each."""
 
 

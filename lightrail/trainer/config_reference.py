@@ -137,7 +137,7 @@ def _struct_fields(cls: type, *, exclude: frozenset[str] = frozenset()) -> list[
                 default = "see below" if isinstance(made, msgspec.Struct) else yaml_value(made)
             else:
                 default = _REQUIRED
-            out.append(ConfigField(f.name, type_name(f.type), default, docs.get(f.name, "")))
+            out.append(ConfigField(f.encode_name, type_name(f.type), default, docs.get(f.name, "")))
         return out
     if not dataclasses.is_dataclass(cls):
         raise TypeError(f"{cls.__name__} is neither a msgspec struct nor a dataclass")
@@ -165,7 +165,7 @@ def sections() -> list[Section]:
     from lightrail.adapters import ToolRewardRule
     from lightrail.agent.ray import RaySettings
     from lightrail.algorithms.rejection import TraceFilter
-    from lightrail.algorithms.settings import APOSection, GRPOSection, GuardSection, SFTSection
+    from lightrail.algorithms.settings import APOSection, AsyncSection, GRPOSection, GuardSection, SFTSection
     from lightrail.gateway.server import GatewaySettings
     from lightrail.model.llamafactory import LlamaFactorySettings
     from lightrail.model.update_config import LoraSettings, UpdateConfig
@@ -211,6 +211,9 @@ def sections() -> list[Section]:
             "grpo.tool_rewards",
             _summary(ToolRewardRule),
             _struct_fields(ToolRewardRule, exclude=frozenset({"is_error"})),
+        ),
+        Section(
+            "grpo.async", _summary(AsyncSection) + " ``async: true`` takes the defaults.", _struct_fields(AsyncSection)
         ),
         Section(
             "grpo.guard",

@@ -103,6 +103,11 @@ def test_a_removed_grpo_setting_names_its_replacement(tmp_path):
     with pytest.raises(
         TypeError, match=r"^is_cap: no longer a GRPO setting: the cap is the update's grpo.config.is_cap"
     ):
-        GRPO("m", out_dir=str(tmp_path), mode="async", is_cap=3.0)
-    capped = GRPO("m", out_dir=str(tmp_path), mode="async", config=UpdateConfig(is_cap=3.0))
+        GRPO("m", out_dir=str(tmp_path), async_=True, is_cap=3.0)
+    with pytest.raises(
+        TypeError, match=r"^mode: no longer a GRPO setting: asynchronous GRPO is the grpo.async section"
+    ):
+        GRPO("m", out_dir=str(tmp_path), mode="async")
+    capped = GRPO("m", out_dir=str(tmp_path), async_={"max_staleness": 2}, config=UpdateConfig(is_cap=3.0))
+    assert capped.asynchronous is not None and capped.asynchronous.steps_ahead == 2
     assert capped.config is not None and capped.config.is_cap == 3.0

@@ -1,4 +1,4 @@
-"""Asynchronous GRPO (``GRPO(mode="async")``): the truncated importance-sampling loss on fixed tensors, the settings'
+"""Asynchronous GRPO (``GRPO(async_=...)``, a config's ``grpo.async``): the truncated importance-sampling loss on fixed tensors, the settings'
 checks, and the pipeline through the real trainer, gateway, engine and runners on a tiny model: each call's staleness
 across a weight sync in the middle of a rollout, the ``max_staleness`` bound, no rollout trained twice, and resume."""
 
@@ -14,7 +14,7 @@ import torch
 from lightrail import MemoryStore, Trainer
 from lightrail.algorithms import UpdateConfig
 from lightrail.algorithms.grpo import GRPO
-from lightrail.algorithms.settings import check_async_options
+from lightrail.algorithms.settings import AsyncSection, GRPOSection
 from lightrail.engine.models import build_tiny_model
 from lightrail.model._loss import policy_loss, tis_weights
 from lightrail.types import Attr
@@ -51,21 +51,22 @@ def test_truncated_importance_weights_on_fixed_tensors():
 
 
 def test_async_settings_are_checked_in_one_line():
-    assert check_async_options("async", None, None) == ("async", 1, 1)
-    assert check_async_options("async", 3, None) == ("async", 3, 3)
-    assert check_async_options("sync", None, None) == ("sync", None, None)
+    """`AsyncSection` fills its defaults and checks itself; the section refuses what async cannot run with."""
+    assert GRPOSection(async_=True).async_settings == AsyncSection(max_staleness=1, ahead=None)
+    assert AsyncSection(max_staleness=3).steps_ahead == 3 and AsyncSection(max_staleness=0).steps_ahead == 1
+    assert GRPOSection().async_settings is None  # sync
     cases = [
-        (("sync", 2, None), {}, "max_staleness: only with mode async"),
-        (("async", -1, None), {}, "max_staleness must be >= 0"),
-        (("async", 0, 0), {}, "ahead must be >= 1"),
-        (("async", 1, 1), {"filter_groups": True}, "filter_groups"),
-        (("async", 1, 1), {"config": UpdateConfig(mini_batches=2)}, "needs config.mini_batches 1"),
-        (("async", 1, 1), {"advantage": "gae"}, "advantage gae: not with mode async"),
+        ({"async_": {"max_staleness": -1}}, "grpo.async.max_staleness must be >= 0"),
+        ({"async_": {"ahead": 0}}, "grpo.async.ahead must be >= 1"),
+        ({"async_": True, "filter_groups": True}, "grpo.async: not with filter_groups"),
+        ({"async_": True, "advantage": "gae"}, "grpo.async: not with advantage gae"),
     ]
-    for args, kwargs, message in cases:
-        with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")) as err:
-            check_async_options(*args, **kwargs)
+    for kwargs, message in cases:
+        with pytest.raises(ValueError, match=message) as err:
+            GRPOSection(**kwargs)
         assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="grpo.async weighs stale tokens against the pre-update weights"):
+        GRPOSection(async_=True).check_update(UpdateConfig(mini_batches=2))
 
 
 # -- the pipeline through the real loop -----------------------------------------------------------------------------
@@ -104,9 +105,8 @@ def _settings(tmp_path, **kwargs):
         validate_before=False,
         val_every=0,
         checkpoint_every=1,
-        mode="async",
         out_dir=tmp_path / "run",
-        **kwargs,
+        **{"async_": True, **kwargs},
     )
 
 
@@ -153,7 +153,7 @@ def test_staleness_is_per_call_across_a_sync_in_the_middle_of_a_rollout(tmp_path
         steps=2,
         markers=markers,
         expect_first_calls=2,
-        **_settings(tmp_path, max_staleness=max_staleness, ahead=1),
+        **_settings(tmp_path, async_={"max_staleness": max_staleness, "ahead": 1}),
     )
     _fit(grpo, train, val, store)
     steps = _train_steps(tmp_path / "run")

@@ -136,9 +136,9 @@ def test_a_healthy_run_reports_its_health_and_raises_no_alarm(model, tmp_path, c
 
 
 def test_the_async_pipeline_stops_the_same_way(model, tmp_path):
-    """``mode: async`` trains from the same step function: a failing agent stops it at the same step, while the
+    """``grpo.async`` trains from the same step function: a failing agent stops it at the same step, while the
     batches sampling ahead are cancelled with the run."""
-    grpo = _grpo(model, tmp_path / "run", mode="async", steps=4)
+    grpo = _grpo(model, tmp_path / "run", async_=True, steps=4)
     with pytest.raises(RunStopped, match=r"^GRPO step 2: 2 steps in a row trained nothing: every rollout failed"):
         _fit(grpo, "guard_agents:raising_agent")
 

@@ -216,11 +216,11 @@ async def test_a_bfloat16_engine_is_measured_and_corrected_in_sync_mode(tmp_path
             await r.close()
     assert dtypes == {"bfloat16": "bfloat16", "float32": "float32"}
     plain = UpdateConfig(lr=1e-3)
-    assert sampler_correction(plain, "sync", dtypes["float32"]).is_cap is None
-    assert sampler_correction(plain, "sync", None).is_cap is None  # an engine whose dtype is unknown (vLLM)
-    assert sampler_correction(plain, "async", "bfloat16") is plain
-    assert sampler_correction(UpdateConfig(lr=1e-3, mini_batches=2), "sync", "bfloat16").is_cap is None
-    config = sampler_correction(plain, "sync", dtypes["bfloat16"])
+    assert sampler_correction(plain, False, dtypes["float32"]).is_cap is None
+    assert sampler_correction(plain, False, None).is_cap is None  # an engine whose dtype is unknown (vLLM)
+    assert sampler_correction(plain, True, "bfloat16") is plain
+    assert sampler_correction(UpdateConfig(lr=1e-3, mini_batches=2), False, "bfloat16").is_cap is None
+    config = sampler_correction(plain, False, dtypes["bfloat16"])
     assert config.is_cap == DEFAULT_IS_CAP
     metrics = PolicyUpdater(str(model), config).step(rows)
     assert 1e-7 < metrics["mismatch_kl"] < 0.02

@@ -123,13 +123,17 @@ def test_scale_out_sections_reach_the_trainer_and_the_gateway(tmp_path):
             "temperature (sampling.temperature, here 1.0), not by 0.5",
         ),
         (
-            "grpo={mode: async, is_cap: 3.0}",
+            "grpo={async: true, is_cap: 3.0}",
             "grpo.is_cap: no longer a setting: the cap is the update's grpo.config.is_cap",
         ),
-        ("grpo.max_staleness=2", "grpo: max_staleness: only with mode async"),
+        ("grpo.max_staleness=2", "grpo.max_staleness: no longer a setting: it is grpo.async.max_staleness"),
+        ("grpo.mode=async", "grpo.mode: no longer a setting: asynchronous GRPO is the grpo.async section"),
+        ("grpo={async: {ahead: 0}}", "grpo.async.ahead must be >= 1"),
+        ("grpo={async: true, filter_groups: true}", "grpo.async: not with filter_groups"),
+        ("grpo={async: true, config: {mini_batches: 2}}", "grpo.async weighs stale tokens against the pre-update"),
         (
             "grpo.config.max_staleness=2",
-            "grpo.config.max_staleness: no longer an update setting: GRPO's grpo.max_staleness",
+            "grpo.config.max_staleness: no longer an update setting: GRPO's grpo.async.max_staleness",
         ),
         (
             "algorithm=gpro",

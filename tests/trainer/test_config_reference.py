@@ -70,7 +70,7 @@ def test_every_field_of_every_section_is_documented():
     ("cls", "kwargs", "message"),
     [
         (GRPO, {"n_samples": 0}, "grpo.n_samples must be >= 1, got 0"),
-        (GRPO, {"mode": "fast"}, "grpo.mode: expected one of ['sync', 'async'], got 'fast'"),
+        (GRPO, {"rollout_engine": "sglang"}, "grpo.rollout_engine: expected one of ['embedded', 'vllm'], got 'sglang'"),
         (
             GRPO,
             {"credit": "magic"},

@@ -1,5 +1,5 @@
 """The settings tree: every setting a config can write is declared once along its path (a section and the update
-``config`` under it must not both hold a knob of the same name, as ``grpo.max_staleness`` and
+``config`` under it must not both hold a knob of the same name, as GRPO's ``max_staleness`` and
 ``grpo.config.max_staleness`` once did), and a removed setting names its replacement."""
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def test_a_section_names_the_run_fields_at_the_top_level(tmp_path):
 
 def test_a_removed_setting_is_refused_naming_its_replacement(tmp_path):
     path = tmp_path / "config.yaml"
-    path.write_text("agent: a:b\ndata: c:d\ngrpo: {mode: async, is_cap: 3.0}\n")
+    path.write_text("agent: a:b\ndata: c:d\ngrpo: {async: true, is_cap: 3.0}\n")
     with pytest.raises(
         ConfigError, match=r"grpo.is_cap: no longer a setting: the cap is the update's grpo.config.is_cap"
     ):
