@@ -27,6 +27,7 @@ RECIPES = {
     "rag_agent": "examples/rag_agent/config.smollm2.yaml",
     "calc_agent": "examples/calc_agent/config.smollm2.yaml",
     "sk_agent": "examples/sk_agent/config.smollm2.yaml",
+    "crew_agent": "examples/crew_agent/config.smollm2.yaml",
 }
 """Showcases with a SmolLM2 recipe, and its config."""
 MIN_GAIN_MEAN = 0.10

@@ -37,6 +37,50 @@ logging.getLogger("crewai.llms.base_llm").addFilter(
 RESEARCHER = "researcher"
 WRITER = "writer"
 
+_PERU = "Peru: capital Lima; region Americas; currency PEN; calling code 51; population 30814175."
+ONE_SHOT: dict[str, list[dict]] = {
+    RESEARCHER: [
+        {
+            "role": "user",
+            "content": "\nCurrent Task: What is the capital of Peru?\n\nThis is the expected criteria for your final "
+            "answer: The facts found.\nyou MUST return the actual complete content as the final answer, not a summary.",
+        },
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_example",
+                    "type": "function",
+                    "function": {"name": "country_facts", "arguments": '{"country": "Peru"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_example", "content": _PERU},
+        {"role": "assistant", "content": _PERU},
+    ],
+    WRITER: [
+        {
+            "role": "user",
+            "content": "\nCurrent Task: What is the capital of Peru?\n\nThis is the expected criteria for your final "
+            "answer: Answer: <answer>\nyou MUST return the actual complete content as the final answer, not a "
+            f"summary.\n\nThis is the context you're working with:\n{_PERU}\n\nProvide your complete response:",
+        },
+        {"role": "assistant", "content": "Answer: Lima"},
+    ],
+}
+"""One worked exchange per agent, in the form CrewAI writes its own turns (``one_shot=True``): the researcher calls
+the tool and hands its line on, the writer answers in one line. Without them SmolLM2-135M does neither."""
+
+
+def _show_one_shot(context) -> None:
+    """A CrewAI ``before_llm_call`` hook: put the agent's worked exchange (`ONE_SHOT`) between its system message and
+    its task, once per conversation (the executor keeps the list across its iterations)."""
+    example = ONE_SHOT.get(context.agent.role) if context.agent is not None else None
+    if example and example[0] not in context.messages:
+        at = 1 if context.messages and context.messages[0].get("role") == "system" else 0
+        context.messages[at:at] = example  # in place: CrewAI's executor holds this list
+
 
 @tool("country_facts")
 def country_facts(country: str) -> str:
@@ -79,10 +123,24 @@ def build_crew(*, base_url: str, model: str, api_key: str = "none", max_iter: in
     )
 
 
-def answer(question: str, *, base_url: str, model: str, api_key: str = "none", max_iter: int = 2, **sampling) -> str:
-    """Run the crew on one question; returns the writer's final text (``"Answer: ..."`` when the crew behaves)."""
+def answer(
+    question: str,
+    *,
+    base_url: str,
+    model: str,
+    api_key: str = "none",
+    max_iter: int = 2,
+    one_shot: bool = False,
+    **sampling,
+) -> str:
+    """Run the crew on one question; returns the writer's final text (``"Answer: ..."`` when the crew behaves).
+    ``one_shot``: each agent is shown its worked exchange first (`ONE_SHOT`, through a hook scoped to this run)."""
+    from crewai.hooks.dispatch import InterceptionPoint, scoped_hooks
+
     crew = build_crew(base_url=base_url, model=model, api_key=api_key, max_iter=max_iter, **sampling)
-    return crew.kickoff(inputs={"question": question}).raw
+    hooks = {InterceptionPoint.PRE_MODEL_CALL: [_show_one_shot]} if one_shot else {}
+    with scoped_hooks(hooks):
+        return crew.kickoff(inputs={"question": question}).raw
 
 
 if __name__ == "__main__":

@@ -22,11 +22,12 @@ SINGLE_FACT = {
 }
 POPULATION = "Which country has more people, {a} or {b}?"
 MIN_POPULATION_RATIO = 1.5
+KINDS = (*SINGLE_FACT, "population")
 
 
-def _question(rng: random.Random) -> dict:
+def _question(rng: random.Random, kinds: tuple[str, ...] = KINDS) -> dict:
     table = countries()
-    kind = rng.choice([*SINGLE_FACT, "population"])
+    kind = rng.choice(kinds)
     if kind != "population":
         country = rng.choice(table)
         text, field = SINGLE_FACT[kind]
@@ -55,17 +56,28 @@ def _split_of(question: str, val_fraction: float) -> str:
     return "val" if bucket < val_fraction else "train"
 
 
-def splits(seed: int = 0, n_train: int = 400, n_val: int = 100, val_fraction: float = 0.2) -> tuple[list, list]:
-    """``n_train`` training and ``n_val`` held-out questions, deterministic for a seed, never overlapping."""
+def splits(
+    seed: int = 0,
+    n_train: int = 400,
+    n_val: int = 100,
+    val_fraction: float = 0.2,
+    kinds: list[str] | tuple[str, ...] | None = None,
+) -> tuple[list, list]:
+    """``n_train`` training and ``n_val`` held-out questions, deterministic for a seed, never overlapping; only
+    questions of ``kinds`` (a subset of `KINDS`, drawn equally often; None: all). A question's split depends on its
+    text alone, never on the kinds asked for."""
     if n_train < 0 or n_val < 0 or not 0.0 < val_fraction < 1.0:
         raise ValueError("n_train and n_val must be >= 0 and val_fraction in (0, 1)")
+    if kinds is not None and (not kinds or set(kinds) - set(KINDS)):
+        raise ValueError(f"kinds must be some of {list(KINDS)}, got {list(kinds)}")
+    chosen = tuple(kind for kind in KINDS if kinds is None or kind in kinds)
     rng = random.Random(seed)
     seen: set[str] = set()
     out: dict[str, list[dict]] = {"train": [], "val": []}
     want = {"train": n_train, "val": n_val}
     repeats = 0  # draws in a row that found nothing new: the question space is (nearly) exhausted
     while len(out["train"]) < n_train or len(out["val"]) < n_val:
-        task = _question(rng)
+        task = _question(rng, chosen)
         if task["question"] in seen:
             repeats += 1
             if repeats > 10_000:

@@ -20,12 +20,24 @@ def crew_agent(task, llm):
     event) instead of failing the rollout. Connection errors are not ValueErrors: they still end the attempt as
     an infrastructure error, retried and never trained.
     """
+    return _scored(task, llm, one_shot=False)
+
+
+@rollout
+def crew_agent_one_shot(task, llm):
+    """The same crew with each agent shown one worked exchange first (`examples.crew_agent.agent.ONE_SHOT`): what a
+    small instruct model like SmolLM2 needs to call the tool and write the answer line at all."""
+    return _scored(task, llm, one_shot=True)
+
+
+def _scored(task, llm, *, one_shot: bool) -> float:
     from examples.crew_agent.agent import answer
 
     try:
         text = answer(
-            task["question"], base_url=llm.endpoint, model=llm.model, api_key=llm.api_key or "none", **llm.sampling
-        )
+            task["question"], base_url=llm.endpoint, model=llm.model, api_key=llm.api_key or "none",
+            one_shot=one_shot, **llm.sampling,
+        )  # fmt: skip
     except ValueError as exc:
         emit_event("unusable_model_output", error=f"{type(exc).__name__}: {exc}"[:500])
         return NO_ANSWER

@@ -61,6 +61,19 @@ def test_splits_have_their_sizes_are_deterministic_and_disjoint():
         splits(n_train=-1)
 
 
+def test_splits_of_some_kinds_hold_only_those_and_unknown_kinds_are_refused():
+    """A task set of some kinds (the SmolLM2 recipe's); every kind's question keeps the split its text gives it, and
+    all kinds are drawn as before (the recipes' questions do not move)."""
+    train, val = splits(seed=0, n_train=60, n_val=20, kinds=["population", "capital"])
+    assert {t["kind"] for t in train} == {t["kind"] for t in val} == {"population", "capital"}
+    everything = splits(seed=0, n_train=600, n_val=200)
+    assert all(t not in everything[1] for t in train) and all(t not in everything[0] for t in val)
+    assert splits(seed=0, n_train=30, n_val=10, kinds=None) == splits(seed=0, n_train=30, n_val=10)
+    for bad in (["capitals"], []):
+        with pytest.raises(ValueError, match="kinds must be some of"):
+            splits(kinds=bad)
+
+
 def _raw_country(name: str) -> dict:
     """The country's own countryinfo file, read here without the example's code."""
     for path in countryinfo_data_dir().glob("*.json"):
@@ -198,6 +211,57 @@ async def test_crew_with_a_scripted_model_looks_facts_up_answers_right_and_survi
     finally:
         await store.close()
         server.stop()
+
+
+@needs_crewai_env
+async def test_the_one_shot_crew_shows_each_agent_its_worked_exchange_once(tmp_path):
+    """`crew_agent_one_shot` (the SmolLM2 recipe's agent): CrewAI's first request of each agent carries the agent's
+    worked exchange (`ONE_SHOT`) between its system message and its task, once, whatever the iteration; the plain
+    `crew_agent` sends none."""
+    from lightrail import LLM, Trainer
+    from lightrail.gateway import ScriptedBackend, ScriptedReply
+    from lightrail.store import StoreClient
+    from lightrail.trainer import StoreServerProcess
+
+    (task,) = [
+        t for t in splits(seed=0, n_train=0, n_val=30)[1] if t["kind"] == "capital" and "Peru" not in t["countries"]
+    ][:1]
+    peru = describe("Peru")  # the example's tool result (examples.crew_agent.agent.ONE_SHOT; CrewAI is not here)
+    seen: list[list[dict]] = []
+
+    def reply(request):
+        messages = request.messages
+        seen.append(messages)
+        if messages[0]["content"].startswith("You are researcher"):
+            if messages[-1]["role"] != "tool":
+                return ScriptedReply(tool_calls=[("country_facts", {"country": task["countries"][0]})])
+            return messages[-1]["content"]
+        return f"Answer: {task['answer']}"
+
+    server = StoreServerProcess(tmp_path / "store.db")
+    store = StoreClient(server.url, token=server.token)
+    try:
+        async with GatewayServer(ScriptedBackend(reply), store) as gateway:
+            trainer = Trainer(n_runners=1, concurrency=1, store=server.url, token=server.token, runner_python=CREWAI_PYTHON)  # fmt: skip
+            resources = {"llm": LLM(endpoint=gateway.url, model="scripted", sampling={"max_tokens": 256})}
+            shown = await trainer.dev_async(f"{AGENT}_one_shot", [task], resources, timeout_s=120)
+            shown_calls, seen[:] = list(seen), []
+            plain = await trainer.dev_async(AGENT, [task], resources, timeout_s=120)
+    finally:
+        await store.close()
+        server.stop()
+    assert [r.reward for r in shown.rows] == [r.reward for r in plain.rows] == [1.0]
+    researcher = [m for m in shown_calls if m[0]["content"].startswith("You are researcher")]
+    writer = [m for m in shown_calls if m[0]["content"].startswith("You are writer")]
+    assert len(researcher) == 2 and len(writer) == 1  # the tool call, then the notes; one answer
+    for messages in researcher:  # the exchange once, before the task, in the second iteration too
+        assert [m["role"] for m in messages[:6]] == ["system", "user", "assistant", "tool", "assistant", "user"]
+        assert messages[3]["content"] == messages[4]["content"] == peru
+        assert task["question"] in messages[5]["content"]
+        assert sum(m.get("content") == peru for m in messages) == 2
+    assert [m["role"] for m in writer[0]] == ["system", "user", "assistant", "user"]
+    assert writer[0][2]["content"] == "Answer: Lima" and task["question"] in writer[0][3]["content"]
+    assert not any("Peru" in json.dumps(m) for m in seen)  # the plain crew shows nothing
 
 
 def _role_of(call_span) -> str:
