@@ -260,7 +260,9 @@ class UpdateConfig:
         return cls(**data)
 
 
-REMOVED_FIELDS = {"max_staleness": "GRPO's grpo.async.max_staleness and lightrail learn's max_staleness drop stale calls"}
+REMOVED_FIELDS = {
+    "max_staleness": "GRPO's grpo.async.max_staleness and lightrail learn's max_staleness drop stale calls"
+}
 """`UpdateConfig` fields older checkpoints hold, and what replaced each."""
 
 

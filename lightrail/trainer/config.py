@@ -549,13 +549,22 @@ def _check_formats(model: Path, config: TrainConfig) -> None:
             raise ConfigError(f"model {config.model}: {exc} in {name}.engine_options") from None
 
 
+def verl_as_grpo(config: TrainConfig) -> TrainConfig:
+    """A config made in Python with ``algorithm: verl`` as `load_config` makes a file's (`_from_verl`): its verl dict
+    as the ``grpo`` section, the fields its ``grpo`` section sets beside it kept, a setting given twice refused."""
+    return _checked(_from_verl(_as_written(config)), TrainConfig, "config")
+
+
 def _as_written(config: TrainConfig) -> dict[str, Any]:
-    """A config made in Python as the plain data a file would hold: its ``grpo`` section only with the fields that
-    differ from their defaults (what `_from_verl` counts as given)."""
+    """A config made in Python as the plain data a file would hold: only the fields that differ from their defaults,
+    at the top level and in its sections (what `_from_verl` counts as given)."""
     data = msgspec.to_builtins(config)
-    defaults = msgspec.to_builtins(GRPOSection())
-    data["grpo"] = {key: value for key, value in data["grpo"].items() if defaults.get(key) != value}
-    return data
+    defaults = msgspec.to_builtins(TrainConfig(agent=config.agent, data=config.data, algorithm=config.algorithm))
+    written = {key: value for key, value in data.items() if value != defaults[key] or key in ("agent", "data")}
+    for name, section in written.items():
+        if isinstance(section, dict) and isinstance(defaults[name], dict):
+            written[name] = {key: value for key, value in section.items() if value != defaults[name].get(key)}
+    return written
 
 
 def train(config: TrainConfig) -> TrainResult:
@@ -564,7 +573,7 @@ def train(config: TrainConfig) -> TrainResult:
     from lightrail.trainer.trainer import Trainer
 
     if config.algorithm == "verl":  # a config made in Python, not loaded (`load_config` turns it into grpo's)
-        config = _checked(_from_verl(_as_written(config)), TrainConfig, "config")
+        config = verl_as_grpo(config)
     try:
         check_model_name(config.model)  # before anything is made or imported
     except FileNotFoundError as exc:

@@ -246,6 +246,24 @@ def test_the_config_file_maps_onto_the_grpo_section_model_name_and_loggers():
     assert [(x.kind, x.experiment) for x in config.trainer.loggers] == [("wandb", "AgentLightning")]
 
 
+def test_a_verl_config_made_in_python_maps_as_the_file_does():
+    """`train(TrainConfig(algorithm="verl", verl=...))` converts the dict as `load_config` does: the same ``grpo``
+    section, model and loggers; a GRPO setting beside the verl dict is kept, one the dict sets too is refused."""
+    import msgspec
+    import yaml
+
+    from lightrail.algorithms.settings import GRPOSection
+    from lightrail.trainer.config import TrainConfig, verl_as_grpo
+
+    made = msgspec.convert(yaml.safe_load(VERL_CONFIG.read_text()), TrainConfig)  # as made in Python: not converted
+    assert made.algorithm == "verl"
+    assert msgspec.to_builtins(verl_as_grpo(made)) == msgspec.to_builtins(load_config(VERL_CONFIG))
+    kept = verl_as_grpo(msgspec.structs.replace(made, grpo=GRPOSection(credit="identical")))
+    assert kept.grpo.credit == "identical" and kept.grpo.tasks_per_step == 32
+    with pytest.raises(ConfigError, match="grpo: n_samples set by the verl section already"):
+        verl_as_grpo(msgspec.structs.replace(made, grpo=GRPOSection(n_samples=2)))
+
+
 def test_the_docs_show_the_table_the_code_uses():
     docs = (ROOT / "docs" / "algorithms.md").read_text()
     assert markdown_table() in docs
