@@ -24,13 +24,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._util import REPO, SMOKE_HELP, log, python_loop_ms, served_engine  # noqa: E402
-from bench.rag_probe import summary  # noqa: E402
+from bench import _probe  # noqa: E402
+from bench._util import REPO  # noqa: E402
 
 KEYS = ()
 NEEDS = {"crewai": ("kinds", "exact_share", "minutes", "tries", "temperature", "python_loop_ms")}
@@ -79,38 +78,18 @@ async def probe(url: str, tasks: list[dict], args: argparse.Namespace) -> list[t
     return list(zip([task for task in tasks for _ in range(args.tries)], rewards, strict=True))
 
 
-async def main_async(args: argparse.Namespace) -> dict:
+def questions(kind: str, n: int) -> list[dict]:
+    """The first ``n`` training questions of ``kind`` in seed 0's order (a kind alone: held-out ones are never
+    probed)."""
     from examples.crew_agent.data import splits
 
-    # each kind's first training questions in seed 0's order (a kind alone: the held-out ones are never probed)
-    tasks = [task for kind in sorted(args.kinds) for task in splits(seed=0, n_train=args.questions, n_val=0,
-                                                                  kinds=[kind])[0]]  # fmt: skip
-    async with served_engine(args.model) as (url, _):
-        t0 = time.perf_counter()
-        tries = await probe(url, tasks, args)
-    return {**summary(tries), "minutes": round((time.perf_counter() - t0) / 60, 1)}
+    return splits(seed=0, n_train=n, n_val=0, kinds=[kind])[0]
 
 
 def main() -> None:
     from examples.crew_agent.data import KINDS
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--questions", type=int, default=24, help="training questions per kind (default 24)")
-    parser.add_argument("--tries", type=int, default=1, help="tries per question (default 1)")
-    parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
-    parser.add_argument("--max-tokens", type=int, default=96, help="tokens per call (default 96, the recipe's)")
-    parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS, help="kinds (default: all)")
-    parser.add_argument("--concurrency", type=int, default=16, help="crews at once (default 16)")
-    parser.add_argument("--model", default="smollm2", help="a model name prepare_model knows, or a local folder")
-    parser.add_argument("--zero-shot", action="store_true", help="no worked exchanges (the plain crew_agent)")
-    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP + " (the tiny random model, 1 question)")
-    args = parser.parse_args()
-    if args.smoke:
-        args.questions, args.tries, args.model, args.max_tokens = 1, 1, "tiny", 16
-    facts = {"python_loop_ms": python_loop_ms(), "load_1min": round(os.getloadavg()[0], 2)}
-    log(f"probing {args.questions} questions x {args.tries} per kind at T {args.temperature}: {args.kinds}")
-    settings = {k: getattr(args, k) for k in ("temperature", "max_tokens", "zero_shot", "model")}
-    print(json.dumps({**asyncio.run(main_async(args)), **settings, **facts}))
+    _probe.main(__doc__ or "", KINDS, 96, questions, probe)
 
 
 if __name__ == "__main__":
