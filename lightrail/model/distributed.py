@@ -266,7 +266,7 @@ class DistributedPolicyUpdater(PolicyUpdater):
                 module.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
         return model
 
-    def _response_logits(self, model: Any, mb: _MicroBatch) -> torch.Tensor:
+    def _response_logits(self, model: Any, mb: _MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
         if self._root is not None and model is self.model:
             return self._root(mb)  # through the FSDP root, which gathers its weights around the forward
         return super()._response_logits(model, mb)
@@ -678,7 +678,7 @@ class _Scoring(torch.nn.Module):
         self.policy = policy
         self._response_logits = response_logits
 
-    def forward(self, mb: _MicroBatch) -> torch.Tensor:
+    def forward(self, mb: _MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
         return self._response_logits(self.policy, mb)
 
 

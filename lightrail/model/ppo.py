@@ -9,9 +9,11 @@ Data flow of one `PPOUpdater.step`::
       ──the GRPO step (`PolicyUpdater.step`: clipped policy loss on A, mini-batches)
         + value_coef x clipped value loss (`value_loss`: V from the same forward pass as the logprobs, V_old, G)
 
-The value head is one linear layer (hidden size -> 1, float32, zero-initialised so V starts at 0 and the first
-advantages are the whitened returns) on the decoder's last hidden state; its gradient reaches the decoder (or the
-LoRA adapters) that the policy shares. It is a trainable tensor of the updater like the adapter: saved in the
+The critic is a component of the updater (`ValueCritic`, a `lightrail.model.updater.Critic`): the policy step hands
+it the decoder's hidden states at the response tokens from the forward pass that scored them, and adds its loss to
+the policy's. Its value head is one linear layer (hidden size -> 1, float32, zero-initialised so V starts at 0 and
+the first advantages are the whitened returns) on the decoder's last hidden state; its gradient reaches the decoder
+(or the LoRA adapters) that the policy shares. It is a trainable tensor of the updater like the adapter: saved in the
 checkpoint's ``trainable.safetensors`` as ``value_head.weight`` / ``value_head.bias``, restored by `load`, left out
 of the served weights (`state_dict_for_serving` reads the model only) and of an export.
 
@@ -35,7 +37,7 @@ from lightrail.model._loss import gae, value_loss, whiten
 from lightrail.model.updater import PolicyUpdater, UpdateConfig, _MicroBatch, lr_factor, per_row
 from lightrail.types import TrainingRow, Transition
 
-__all__ = ["VALUE_HEAD", "VALUE_METRICS", "PPOUpdater", "returns_as_rows"]
+__all__ = ["VALUE_HEAD", "VALUE_METRICS", "PPOUpdater", "ValueCritic", "returns_as_rows"]
 
 VALUE_HEAD = "value_head"
 """Prefix of the value head's tensors in a checkpoint's ``trainable.safetensors``."""
@@ -51,8 +53,40 @@ def returns_as_rows(transitions: Sequence[Transition]) -> list[Transition]:
     return [msgspec.structs.replace(t, advantage=t.reward if t.reward is not None else 0.0) for t in transitions]
 
 
+class ValueCritic:
+    """The critic of `PPOUpdater`: a value head (hidden size -> 1, float32, zero-initialised so V starts at 0 and the
+    first advantages are the whitened returns) on the decoder's last hidden state, and its clipped value loss
+    (`value_loss`) added to the policy's on every micro-batch (`lightrail.model.updater.Critic`). Its statistics of the
+    step in progress are summed in ``sums`` (token-weighted; `PPOUpdater.step` resets and reads them)."""
+
+    def __init__(self, width: int, device: torch.device, config: UpdateConfig) -> None:
+        self.head = torch.nn.Linear(width, 1, device=device, dtype=torch.float32)
+        with torch.no_grad():
+            self.head.weight.zero_()
+            self.head.bias.zero_()
+        self.config = config
+        self.sums: dict[str, float] = {}
+
+    def values(self, hidden: torch.Tensor) -> torch.Tensor:
+        """V ([N], float32) of the response tokens whose predicting hidden states are ``hidden`` ([N, H])."""
+        return self.head(hidden.to(torch.float32)).squeeze(-1)
+
+    def loss(self, hidden: torch.Tensor, mb: _MicroBatch, rows: Sequence[TrainingRow]) -> torch.Tensor:
+        """``value_coef`` times the clipped value loss of ``mb``'s response tokens: V from ``hidden``, V_old and the
+        returns G from the rows' metadata (`PPOUpdater.gae_rows`)."""
+        meta = [rows[i].metadata for i in mb.rows]
+        old = torch.tensor([x for m in meta for x in m["values"]], dtype=torch.float32, device=hidden.device)
+        ret = torch.tensor([x for m in meta for x in m["returns"]], dtype=torch.float32, device=hidden.device)
+        loss, stats = value_loss(self.values(hidden), old, ret, weights=mb.weights, clip=self.config.value_clip)
+        n = float(stats["tokens"])
+        for key in ("value_loss", "value_clip_frac", "value_mean"):
+            self.sums[key] = self.sums.get(key, 0.0) + float(stats[key]) * n
+        self.sums["tokens"] = self.sums.get("tokens", 0.0) + n
+        return self.config.value_coef * loss
+
+
 class PPOUpdater(PolicyUpdater):
-    """A `PolicyUpdater` that trains a value head with the policy and replaces the rows' advantages by GAE.
+    """A `PolicyUpdater` with a `ValueCritic` trained beside the policy and GAE advantages in place of the rows'.
 
     ``step(rows)`` takes rows whose response tokens carry their call's return in ``advantages`` (every response
     token of a row the same value; `returns_as_rows`), one call per row. ``config.gamma``, ``lam``, ``value_coef``,
@@ -62,6 +96,8 @@ class PPOUpdater(PolicyUpdater):
         >>> upd.step(rows)["value_loss"]                                           # doctest: +SKIP
     """
 
+    critic: ValueCritic
+
     def __init__(self, model: Any, config: UpdateConfig | None = None) -> None:
         if config is not None and config.ranks > 1:
             raise ValueError(
@@ -69,10 +105,8 @@ class PPOUpdater(PolicyUpdater):
             )
         super().__init__(model, config)
         width = self.model.get_output_embeddings().weight.shape[1]
-        self.value_head = torch.nn.Linear(width, 1, device=self.device, dtype=torch.float32)
-        with torch.no_grad():  # V = 0 at the start: the first advantages are the (whitened) returns
-            self.value_head.weight.zero_()
-            self.value_head.bias.zero_()
+        self.critic = ValueCritic(width, self.device, self.config)
+        self.value_head = self.critic.head
         self._trainable[f"{VALUE_HEAD}.weight"] = self.value_head.weight
         self._trainable[f"{VALUE_HEAD}.bias"] = self.value_head.bias
         self.optimizer.add_param_group({"params": [self.value_head.weight], "weight_decay": self.config.weight_decay})
@@ -83,16 +117,6 @@ class PPOUpdater(PolicyUpdater):
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s, cfg.warmup_steps, cfg.decay_steps, cfg.decay_start)
         )
-        self._rows: Sequence[TrainingRow] = []
-        self._hidden: torch.Tensor | None = None
-        self._value_sums: dict[str, float] = {}
-
-    # -- values ---------------------------------------------------------------------------------------------------
-
-    def _values_of(self, hidden: torch.Tensor, mb: _MicroBatch) -> torch.Tensor:
-        """V of the micro-batch's response tokens (float32, [N]) from its decoder output ``hidden`` [B, T, H]."""
-        selected = hidden.reshape(-1, hidden.shape[-1]).index_select(0, mb.source)
-        return self.value_head(selected.to(torch.float32)).squeeze(-1)
 
     def values(self, rows: Sequence[TrainingRow]) -> list[list[float]]:
         """The value head's V of every response token of each row (``loss_mask`` order), no gradient."""
@@ -100,19 +124,11 @@ class PPOUpdater(PolicyUpdater):
 
         def flat_of(mb: _MicroBatch) -> list[float]:
             with self._autocast():
-                hidden = PolicyUpdater._hidden_states(self.model, mb)
-            return self._values_of(hidden, mb).tolist()
+                hidden = self._hidden_states(self.model, mb)
+            return self.critic.values(hidden.reshape(-1, hidden.shape[-1]).index_select(0, mb.source)).tolist()
 
         with torch.no_grad():
             return per_row(rows, batches, flat_of)
-
-    def _hidden_states(self, model: Any, mb: _MicroBatch) -> torch.Tensor:  # type: ignore[override]
-        hidden = PolicyUpdater._hidden_states(model, mb)
-        if model is self.model and torch.is_grad_enabled():  # the training forward: `_critic_loss` reads it
-            self._hidden = hidden
-        return hidden
-
-    # -- the update -----------------------------------------------------------------------------------------------
 
     def step(
         self,
@@ -122,15 +138,16 @@ class PPOUpdater(PolicyUpdater):
         max_staleness: int | None = None,
         objective: Literal["grpo", "sft"] = "grpo",
     ) -> dict[str, float]:
-        """GAE advantages from the value head, then `PolicyUpdater.step` with the value loss added; metrics as there
-        plus `VALUE_METRICS`. ``objective="sft"`` is `PolicyUpdater.step`'s (the value head does not train)."""
+        """GAE advantages from the value head, then `PolicyUpdater.step` with the critic's loss added; metrics as
+        there plus `VALUE_METRICS`. ``objective="sft"`` is `PolicyUpdater.step`'s (the value head does not train)."""
         if objective == "sft":
             return super().step(rows, current_version=current_version, max_staleness=max_staleness, objective=objective)
         rows = self.gae_rows(rows)
-        self._value_sums = {"value_loss": 0.0, "value_clip_frac": 0.0, "value_mean": 0.0, "tokens": 0.0}
+        self.critic.sums = {"value_loss": 0.0, "value_clip_frac": 0.0, "value_mean": 0.0, "tokens": 0.0}
         metrics = super().step(rows, current_version=current_version, max_staleness=max_staleness, objective=objective)
-        n = max(self._value_sums.pop("tokens"), 1.0)
-        metrics.update({k: v / n for k, v in self._value_sums.items()})
+        sums = dict(self.critic.sums)
+        n = max(sums.pop("tokens"), 1.0)
+        metrics.update({k: v / n for k, v in sums.items()})
         returns = [g for r in rows for g in r.metadata["returns"]]
         metrics["return_mean"] = sum(returns) / len(returns) if returns else 0.0
         metrics["gae_adv_std"] = float(rows[0].metadata["gae_adv_std"]) if rows else 0.0
@@ -161,31 +178,3 @@ class PPOUpdater(PolicyUpdater):
             metadata = {**row.metadata, "values": v, "returns": ret.tolist(), "gae_adv_std": spread}
             out.append(msgspec.structs.replace(row, advantages=advantages, metadata=metadata))
         return out
-
-    def _step_on(
-        self,
-        rows: Sequence[TrainingRow],
-        *,
-        objective: Literal["grpo", "sft"],
-        weights: Sequence[torch.Tensor] | None = None,
-    ) -> dict[str, float]:
-        self._rows = rows  # the micro-batches' row indices point into these
-        try:
-            return super()._step_on(rows, objective=objective, weights=weights)
-        finally:
-            self._rows, self._hidden = [], None
-
-    def _critic_loss(self, mb: _MicroBatch) -> torch.Tensor | float:
-        hidden, self._hidden = self._hidden, None
-        if hidden is None or not self._rows:
-            return 0.0
-        values = self._values_of(hidden, mb)
-        meta = [self._rows[i].metadata for i in mb.rows]
-        old = torch.tensor([x for m in meta for x in m["values"]], dtype=torch.float32, device=self.device)
-        ret = torch.tensor([x for m in meta for x in m["returns"]], dtype=torch.float32, device=self.device)
-        loss, stats = value_loss(values, old, ret, weights=mb.weights, clip=self.config.value_clip)
-        n = float(stats["tokens"])
-        for key in ("value_loss", "value_clip_frac", "value_mean"):
-            self._value_sums[key] = self._value_sums.get(key, 0.0) + float(stats[key]) * n
-        self._value_sums["tokens"] = self._value_sums.get("tokens", 0.0) + n
-        return self.config.value_coef * loss

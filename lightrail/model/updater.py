@@ -42,7 +42,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -280,6 +280,17 @@ def _validate(rows: Sequence[TrainingRow]) -> None:
             raise ValueError(f"row {i} (rollout {r.rollout_id!r}): token 0 has no context and cannot be trained")
 
 
+class Critic(Protocol):
+    """A head trained with the policy from the same forward pass (`lightrail.model.ppo.ValueCritic`): on each
+    micro-batch of a policy-gradient step its loss, from the decoder's hidden states at the response tokens, is added
+    to the policy's before the backward pass, so its gradient reaches the shared decoder (or LoRA adapters)."""
+
+    def loss(self, hidden: torch.Tensor, mb: _MicroBatch, rows: Sequence[TrainingRow]) -> torch.Tensor:
+        """The micro-batch's critic loss (a scalar, already weighted against the policy's), from ``hidden`` ([N, H],
+        one row per response token of ``mb``) and the step's ``rows`` (``mb.rows`` index them)."""
+        ...
+
+
 class PolicyUpdater:
     """Owns the trainable policy (full model or LoRA adapter), its AdamW optimizer and the GRPO step.
 
@@ -294,6 +305,9 @@ class PolicyUpdater:
 
     data_parallel = False
     """True for updaters whose step spans several ranks (`DistributedPolicyUpdater`)."""
+    critic: Critic | None = None
+    """A head trained beside the policy from the same forward pass (`lightrail.model.ppo.ValueCritic`); None: the
+    policy alone."""
 
     def __init__(self, model: Any, config: UpdateConfig | None = None) -> None:
         from transformers import AutoModelForCausalLM
@@ -504,9 +518,10 @@ class PolicyUpdater:
 
     def _token_logp(
         self, model: Any, mb: _MicroBatch, *, entropy: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logprobs (float32) of the micro-batch's response tokens under ``model``, and optionally their entropy."""
-        logits = self._response_logits(model, mb)
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """Logprobs (float32, [N]) of the micro-batch's response tokens under ``model``, optionally their entropy
+        ([N]), and the decoder's hidden states they were scored from ([N, H]: what a `Critic` reads)."""
+        logits, hidden = self._response_logits(model, mb)
         if self._softcap:
             logits = torch.tanh(logits / self._softcap) * self._softcap
         if self.config.temperature != 1.0:
@@ -514,11 +529,12 @@ class PolicyUpdater:
         lse = torch.logsumexp(logits, dim=-1)
         logp = logits.gather(-1, mb.targets[:, None]).squeeze(-1) - lse
         ent = token_entropy(logits.detach(), lse.detach()) if entropy else None
-        return logp, ent
+        return logp, ent, hidden
 
-    def _response_logits(self, model: Any, mb: _MicroBatch) -> torch.Tensor:
-        """The LM head's logits (at least float32) at the hidden states that predict the micro-batch's response
-        tokens: every use of the weights in a forward pass (a sharded updater runs it inside its root module)."""
+    def _response_logits(self, model: Any, mb: _MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The LM head's logits (at least float32, [N, V]) at the hidden states that predict the micro-batch's
+        response tokens, and those hidden states ([N, H]): every use of the weights in a forward pass (a sharded
+        updater runs it inside its root module)."""
         with self._autocast():
             hidden = self._hidden_states(model, mb)
         hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, mb.source)
@@ -529,7 +545,7 @@ class PolicyUpdater:
         # one (SmolLM2: 49k x 576, ~1/4 of the decoder's FLOPs per token) it takes a visible share of the step.
         logits = head(hidden.to(head.weight.dtype))
         # Softmax statistics in at least fp32 (bf16 logsumexp over a 50k vocabulary loses the ratio's precision).
-        return logits.to(torch.promote_types(logits.dtype, torch.float32))
+        return logits.to(torch.promote_types(logits.dtype, torch.float32)), hidden
 
     @staticmethod
     def _hidden_states(model: Any, mb: _MicroBatch) -> torch.Tensor:
@@ -656,7 +672,7 @@ class PolicyUpdater:
         padding = self._padding_passes(len(batches))  # before any pass: it is a collective of its own
         for mb in batches:
             ref = self._reference_logp(mb) if cfg.kl_coef and not supervised else None
-            logp, ent = self._token_logp(self.model, mb, entropy=cfg.compute_entropy)
+            logp, ent, hidden = self._token_logp(self.model, mb, entropy=cfg.compute_entropy)
             if supervised:
                 loss, stats = _nll_loss(logp, mb.weights)
             else:
@@ -675,7 +691,8 @@ class PolicyUpdater:
                     loss=cfg.policy_loss,
                     segment_ids=mb.segments,
                 )
-                loss = loss + self._critic_loss(mb)
+                if self.critic is not None:
+                    loss = loss + self.critic.loss(hidden, mb, rows)
                 # The weights have not moved yet this step, so for on-policy rows this is the train–inference gap.
                 kl = mismatch_kl(logp, mb.old_logp)
                 sums["mismatch_kl"] += float(kl.sum())
@@ -731,10 +748,6 @@ class PolicyUpdater:
         )
         return metrics
 
-    def _critic_loss(self, mb: _MicroBatch) -> torch.Tensor | float:
-        """The loss of a critic trained with the policy, for the micro-batch just run (`PPOUpdater`); none here."""
-        return 0.0
-
     def _padding_passes(self, micro_batches: int) -> int:
         """How many gradient-free forward and backward passes this process adds after its ``micro_batches`` (a
         sharded rank runs as many passes as the busiest rank, since each pass is a collective); none here."""
@@ -755,7 +768,7 @@ class PolicyUpdater:
         )
         if with_reference:
             self._reference_logp(dummy)
-        logp, _ = self._token_logp(self.model, dummy)
+        logp, _, _ = self._token_logp(self.model, dummy)
         (logp.sum() * 0.0).backward()
 
     def _reduce_step(

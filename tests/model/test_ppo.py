@@ -210,9 +210,9 @@ def test_settings_are_checked_with_one_line_errors(tmp_path):
         UpdateConfig(value_clip=0.0)
     with pytest.raises(ValueError, match="^grpo.merge_calls: advantage 'gae'"):
         GRPO("m", advantage="gae", merge_calls=True, out_dir=tmp_path)
-    with pytest.raises(ValueError, match="^config.ranks: advantage 'gae'"):
+    with pytest.raises(ValueError, match="^grpo.config.ranks: advantage 'gae'"):
         GRPO("m", advantage="gae", config=UpdateConfig(ranks=2), out_dir=tmp_path)
-    with pytest.raises(ValueError, match="^config.sharding: advantage 'gae' does not run with sharding 'fsdp'"):
+    with pytest.raises(ValueError, match="^grpo.config.sharding: advantage 'gae' does not run with sharding 'fsdp'"):
         GRPO("m", advantage="gae", config=UpdateConfig(ranks=2, sharding="fsdp"), out_dir=tmp_path)
 
 
