@@ -487,6 +487,10 @@ class GRPOSection(_PolicySection, kw_only=True, forbid_unknown_fields=True):
                 ) from None
         if self.policies is not None and (self.agents is not None or self.agents_pattern is not None):
             raise ValueError(f"{key}: give agents or policies, not both (the policies name the agents they train)")
+        if self.policies is not None and self.config:  # its own config (one given beside it: `check_update`)
+            from lightrail.algorithms.policies import check_policies_engine
+
+            check_policies_engine(self.rollout_engine, lora=bool(self.config.get("lora")))
         if self.critic:
             for name, why in (("merge_calls", "needs one call per row (its return on the row's last token)"),
                               ("filter_groups", "has no group advantages to filter on"),
