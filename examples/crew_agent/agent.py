@@ -16,6 +16,7 @@ the OpenInference instrumentation records to.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 
@@ -74,12 +75,19 @@ the tool and hands its line on, the writer answers in one line. Without them Smo
 
 
 def _show_one_shot(context) -> None:
-    """A CrewAI ``before_llm_call`` hook: put the agent's worked exchange (`ONE_SHOT`) between its system message and
-    its task, once per conversation (the executor keeps the list across its iterations)."""
-    example = ONE_SHOT.get(context.agent.role) if context.agent is not None else None
-    if example and example[0] not in context.messages:
-        at = 1 if context.messages and context.messages[0].get("role") == "system" else 0
-        context.messages[at:at] = example  # in place: CrewAI's executor holds this list
+    """A CrewAI ``before_llm_call`` hook: put the agent's worked exchange (`ONE_SHOT`, a copy: CrewAI may edit
+    messages in place) between its system message and its task, once per conversation (the executor keeps the list
+    across its iterations). CrewAI swallows a hook's exceptions; a failure here is raised as `HookAborted`, which it
+    lets through, so a crew never runs without its examples unnoticed."""
+    from crewai.hooks.dispatch import HookAborted
+
+    try:
+        example = ONE_SHOT.get(context.agent.role) if context.agent is not None else None
+        if example and example[0] not in context.messages:
+            at = 1 if context.messages and context.messages[0].get("role") == "system" else 0
+            context.messages[at:at] = copy.deepcopy(example)  # in place: CrewAI's executor holds this list
+    except Exception as exc:
+        raise HookAborted(f"the one-shot hook failed: {type(exc).__name__}: {exc}") from exc
 
 
 @tool("country_facts")
@@ -135,11 +143,12 @@ def answer(
 ) -> str:
     """Run the crew on one question; returns the writer's final text (``"Answer: ..."`` when the crew behaves).
     ``one_shot``: each agent is shown its worked exchange first (`ONE_SHOT`, through a hook scoped to this run)."""
-    from crewai.hooks.dispatch import InterceptionPoint, scoped_hooks
-
     crew = build_crew(base_url=base_url, model=model, api_key=api_key, max_iter=max_iter, **sampling)
-    hooks = {InterceptionPoint.PRE_MODEL_CALL: [_show_one_shot]} if one_shot else {}
-    with scoped_hooks(hooks):
+    if not one_shot:
+        return crew.kickoff(inputs={"question": question}).raw
+    from crewai.hooks.dispatch import InterceptionPoint, scoped_hooks  # (CrewAI 1.x's execution-scoped hooks)
+
+    with scoped_hooks({InterceptionPoint.PRE_MODEL_CALL: [_show_one_shot]}):
         return crew.kickoff(inputs={"question": question}).raw
 
 
@@ -152,9 +161,15 @@ if __name__ == "__main__":
     parser.add_argument("--model", required=True)
     parser.add_argument("--api-key", default="none")
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--one-shot", action="store_true", help="show each agent its worked exchange (ONE_SHOT)")
     args = parser.parse_args()
     print(
         answer(
-            args.question, base_url=args.base_url, model=args.model, api_key=args.api_key, max_tokens=args.max_tokens
+            args.question,
+            base_url=args.base_url,
+            model=args.model,
+            api_key=args.api_key,
+            one_shot=args.one_shot,
+            max_tokens=args.max_tokens,
         )
     )

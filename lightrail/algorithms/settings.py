@@ -390,7 +390,7 @@ class GRPOSection(_PolicySection, kw_only=True, forbid_unknown_fields=True):
 
     _key = "grpo"
     _removed = {
-        "is_cap": "the cap is the update's grpo.config.is_cap (with grpo.async 2.0 unless set there)",
+        "is_cap": "the cap is the update's grpo.config.is_cap (UpdateConfig.is_cap; with grpo.async 2.0 unless set)",
         "mode": "asynchronous GRPO is the grpo.async section (async: true, or its max_staleness and ahead); sync is "
         "its absence",
         "max_staleness": "it is grpo.async.max_staleness",
@@ -505,6 +505,8 @@ class GRPOSection(_PolicySection, kw_only=True, forbid_unknown_fields=True):
             self.async_ = AsyncSection()
         elif self.async_ is False:
             self.async_ = None
+        elif self.async_ is not None and not isinstance(self.async_, AsyncSection):
+            raise ValueError(f"{key}.async: expected true, false, null or a mapping of its fields, got {self.async_!r}")
         if self.async_ is not None:
             for given, what, why in ((self.filter_groups, "filter_groups", "it samples more rounds within a step"),
                                      (self.policies, "policies", "async trains one shared policy"),
@@ -542,9 +544,10 @@ class GRPOSection(_PolicySection, kw_only=True, forbid_unknown_fields=True):
         if self.critic and config.ranks > 1:
             raise ValueError(f"{key}.config.ranks: advantage {self.advantage!r} trains its value head in one process, "
                              f"not {config.ranks}")  # fmt: skip
-        if self.async_ and config.mini_batches != 1:
+        if self.async_settings is not None and config.mini_batches != 1:
             raise ValueError(
-                f"{key}.async weighs stale tokens against the pre-update weights: needs config.mini_batches 1"
+                f"{key}.config.mini_batches: async weighs stale tokens against the pre-update weights: needs 1, "
+                f"not {config.mini_batches}"
             )
         try:
             check_update_temperature(config, self.training_sampling())

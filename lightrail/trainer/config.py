@@ -222,13 +222,14 @@ def read_yaml_data(path: str | os.PathLike[str], overrides: Sequence[str]) -> di
 def read_yaml_config(path: str | os.PathLike[str], overrides: Sequence[str], schema: type[T]) -> T:
     """A YAML file as ``schema`` (a msgspec struct), ``--set dotted.path=value`` overrides applied first; every
     problem is a one-line `ConfigError` naming the file and the field."""
-    return _checked(read_yaml_data(path, overrides), schema, str(path))
+    return _checked(read_yaml_data(path, overrides), schema, str(path), strict=True)
 
 
-def _checked(data: Any, schema: type[T], where: str) -> T:
-    """``data`` as ``schema``; its one-line error as a `ConfigError` starting with ``where`` (the file)."""
+def _checked(data: Any, schema: type[T], where: str, *, strict: bool = False) -> T:
+    """``data`` as ``schema``; its one-line error as a `ConfigError` starting with ``where`` (the file). Not
+    ``strict`` (a train config's sections always were not): YAML reads ``1e-4`` as a string, which is a number here."""
     try:
-        return convert(data, schema, strict=False)  # YAML reads `1e-4` as a string: numbers in strings are numbers
+        return convert(data, schema, strict=strict)
     except ValueError as exc:
         raise ConfigError(f"{where}: {exc}") from None
 
@@ -278,6 +279,9 @@ def _from_verl(data: dict[str, Any]) -> dict[str, Any]:
     config as plain data (as written: a key present is a key given)."""
     from lightrail.trainer.verl_compat import verl_settings
 
+    for key in ("verl", "grpo", "trainer"):  # what is merged here must be a mapping to merge
+        if not isinstance(data.get(key) or {}, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {data[key]!r}")
     try:
         settings = verl_settings(data.get("verl") or {})
     except ValueError as exc:
@@ -341,13 +345,32 @@ def checked_update_config(update: dict[str, Any], where: str) -> UpdateConfig:
         raise ConfigError(str(exc)) from None
 
 
+S = TypeVar("S", GRPOSection, SFTSection, APOSection)
+
+
+def _with_run_fields(section: S, name: str, seed: int, out_dir: str | None) -> S:
+    """``section`` with the run's seed and output folder (`RUN_FIELDS`: a config gives them once, at its top level).
+    A section made in Python that sets one to something else is a `ConfigError` naming it, not a value replaced."""
+    run = {key: value for key, value in (("seed", seed), ("out_dir", out_dir)) if value is not None}
+    for field in msgspec.structs.fields(section):
+        if field.name not in run:
+            continue
+        value = getattr(section, field.name)
+        if value not in (field.default, run[field.name]):
+            raise ConfigError(
+                f"{name}.{field.name}: a run's {field.name} is the config's top-level {field.name!r} "
+                f"({run[field.name]!r}), not {value!r}; set it there"
+            )
+    return msgspec.structs.replace(section, **{key: run[key] for key in run if key in section.__struct_fields__})
+
+
 def _grpo_kwargs(
     config: TrainConfig, train_tasks: list[dict] | None = None, *, out_dir: Path | None = None
 ) -> dict[str, Any]:
     """The config's ``grpo`` section as `GRPO` arguments: the section with the run's seed and folder (``out_dir``, by
     default the run's), its ``config`` as an `UpdateConfig` checked against it (`GRPOSection.check_update`), and the
     gateway. ``train_tasks`` are not read (GRPO gets them from the trainer)."""
-    section = msgspec.structs.replace(config.grpo, seed=config.seed, out_dir=str(out_dir or config.run_dir))
+    section = _with_run_fields(config.grpo, "grpo", config.seed, str(out_dir or config.run_dir))
     update = checked_update_config(section.config, "grpo.config") if section.config else None
     try:
         section.check_update(update)
@@ -370,7 +393,7 @@ def _apo_kwargs(config: TrainConfig, train_tasks: list[dict] | None = None) -> d
 
     if config.apo is None:
         raise ConfigError("apo: algorithm apo needs an apo section (at least apo.prompts: the prompts to optimize)")
-    section = msgspec.structs.replace(config.apo, seed=config.seed, out_dir=str(config.run_dir))
+    section = _with_run_fields(config.apo, "apo", config.seed, str(config.run_dir))
     try:
         return {**section_objects(section), "gateway": config.gateway}
     except ValueError as exc:
@@ -383,7 +406,7 @@ def _sft_kwargs(config: TrainConfig, train_tasks: list[dict] | None = None) -> d
     given), ``traces``, ``config`` and ``llamafactory``."""
     from lightrail.algorithms.rejection import TraceFilter
 
-    settings = msgspec.structs.replace(config.sft, seed=config.seed)
+    settings = _with_run_fields(config.sft, "sft", config.seed, None)
     out_dir = config.run_dir / "sft" if isinstance(config.algorithm, list) else config.run_dir  # a chain's stage
     kwargs: dict[str, Any] = {"section": settings, "out_dir": out_dir, "gateway": config.gateway}
     if settings.teacher is not None:
@@ -551,25 +574,36 @@ def _check_formats(model: Path, config: TrainConfig) -> None:
 
 def verl_as_grpo(config: TrainConfig) -> TrainConfig:
     """A config made in Python with ``algorithm: verl`` as `load_config` makes a file's (`_from_verl`): its verl dict
-    as the ``grpo`` section, the fields its ``grpo`` section sets beside it kept, a setting given twice refused."""
-    return _checked(_from_verl(_as_written(config)), TrainConfig, "config")
+    as the ``grpo`` section, ``model``, ``name`` and ``trainer.loggers``; a field set beside the dict is kept (one
+    differing from its default counts as set), one the dict sets too is refused. The other fields stay as they are."""
+    defaults = TrainConfig(agent=config.agent, data=config.data)
+    written: dict[str, Any] = {"verl": config.verl, "grpo": _written(config.grpo, defaults.grpo)}
+    written.update(
+        {name: getattr(config, name) for name in ("model", "name") if getattr(config, name) != getattr(defaults, name)}
+    )
+    if trainer := _written(config.trainer, defaults.trainer):
+        written["trainer"] = trainer
+    merged = _from_verl(written)
+    return msgspec.structs.replace(
+        config,
+        algorithm="grpo",
+        grpo=_section(merged["grpo"], GRPOSection, "grpo"),
+        trainer=_section(merged["trainer"], RunnerSettings, "trainer") if "trainer" in merged else config.trainer,
+        **{name: merged[name] for name in ("model", "name") if name in merged},
+    )
 
 
-def _as_written(config: TrainConfig) -> dict[str, Any]:
-    """A config made in Python as the plain data a file would hold: only the fields that differ from their defaults,
-    at the top level and in its sections (what `_from_verl` counts as given)."""
-    data = msgspec.to_builtins(config)
-    defaults = msgspec.to_builtins(TrainConfig(agent=config.agent, data=config.data, algorithm=config.algorithm))
-    written = {key: value for key, value in data.items() if value != defaults[key] or key in ("agent", "data")}
-    for name, section in written.items():
-        if isinstance(section, dict) and isinstance(defaults[name], dict):
-            written[name] = {key: value for key, value in section.items() if value != defaults[name].get(key)}
-    return written
+def _written(section: msgspec.Struct, default: msgspec.Struct) -> dict[str, Any]:
+    """A section of a config made in Python as a file would hold it: the fields that differ from ``default``'s, as
+    plain data."""
+    given, defaults = msgspec.to_builtins(section), msgspec.to_builtins(default)
+    return {key: value for key, value in given.items() if value != defaults.get(key)}
 
 
 def train(config: TrainConfig) -> TrainResult:
     """Build or prepare the model, generate the data, and run `GRPO` through `Trainer.fit`."""
     from lightrail.engine.models import check_model_name
+    from lightrail.trainer.config_reference import resolved_config
     from lightrail.trainer.trainer import Trainer
 
     if config.algorithm == "verl":  # a config made in Python, not loaded (`load_config` turns it into grpo's)
@@ -611,7 +645,7 @@ def train(config: TrainConfig) -> TrainResult:
         store_port=runners.store_port,
         loggers=runners.loggers,
         experiment=config.name,
-        run_config=msgspec.to_builtins(config),
+        run_config=resolved_config(config),  # what the run trains with, every default filled in
         **runner_options,
     )
     trainer.token_source = "$LIGHTRAIL_TOKEN"  # a config holds no token: the environment gives it

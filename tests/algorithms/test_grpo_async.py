@@ -65,7 +65,7 @@ def test_async_settings_are_checked_in_one_line():
         with pytest.raises(ValueError, match=message) as err:
             GRPOSection(**kwargs)
         assert "\n" not in str(err.value)
-    with pytest.raises(ValueError, match="grpo.async weighs stale tokens against the pre-update weights"):
+    with pytest.raises(ValueError, match="grpo.config.mini_batches: async weighs stale tokens against the pre-update"):
         GRPOSection(async_=True).check_update(UpdateConfig(mini_batches=2))
 
 

@@ -130,7 +130,7 @@ def test_scale_out_sections_reach_the_trainer_and_the_gateway(tmp_path):
         ("grpo.mode=async", "grpo.mode: no longer a setting: asynchronous GRPO is the grpo.async section"),
         ("grpo={async: {ahead: 0}}", "grpo.async.ahead must be >= 1"),
         ("grpo={async: true, filter_groups: true}", "grpo.async: not with filter_groups"),
-        ("grpo={async: true, config: {mini_batches: 2}}", "grpo.async weighs stale tokens against the pre-update"),
+        ("grpo={async: true, config: {mini_batches: 2}}", "grpo.config.mini_batches: async weighs stale tokens"),
         (
             "grpo.config.max_staleness=2",
             "grpo.config.max_staleness: no longer an update setting: GRPO's grpo.async.max_staleness",

@@ -61,6 +61,28 @@ def test_a_section_names_the_run_fields_at_the_top_level(tmp_path):
         load_config(path)
 
 
+def test_a_section_made_in_python_with_its_own_run_fields_is_refused_not_overridden(tmp_path):
+    """``train(TrainConfig(grpo=GRPOSection(seed=7)))``: the run's seed is the config's; a section's other seed is
+    refused in one line instead of being replaced without a word (the default, or the run's own value, passes)."""
+    from lightrail.trainer.config import _grpo_kwargs
+
+    config = TrainConfig(agent="a:b", data="c:d", seed=3, out_dir=str(tmp_path))
+    assert _grpo_kwargs(config)["section"].seed == 3
+    same = msgspec.structs.replace(config, grpo=GRPOSection(seed=3))
+    assert _grpo_kwargs(same)["section"].out_dir == str(tmp_path)
+    with pytest.raises(ConfigError, match=r"^grpo.seed: a run's seed is the config's top-level 'seed' \(3\), not 7"):
+        _grpo_kwargs(msgspec.structs.replace(config, grpo=GRPOSection(seed=7)))
+    with pytest.raises(ConfigError, match=r"^grpo.out_dir: a run's out_dir is the config's top-level 'out_dir'"):
+        _grpo_kwargs(msgspec.structs.replace(config, grpo=GRPOSection(out_dir="elsewhere")))
+
+
+def test_async_is_true_false_null_or_its_fields():
+    assert GRPOSection(async_=False).async_settings is None and GRPOSection(async_=True).async_settings is not None
+    for bad in (1, "yes"):
+        with pytest.raises(ValueError, match=r"^grpo.async: expected true, false, null or a mapping of its fields"):
+            GRPOSection(async_=bad)
+
+
 def test_a_removed_setting_is_refused_naming_its_replacement(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text("agent: a:b\ndata: c:d\ngrpo: {async: true, is_cap: 3.0}\n")
