@@ -23,7 +23,8 @@ from lightrail.engine import Engine, prepare_model  # noqa: E402  (after the tor
 
 MESSAGES = [{"role": "user", "content": "Tell me a long story."}]
 MAX_TOKENS = 480  # the tiny model's context is 512 positions
-PATIENCE_S = 0.5  # the client's timeout: ~100 decode steps of the tiny model on one CPU thread
+PATIENCE_S = 0.5  # the client's timeout: ~100-250 decode steps of the tiny model on a CPU, by its speed
+CANCEL_TOKENS = MAX_TOKENS // 4  # tokens the engine may still generate once the client left (the cancellation's lag)
 
 
 @pytest.fixture
@@ -47,8 +48,11 @@ def _wait_for_spans(server, lease, count: int, timeout_s: float = 30.0) -> list:
         time.sleep(0.05)
 
 
-def _assert_engine_stopped(server, engine: Engine) -> int:
-    """The engine's token count stops growing (its batch emptied) and stayed far below a full answer."""
+def _assert_engine_stopped(server, engine: Engine, at_leave: int) -> int:
+    """The engine's token count stops growing (its batch emptied) soon after the client left (``at_leave``: the
+    count then), and short of a full answer. Measured from the client's leaving, not as a share of the answer: how far
+    the engine got in the client's patience depends on the machine's speed (a fast quiet CPU decodes ~500 tokens a
+    second of the tiny model), the cancellation's delay does not."""
     settle = time.monotonic() + 10.0
     before = server.call(_generated(engine))
     while True:
@@ -58,7 +62,8 @@ def _assert_engine_stopped(server, engine: Engine) -> int:
             break
         before = after
     assert after == before, "the engine kept generating for a client that left"
-    assert after < MAX_TOKENS // 2, f"{after} tokens generated for an abandoned call of {MAX_TOKENS}"
+    assert after - at_leave < CANCEL_TOKENS, f"{after - at_leave} tokens generated after the client left"
+    assert after < MAX_TOKENS, f"the abandoned call was generated in full ({after} tokens)"
     return after
 
 
@@ -75,8 +80,9 @@ def test_a_client_that_times_out_leaves_an_abandoned_span_and_its_retry_trains(m
     with pytest.raises(openai.APITimeoutError):
         answer = client.chat.completions.create(**_long_answer(engine), stream=stream, timeout=PATIENCE_S)
         list(answer)  # a stream's events (none arrive before the generation ends)
+    at_leave = server.call(_generated(engine))
     [abandoned] = _wait_for_spans(server, lease, 1)
-    generated = _assert_engine_stopped(server, engine)
+    generated = _assert_engine_stopped(server, engine, at_leave)
 
     assert abandoned.attributes[Attr.ABANDONED] is True
     assert abandoned.status.code is StatusCode.ERROR
@@ -109,8 +115,9 @@ def test_an_abandoned_call_is_closed_upstream_too(make_gateway, engine):
 
     with pytest.raises(openai.APITimeoutError):
         client.chat.completions.create(**_long_answer(engine), timeout=PATIENCE_S)
+    at_leave = upstream.call(_generated(engine))
     [span] = _wait_for_spans(gateway, lease, 1)
-    _assert_engine_stopped(upstream, engine)
+    _assert_engine_stopped(upstream, engine, at_leave)
     assert span.attributes[Attr.ABANDONED] is True
     assert span.status.code is StatusCode.ERROR
 
@@ -132,4 +139,4 @@ def test_a_served_call_is_cancelled_too(make_gateway, engine):
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="t", max_retries=0)
     with pytest.raises(openai.APITimeoutError):
         client.chat.completions.create(**_long_answer(engine), timeout=PATIENCE_S)
-    _assert_engine_stopped(server, engine)
+    _assert_engine_stopped(server, engine, server.call(_generated(engine)))
