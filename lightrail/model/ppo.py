@@ -123,9 +123,7 @@ class PPOUpdater(PolicyUpdater):
         batches = self._prepare(rows, skip_zero_advantage=False)
 
         def flat_of(mb: _MicroBatch) -> list[float]:
-            with self._autocast():
-                hidden = self._hidden_states(self.model, mb)
-            return self.critic.values(hidden.reshape(-1, hidden.shape[-1]).index_select(0, mb.source)).tolist()
+            return self.critic.values(self._response_hidden(self.model, mb)).tolist()
 
         with torch.no_grad():
             return per_row(rows, batches, flat_of)

@@ -535,9 +535,7 @@ class PolicyUpdater:
         """The LM head's logits (at least float32, [N, V]) at the hidden states that predict the micro-batch's
         response tokens, and those hidden states ([N, H]): every use of the weights in a forward pass (a sharded
         updater runs it inside its root module)."""
-        with self._autocast():
-            hidden = self._hidden_states(model, mb)
-        hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, mb.source)
+        hidden = self._response_hidden(model, mb)
         head = model.get_output_embeddings()
         # The LM head runs outside `autocast`, in the weights' dtype (float32 under mixed precision): bfloat16 logits
         # carry ~2-3 significant digits, too few for a sharp softmax's loss and for GRPO's ratios. Only the response
@@ -546,6 +544,13 @@ class PolicyUpdater:
         logits = head(hidden.to(head.weight.dtype))
         # Softmax statistics in at least fp32 (bf16 logsumexp over a 50k vocabulary loses the ratio's precision).
         return logits.to(torch.promote_types(logits.dtype, torch.float32)), hidden
+
+    def _response_hidden(self, model: Any, mb: _MicroBatch) -> torch.Tensor:
+        """The decoder's last hidden states ([N, H], under `autocast` when configured) that predict the micro-batch's
+        response tokens: what the LM head and a `Critic` read."""
+        with self._autocast():
+            hidden = self._hidden_states(model, mb)
+        return hidden.reshape(-1, hidden.shape[-1]).index_select(0, mb.source)
 
     @staticmethod
     def _hidden_states(model: Any, mb: _MicroBatch) -> torch.Tensor:
