@@ -86,7 +86,6 @@ from lightrail.algorithms.run.policy import (
     validate,
 )
 from lightrail.algorithms.settings import (
-    DEFAULT_GRPO_STEPS,
     DEFAULT_IS_CAP,
     GRPOSection,
     agents_argument,
@@ -216,8 +215,9 @@ class GRPO:
         self.folder = RunFolder(s.out_dir, "GRPO", keep_checkpoints=s.keep_checkpoints, seed=s.seed)
         self.settings = s
         """The checked ``grpo:`` section: the plain settings are read from it, never copied."""
-        self.steps = s.steps if s.steps is not None else DEFAULT_GRPO_STEPS
-        """The step count: ``steps``, or with ``epochs`` counted from the training tasks when the run starts."""
+        self.steps = s.step_count if s.step_count is not None else 0
+        """The step count: ``steps`` (default 50), or with ``epochs`` counted from the training tasks when the run
+        starts (0 until then)."""
         self.model = resolve_model(model)
         self.config = config
         if s.epochs is None:  # else said when the run starts and the step count is known

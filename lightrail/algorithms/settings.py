@@ -516,6 +516,14 @@ class GRPOSection(_PolicySection, kw_only=True, forbid_unknown_fields=True):
                     raise ValueError(f"{key}.async: not with {what} ({why})")
 
     @property
+    def step_count(self) -> int | None:
+        """``steps``, or `DEFAULT_GRPO_STEPS` when neither it nor ``epochs`` is given; None with ``epochs`` (counted
+        from the training tasks when the run starts)."""
+        if self.epochs is not None:
+            return None
+        return DEFAULT_GRPO_STEPS if self.steps is None else self.steps
+
+    @property
     def async_settings(self) -> AsyncSection | None:
         """The async settings (``async``) as a struct, None in sync mode."""
         return self.async_ if isinstance(self.async_, AsyncSection) else None

@@ -292,7 +292,7 @@ def resolved_config(config: TrainConfig) -> dict[str, Any]:
     """``config`` (a checked `TrainConfig`) as plain data with every default filled in: the output folder and store
     resolved, and the sections of the algorithms it runs with the run's seed and folder and their ``config`` as the
     `UpdateConfig` it becomes (sections it does not run are left out)."""
-    from lightrail.algorithms.settings import DEFAULT_GRPO_STEPS, ToolRewards, update_config
+    from lightrail.algorithms.settings import ToolRewards, update_config
 
     data = msgspec.to_builtins(config, enc_hook=str)
     data["out_dir"] = str(config.run_dir)
@@ -305,8 +305,8 @@ def resolved_config(config: TrainConfig) -> dict[str, Any]:
         filled = data[name]
         for key in RUN_FIELDS:  # the run's, at the top level
             filled.pop(key, None)
-        if name == "grpo" and filled["steps"] is None and filled["epochs"] is None:
-            filled["steps"] = DEFAULT_GRPO_STEPS
+        if name == "grpo":
+            filled["steps"] = config.grpo.step_count
         if name in ("grpo", "sft"):
             filled["config"] = dataclasses.asdict(update_config(filled["config"], f"{name}.config"))
         if name == "grpo" and filled["tool_rewards"] is True:
