@@ -103,7 +103,7 @@ def _train(args: argparse.Namespace) -> int:
         if args.print_config:
             import yaml
 
-            from lightrail.trainer.config_reference import resolved_config
+            from lightrail.trainer.config import resolved_config
 
             sys.stdout.write(yaml.safe_dump(resolved_config(config), sort_keys=False, default_flow_style=None))
             return 0

@@ -45,6 +45,7 @@ data module defines ``tokenizer_corpus()``.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib
 import inspect
@@ -80,7 +81,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["VERL", "ConfigError", "RunnerSettings", "TrainConfig", "TrainResult", "load_config", "train"]
+__all__ = [
+    "VERL",
+    "ConfigError",
+    "RunnerSettings",
+    "TrainConfig",
+    "TrainResult",
+    "load_config",
+    "resolved_config",
+    "train",
+]
 
 
 class ConfigError(ValueError):
@@ -600,10 +610,35 @@ def _written(section: msgspec.Struct, default: msgspec.Struct) -> dict[str, Any]
     return {key: value for key, value in given.items() if value != defaults.get(key)}
 
 
+def resolved_config(config: TrainConfig) -> dict[str, Any]:
+    """``config`` (a checked `TrainConfig`) as plain data with every default filled in: the output folder and store
+    resolved, and the sections of the algorithms it runs with the run's seed and folder and their ``config`` as the
+    `UpdateConfig` it becomes (sections it does not run are left out)."""
+    from lightrail.algorithms.settings import ToolRewards
+
+    data = msgspec.to_builtins(config, enc_hook=str)
+    data["out_dir"] = str(config.run_dir)
+    data["store"] = config.store_location
+    algorithms = config.algorithm if isinstance(config.algorithm, list) else [config.algorithm]
+    for name in ("grpo", "apo", "sft"):
+        if name not in algorithms:
+            del data[name]
+            continue
+        filled = data[name]
+        for key in RUN_FIELDS:  # the run's, at the top level
+            filled.pop(key, None)
+        if name == "grpo":
+            filled["steps"] = config.grpo.step_count
+        if name in ("grpo", "sft"):
+            filled["config"] = dataclasses.asdict(update_config(filled["config"], f"{name}.config"))
+        if name == "grpo" and filled["tool_rewards"] is True:
+            filled["tool_rewards"] = msgspec.to_builtins(ToolRewards())
+    return msgspec.json.decode(msgspec.json.encode(data, enc_hook=str))  # plain YAML-able data: tuples as lists
+
+
 def train(config: TrainConfig) -> TrainResult:
     """Build or prepare the model, generate the data, and run `GRPO` through `Trainer.fit`."""
     from lightrail.engine.models import check_model_name
-    from lightrail.trainer.config_reference import resolved_config
     from lightrail.trainer.trainer import Trainer
 
     if config.algorithm == "verl":  # a config made in Python, not loaded (`load_config` turns it into grpo's)

@@ -1,5 +1,5 @@
 """The ``lightrail train`` config reference: every field with its type, default and meaning, generated from the
-schema, and a config resolved with every default filled in.
+schema (a config resolved with every default filled in is `lightrail.trainer.config.resolved_config`).
 
 Every section is a msgspec struct or a dataclass: `TrainConfig` and the structs under it, the algorithms' sections
 (`lightrail.algorithms.settings`: `GRPOSection`, `SFTSection`, `APOSection`), `UpdateConfig`, `LoraSettings`,
@@ -19,16 +19,13 @@ import textwrap
 import types
 import typing
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
 from lightrail.algorithms.settings import RUN_FIELDS
 
-if TYPE_CHECKING:
-    from lightrail.trainer.config import TrainConfig
-
-__all__ = ["ConfigField", "Section", "render_markdown", "resolved_config", "sections"]
+__all__ = ["ConfigField", "Section", "render_markdown", "sections"]
 
 
 @dataclass(frozen=True)
@@ -286,29 +283,3 @@ def _render_sections(chosen: list[Section], prefix: str) -> list[str]:
             lines.append(f"| `{f.name}` | {_cell(f.type)} | {default} | {_cell(f.meaning)} |")
         lines.append("")
     return lines
-
-
-def resolved_config(config: TrainConfig) -> dict[str, Any]:
-    """``config`` (a checked `TrainConfig`) as plain data with every default filled in: the output folder and store
-    resolved, and the sections of the algorithms it runs with the run's seed and folder and their ``config`` as the
-    `UpdateConfig` it becomes (sections it does not run are left out)."""
-    from lightrail.algorithms.settings import ToolRewards, update_config
-
-    data = msgspec.to_builtins(config, enc_hook=str)
-    data["out_dir"] = str(config.run_dir)
-    data["store"] = config.store_location
-    algorithms = config.algorithm if isinstance(config.algorithm, list) else [config.algorithm]
-    for name in ("grpo", "apo", "sft"):
-        if name not in algorithms:
-            del data[name]
-            continue
-        filled = data[name]
-        for key in RUN_FIELDS:  # the run's, at the top level
-            filled.pop(key, None)
-        if name == "grpo":
-            filled["steps"] = config.grpo.step_count
-        if name in ("grpo", "sft"):
-            filled["config"] = dataclasses.asdict(update_config(filled["config"], f"{name}.config"))
-        if name == "grpo" and filled["tool_rewards"] is True:
-            filled["tool_rewards"] = msgspec.to_builtins(ToolRewards())
-    return msgspec.json.decode(msgspec.json.encode(data, enc_hook=str))  # plain YAML-able data: tuples as lists

@@ -18,8 +18,8 @@ from lightrail.algorithms.settings import GRPOSection, SFTSection
 from lightrail.algorithms.sft import SFT
 from lightrail.cli import main
 from lightrail.model.updater import UpdateConfig
-from lightrail.trainer.config import ConfigError, TrainConfig, load_config
-from lightrail.trainer.config_reference import render_markdown, resolved_config, sections
+from lightrail.trainer.config import ConfigError, TrainConfig, load_config, resolved_config
+from lightrail.trainer.config_reference import render_markdown, sections
 
 ROOT = Path(__file__).resolve().parents[2]
 
