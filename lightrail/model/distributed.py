@@ -16,7 +16,7 @@ How a step is computed, and why it equals the one-process step:
    group), packs them into micro-batches and accumulates gradients exactly as one process does. Because the weights
    are global, the per-rank losses add up to the step's loss.
 3. The accumulated gradients are summed over the ranks with an explicit ``all_reduce`` (flattened into buckets of
-   ``bucket_mb``) after the last micro-batch, with the step's statistics (loss sums, token counts, micro-batches;
+   ``bucket_mb``) after the last micro-batch (`lightrail.model.reduction.AllReduceSum`, the updater's reduction), with the step's statistics (loss sums, token counts, micro-batches;
    ``ratio_max`` by MAX). Summing, not averaging: the 1/N of DDP would be wrong here, since the normalisation is
    already global. A parameter gets a gradient only if some rank produced one, as in one process (AdamW treats a
    missing gradient and a zero one differently). Every rank then clips the same global gradient norm and takes
@@ -63,15 +63,15 @@ Sharded ranks (``UpdateConfig(sharding="fsdp")``, for policies whose weights, gr
 device): the same rows, weights and commands, but each rank holds 1/N of the training state. The model is cut with
 ``torch.distributed.fsdp.fully_shard`` (FSDP2) after it is built and before the optimizer: every decoder layer is a
 unit, and the rest (embeddings, final norm, LM head; tied weights stay in one unit) belongs to a root module that runs
-the whole scoring forward (`_Scoring`: decoder and LM head on the response positions), so its weights are gathered
-around that forward. What changes:
+the whole scoring forward (decoder and LM head on the response positions), so its weights are gathered around that
+forward (`lightrail.model.reduction.ShardedSum`, the updater's reduction). What changes:
 
 * Gradients are reduce-scattered during each micro-batch's backward, summed (``set_gradient_divide_factor(1.0)``:
   the loss weights are already global; gloo has no pre-multiplied sum, so the sum is forced), and accumulate in each
-  rank's shard; `_reduce_step` then reduces only the statistics. ``clip_grad_norm_`` over the sharded gradients
+  rank's shard; the reduction then combines only the statistics. ``clip_grad_norm_`` over the sharded gradients
   computes the global norm, and AdamW steps each rank's shard.
 * Every forward and backward pass is collective, so every rank runs as many passes as the busiest one: a rank with
-  fewer micro-batches (or none) adds passes of a one-token row whose loss is multiplied by 0 (`_padding_passes`).
+  fewer micro-batches (or none) adds passes of a one-token row whose loss is multiplied by 0 (``padding_passes``).
   Shared prompt prefixes are not run once (their extra decoder pass would differ between ranks).
 * `state_dict_for_serving`, `trainable_weights`, `token_logprobs` and `save` are commands every rank runs: the
   weights are gathered whole (``DTensor.full_tensor``) and rank 0 serves or writes them. Checkpoints keep the 1-rank format (whole trainable
@@ -113,7 +113,8 @@ import torch.distributed as dist
 
 from lightrail._lifeline import exit_with_parent
 from lightrail.engine.engine import THREADS_ENV
-from lightrail.model.updater import PolicyUpdater, UpdateConfig, _MicroBatch, _validate
+from lightrail.model.reduction import AllReduceSum, ShardedSum, whole
+from lightrail.model.updater import PolicyUpdater, UpdateConfig, _validate
 from lightrail.types import TrainingRow
 
 __all__ = ["DistributedPolicyUpdater", "RankFailedError", "shard_by_tokens"]
@@ -207,7 +208,6 @@ class DistributedPolicyUpdater(PolicyUpdater):
         self._owns_group = False
         self._failed: str | None = None
         self._closed = False
-        self._root: Any = None  # sharded: the FSDP root module that runs the scoring forward
         try:
             if not dist.is_initialized():
                 if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun (or any env:// launcher)
@@ -228,10 +228,13 @@ class DistributedPolicyUpdater(PolicyUpdater):
             # while the step's collectives keep the short ``timeout_s``.
             self._control = dist.new_group(backend="gloo", timeout=_CONTROL_TIMEOUT)
             config = dataclasses.replace(config, ranks=self.world_size)
-            super().__init__(model, config)
-            if not self.sharded:  # (sharded ranks start from rank 0's weights in `_distribute`)
-                with self._collective("start"):
-                    self._start_from_rank_0(self._trainable.values())
+            if device.type == "cuda":
+                device = torch.device("cuda", self._local_rank)  # this rank's own
+            if config.sharding == "fsdp":
+                reduction: AllReduceSum | ShardedSum = ShardedSum(device, self._start_from_rank_0)
+            else:
+                reduction = AllReduceSum(device, self._bucket_bytes, self._start_from_rank_0)
+            super().__init__(model, config, reduction=reduction)
         except BaseException:
             self._shutdown(graceful=False)
             raise
@@ -241,50 +244,15 @@ class DistributedPolicyUpdater(PolicyUpdater):
         """Whether each rank holds a shard of the training state (``config.sharding == "fsdp"``) or all of it."""
         return self.config.sharding == "fsdp"
 
-    def _start_from_rank_0(self, params: Any) -> None:
-        """Every rank starts from rank 0's trainable weights, as DDP does."""
-        # Ranks build their models at their own pace: wait for all (bounded) before the timed collectives.
-        _bounded(lambda: dist.barrier(group=self._control), _START_TIMEOUT.total_seconds(), "ranks not ready")
-        with torch.no_grad():
-            for p in params:
-                dist.broadcast(p.data, src=0)
-
-    def _distribute(self, model: Any) -> Any:
-        if not self.sharded:
-            return model
-        from torch.distributed.fsdp import FSDPModule, fully_shard
-
+    def _start_from_rank_0(self, params: Sequence[torch.Tensor]) -> None:
+        """Every rank starts from rank 0's trainable weights, as DDP does (the reduction calls this before the
+        optimizer is built; a sharded one before the model is cut)."""
         with self._collective("start"):
-            self._start_from_rank_0([p for p in model.parameters() if p.requires_grad])  # whole, before the cut
-        base = model.get_base_model() if self.is_lora else model
-        for layer in base.get_decoder().layers:
-            fully_shard(layer)
-        self._root = fully_shard(_Scoring(model, super()._response_logits))
-        for module in self._root.modules():
-            if isinstance(module, FSDPModule):
-                module.set_gradient_divide_factor(1.0)  # a sum: the loss weights are already global
-                module.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
-        return model
-
-    def _response_logits(self, model: Any, mb: _MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._root is not None and model is self.model:
-            return self._root(mb)  # through the FSDP root, which gathers its weights around the forward
-        return super()._response_logits(model, mb)
-
-    def _shares_prefixes(self) -> bool:
-        return not self.sharded and super()._shares_prefixes()
-
-    def _padding_passes(self, micro_batches: int) -> int:
-        if not self.sharded:
-            return 0
-        most = torch.tensor([micro_batches], device=self.device)
-        dist.all_reduce(most, op=dist.ReduceOp.MAX)
-        return int(most.item()) - micro_batches
-
-    # an instance method here (the base's is static): a CUDA device is this rank's own
-    def _resolve_device(self, name: str) -> torch.device:  # type: ignore[override]
-        device = PolicyUpdater._resolve_device(name)
-        return torch.device("cuda", self._local_rank) if device.type == "cuda" else device
+            # Ranks build their models at their own pace: wait for all (bounded) before the timed collectives.
+            _bounded(lambda: dist.barrier(group=self._control), _START_TIMEOUT.total_seconds(), "ranks not ready")
+            with torch.no_grad():
+                for p in params:
+                    dist.broadcast(p.data, src=0)
 
     # -- starting workers -----------------------------------------------------------------------------------------
 
@@ -495,93 +463,27 @@ class DistributedPolicyUpdater(PolicyUpdater):
         )
         return received[0][1]
 
-    def _reduce_step(
-        self, params: list[torch.Tensor], stats: torch.Tensor, ratio_max: float
-    ) -> tuple[torch.Tensor, float]:
-        # Sharded: the backward passes already summed the gradients into each rank's shard.
-        has_grad = torch.tensor([] if self.sharded else [p.grad is not None for p in params], dtype=torch.float64)
-        packed = torch.cat([stats, has_grad]).to(self.device)
-        dist.all_reduce(packed)
-        peak = torch.tensor([ratio_max], dtype=torch.float64, device=self.device)
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-        packed = packed.cpu()
-        if self.sharded:
-            return packed, float(peak)
-        grads = []
-        for p, n in zip(params, packed[len(stats) :].tolist(), strict=True):
-            if n:  # some rank has a gradient for p: every rank joins the sum (zeros where it had none)
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                grads.append(p.grad)
-        self._all_reduce_sum(grads)
-        return packed[: len(stats)], float(peak)
-
-    def _all_reduce_sum(self, tensors: list[torch.Tensor]) -> None:
-        """Sum ``tensors`` over the ranks in place, flattened into buckets of at most ``bucket_mb`` (per dtype)."""
-        bucket: list[torch.Tensor] = []
-        size = 0
-        for t in [*tensors, None]:
-            if bucket and (t is None or t.dtype != bucket[0].dtype or size + t.nbytes > self._bucket_bytes):
-                if len(bucket) == 1:
-                    dist.all_reduce(bucket[0])
-                else:
-                    flat = torch.cat([b.reshape(-1) for b in bucket])
-                    dist.all_reduce(flat)
-                    offset = 0
-                    for b in bucket:
-                        b.copy_(flat[offset : offset + b.numel()].view_as(b))
-                        offset += b.numel()
-                bucket, size = [], 0
-            if t is not None:
-                bucket.append(t)
-                size += t.nbytes
-
     # -- sharded state, whole --------------------------------------------------------------------------------------
-
-    def _full_trainable(self) -> dict[str, torch.Tensor]:
-        if not self.sharded:
-            return super()._full_trainable()
-        return {n: _whole(p.detach()).contiguous().cpu() for n, p in self._trainable.items()}
-
-    def _full_optimizer_state(self) -> dict[str, Any]:
-        state = super()._full_optimizer_state()
-        if not self.sharded:
-            return state
-        whole = {
-            i: {k: _whole(v).cpu() if isinstance(v, torch.Tensor) else v for k, v in s.items()}
-            for i, s in sorted(state["state"].items())
-        }
-        return {**state, "state": whole}
-
-    def _own_optimizer_state(self, state: dict[str, Any]) -> dict[str, Any]:
-        if not self.sharded:
-            return state
-        params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        own = {
-            i: {
-                k: self._own_part(v, params[i]) if k != "step" and v.shape == params[i].shape else v
-                for k, v in s.items()
-            }
-            for i, s in state["state"].items()
-        }
-        return {**state, "state": own}
 
     def _gathered_serving_state(self, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
         """The weights `PolicyUpdater.state_dict_for_serving` gives, gathered whole (every rank must call this)."""
         with torch.no_grad():
             base = self.model.get_base_model() if self.is_lora else self.model
-            whole = {k: _whole(v.detach()) for k, v in base.state_dict().items()}
-            state = {k.replace(".base_layer.", "."): v for k, v in whole.items() if ".lora_" not in k}
+            gathered = {k: whole(v.detach()) for k, v in base.state_dict().items()}
+            state = {k.replace(".base_layer.", "."): v for k, v in gathered.items() if ".lora_" not in k}
             if self.is_lora:
                 from peft.tuners.lora import LoraLayer
 
                 for name, module in base.named_modules():
                     if not isinstance(module, LoraLayer) or module.merged:
                         continue
-                    merged = whole[f"{name}.base_layer.weight"].clone()
+                    merged = gathered[f"{name}.base_layer.weight"].clone()
                     for adapter in module.active_adapters:
                         if adapter in module.lora_A:  # peft's delta: B @ A x scaling (transposed for Conv1D)
-                            a, b = whole[f"{name}.lora_A.{adapter}.weight"], whole[f"{name}.lora_B.{adapter}.weight"]
+                            a, b = (
+                                gathered[f"{name}.lora_A.{adapter}.weight"],
+                                gathered[f"{name}.lora_B.{adapter}.weight"],
+                            )
                             delta = (b @ a) * module.scaling[adapter]
                             merged += (delta.T if module.fan_in_fan_out else delta).to(merged.dtype)
                     state[f"{name}.weight"] = merged
@@ -666,25 +568,6 @@ class DistributedPolicyUpdater(PolicyUpdater):
         if self._owns_group and dist.is_initialized():
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
-
-
-class _Scoring(torch.nn.Module):
-    """The root module of a sharded policy: its forward is the scoring forward (decoder and LM head,
-    `PolicyUpdater._response_logits`), so FSDP gathers the weights outside the decoder layers (embeddings, final
-    norm, LM head) around it and reduce-scatters their gradients after its backward."""
-
-    def __init__(self, policy: Any, response_logits: Any) -> None:
-        super().__init__()
-        self.policy = policy
-        self._response_logits = response_logits
-
-    def forward(self, mb: _MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._response_logits(self.policy, mb)
-
-
-def _whole(t: torch.Tensor) -> torch.Tensor:
-    """A sharded tensor (DTensor) gathered whole on every rank (collective); any other tensor as it is."""
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

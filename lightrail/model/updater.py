@@ -53,6 +53,7 @@ from lightrail.engine.prefix_cache import supported as full_attention_cache
 from lightrail.model._loss import loss_weights, mismatch_kl, policy_loss, token_entropy
 from lightrail.model.checkpoint import atomic_directory, capture_rng_state, restore_rng_state
 from lightrail.model.mismatch import RowMismatch
+from lightrail.model.reduction import GradientReduction, whole
 from lightrail.model.update_config import (  # noqa: F401 - re-exported: the updater's settings
     LLAMA_LINEAR_PROJECTIONS,
     LoraSettings,
@@ -300,7 +301,8 @@ class PolicyUpdater:
         >>> upd.save("runs/ckpt")                         # ... later: upd.load("runs/ckpt")   # doctest: +SKIP
 
     ``model`` is a local Hugging Face directory or a causal LM instance; an instance is taken over (moved to the
-    configured device and dtype and, with LoRA, wrapped by peft in place).
+    configured device and dtype and, with LoRA, wrapped by peft in place). ``reduction`` is how a step's gradients
+    combine across the processes computing it (`lightrail.model.reduction`): one process by default.
     """
 
     data_parallel = False
@@ -309,17 +311,20 @@ class PolicyUpdater:
     """A head trained beside the policy from the same forward pass (`lightrail.model.ppo.ValueCritic`); None: the
     policy alone."""
 
-    def __init__(self, model: Any, config: UpdateConfig | None = None) -> None:
+    def __init__(
+        self, model: Any, config: UpdateConfig | None = None, *, reduction: GradientReduction | None = None
+    ) -> None:
         from transformers import AutoModelForCausalLM
 
         self.config = config = config or UpdateConfig()
+        self.reduction = reduction or GradientReduction()
         if (config.ranks > 1 or config.sharding != "replicate") and not self.data_parallel:
             raise ValueError(
                 f"UpdateConfig(ranks={config.ranks}, sharding={config.sharding!r}) needs "
                 "lightrail.model.distributed.DistributedPolicyUpdater"
             )
         configure_threads()
-        self.device = self._resolve_device(config.device)
+        self.device = self.reduction.device or self._resolve_device(config.device)
         self.dtype = self._resolve_dtype(config.dtype, self.device)
         if config.autocast and self.dtype != torch.float32:
             raise ValueError(f"autocast keeps float32 master weights: set dtype to float32 on {self.device.type}")
@@ -336,7 +341,7 @@ class PolicyUpdater:
             if config.kl_coef:
                 # Full fine-tuning has no adapter to switch off, so the KL reference is a frozen copy of the start.
                 self.reference = copy.deepcopy(model).eval().requires_grad_(False)
-        self.model = model = self._distribute(model)
+        self.model = model = self.reduction.prepare(model, self._response_logits)
         self.steps = 0
         self.last_mismatch: list[RowMismatch] = []
         """The train–inference mismatch of each row the last GRPO `step` ran through the model (in its forward pass,
@@ -365,11 +370,6 @@ class PolicyUpdater:
 
     def close(self) -> None:
         """Release the update's processes: none here (see `DistributedPolicyUpdater.close`); safe to call twice."""
-
-    def _distribute(self, model: Any) -> Any:
-        """The policy as this process trains it, built before the optimizer: one process keeps ``model`` whole (a
-        sharded `DistributedPolicyUpdater` shards it here)."""
-        return model
 
     # -- set-up ---------------------------------------------------------------------------------------------------
 
@@ -476,7 +476,7 @@ class PolicyUpdater:
     def _shares_prefixes(self) -> bool:
         """Whether this step may run shared prefixes once: switched on, a plain full-attention cache (what the
         remainders attend to), and no gradient checkpointing (its layers drop the cache when training)."""
-        if not self.config.share_prefixes:
+        if not self.config.share_prefixes or not self.reduction.shares_prefixes:
             return False
         if any(getattr(m, "gradient_checkpointing", False) is True for m in self.model.modules()):
             return False
@@ -521,7 +521,7 @@ class PolicyUpdater:
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """Logprobs (float32, [N]) of the micro-batch's response tokens under ``model``, optionally their entropy
         ([N]), and the decoder's hidden states they were scored from ([N, H]: what a `Critic` reads)."""
-        logits, hidden = self._response_logits(model, mb)
+        logits, hidden = self.reduction.forward(model, mb)
         if self._softcap:
             logits = torch.tanh(logits / self._softcap) * self._softcap
         if self.config.temperature != 1.0:
@@ -533,8 +533,8 @@ class PolicyUpdater:
 
     def _response_logits(self, model: Any, mb: _MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """The LM head's logits (at least float32, [N, V]) at the hidden states that predict the micro-batch's
-        response tokens, and those hidden states ([N, H]): every use of the weights in a forward pass (a sharded
-        updater runs it inside its root module)."""
+        response tokens, and those hidden states ([N, H]): every use of the weights in a forward pass (called through
+        `GradientReduction.forward`: a sharded policy runs it inside its root module)."""
         hidden = self._response_hidden(model, mb)
         head = model.get_output_embeddings()
         # The LM head runs outside `autocast`, in the weights' dtype (float32 under mixed precision): bfloat16 logits
@@ -659,7 +659,7 @@ class PolicyUpdater:
         per-step timing and row counts (``rows_run``: rows run through the model).
 
         Under data parallelism ``rows`` are this rank's shard and ``weights`` their slices of the step's loss
-        weights; `_reduce_step` sums gradients and statistics over the ranks before the gradient is clipped.
+        weights; ``self.reduction`` sums gradients and statistics over the ranks before the gradient is clipped.
         """
         cfg = self.config
         supervised = objective == "sft"
@@ -674,7 +674,7 @@ class PolicyUpdater:
         sums.update(dict.fromkeys(IS_STATS, 0.0))
         ent_sum, n_tok, ratio_max, tokens = 0.0, 0, 0.0, 0
         measured: list[RowMismatch] = []
-        padding = self._padding_passes(len(batches))  # before any pass: it is a collective of its own
+        padding = self.reduction.padding_passes(len(batches))  # before any pass: it may be a collective
         for mb in batches:
             ref = self._reference_logp(mb) if cfg.kl_coef and not supervised else None
             logp, ent, hidden = self._token_logp(self.model, mb, entropy=cfg.compute_entropy)
@@ -718,7 +718,7 @@ class PolicyUpdater:
         self.last_mismatch = measured
         params = list(self._trainable.values())
         local = [*sums.values(), ent_sum, n_tok, tokens, len(batches), sum(len(mb.rows) for mb in batches)]
-        totals, ratio_max = self._reduce_step(params, torch.tensor(local, dtype=torch.float64), ratio_max)
+        totals, ratio_max = self.reduction.reduce(params, torch.tensor(local, dtype=torch.float64), ratio_max)
         (*summed, ent_sum, n_tok, tokens, n_batches, rows_run) = totals.tolist()
         sums = dict(zip(sums, summed, strict=True))
         if n_batches:
@@ -753,11 +753,6 @@ class PolicyUpdater:
         )
         return metrics
 
-    def _padding_passes(self, micro_batches: int) -> int:
-        """How many gradient-free forward and backward passes this process adds after its ``micro_batches`` (a
-        sharded rank runs as many passes as the busiest rank, since each pass is a collective); none here."""
-        return 0
-
     def _padding_pass(self, *, with_reference: bool) -> None:
         """One forward and backward pass of a one-token row whose loss is multiplied by 0: the collectives of a
         micro-batch with nothing to learn (the reference's forward too when real micro-batches run it)."""
@@ -775,13 +770,6 @@ class PolicyUpdater:
             self._reference_logp(dummy)
         logp, _, _ = self._token_logp(self.model, dummy)
         (logp.sum() * 0.0).backward()
-
-    def _reduce_step(
-        self, params: list[torch.Tensor], stats: torch.Tensor, ratio_max: float
-    ) -> tuple[torch.Tensor, float]:
-        """Combine this process's accumulated gradients (in ``params``' ``.grad``) and step statistics (float64
-        sums) with the other ranks'; one process has nothing to combine. See `DistributedPolicyUpdater`."""
-        return stats, ratio_max
 
     # -- serving --------------------------------------------------------------------------------------------------
 
@@ -858,12 +846,18 @@ class PolicyUpdater:
         return self._full_trainable()
 
     def _full_trainable(self) -> dict[str, torch.Tensor]:
-        """The trainable weights, whole, on the CPU (a sharded updater gathers them: every rank calls this)."""
-        return {n: p.detach().contiguous().cpu() for n, p in self._trainable.items()}
+        """The trainable weights, whole, on the CPU (sharded ones are gathered: every rank calls this)."""
+        return {n: whole(p.detach()).contiguous().cpu() for n, p in self._trainable.items()}
 
     def _full_optimizer_state(self) -> dict[str, Any]:
-        """``optimizer.state_dict()`` with whole tensors (a sharded updater gathers them: every rank calls this)."""
-        return self.optimizer.state_dict()
+        """``optimizer.state_dict()`` with whole tensors on the CPU (sharded ones are gathered, in parameter order:
+        every rank calls this)."""
+        state = self.optimizer.state_dict()
+        tensors = {
+            i: {k: whole(v).cpu() if isinstance(v, torch.Tensor) else v for k, v in s.items()}
+            for i, s in sorted(state["state"].items())
+        }
+        return {**state, "state": tensors}
 
     def base_model_metadata(self) -> dict[str, Any]:
         """What `lightrail.model.export` needs to rebuild the policy from a checkpoint: the base model's
@@ -914,8 +908,16 @@ class PolicyUpdater:
         self.steps = int(meta["steps"])
 
     def _own_optimizer_state(self, state: dict[str, Any]) -> dict[str, Any]:
-        """A checkpoint's whole optimizer state as this process holds it (a sharded updater keeps its shards)."""
-        return state
+        """A checkpoint's whole optimizer state as this process holds it (of a sharded parameter, its shard)."""
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        own = {
+            i: {
+                k: self._own_part(v, params[i]) if k != "step" and v.shape == params[i].shape else v
+                for k, v in s.items()
+            }
+            for i, s in state["state"].items()
+        }
+        return {**state, "state": own}
 
     def _copy_into(self, params: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor], path: Path) -> None:
         if set(tensors) != set(params):
