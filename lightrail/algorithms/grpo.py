@@ -125,7 +125,8 @@ class GRPO:
     ``filter_groups`` is DAPO's dynamic sampling: a group whose transitions all have advantage 0 (every sample
     scored the same, no tool reward told them apart) teaches nothing but dilutes the token-mean loss, so it is left
     out of the update, and more tasks are sampled until ``tasks_per_step`` informative groups are in hand: up to
-    ``max_sample_rounds`` rounds of rollouts per step, each of at most ``tasks_per_step`` tasks, sized by the share
+    ``filter_groups.max_rounds`` rounds of rollouts per step (`FilterGroupsSection`, its fields as a mapping, or True
+    for its defaults), each of at most ``tasks_per_step`` tasks, sized by the share
     of informative groups so far. Useful when a sharply warm-started student agrees with itself on most tasks; each
     step then costs more rollouts.
 
@@ -243,7 +244,7 @@ class GRPO:
         """Async mode's settings (None: sync)."""
         self._collect: Callable[[TrainerContext], Awaitable[_Collected]] = (
             self._collect_async if self.asynchronous is not None
-            else self._collect_filtered if s.filter_groups
+            else self._collect_filtered if s.filtering is not None
             else self._collect_on_policy
         )  # fmt: skip
         """Where each step's batch comes from: the async pipeline, rounds until enough groups carry a signal, or one
@@ -477,7 +478,7 @@ class GRPO:
             "excluded": got.excluded.total,
             **{f"excluded_{reason}": n for reason, n in got.excluded.counts.items()},
             "zero_std_groups": got.groups.zero_std_groups,
-            **({"sample_rounds": got.rounds, "groups_filtered": got.filtered} if self.settings.filter_groups else {}),
+            **({"sample_rounds": got.rounds, "groups_filtered": got.filtered} if self.settings.filtering else {}),
             "adv_mean": statistics.fmean(advantages) if advantages else 0.0,
             "adv_std": statistics.pstdev(advantages) if len(advantages) > 1 else 0.0,
             "adv_abs_max": max((abs(a) for a in advantages), default=0.0),
@@ -518,15 +519,17 @@ class GRPO:
 
     async def _collect_filtered(self, ctx: TrainerContext) -> _Collected:
         """Sync with ``filter_groups`` (DAPO's dynamic sampling): rounds of more tasks on the same weights until
-        ``tasks_per_step`` groups carry a learning signal or ``max_sample_rounds`` ran; the groups without one are
-        left out of the update (``groups_filtered``)."""
+        ``tasks_per_step`` groups carry a learning signal or ``filter_groups.max_rounds`` ran; the groups without one
+        are left out of the update (``groups_filtered``)."""
         s = self.settings
+        assert s.filtering is not None
+        max_rounds = s.filtering.max_rounds
         version = await ctx.publish(policy_resources(self.llm, s.llm_name))
         n_tasks, got = s.tasks_per_step, None
-        for rounds in range(1, s.max_sample_rounds + 1):
+        for rounds in range(1, max_rounds + 1):
             got = await self._scored(ctx, await self._sample(ctx, n_tasks, version.version), got)
             informative = informative_groups(got.transitions)
-            if len(informative) >= s.tasks_per_step or rounds == s.max_sample_rounds:
+            if len(informative) >= s.tasks_per_step or rounds == max_rounds:
                 break
             share = max(len(informative) / max(got.groups.groups, 1), 0.25)
             n_tasks = min(math.ceil((s.tasks_per_step - len(informative)) / share), s.tasks_per_step)

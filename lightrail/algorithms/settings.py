@@ -384,6 +384,37 @@ class AsyncSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         return max(self.max_staleness, 1) if self.ahead is None else self.ahead
 
 
+class FilterGroupsSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """``grpo.filter_groups``: DAPO's dynamic sampling (`lightrail.algorithms.grpo`; verl's ``algorithm.filter_groups``):
+    groups whose transitions all have advantage 0 are left out of the update, and more tasks are sampled on the same
+    weights until ``tasks_per_step`` groups carry a signal."""
+
+    max_rounds: int = 3
+    """Rounds of rollouts per step at most (verl's ``max_num_gen_batches``); the last round's informative groups are
+    trained on even when fewer than ``tasks_per_step``."""
+
+    def __post_init__(self) -> None:
+        if self.max_rounds < 1:
+            raise ValueError(f"grpo.filter_groups.max_rounds must be >= 1, got {self.max_rounds}")
+
+
+_Mode = TypeVar("_Mode", bound=msgspec.Struct)
+
+
+def _mode(value: _Mode | bool | dict[str, Any] | None, section: type[_Mode], path: str) -> _Mode | None:
+    """A mode's sub-section as given: ``true`` (its defaults), ``false`` or null (off: None), a mapping of its fields
+    (keyword arguments in Python, as a config file gives them) or the struct itself."""
+    if isinstance(value, dict):
+        value = convert(value, section, path)
+    if value is True:
+        return section()
+    if value is False or value is None:
+        return None
+    if not isinstance(value, section):
+        raise ValueError(f"{path}: expected true, false, null or a mapping of its fields, got {value!r}")
+    return value
+
+
 class GRPOSection(_PolicySection, kw_only=True, forbid_unknown_fields=True):
     """Keyword arguments of `lightrail.algorithms.GRPO` (reinforcement learning), used when ``algorithm`` is ``grpo``
     or ``[sft, grpo]``."""
@@ -395,9 +426,10 @@ class GRPOSection(_PolicySection, kw_only=True, forbid_unknown_fields=True):
         "its absence",
         "max_staleness": "it is grpo.async.max_staleness",
         "ahead": "it is grpo.async.ahead",
+        "max_sample_rounds": "it is grpo.filter_groups.max_rounds (filter_groups: {max_rounds: N})",
     }
-    _at_least = {"steps": 0, "epochs": 1, "tasks_per_step": 1, "n_samples": 1, "max_sample_rounds": 1,
-                 "mismatch_flag": 0, "mismatch_stop": 0}  # fmt: skip
+    _at_least = {"steps": 0, "epochs": 1, "tasks_per_step": 1, "n_samples": 1, "mismatch_flag": 0,
+                 "mismatch_stop": 0}  # fmt: skip
 
     steps: int | None = None
     """Training steps (collect rollouts, update, serve the new weights); null: 50 (`DEFAULT_GRPO_STEPS`), or
@@ -432,12 +464,10 @@ class GRPOSection(_PolicySection, kw_only=True, forbid_unknown_fields=True):
     ``agents``): a model copy or LoRA adapter each, with its own optimizer; the gateway routes each call by the agent
     the runner names; other agents' calls are served by the start model. With ``rollout_engine: vllm``: LoRA only
     (one adapter per policy on one server). null: one shared policy."""
-    filter_groups: bool = False
-    """DAPO's dynamic sampling: leave groups whose transitions all have advantage 0 out of the update and sample more
-    tasks until ``tasks_per_step`` groups carry a signal (more rollouts per step)."""
-    max_sample_rounds: int = 3
-    """With ``filter_groups``: rounds of rollouts per step at most (the last round's informative groups are trained on
-    even when fewer than ``tasks_per_step``)."""
+    filter_groups: FilterGroupsSection | bool | None = None
+    """DAPO's dynamic sampling (``filter_groups: true``, or the ``grpo.filter_groups`` fields): leave groups whose
+    transitions all have advantage 0 out of the update and sample more tasks until ``tasks_per_step`` groups carry a
+    signal (more rollouts per step). null: every group is trained on."""
     out_dir: str = "runs/grpo"
     """Where metrics, TensorBoard events, checkpoints and the report go."""
     rollout_engine: Literal["embedded", "vllm"] = "embedded"
@@ -474,6 +504,8 @@ class GRPOSection(_PolicySection, kw_only=True, forbid_unknown_fields=True):
 
         super().__post_init__()
         key = self._key
+        self.async_ = _mode(self.async_, AsyncSection, f"{key}.async")  # first: the checks below read them
+        self.filter_groups = _mode(self.filter_groups, FilterGroupsSection, f"{key}.filter_groups")
         for name, check in (("advantage", lambda: check_estimator(self.advantage)),
                             ("credit", lambda: check_credit(self.credit)),
                             ("credit_args", lambda: credit_by_name(self.credit, **self.credit_args)),
@@ -499,14 +531,6 @@ class GRPOSection(_PolicySection, kw_only=True, forbid_unknown_fields=True):
                     raise ValueError(f"{key}.{name}: advantage {self.advantage!r} {why}")
         if self.steps is not None and self.epochs is not None:
             raise ValueError(f"{key}: give steps or epochs, not both (epochs sets the step count)")
-        if isinstance(self.async_, dict):  # keyword arguments (``GRPO(async_={...})``) as a config file gives them
-            self.async_ = convert(self.async_, AsyncSection, f"{key}.async")
-        if self.async_ is True:
-            self.async_ = AsyncSection()
-        elif self.async_ is False:
-            self.async_ = None
-        elif self.async_ is not None and not isinstance(self.async_, AsyncSection):
-            raise ValueError(f"{key}.async: expected true, false, null or a mapping of its fields, got {self.async_!r}")
         if self.async_ is not None:
             for given, what, why in ((self.filter_groups, "filter_groups", "it samples more rounds within a step"),
                                      (self.policies, "policies", "async trains one shared policy"),
@@ -527,6 +551,11 @@ class GRPOSection(_PolicySection, kw_only=True, forbid_unknown_fields=True):
     def async_settings(self) -> AsyncSection | None:
         """The async settings (``async``) as a struct, None in sync mode."""
         return self.async_ if isinstance(self.async_, AsyncSection) else None
+
+    @property
+    def filtering(self) -> FilterGroupsSection | None:
+        """The dynamic sampling settings (``filter_groups``) as a struct, None when every group is trained on."""
+        return self.filter_groups if isinstance(self.filter_groups, FilterGroupsSection) else None
 
     def check_update(self, config: UpdateConfig | None) -> None:
         """Every check between this section and the update settings it trains with (the section's ``config``, or the

@@ -164,6 +164,26 @@ def _lam(value: Any, whole: Mapping[str, Any], out: VerlSettings) -> None:
         out.set("config.lam", lam)
 
 
+_FILTER = "algorithm.filter_groups"
+#: verl's filter metrics that are the one reward lightrail records (it has no KL in the reward: ``use_kl_in_reward``).
+_FILTER_METRICS = ("score", "seq_reward", "seq_final_reward")
+
+
+def _filter_groups(value: Any, whole: Mapping[str, Any], out: VerlSettings) -> None:
+    if _flag(value) and f"{_FILTER}.max_num_gen_batches" not in whole:  # (the rounds are set by that key)
+        raise _Refused(f"set {_FILTER}.max_num_gen_batches: verl's default 0 samples without limit, lightrail bounds "
+                       "the rounds a step samples")  # fmt: skip
+
+
+def _max_num_gen_batches(value: Any, whole: Mapping[str, Any], out: VerlSettings) -> None:
+    if whole.get(f"{_FILTER}.enable") is not True:
+        _int(value)
+    elif _int(value) < 1:
+        raise _Refused("verl's 0 or less samples without limit; lightrail bounds the rounds a step samples (>= 1)")
+    else:
+        out.set("filter_groups.max_rounds", value)
+
+
 def _kl_type(value: Any) -> str:
     from lightrail.model.kl import KL_ESTIMATORS
 
@@ -367,6 +387,13 @@ VERL_KEYS: tuple[VerlKey, ...] = (
             "otherwise 1.0 only", _gamma, default=1.0),
     VerlKey("algorithm.lam", "grpo.config.lam", "GAE's lambda with adv_estimator gae (absent: verl's 1.0, not "
             "lightrail's 0.95); no effect otherwise (verl reads it only in GAE)", _lam, default=1.0),
+    VerlKey(f"{_FILTER}.enable", "grpo.filter_groups", "DAPO's dynamic sampling: true needs max_num_gen_batches "
+            "(verl's default, no limit, is refused)", _filter_groups),
+    VerlKey(f"{_FILTER}.max_num_gen_batches", "grpo.filter_groups.max_rounds", "rounds of rollouts a step samples at "
+            "most with enable true, >= 1 (0, no limit, refused)", _max_num_gen_batches),
+    VerlKey(f"{_FILTER}.metric", "", f"{', '.join(_FILTER_METRICS)}: the run's one reward (lightrail filters groups "
+            "whose advantages are all 0); acc and other reward_extra_info metrics refused (not recorded)",
+            _no_effect(lambda v: v in _FILTER_METRICS, f"lightrail filters on the reward: {', '.join(_FILTER_METRICS)}")),
     VerlKey("algorithm.use_kl_in_reward", "", "false only: lightrail's KL term is in the loss (actor.use_kl_loss)",
             _no_effect(lambda v: v is False, "lightrail puts the KL term in the loss (actor.use_kl_loss), not the "
                        "reward")),

@@ -23,7 +23,7 @@ def test_uniform_groups_are_left_out_and_replaced_by_more_tasks(tmp_path):
     assert 5 < len(constant) < 35
     store = MemoryStore()
     model = build_tiny_model(tmp_path / "model", size="tiny", seed=0)
-    grpo = tiny_grpo(model, tmp_path / "run", filter_groups=True, max_sample_rounds=4, steps=2, tasks_per_step=3)
+    grpo = tiny_grpo(model, tmp_path / "run", filter_groups={"max_rounds": 4}, steps=2, tasks_per_step=3)
     Trainer(n_runners=1, concurrency=8, store=store, algorithm=grpo).fit(AGENT, train, val)
 
     steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -130,6 +130,12 @@ def test_scale_out_sections_reach_the_trainer_and_the_gateway(tmp_path):
         ("grpo.mode=async", "grpo.mode: no longer a setting: asynchronous GRPO is the grpo.async section"),
         ("grpo={async: {ahead: 0}}", "grpo.async.ahead must be >= 1"),
         ("grpo={async: true, filter_groups: true}", "grpo.async: not with filter_groups"),
+        (
+            "grpo.max_sample_rounds=4",
+            "grpo.max_sample_rounds: no longer a setting: it is grpo.filter_groups.max_rounds",
+        ),
+        ("grpo={filter_groups: {max_rounds: 0}}", "grpo.filter_groups.max_rounds must be >= 1, got 0"),
+        ("grpo={filter_groups: {rounds: 2}}", "grpo.filter_groups: unknown setting(s) ['rounds']"),
         ("grpo={async: true, config: {mini_batches: 2}}", "grpo.config.mini_batches: async weighs stale tokens"),
         (
             "grpo.config.max_staleness=2",

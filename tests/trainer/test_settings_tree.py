@@ -76,11 +76,20 @@ def test_a_section_made_in_python_with_its_own_run_fields_is_refused_not_overrid
         _grpo_kwargs(msgspec.structs.replace(config, grpo=GRPOSection(out_dir="elsewhere")))
 
 
-def test_async_is_true_false_null_or_its_fields():
-    assert GRPOSection(async_=False).async_settings is None and GRPOSection(async_=True).async_settings is not None
+@pytest.mark.parametrize(
+    ("name", "read", "field"),
+    [("async", "async_settings", "max_staleness"), ("filter_groups", "filtering", "max_rounds")],
+)
+def test_a_mode_is_true_false_null_or_its_fields(name, read, field):
+    """A mode (``grpo.async``, ``grpo.filter_groups``) is a sub-section: off unless given, ``true`` for its defaults or
+    a mapping of its fields, as a config file and as ``GRPO(...)``'s keyword arguments."""
+    arg = "async_" if name == "async" else name
+    assert getattr(GRPOSection(), read) is None and getattr(GRPOSection(**{arg: False}), read) is None
+    assert getattr(GRPOSection(**{arg: True}), read) is not None
+    assert getattr(getattr(GRPOSection(**{arg: {field: 2}}), read), field) == 2
     for bad in (1, "yes"):
-        with pytest.raises(ValueError, match=r"^grpo.async: expected true, false, null or a mapping of its fields"):
-            GRPOSection(async_=bad)
+        with pytest.raises(ValueError, match=rf"^grpo.{name}: expected true, false, null or a mapping of its fields"):
+            GRPOSection(**{arg: bad})
 
 
 def test_a_removed_setting_is_refused_naming_its_replacement(tmp_path):

@@ -175,6 +175,16 @@ def test_agent_lightning_example_keys_map_onto_lightrail_settings(tmp_path):
     assert grpo.config is not None and (grpo.config.gamma, grpo.config.lam) == (0.99, 0.9)
 
 
+def test_dapo_dynamic_sampling_maps_onto_grpo_filter_groups(tmp_path):
+    """verl's ``algorithm.filter_groups`` (DAPO's recipes set enable, max_num_gen_batches and metric) is lightrail's
+    ``grpo.filter_groups`` sub-section; disabled, its other keys change nothing."""
+    dapo = _with("algorithm.filter_groups", {"enable": True, "max_num_gen_batches": 6, "metric": "seq_final_reward"})
+    grpo = lightrail.VERL(dapo, out_dir=tmp_path / "run")
+    assert grpo.settings.filtering is not None and grpo.settings.filtering.max_rounds == 6
+    off = _with("algorithm.filter_groups", {"enable": False, "max_num_gen_batches": 0, "metric": "score"})
+    assert lightrail.VERL(off, out_dir=tmp_path / "off").settings.filtering is None
+
+
 def _with(path: str, value) -> dict:
     config = copy.deepcopy(SEED)
     node = config
@@ -215,6 +225,12 @@ def _with(path: str, value) -> dict:
         ("actor_rollout_ref.rollout.multi_turn.format", "qwen25", "tool-call formats are hermes, llama3_json"),
         ("trainer.nnodes", 2, "verl key trainer.nnodes: 2 is not supported"),
         ("trainer.logger", ["console", "swanlab"], "not swanlab"),
+        ("algorithm.filter_groups", {"enable": True}, "verl key algorithm.filter_groups.enable: True is not supported "
+         "by lightrail (set algorithm.filter_groups.max_num_gen_batches: verl's default 0 samples without limit"),
+        ("algorithm.filter_groups", {"enable": True, "max_num_gen_batches": 0}, "algorithm.filter_groups."
+         "max_num_gen_batches: 0 is not supported by lightrail (verl's 0 or less samples without limit"),
+        ("algorithm.filter_groups", {"enable": True, "max_num_gen_batches": 4, "metric": "acc"}, "algorithm."
+         "filter_groups.metric: 'acc' is not supported by lightrail (lightrail filters on the reward: score, "),
     ],
 )  # fmt: skip
 def test_an_unsupported_key_or_value_is_one_line_naming_the_key(path, value, message):
