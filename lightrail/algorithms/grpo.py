@@ -133,9 +133,8 @@ class GRPO:
     ``advantage`` picks the outcome-advantage estimator (`lightrail.adapters.advantages.ADVANTAGE_ESTIMATORS`: ``grpo``
     (default), ``rloo``, ``dr_grpo``, ``reinforce_pp``, ``reinforce_pp_baseline``; formulas and sources in that
     module), or ``gae``: PPO with a critic (`lightrail.model.ppo`: a value head on the policy, GAE over each
-    call's tokens from the call's return, a clipped value loss; ``config.gamma``, ``lam``, ``value_coef``,
-    ``value_clip``, ``whiten_advantages``; one policy, one update process, calls not merged) and ``loss_agg`` the
-    loss aggregation (``token_mean``, ``seq_mean_token_mean``,
+    call's tokens from the call's return, a clipped value loss; its settings ``config.critic``; one policy, one
+    update process, calls not merged) and ``loss_agg`` the loss aggregation (``token_mean``, ``seq_mean_token_mean``,
     ``seq_mean_token_sum_norm``, or a `LossNorm` name such as ``rollout``). ``loss_agg=None`` means: a
     ``config.loss_norm`` other than the default ``token`` if one was set, else the estimator's natural aggregation
     (``seq_mean_token_sum_norm`` for ``dr_grpo``, with L = the sampling ``max_tokens`` unless

@@ -447,8 +447,7 @@ class GRPOSection(_PolicySection, kw_only=True, forbid_unknown_fields=True):
     advantage: str = "grpo"
     """Advantage estimator, a name of `lightrail.adapters.advantages.ADVANTAGE_ESTIMATORS` (formulas there): ``grpo``,
     ``rloo``, ``dr_grpo``, ``reinforce_pp``, ``reinforce_pp_baseline``; ``gae``: PPO with a critic (a value head on
-    the policy, GAE over each call's tokens, clipped value loss; settings ``config.gamma``, ``lam``, ``value_coef``,
-    ``value_clip``)."""
+    the policy, GAE over each call's tokens, clipped value loss; its settings ``config.critic``)."""
     loss_agg: LossAgg | None = None
     """Loss aggregation (verl's names, or a ``config.loss_norm`` name); null: the estimator's own
     (``seq_mean_token_sum_norm`` for ``dr_grpo``, else ``token_mean``)."""
@@ -575,6 +574,9 @@ class GRPOSection(_PolicySection, kw_only=True, forbid_unknown_fields=True):
                 raise ValueError(f"{key}.config.ranks: policies train in this process: ranks must be 1")
         if config is None:
             return
+        if config.critic is not None and not self.critic:
+            raise ValueError(f"{key}.config.critic: PPO's critic settings, for advantage gae only (this run's "
+                             f"estimator, {self.advantage}, has no critic)")  # fmt: skip
         if self.critic and config.sharding != "replicate":
             raise ValueError(f"{key}.config.sharding: advantage {self.advantage!r} does not run with sharding "
                              f"{config.sharding!r} yet (untested)")  # fmt: skip

@@ -34,6 +34,7 @@ import msgspec
 import torch
 
 from lightrail.model._loss import gae, value_loss, whiten
+from lightrail.model.update_config import CriticSettings
 from lightrail.model.updater import PolicyUpdater, UpdateConfig, _MicroBatch, lr_factor, per_row
 from lightrail.types import TrainingRow, Transition
 
@@ -59,12 +60,12 @@ class ValueCritic:
     (`value_loss`) added to the policy's on every micro-batch (`lightrail.model.updater.Critic`). Its statistics of the
     step in progress are summed in ``sums`` (token-weighted; `PPOUpdater.step` resets and reads them)."""
 
-    def __init__(self, width: int, device: torch.device, config: UpdateConfig) -> None:
+    def __init__(self, width: int, device: torch.device, settings: CriticSettings) -> None:
         self.head = torch.nn.Linear(width, 1, device=device, dtype=torch.float32)
         with torch.no_grad():
             self.head.weight.zero_()
             self.head.bias.zero_()
-        self.config = config
+        self.settings = settings
         self.sums: dict[str, float] = {}
 
     def values(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -77,20 +78,20 @@ class ValueCritic:
         meta = [rows[i].metadata for i in mb.rows]
         old = torch.tensor([x for m in meta for x in m["values"]], dtype=torch.float32, device=hidden.device)
         ret = torch.tensor([x for m in meta for x in m["returns"]], dtype=torch.float32, device=hidden.device)
-        loss, stats = value_loss(self.values(hidden), old, ret, weights=mb.weights, clip=self.config.value_clip)
+        loss, stats = value_loss(self.values(hidden), old, ret, weights=mb.weights, clip=self.settings.value_clip)
         n = float(stats["tokens"])
         for key in ("value_loss", "value_clip_frac", "value_mean"):
             self.sums[key] = self.sums.get(key, 0.0) + float(stats[key]) * n
         self.sums["tokens"] = self.sums.get("tokens", 0.0) + n
-        return self.config.value_coef * loss
+        return self.settings.value_coef * loss
 
 
 class PPOUpdater(PolicyUpdater):
     """A `PolicyUpdater` with a `ValueCritic` trained beside the policy and GAE advantages in place of the rows'.
 
     ``step(rows)`` takes rows whose response tokens carry their call's return in ``advantages`` (every response
-    token of a row the same value; `returns_as_rows`), one call per row. ``config.gamma``, ``lam``, ``value_coef``,
-    ``value_clip`` and ``whiten_advantages`` set GAE and the value loss. One process only (``config.ranks == 1``).
+    token of a row the same value; `returns_as_rows`), one call per row. ``config.critic`` (`CriticSettings`, its
+    defaults when None) sets GAE and the value loss. One process only (``config.ranks == 1``).
 
         >>> upd = PPOUpdater("path/to/model", UpdateConfig(lora=LoraSettings(r=8)))   # doctest: +SKIP
         >>> upd.step(rows)["value_loss"]                                           # doctest: +SKIP
@@ -105,7 +106,7 @@ class PPOUpdater(PolicyUpdater):
             )
         super().__init__(model, config)
         width = self.model.get_output_embeddings().weight.shape[1]
-        self.critic = ValueCritic(width, self.device, self.config)
+        self.critic = ValueCritic(width, self.device, self.config.critic or CriticSettings())
         self.value_head = self.critic.head
         self._trainable[f"{VALUE_HEAD}.weight"] = self.value_head.weight
         self._trainable[f"{VALUE_HEAD}.bias"] = self.value_head.bias
@@ -154,7 +155,7 @@ class PPOUpdater(PolicyUpdater):
     def gae_rows(self, rows: Sequence[TrainingRow]) -> list[TrainingRow]:
         """``rows`` with GAE advantages (whitened over all their response tokens with ``whiten_advantages``) and,
         in ``metadata``, their response tokens' ``values`` (V_old) and ``returns`` (G), in ``loss_mask`` order."""
-        cfg = self.config
+        cfg = self.critic.settings
         computed = []
         for row, v in zip(rows, self.values(rows), strict=True):
             positions = [t for t, m in enumerate(row.loss_mask) if m]

@@ -14,6 +14,7 @@ from lightrail.model.policy_losses import POLICY_LOSSES
 
 __all__ = [
     "LLAMA_LINEAR_PROJECTIONS",
+    "CriticSettings",
     "LOSS_AGG",
     "LOSS_NORMS",
     "LoraSettings",
@@ -68,6 +69,32 @@ class LoraSettings:
     """Dropout on the adapter input; > 0 makes the PPO ratio noisy (the sampler ran without it)."""
     target_modules: tuple[str, ...] = LLAMA_LINEAR_PROJECTIONS
     """Names of the linear layers that get adapters (Llama's attention and MLP projections by default)."""
+
+
+@dataclass(frozen=True)
+class CriticSettings:
+    """PPO's critic (`GRPO` ``advantage="gae"``, `lightrail.model.ppo`): GAE over each call's tokens and the value
+    head's loss beside the policy's (``grpo.config.critic``; formulas in `lightrail.model._loss`)."""
+
+    gamma: float = 1.0
+    """GAE's discount between the tokens of one call (1: the call's return counts fully on each of its tokens)."""
+    lam: float = 0.95
+    """GAE's lambda (0: one-step TD advantages from the value head; 1: return minus value)."""
+    value_coef: float = 0.5
+    """Weight of the value head's loss next to the policy loss (they share the decoder)."""
+    value_clip: float | None = 0.2
+    """PPO's value clip, how far a value may move from the step's start in the loss (null: the plain squared
+    error)."""
+    whiten_advantages: bool = True
+    """Whiten the GAE advantages over the step's response tokens (mean 0, std 1)."""
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):
+            raise ValueError(f"critic: gamma and lam must be in [0, 1], not {self.gamma} and {self.lam}")
+        if self.value_coef < 0 or (self.value_clip is not None and self.value_clip <= 0):
+            raise ValueError(
+                f"critic: need value_coef >= 0 and value_clip > 0 (or null), not {self.value_coef}, {self.value_clip}"
+            )
 
 
 @dataclass(frozen=True)
@@ -172,18 +199,9 @@ class UpdateConfig:
     update; ``fsdp`` runs shared prompt prefixes with their rows (``share_prefixes`` is off) and gathers the weights
     for serving and checkpoints, which keep the 1-rank format (docs/gpus.md). Needs ``ranks >= 2`` (or torchrun);
     not with ``advantage: gae`` yet."""
-    gamma: float = 1.0
-    """PPO with a critic (`GRPO` ``advantage="gae"``, `lightrail.model.ppo`) only: GAE's discount between the
-    tokens of one call (1: the call's return counts fully on each of its tokens)."""
-    lam: float = 0.95
-    """``advantage="gae"`` only: GAE's lambda (0: one-step TD advantages from the value head; 1: return minus value)."""
-    value_coef: float = 0.5
-    """``advantage="gae"`` only: weight of the value head's loss next to the policy loss (they share the decoder)."""
-    value_clip: float | None = 0.2
-    """``advantage="gae"`` only: PPO's value clip, how far a value may move from the step's start in the loss (null:
-    the plain squared error)."""
-    whiten_advantages: bool = True
-    """``advantage="gae"`` only: whiten the GAE advantages over the step's response tokens (mean 0, std 1)."""
+    critic: CriticSettings | None = None
+    """PPO with a critic (`GRPO` ``advantage="gae"``, `lightrail.model.ppo`) only: GAE's and the value loss's
+    settings (`CriticSettings`); null: their defaults. Given with another estimator it is refused."""
 
     def __post_init__(self) -> None:
         if self.ranks < 1:
@@ -224,12 +242,6 @@ class UpdateConfig:
             raise ValueError(f"decay_steps ({self.decay_steps}) must come after warmup_steps ({self.warmup_steps})")
         if self.decay_start and self.decay_steps <= self.decay_start:
             raise ValueError(f"decay_start ({self.decay_start}) needs a later decay_steps, not {self.decay_steps}")
-        if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):
-            raise ValueError(f"gamma and lam must be in [0, 1], not {self.gamma} and {self.lam}")
-        if self.value_coef < 0 or (self.value_clip is not None and self.value_clip <= 0):
-            raise ValueError(
-                f"need value_coef >= 0 and value_clip > 0 (or null), not {self.value_coef}, {self.value_clip}"
-            )
 
     def schedule_mismatch(self, steps: int) -> str | None:
         """Why a run of ``steps`` optimizer steps would not end where the ``decay_steps`` schedule does (None when it
@@ -253,6 +265,8 @@ class UpdateConfig:
         are dropped, so a checkpoint of an earlier version still loads."""
         data = {key: value for key, value in data.items() if key not in REMOVED_FIELDS}
         data["betas"] = tuple(data["betas"])
+        if data.get("critic") is not None:
+            data["critic"] = CriticSettings(**data["critic"])
         if data.get("lora") is not None:
             lora = dict(data["lora"])
             lora["target_modules"] = tuple(lora["target_modules"])
@@ -261,8 +275,10 @@ class UpdateConfig:
 
 
 REMOVED_FIELDS = {
-    "max_staleness": "GRPO's grpo.async.max_staleness and lightrail learn's max_staleness drop stale calls"
-}
+    "max_staleness": "GRPO's grpo.async.max_staleness and lightrail learn's max_staleness drop stale calls",
+    **{name: f"PPO's critic settings are grpo.config.critic (critic: {{{name}: ...}})"
+       for name in ("gamma", "lam", "value_coef", "value_clip", "whiten_advantages")},
+}  # fmt: skip
 """`UpdateConfig` fields older checkpoints hold, and what replaced each."""
 
 

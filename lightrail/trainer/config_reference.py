@@ -162,10 +162,17 @@ def sections() -> list[Section]:
     from lightrail.adapters import ToolRewardRule
     from lightrail.agent.ray import RaySettings
     from lightrail.algorithms.rejection import TraceFilter
-    from lightrail.algorithms.settings import APOSection, AsyncSection, GRPOSection, GuardSection, SFTSection
+    from lightrail.algorithms.settings import (
+        APOSection,
+        AsyncSection,
+        FilterGroupsSection,
+        GRPOSection,
+        GuardSection,
+        SFTSection,
+    )
     from lightrail.gateway.server import GatewaySettings
     from lightrail.model.llamafactory import LlamaFactorySettings
-    from lightrail.model.update_config import LoraSettings, UpdateConfig
+    from lightrail.model.update_config import CriticSettings, LoraSettings, UpdateConfig
     from lightrail.tracking import LoggerSettings
     from lightrail.trainer.config import RunnerKinds, RunnerSettings, TrainConfig
     from lightrail.types import LLM
@@ -204,6 +211,7 @@ def sections() -> list[Section]:
             _summary(LoraSettings) + " ``lora: true`` takes the defaults.",
             _struct_fields(LoraSettings),
         ),  # fmt: skip
+        Section("grpo.config.critic", _summary(CriticSettings), _struct_fields(CriticSettings)),
         Section(
             "grpo.tool_rewards",
             _summary(ToolRewardRule),
@@ -211,6 +219,11 @@ def sections() -> list[Section]:
         ),
         Section(
             "grpo.async", _summary(AsyncSection) + " ``async: true`` takes the defaults.", _struct_fields(AsyncSection)
+        ),
+        Section(
+            "grpo.filter_groups",
+            _summary(FilterGroupsSection) + " ``filter_groups: true`` takes the defaults.",
+            _struct_fields(FilterGroupsSection),
         ),
         Section(
             "grpo.guard",

@@ -153,7 +153,7 @@ def _uses_gae(whole: Mapping[str, Any]) -> bool:
 def _gamma(value: Any, whole: Mapping[str, Any], out: VerlSettings) -> None:
     gamma = _number(value)
     if _uses_gae(whole):
-        out.set("config.gamma", gamma)
+        out.set("config.critic.gamma", gamma)
     elif gamma != 1.0:  # verl's reinforce_plus_plus discounts token returns by it; lightrail's estimators do not
         raise _Refused("lightrail discounts only inside GAE (adv_estimator gae): only 1.0 is accepted otherwise")
 
@@ -161,7 +161,7 @@ def _gamma(value: Any, whole: Mapping[str, Any], out: VerlSettings) -> None:
 def _lam(value: Any, whole: Mapping[str, Any], out: VerlSettings) -> None:
     lam = _number(value)
     if _uses_gae(whole):
-        out.set("config.lam", lam)
+        out.set("config.critic.lam", lam)
 
 
 _FILTER = "algorithm.filter_groups"
@@ -383,9 +383,9 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     VerlKey("algorithm.adv_estimator", "grpo.advantage", f"{_estimator_names()} (`lightrail.adapters.advantages."
             "ADVANTAGE_ESTIMATORS`; gae: PPO with a critic, a value head on the policy, `lightrail.model.ppo`); others "
             "refused", _to("advantage", _estimator)),
-    VerlKey("algorithm.gamma", "grpo.config.gamma", "GAE's discount with adv_estimator gae (absent: verl's 1.0); "
+    VerlKey("algorithm.gamma", "grpo.config.critic.gamma", "GAE's discount with adv_estimator gae (absent: verl's 1.0); "
             "otherwise 1.0 only", _gamma, default=1.0),
-    VerlKey("algorithm.lam", "grpo.config.lam", "GAE's lambda with adv_estimator gae (absent: verl's 1.0, not "
+    VerlKey("algorithm.lam", "grpo.config.critic.lam", "GAE's lambda with adv_estimator gae (absent: verl's 1.0, not "
             "lightrail's 0.95); no effect otherwise (verl reads it only in GAE)", _lam, default=1.0),
     VerlKey(f"{_FILTER}.enable", "grpo.filter_groups", "DAPO's dynamic sampling: true needs max_num_gen_batches "
             "(verl's default, no limit, is refused)", _filter_groups),

@@ -18,6 +18,7 @@ from lightrail.engine.models import build_tiny_model
 from lightrail.model._loss import gae, value_loss, whiten
 from lightrail.model.export import export_checkpoint
 from lightrail.model.ppo import PPOUpdater
+from lightrail.model.update_config import CriticSettings
 from tests.algorithms.grpo_helpers import VOCAB, make_rows, tiny_grpo, tiny_llama
 
 AGENT = "tests.algorithms.loop_agents:parity_agent"  # reward: parity of the sampled reply's length (0 or 1)
@@ -94,7 +95,7 @@ def _rows(n=8, seed=0):
 
 
 def test_first_gae_advantages_are_the_returns_with_a_fresh_value_head():
-    upd = PPOUpdater(tiny_llama(), UpdateConfig(whiten_advantages=False, gamma=1.0, lam=1.0))
+    upd = PPOUpdater(tiny_llama(), UpdateConfig(critic=CriticSettings(whiten_advantages=False, gamma=1.0, lam=1.0)))
     rows = _rows()
     for row, out in zip(rows, upd.gae_rows(rows), strict=True):
         n = sum(row.loss_mask)
@@ -108,7 +109,7 @@ def test_first_gae_advantages_are_the_returns_with_a_fresh_value_head():
 
 @pytest.mark.parametrize("lora", [None, LoraSettings(r=4, alpha=8)], ids=["full", "lora"])
 def test_the_value_loss_falls_as_the_head_learns_the_returns(lora):
-    upd = PPOUpdater(tiny_llama(), UpdateConfig(lr=1e-2, lora=lora, value_coef=1.0))
+    upd = PPOUpdater(tiny_llama(), UpdateConfig(lr=1e-2, lora=lora, critic=CriticSettings(value_coef=1.0)))
     rows = _rows()
     metrics = [upd.step(rows) for _ in range(12)]
     first, last = metrics[0], metrics[-1]
@@ -204,10 +205,10 @@ def test_export_drops_the_value_head(tmp_path):
 def test_settings_are_checked_with_one_line_errors(tmp_path):
     with pytest.raises(ValueError, match=r"^grpo.advantage: expected one of \[.*'gae'\], got 'ppo'"):
         GRPO("m", advantage="ppo", out_dir=tmp_path)
-    with pytest.raises(ValueError, match="gamma and lam must be in"):
-        UpdateConfig(lam=1.5)
+    with pytest.raises(ValueError, match="critic: gamma and lam must be in"):
+        CriticSettings(lam=1.5)
     with pytest.raises(ValueError, match="value_clip > 0"):
-        UpdateConfig(value_clip=0.0)
+        CriticSettings(value_clip=0.0)
     with pytest.raises(ValueError, match="^grpo.merge_calls: advantage 'gae'"):
         GRPO("m", advantage="gae", merge_calls=True, out_dir=tmp_path)
     with pytest.raises(ValueError, match="^grpo.config.ranks: advantage 'gae'"):
