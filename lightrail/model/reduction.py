@@ -21,18 +21,16 @@ during each backward as DDP does: `lightrail.model.distributed`.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-if TYPE_CHECKING:
-    from lightrail.model.updater import _MicroBatch
-
 __all__ = ["AllReduceSum", "GradientReduction", "ShardedSum", "whole"]
 
-#: `PolicyUpdater._response_logits`: (model, micro-batch) -> (logits [N, V], hidden states [N, H]).
-ResponseLogits = Callable[[Any, "_MicroBatch"], tuple[torch.Tensor, torch.Tensor]]
+#: `PolicyUpdater._response_logits`: (model, micro-batch) -> (logits [N, V], hidden states [N, H]). A strategy hands
+#: the updater's micro-batches through without reading them (hence ``Any``: the updater's own type stays its own).
+ResponseLogits = Callable[[Any, Any], tuple[torch.Tensor, torch.Tensor]]
 #: Copies rank 0's values of the given parameters into every rank's (a collective).
 StartFromRank0 = Callable[[Sequence[torch.Tensor]], None]
 
@@ -50,7 +48,7 @@ class GradientReduction:
         self._response_logits = response_logits
         return model
 
-    def forward(self, model: Any, mb: _MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, model: Any, mb: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """``response_logits(model, mb)``: logits ([N, V]) and hidden states ([N, H]) of ``mb``'s response tokens."""
         return self._response_logits(model, mb)
 
@@ -144,7 +142,7 @@ class ShardedSum(GradientReduction):
         self._model = model
         return model
 
-    def forward(self, model: Any, mb: _MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, model: Any, mb: Any) -> tuple[torch.Tensor, torch.Tensor]:
         if model is self._model:
             return self._root(mb)  # through the FSDP root, which gathers its weights around the forward
         return super().forward(model, mb)
@@ -177,7 +175,7 @@ class _Scoring(torch.nn.Module):
         self.policy = policy
         self._response_logits = response_logits
 
-    def forward(self, mb: _MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, mb: Any) -> tuple[torch.Tensor, torch.Tensor]:
         return self._response_logits(self.policy, mb)
 
 
