@@ -143,16 +143,18 @@ def convert(data: Any, schema: type[T], where: str = "", *, strict: bool = True)
 def update_config(data: dict[str, Any], where: str) -> UpdateConfig:
     """An `UpdateConfig` from a config's ``config`` section (``lora: true`` or a mapping of `LoraSettings`); errors
     name ``where`` (``grpo.config.lr: ...``)."""
-    from lightrail.model.update_config import REMOVED_FIELDS, LoraSettings, UpdateConfig
+    from lightrail.model.update_config import REMOVED_FIELDS, CriticSettings, LoraSettings, UpdateConfig
 
     if removed := sorted(set(data) & set(REMOVED_FIELDS)):
         raise ValueError(f"{where}.{removed[0]}: no longer an update setting: {REMOVED_FIELDS[removed[0]]}")
     data = dict(data)
-    lora = data.pop("lora", None)
+    lora, critic = data.pop("lora", None), data.pop("critic", None)
     settings = convert(data, UpdateConfig, where)
     if lora:
         lora = LoraSettings() if lora is True else convert(lora, LoraSettings, f"{where}.lora")
         settings = dataclasses.replace(settings, lora=lora)
+    if critic is not None:  # (its fields checked as lora's are: a misspelt one is refused, not dropped)
+        settings = dataclasses.replace(settings, critic=convert(critic, CriticSettings, f"{where}.critic"))
     return settings
 
 
@@ -664,6 +666,8 @@ class SFTSection(_PolicySection, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("sft: give teacher (distillation) or traces (rejection sampling), not both")
         if self.config.get("kl_coef"):
             raise ValueError("sft.config.kl_coef: SFT has no KL term (leave it at 0)")
+        if self.config.get("critic") is not None:
+            raise ValueError("sft.config.critic: PPO's critic settings (grpo with advantage gae): SFT has no critic")
 
 
 class APOSection(_Section, kw_only=True, forbid_unknown_fields=True):

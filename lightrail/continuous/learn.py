@@ -347,6 +347,9 @@ def load_learn_config(path: str, overrides: list[str] | tuple[str, ...] = ()) ->
     config = read_yaml_config(path, overrides, LearnConfig)
     check_store_field(path, config.store)
     checked_update_config(config.config, f"{path}: config")
+    if config.config.get("critic") is not None:
+        raise ConfigError(f"{path}: config.critic: PPO's critic settings (grpo with advantage gae): lightrail learn's "
+                          "update has no critic")  # fmt: skip
     given = config.config.get("temperature", config.temperature)
     if given != config.temperature:  # one setting: the update divides logits by the temperature the calls had
         raise ConfigError(

@@ -16,13 +16,15 @@ How a step is computed, and why it equals the one-process step:
    group), packs them into micro-batches and accumulates gradients exactly as one process does. Because the weights
    are global, the per-rank losses add up to the step's loss.
 3. The accumulated gradients are summed over the ranks with an explicit ``all_reduce`` (flattened into buckets of
-   ``bucket_mb``) after the last micro-batch (`lightrail.model.reduction.AllReduceSum`, the updater's reduction), with the step's statistics (loss sums, token counts, micro-batches;
-   ``ratio_max`` by MAX). Summing, not averaging: the 1/N of DDP would be wrong here, since the normalisation is
-   already global. A parameter gets a gradient only if some rank produced one, as in one process (AdamW treats a
-   missing gradient and a zero one differently). Every rank then clips the same global gradient norm and takes
-   the same AdamW step, so the replicas stay bitwise identical (an all-reduce hands every rank the same bits).
-   The N-rank gradient equals the 1-rank gradient up to float summation order (tested: 2 ranks vs 1 within 1e-5
-   on weights, gradients and Adam moments over two steps, full fine-tuning and LoRA).
+   ``bucket_mb``) after the last micro-batch (`lightrail.model.reduction.AllReduceSum`, the updater's reduction),
+   with the step's statistics (loss sums, token counts, micro-batches; ``ratio_max`` by MAX). Summing, not averaging:
+   the 1/N of DDP would be wrong here, since the normalisation is already global. A parameter gets a gradient only if
+   some rank produced one, as in one process (AdamW treats a missing gradient and a zero one differently). Every rank
+   then clips the same global gradient norm and takes the same AdamW step, so the replicas stay bitwise identical (an
+   all-reduce hands every rank the same bits). The N-rank gradient equals the 1-rank gradient up to float summation
+   order (tested: 2 ranks vs 1 within 1e-5 on weights, gradients and Adam moments over two steps, full fine-tuning
+   and LoRA).
+
 
 Why not ``DistributedDataParallel``: DDP reduces during each backward and averages; with gradient accumulation it
 needs ``no_sync`` on all but the last micro-batch (so it overlaps only that one's communication), a rank with no
@@ -74,8 +76,8 @@ forward (`lightrail.model.reduction.ShardedSum`, the updater's reduction). What 
   fewer micro-batches (or none) adds passes of a one-token row whose loss is multiplied by 0 (``padding_passes``).
   Shared prompt prefixes are not run once (their extra decoder pass would differ between ranks).
 * `state_dict_for_serving`, `trainable_weights`, `token_logprobs` and `save` are commands every rank runs: the
-  weights are gathered whole (``DTensor.full_tensor``) and rank 0 serves or writes them. Checkpoints keep the 1-rank format (whole trainable
-  weights in safetensors, the whole AdamW state), gathered rather than written as per-rank shards with
+  weights are gathered whole (``DTensor.full_tensor``) and rank 0 serves or writes them. Checkpoints keep the 1-rank
+  format (whole trainable weights in safetensors, the whole AdamW state), gathered rather than written as per-rank shards with
   ``torch.distributed.checkpoint``: the policies trained here fit one host's memory once (only their training state
   is spread), and one format lets a sharded run resume on any number of ranks, sharded or not, and export with the
   same `lightrail.model.export` folder code. `load` reads the whole checkpoint on every rank and keeps each

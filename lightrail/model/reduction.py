@@ -8,7 +8,9 @@ it at four points, and nowhere else:
 
 * `GradientReduction.prepare`, once, after the policy is built and before its optimizer: the model as this process
   trains it (every rank starting from rank 0's weights; a sharded one cut into shards);
-* `GradientReduction.forward`, for every scoring pass of a micro-batch: the LM head's logits and the hidden states;
+* `GradientReduction.forward`, for every scoring pass of a micro-batch: the LM head's logits and the hidden states
+  (the updater hands its scoring function with each call: a strategy keeps no reference back to its updater, so a
+  dropped updater's model is freed at once);
 * `GradientReduction.padding_passes`, before a step's micro-batches: how many gradient-free passes this process adds
   (every pass of a sharded model is a collective, so every rank runs as many as the busiest);
 * `GradientReduction.reduce`, after the last backward pass and before the gradient is clipped: the gradients in
@@ -20,6 +22,8 @@ during each backward as DDP does: `lightrail.model.distributed`.
 
 from __future__ import annotations
 
+import inspect
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -45,12 +49,11 @@ class GradientReduction:
 
     def prepare(self, model: Any, response_logits: ResponseLogits) -> Any:
         """The policy ``model`` as this process trains it; ``response_logits`` scores a micro-batch with a model."""
-        self._response_logits = response_logits
         return model
 
-    def forward(self, model: Any, mb: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, model: Any, mb: Any, response_logits: ResponseLogits) -> tuple[torch.Tensor, torch.Tensor]:
         """``response_logits(model, mb)``: logits ([N, V]) and hidden states ([N, H]) of ``mb``'s response tokens."""
-        return self._response_logits(model, mb)
+        return response_logits(model, mb)
 
     def padding_passes(self, micro_batches: int) -> int:
         """How many gradient-free forward and backward passes this process adds after its ``micro_batches``."""
@@ -75,7 +78,7 @@ class AllReduceSum(GradientReduction):
 
     def prepare(self, model: Any, response_logits: ResponseLogits) -> Any:
         self._start([p for p in model.parameters() if p.requires_grad])  # as DDP: rank 0's weights everywhere
-        return super().prepare(model, response_logits)
+        return model
 
     def reduce(self, params: list[torch.Tensor], stats: torch.Tensor, ratio_max: float) -> tuple[torch.Tensor, float]:
         has_grad = torch.tensor([p.grad is not None for p in params], dtype=torch.float64)
@@ -129,7 +132,6 @@ class ShardedSum(GradientReduction):
     def prepare(self, model: Any, response_logits: ResponseLogits) -> Any:
         from torch.distributed.fsdp import FSDPModule, fully_shard
 
-        super().prepare(model, response_logits)
         self._start([p for p in model.parameters() if p.requires_grad])  # whole, before the cut
         base = model.get_base_model() if hasattr(model, "peft_config") else model  # a peft model wraps its base
         for layer in base.get_decoder().layers:
@@ -142,10 +144,10 @@ class ShardedSum(GradientReduction):
         self._model = model
         return model
 
-    def forward(self, model: Any, mb: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, model: Any, mb: Any, response_logits: ResponseLogits) -> tuple[torch.Tensor, torch.Tensor]:
         if model is self._model:
             return self._root(mb)  # through the FSDP root, which gathers its weights around the forward
-        return super().forward(model, mb)
+        return response_logits(model, mb)
 
     def padding_passes(self, micro_batches: int) -> int:
         most = torch.tensor([micro_batches], device=self.device)
@@ -173,10 +175,15 @@ class _Scoring(torch.nn.Module):
     def __init__(self, policy: Any, response_logits: ResponseLogits) -> None:
         super().__init__()
         self.policy = policy
-        self._response_logits = response_logits
+        # weakly: the updater owns this module (through its reduction), which must not keep the updater alive
+        self._method = weakref.WeakMethod(response_logits) if inspect.ismethod(response_logits) else None
+        self._function = None if self._method is not None else response_logits
 
     def forward(self, mb: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._response_logits(self.policy, mb)
+        score = self._function if self._method is None else self._method()
+        if score is None:
+            raise RuntimeError("the updater that owned this sharded policy is gone")
+        return score(self.policy, mb)
 
 
 def whole(t: torch.Tensor) -> torch.Tensor:

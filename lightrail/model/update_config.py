@@ -90,10 +90,10 @@ class CriticSettings:
 
     def __post_init__(self) -> None:
         if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):
-            raise ValueError(f"critic: gamma and lam must be in [0, 1], not {self.gamma} and {self.lam}")
+            raise ValueError(f"gamma and lam must be in [0, 1], not {self.gamma} and {self.lam}")
         if self.value_coef < 0 or (self.value_clip is not None and self.value_clip <= 0):
             raise ValueError(
-                f"critic: need value_coef >= 0 and value_clip > 0 (or null), not {self.value_coef}, {self.value_clip}"
+                f"need value_coef >= 0 and value_clip > 0 (or null), not {self.value_coef}, {self.value_clip}"
             )
 
 

@@ -521,7 +521,7 @@ class PolicyUpdater:
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """Logprobs (float32, [N]) of the micro-batch's response tokens under ``model``, optionally their entropy
         ([N]), and the decoder's hidden states they were scored from ([N, H]: what a `Critic` reads)."""
-        logits, hidden = self.reduction.forward(model, mb)
+        logits, hidden = self.reduction.forward(model, mb, self._response_logits)
         if self._softcap:
             logits = torch.tanh(logits / self._softcap) * self._softcap
         if self.config.temperature != 1.0:
@@ -910,11 +910,13 @@ class PolicyUpdater:
     def _own_optimizer_state(self, state: dict[str, Any]) -> dict[str, Any]:
         """A checkpoint's whole optimizer state as this process holds it (of a sharded parameter, its shard)."""
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        own = {
+        own = {  # (an index past this optimizer's parameters is left for load_state_dict to refuse)
             i: {
                 k: self._own_part(v, params[i]) if k != "step" and v.shape == params[i].shape else v
                 for k, v in s.items()
             }
+            if i < len(params)
+            else s
             for i, s in state["state"].items()
         }
         return {**state, "state": own}

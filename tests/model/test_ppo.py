@@ -205,7 +205,7 @@ def test_export_drops_the_value_head(tmp_path):
 def test_settings_are_checked_with_one_line_errors(tmp_path):
     with pytest.raises(ValueError, match=r"^grpo.advantage: expected one of \[.*'gae'\], got 'ppo'"):
         GRPO("m", advantage="ppo", out_dir=tmp_path)
-    with pytest.raises(ValueError, match="critic: gamma and lam must be in"):
+    with pytest.raises(ValueError, match="gamma and lam must be in"):
         CriticSettings(lam=1.5)
     with pytest.raises(ValueError, match="value_clip > 0"):
         CriticSettings(value_clip=0.0)

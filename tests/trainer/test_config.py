@@ -136,6 +136,14 @@ def test_scale_out_sections_reach_the_trainer_and_the_gateway(tmp_path):
         ),
         ("grpo={filter_groups: {max_rounds: 0}}", "grpo.filter_groups.max_rounds must be >= 1, got 0"),
         ("grpo={filter_groups: {rounds: 2}}", "grpo.filter_groups: unknown setting(s) ['rounds']"),
+        (
+            "grpo.config.gamma=0.9",
+            "grpo.config.gamma: no longer an update setting: PPO's critic settings are grpo.config.critic",
+        ),
+        ("grpo.config.critic={gamma: 0.9}", "grpo.config.critic: PPO's critic settings, for advantage gae only"),
+        ("grpo={advantage: gae, config: {critic: {lam: 2.0}}}", "grpo.config.critic: gamma and lam must be in [0, 1]"),
+        ("grpo={advantage: gae, config: {critic: {gama: 0.9}}}", "grpo.config.critic: unknown setting(s) ['gama']"),
+        ("sft.config.critic={gamma: 0.9}", "sft.config.critic: PPO's critic settings (grpo with advantage gae)"),
         ("grpo={async: true, config: {mini_batches: 2}}", "grpo.config.mini_batches: async weighs stale tokens"),
         (
             "grpo.config.max_staleness=2",

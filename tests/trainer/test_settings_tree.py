@@ -117,6 +117,16 @@ def test_learns_update_temperature_is_its_sampling_temperature(tmp_path):
     assert load_learn_config(str(path)).temperature == 0.7
 
 
+def test_critic_settings_outside_a_gae_run_are_refused_not_unused(tmp_path):
+    """``config.critic`` is read by PPO's critic only: ``lightrail learn``'s update has none, so it is refused."""
+    from lightrail.continuous.learn import load_learn_config
+
+    path = tmp_path / "learn.yaml"
+    path.write_text(LEARN + "config: {critic: {gamma: 0.9}}\n")
+    with pytest.raises(ConfigError, match=r"config.critic: PPO's critic settings \(grpo with advantage gae\)"):
+        load_learn_config(str(path))
+
+
 def test_every_update_setting_has_one_default():
     """`UpdateConfig`'s defaults are its own: a section's empty ``config`` is the dataclass's defaults, field by field."""
     assert dataclasses.asdict(update_config({}, "grpo.config")) == dataclasses.asdict(UpdateConfig())
