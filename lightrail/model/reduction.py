@@ -22,8 +22,6 @@ during each backward as DDP does: `lightrail.model.distributed`.
 
 from __future__ import annotations
 
-import inspect
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -47,8 +45,8 @@ class GradientReduction:
     shares_prefixes = True
     """Whether a step may run a shared prompt prefix once (an extra decoder pass, which ranks would run unequally)."""
 
-    def prepare(self, model: Any, response_logits: ResponseLogits) -> Any:
-        """The policy ``model`` as this process trains it; ``response_logits`` scores a micro-batch with a model."""
+    def prepare(self, model: Any) -> Any:
+        """The policy ``model`` as this process trains it."""
         return model
 
     def forward(self, model: Any, mb: Any, response_logits: ResponseLogits) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,7 +74,7 @@ class AllReduceSum(GradientReduction):
         self._bucket_bytes = bucket_bytes
         self._start = start
 
-    def prepare(self, model: Any, response_logits: ResponseLogits) -> Any:
+    def prepare(self, model: Any) -> Any:
         self._start([p for p in model.parameters() if p.requires_grad])  # as DDP: rank 0's weights everywhere
         return model
 
@@ -129,14 +127,14 @@ class ShardedSum(GradientReduction):
         self._model: Any = None
         self._root: Any = None
 
-    def prepare(self, model: Any, response_logits: ResponseLogits) -> Any:
+    def prepare(self, model: Any) -> Any:
         from torch.distributed.fsdp import FSDPModule, fully_shard
 
         self._start([p for p in model.parameters() if p.requires_grad])  # whole, before the cut
         base = model.get_base_model() if hasattr(model, "peft_config") else model  # a peft model wraps its base
         for layer in base.get_decoder().layers:
             fully_shard(layer)
-        self._root = fully_shard(_Scoring(model, response_logits))
+        self._root = fully_shard(_Scoring(model))
         for module in self._root.modules():
             if isinstance(module, FSDPModule):
                 module.set_gradient_divide_factor(1.0)  # a sum: the loss weights are already global
@@ -146,7 +144,7 @@ class ShardedSum(GradientReduction):
 
     def forward(self, model: Any, mb: Any, response_logits: ResponseLogits) -> tuple[torch.Tensor, torch.Tensor]:
         if model is self._model:
-            return self._root(mb)  # through the FSDP root, which gathers its weights around the forward
+            return self._root(mb, response_logits)  # through the FSDP root: it gathers its weights around the forward
         return response_logits(model, mb)
 
     def padding_passes(self, micro_batches: int) -> int:
@@ -172,18 +170,12 @@ class _Scoring(torch.nn.Module):
     `PolicyUpdater._response_logits`), so FSDP gathers the weights outside the decoder layers (embeddings, final
     norm, LM head) around it and reduce-scatters their gradients after its backward."""
 
-    def __init__(self, policy: Any, response_logits: ResponseLogits) -> None:
+    def __init__(self, policy: Any) -> None:
         super().__init__()
         self.policy = policy
-        # weakly: the updater owns this module (through its reduction), which must not keep the updater alive
-        self._method = weakref.WeakMethod(response_logits) if inspect.ismethod(response_logits) else None
-        self._function = None if self._method is not None else response_logits
 
-    def forward(self, mb: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        score = self._function if self._method is None else self._method()
-        if score is None:
-            raise RuntimeError("the updater that owned this sharded policy is gone")
-        return score(self.policy, mb)
+    def forward(self, mb: Any, response_logits: ResponseLogits) -> tuple[torch.Tensor, torch.Tensor]:
+        return response_logits(self.policy, mb)
 
 
 def whole(t: torch.Tensor) -> torch.Tensor:

@@ -341,7 +341,7 @@ class PolicyUpdater:
             if config.kl_coef:
                 # Full fine-tuning has no adapter to switch off, so the KL reference is a frozen copy of the start.
                 self.reference = copy.deepcopy(model).eval().requires_grad_(False)
-        self.model = model = self.reduction.prepare(model, self._response_logits)
+        self.model = model = self.reduction.prepare(model)
         self.steps = 0
         self.last_mismatch: list[RowMismatch] = []
         """The train–inference mismatch of each row the last GRPO `step` ran through the model (in its forward pass,

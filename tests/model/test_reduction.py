@@ -27,7 +27,7 @@ def test_one_process_combines_nothing_and_scores_through_the_updater():
         calls.append((m, mb))
         return logits, hidden
 
-    assert reduction.prepare(model, response_logits) is model
+    assert reduction.prepare(model) is model
     assert reduction.forward(model, "mb", response_logits) == (logits, hidden) and calls == [(model, "mb")]
     stats = torch.tensor([1.0, 2.0], dtype=torch.float64)
     assert reduction.reduce([], stats, 1.5) == (stats, 1.5)
