@@ -184,6 +184,12 @@ def _max_num_gen_batches(value: Any, whole: Mapping[str, Any], out: VerlSettings
         out.set("filter_groups.max_rounds", value)
 
 
+def _filter_metric(value: Any, whole: Mapping[str, Any], out: VerlSettings) -> None:
+    # verl's own defaults (enable false, metric null) pass; enabled, the metric must be the one reward lightrail has
+    if whole.get(f"{_FILTER}.enable") is True and value is not None and value not in _FILTER_METRICS:
+        raise _Refused(f"lightrail filters on the reward: {', '.join(_FILTER_METRICS)}")
+
+
 def _kl_type(value: Any) -> str:
     from lightrail.model.kl import KL_ESTIMATORS
 
@@ -391,9 +397,9 @@ VERL_KEYS: tuple[VerlKey, ...] = (
             "(verl's default, no limit, is refused)", _filter_groups),
     VerlKey(f"{_FILTER}.max_num_gen_batches", "grpo.filter_groups.max_rounds", "rounds of rollouts a step samples at "
             "most with enable true, >= 1 (0, no limit, refused)", _max_num_gen_batches),
-    VerlKey(f"{_FILTER}.metric", "", f"{', '.join(_FILTER_METRICS)}: the run's one reward (lightrail filters groups "
-            "whose advantages are all 0); acc and other reward_extra_info metrics refused (not recorded)",
-            _no_effect(lambda v: v in _FILTER_METRICS, f"lightrail filters on the reward: {', '.join(_FILTER_METRICS)}")),
+    VerlKey(f"{_FILTER}.metric", "", f"with enable true: {', '.join(_FILTER_METRICS)} or null, the run's one reward "
+            "(lightrail filters groups whose advantages are all 0); acc and other reward_extra_info metrics refused "
+            "(not recorded)", _filter_metric),
     VerlKey("algorithm.use_kl_in_reward", "", "false only: lightrail's KL term is in the loss (actor.use_kl_loss)",
             _no_effect(lambda v: v is False, "lightrail puts the KL term in the loss (actor.use_kl_loss), not the "
                        "reward")),

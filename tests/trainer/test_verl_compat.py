@@ -183,7 +183,7 @@ def test_dapo_dynamic_sampling_maps_onto_grpo_filter_groups(tmp_path):
     dapo = _with("algorithm.filter_groups", {"enable": True, "max_num_gen_batches": 6, "metric": "seq_final_reward"})
     grpo = lightrail.VERL(dapo, out_dir=tmp_path / "run")
     assert grpo.settings.filtering is not None and grpo.settings.filtering.max_rounds == 6
-    off = _with("algorithm.filter_groups", {"enable": False, "max_num_gen_batches": 0, "metric": "score"})
+    off = _with("algorithm.filter_groups", {"enable": False, "max_num_gen_batches": 0, "metric": None})  # verl's
     assert lightrail.VERL(off, out_dir=tmp_path / "off").settings.filtering is None
 
 
