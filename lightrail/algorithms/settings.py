@@ -141,8 +141,8 @@ def convert(data: Any, schema: type[T], where: str = "", *, strict: bool = True)
 
 
 def update_config(data: dict[str, Any], where: str) -> UpdateConfig:
-    """An `UpdateConfig` from a config's ``config`` section (``lora: true`` or a mapping of `LoraSettings`); errors
-    name ``where`` (``grpo.config.lr: ...``)."""
+    """An `UpdateConfig` from a config's ``config`` section (``lora: true`` or a mapping of `LoraSettings`; ``critic``
+    a mapping of `CriticSettings`); errors name ``where`` (``grpo.config.lr: ...``)."""
     from lightrail.model.update_config import REMOVED_FIELDS, CriticSettings, LoraSettings, UpdateConfig
 
     if removed := sorted(set(data) & set(REMOVED_FIELDS)):

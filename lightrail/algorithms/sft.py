@@ -253,6 +253,8 @@ class SFT:
         self.folder = RunFolder(out_dir, "SFT", keep_checkpoints=s.keep_checkpoints, seed=s.seed)
         if config is not None and config.kl_coef:
             raise ValueError("SFT has no KL term: leave config.kl_coef at 0")
+        if config is not None and config.critic is not None:
+            raise ValueError("SFT has no critic: config.critic is PPO's (GRPO with advantage gae); leave it unset")
         if config is not None and (mismatch := config.schedule_mismatch(s.steps)):
             log.warning("SFT: %s", mismatch)
         if s.sampling is not None and teacher != SELF:

@@ -69,6 +69,19 @@ def test_an_update_setting_grpo_sets_from_another_is_refused_not_overwritten(tmp
     assert same.sampling["temperature"] == 0.7
 
 
+def test_critic_settings_given_in_python_to_an_algorithm_without_a_critic_are_refused(tmp_path):
+    """``UpdateConfig(critic=...)`` is read by PPO's critic only: GRPO with a group estimator and SFT refuse it rather
+    than train without it."""
+    from lightrail.model.update_config import CriticSettings, UpdateConfig
+
+    config = UpdateConfig(critic=CriticSettings(gamma=0.9))
+    with pytest.raises(ValueError, match=r"^grpo.config.critic: PPO's critic settings, for advantage gae only"):
+        GRPO("m", out_dir=str(tmp_path), config=config)
+    with pytest.raises(ValueError, match=r"^SFT has no critic: config.critic is PPO's"):
+        SFT("m", out_dir=tmp_path, config=config)
+    assert GRPO("m", out_dir=str(tmp_path), advantage="gae", config=config).config is config
+
+
 def test_sft_takes_agent_names_and_refuses_the_wrong_kind(tmp_path):
     sft = SFT("m", agents=["write_query"], out_dir=tmp_path)
     assert sft.agents is not None and sft.agents("write_query") and not sft.agents("other")
